@@ -1,0 +1,31 @@
+"""One exception type for every user-facing failure.
+
+The CLI prints ``UserError`` as a single line (``error: <where>: <what> (hint: ...)``)
+and exits non-zero; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input the user can fix: names the file/field, says what is wrong, gives a hint."""
+
+    exit_code = 2
+
+    def __init__(self, where: str, what: str, hint: str | None = None):
+        self.where = str(where)
+        self.what = what
+        self.hint = hint
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        msg = f"{self.where}: {self.what}"
+        if self.hint:
+            msg += f" (hint: {self.hint})"
+        return msg
+
+
+class GateFailed(Exception):
+    """A measured figure is below the deployment gate (exit code 3, distinct from bad input)."""
+
+    exit_code = 3

@@ -1,0 +1,125 @@
+"""The EAGLE-3 draft head as a PyTorch module, with TensorRT-LLM's one-model semantics.
+
+One decoder layer over [input_layernorm(token embedding) ; hidden_norm(hidden)] (2H inputs to
+q/k/v), residual taken from the un-normed hidden, RMSNorm + lm_head over the draft vocabulary,
+and d2t to map draft ids to target ids. Step 1 feeds fc(concat of the target's aux hidden
+states); steps 2..K feed the draft's own pre-norm output back in. Module and parameter names
+match the checkpoint layout (fc, midlayer.*, norm, lm_head) so ModelOpt quantizes and exports
+the same names TensorRT-LLM loads.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eagle3_trt.convert.draft_format import DraftConfig
+from eagle3_trt.runtime import rope
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dt)
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        self.h, self.kv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(2 * c.hidden_size, self.h * self.d, bias=c.attention_bias)
+        self.k_proj = nn.Linear(2 * c.hidden_size, self.kv * self.d, bias=c.attention_bias)
+        self.v_proj = nn.Linear(2 * c.hidden_size, self.kv * self.d, bias=c.attention_bias)
+        self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=c.attention_bias)
+
+    def forward(self, x, cos, sin, past: tuple | None, mask: torch.Tensor | None):
+        B, S, _ = x.shape
+        q = self.q_proj(x).view(B, S, self.h, self.d).transpose(1, 2)
+        k = self.k_proj(x).view(B, S, self.kv, self.d).transpose(1, 2)
+        v = self.v_proj(x).view(B, S, self.kv, self.d).transpose(1, 2)
+        q, k = rope.apply(q, cos, sin), rope.apply(k, cos, sin)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        rep = self.h // self.kv
+        kk, vv = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, kk, vv, is_causal=past is None and S > 1)
+        else:
+            out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask[:, None])
+        return self.o_proj(out.transpose(1, 2).reshape(B, S, self.h * self.d)), (k, v)
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = DraftAttention(c)
+        self.mlp = DraftMLP(c)
+
+    def forward(self, embeds, hidden, cos, sin, past, mask):
+        residual = hidden
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        attn, kv = self.self_attn(x, cos, sin, past, mask)
+        h = residual + attn
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        return h, kv
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, c: DraftConfig, fc_bias: bool = False):
+        super().__init__()
+        self.config = c
+        self.fc = nn.Linear(max(c.num_aux_layers, 1) * c.target_hidden_size, c.hidden_size, bias=fc_bias)
+        self.midlayer = DraftLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64), persistent=True)
+        self.register_buffer("rope_freqs", rope.inv_freq(c.head_dim, c.rope_theta, c.rope_scaling), persistent=False)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt, dtype: torch.dtype = torch.bfloat16, device="cpu") -> "Eagle3Draft":
+        """Build from a normalized DraftCheckpoint (convert.draft_format.load_draft)."""
+        m = cls(ckpt.config, fc_bias="fc.bias" in ckpt.tensors)
+        sd = {k: v for k, v in ckpt.tensors.items() if k not in ("t2d", "embed_tokens.weight")}
+        if "d2t" not in sd:
+            sd["d2t"] = torch.zeros(ckpt.config.draft_vocab_size, dtype=torch.int64)
+        if "lm_head.weight" not in sd:
+            raise ValueError("draft has no lm_head; the reference runtime needs the draft's own head")
+        sd["d2t"] = sd["d2t"].to(torch.int64)
+        m.load_state_dict(sd, strict=True)
+        return m.to(device=device, dtype=dtype).eval()
+
+    def fuse(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """[B, S, n_aux*T] concatenated target aux hidden states -> [B, S, H]."""
+        return self.fc(aux_hidden)
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                past: tuple | None = None, mask: torch.Tensor | None = None):
+        """One draft pass. Returns (pre-norm hidden [B,S,H], draft logits [B,S,D], (k, v))."""
+        cos, sin = rope.cos_sin(positions, self.rope_freqs, embeds.dtype)
+        h, kv = self.midlayer(embeds, hidden, cos, sin, past, mask)
+        return h, self.lm_head(self.norm(h)), kv
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
