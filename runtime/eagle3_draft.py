@@ -114,9 +114,28 @@ class Eagle3Draft(nn.Module):
         """[B, S, n_aux*T] concatenated target aux hidden states -> [B, S, H]."""
         return self.fc(aux_hidden)
 
-    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                past: tuple | None = None, mask: torch.Tensor | None = None):
-        """One draft pass. Returns (pre-norm hidden [B,S,H], draft logits [B,S,D], (k, v))."""
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    def get_dummy_inputs(self) -> dict:
+        """Inputs for one tiny forward; ModelOpt's exporter runs it to find layers sharing an input."""
+        c, dev, dt = self.config, self.device, self.fc.weight.dtype
+        return {
+            "embeds": torch.zeros(1, 2, c.hidden_size, device=dev, dtype=dt),
+            "hidden": None,
+            "positions": torch.arange(2, device=dev)[None],
+            "aux": torch.ones(1, 2, self.fc.in_features, device=dev, dtype=dt),
+        }
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor | None, positions: torch.Tensor,
+                past: tuple | None = None, mask: torch.Tensor | None = None, aux: torch.Tensor | None = None):
+        """One draft pass. Returns (pre-norm hidden [B,S,H], draft logits [B,S,D], (k, v)).
+
+        ``aux`` (concatenated target aux states) is fused through fc when given instead of ``hidden``.
+        """
+        if aux is not None:
+            hidden = self.fc(aux)
         cos, sin = rope.cos_sin(positions, self.rope_freqs, embeds.dtype)
         h, kv = self.midlayer(embeds, hidden, cos, sin, past, mask)
         return h, self.lm_head(self.norm(h)), kv

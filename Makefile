@@ -1,0 +1,56 @@
+# Thin front for the eagle3-trt CLI. Every target sets up .venv on first use.
+#   make engine [MODEL=tiny|llama3.1-8b|llama3.3-70b] [TARGET=dir DRAFT=dir] [GPU=h100|h200|b200]
+#               [QUANT=fp8|nvfp4|bf16] [QUANTIZE_DRAFT=1] [DRY_RUN=1] [OUT=dir]
+#   make test   the test suite (what CI runs)
+PY      ?= python3
+VENV    ?= .venv
+MODEL   ?= tiny
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.eagle3-trt-installed
+TORCH_CPU_VERSION ?= 2.13.0
+
+ENGINE_ARGS := --model $(MODEL) \
+  $(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT)) \
+  $(if $(GPU),--target-gpu $(GPU)) $(if $(QUANT),--quant $(QUANT)) \
+  $(if $(filter 1 yes true,$(QUANTIZE_DRAFT)),--quantize-draft) \
+  $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(if $(OUT),-o $(OUT)) \
+  $(if $(filter 1 yes true,$(FORCE)),--force)
+
+.PHONY: setup engine test bench clean help
+help:
+	@sed -n '1,5p' Makefile
+
+setup: $(STAMP)
+
+# A torch that is already importable (TensorRT-LLM containers pin their own build) is reused
+# through --system-site-packages and pinned so pip never replaces it; otherwise the CPU build.
+$(STAMP): pyproject.toml Makefile
+	@set -e; \
+	if [ ! -x $(BIN)/python ]; then \
+	  if $(PY) -c "import torch" >/dev/null 2>&1; then \
+	    echo "setup: reusing the installed torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	    $(PY) -m venv --system-site-packages $(VENV); \
+	  else \
+	    $(PY) -m venv $(VENV); \
+	  fi; \
+	fi; \
+	if ! $(BIN)/python -c "import torch" >/dev/null 2>&1; then \
+	  echo "setup: installing torch==$(TORCH_CPU_VERSION) (CPU build)"; \
+	  $(BIN)/pip install -q torch==$(TORCH_CPU_VERSION); \
+	fi; \
+	$(BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/constraints.txt; \
+	echo "setup: installing eagle3-trt and its dependencies (torch pinned: $$(cat $(VENV)/constraints.txt))"; \
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[triton,test]'; \
+	touch $(STAMP)
+
+engine: $(STAMP)
+	$(BIN)/eagle3-trt engine $(ENGINE_ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_engine.py
+
+clean:
+	rm -rf engines .pytest_cache

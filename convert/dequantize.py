@@ -1,0 +1,80 @@
+"""Turn a ModelOpt unified HF checkpoint (FP8 or NVFP4) back into dense tensors.
+
+Used by the reference runtime (so measured acceptance reflects the quantized weights) and
+by tests that bound the quantization error. Layouts, as ModelOpt exports them:
+- FP8: ``weight`` float8_e4m3fn, ``weight_scale`` FP32 per tensor; W = w * weight_scale.
+- NVFP4: ``weight`` uint8 [out, in/2], two E2M1 codes per byte (low nibble = even column),
+  ``weight_scale`` float8_e4m3fn [out, in/16], ``weight_scale_2`` FP32 per tensor;
+  W = e2m1(code) * weight_scale * weight_scale_2.
+``input_scale`` / ``k_scale`` / ``v_scale`` are activation and KV scales; they are returned
+separately so a runtime can fake-quantize activations if it wants to.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from eagle3_trt.convert.checkpoint_io import iter_tensors, read_json, weight_files
+
+E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+SCALE_SUFFIXES = ("weight_scale", "weight_scale_2", "input_scale", "k_scale", "v_scale", "pre_quant_scale")
+
+
+def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., n/2] -> float32 [..., n] (low nibble first)."""
+    lo = (packed & 0x0F).long()
+    hi = (packed >> 4).long()
+    codes = torch.stack([lo, hi], dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+    return E2M1_VALUES[codes]
+
+
+def dequant_fp8(weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    return weight.float() * weight_scale.float()
+
+
+def dequant_nvfp4(weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor) -> torch.Tensor:
+    vals = unpack_e2m1(weight)
+    block = vals.shape[-1] // weight_scale.shape[-1]
+    scales = weight_scale.float().repeat_interleave(block, dim=-1) * weight_scale_2.float()
+    return vals * scales
+
+
+def quant_algo(ckpt_dir: Path) -> str | None:
+    """The checkpoint's quant_algo ("FP8", "NVFP4", ...) or None for an unquantized one."""
+    ckpt_dir = Path(ckpt_dir)
+    hq = ckpt_dir / "hf_quant_config.json"
+    if hq.is_file():
+        return read_json(hq).get("quantization", {}).get("quant_algo")
+    qc = read_json(ckpt_dir / "config.json").get("quantization_config")
+    return qc.get("quant_algo") if isinstance(qc, dict) else None
+
+
+def load_checkpoint_dequantized(ckpt_dir: Path, dtype: torch.dtype = torch.bfloat16):
+    """(config without quantization_config, dense state_dict in dtype, quant info or None)."""
+    ckpt_dir = Path(ckpt_dir)
+    cfg = dict(read_json(ckpt_dir / "config.json"))
+    cfg.pop("quantization_config", None)
+    raw: dict[str, torch.Tensor] = {}
+    for f in weight_files(ckpt_dir):
+        raw.update(iter_tensors(f))
+    algo = quant_algo(ckpt_dir)
+    out: dict[str, torch.Tensor] = {}
+    act_scales: dict[str, float] = {}
+    for name, t in raw.items():
+        mod, _, leaf = name.rpartition(".")
+        if leaf in SCALE_SUFFIXES:
+            if leaf == "input_scale":
+                act_scales[mod] = float(t.float().reshape(-1)[0])
+            continue
+        if leaf == "weight" and t.dtype == torch.float8_e4m3fn:
+            out[name] = dequant_fp8(t, raw[f"{mod}.weight_scale"]).to(dtype)
+        elif leaf == "weight" and t.dtype == torch.uint8 and f"{mod}.weight_scale_2" in raw:
+            out[name] = dequant_nvfp4(t, raw[f"{mod}.weight_scale"], raw[f"{mod}.weight_scale_2"]).to(dtype)
+        elif t.is_floating_point():
+            out[name] = t.to(dtype)
+        else:
+            out[name] = t
+    info = {"quant_algo": algo, "input_scales": act_scales} if algo else None
+    return cfg, out, info

@@ -1,0 +1,45 @@
+"""Where the embedded model pairs come from: shipped weights if present, else made from a seed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from eagle3_trt.errors import UserError
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("EAGLE3_TRT_CACHE") or Path.home() / ".cache" / "eagle3-trt")
+
+
+def shipped_pair(name: str) -> tuple[Path, Path] | None:
+    """models/<name>/{target,draft} in the source tree or the installed package."""
+    for root in (PACKAGE_ROOT / "models" / name, PACKAGE_ROOT.parent / "models" / name):
+        t, d = root / "target", root / "draft"
+        if (t / "config.json").is_file() and (d / "config.json").is_file():
+            return t, d
+    return None
+
+
+def embedded_pair(name: str) -> tuple[Path, Path]:
+    shipped = shipped_pair(name)
+    if shipped:
+        return shipped
+    if name != "tiny":
+        raise UserError(f"embedded:{name}", "no such embedded model pair", "the embedded pair is 'tiny'")
+    from eagle3_trt.convert import tiny_pair
+
+    out = cache_dir() / "models" / "tiny-random-seed0"
+    target, draft = out / "target", out / "draft"
+    if not ((target / "model.safetensors").is_file() and (draft / "model.safetensors").is_file()):
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        tiny_pair.make_pair(tmp)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.exists():
+            import shutil
+
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    return target, draft
