@@ -1,0 +1,66 @@
+"""Shared fixtures: tiny model pairs and bundles built once per test session on real files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Keep generated models out of the user's ~/.cache."""
+    old = os.environ.get("EAGLE3_TRT_CACHE")
+    os.environ["EAGLE3_TRT_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        os.environ.pop("EAGLE3_TRT_CACHE", None)
+    else:
+        os.environ["EAGLE3_TRT_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_session(tmp_path_factory) -> tuple[Path, Path]:
+    from eagle3_trt.convert.tiny_pair import make_pair
+
+    return make_pair(tmp_path_factory.mktemp("tiny-pair"))
+
+
+@pytest.fixture()
+def tiny_pair(tiny_pair_session, tmp_path) -> tuple[Path, Path]:
+    """A private copy a test may break."""
+    t, d = tiny_pair_session
+    shutil.copytree(t, tmp_path / "target")
+    shutil.copytree(d, tmp_path / "draft")
+    return tmp_path / "target", tmp_path / "draft"
+
+
+def _build(preset: str = "tiny", **kw):
+    from eagle3_trt.build.bundle import EngineRequest, build_bundle
+    from eagle3_trt.build.presets import load_preset
+
+    return build_bundle(EngineRequest(preset=load_preset(preset), **kw))
+
+
+@pytest.fixture(scope="session")
+def fp8_bundle(tiny_pair_session, tmp_path_factory) -> Path:
+    t, d = tiny_pair_session
+    return _build(target=str(t), draft=str(d), target_gpu="h100", out=str(tmp_path_factory.mktemp("b") / "fp8")).bundle
+
+
+@pytest.fixture(scope="session")
+def nvfp4_bundle(tiny_pair_session, tmp_path_factory) -> Path:
+    t, d = tiny_pair_session
+    return _build(target=str(t), draft=str(d), target_gpu="b200", quantize_draft=True,
+                 out=str(tmp_path_factory.mktemp("b") / "nvfp4")).bundle
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not SHARED.is_dir():
+        pytest.skip("../shared is not next to the repository")
+    return SHARED

@@ -1,0 +1,118 @@
+"""The engine bundle: contents, options, manifest, cache hits, and nothing half-written on failure."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+from safetensors.torch import load_file, save_file
+
+from eagle3_trt.build.llm_options import LlmApiOptions
+from eagle3_trt.errors import UserError
+from eagle3_trt.build.bundle import EngineRequest, build_bundle
+from eagle3_trt.build.presets import load_preset
+
+
+def build(preset: str = "tiny", **kw):
+    return build_bundle(EngineRequest(preset=load_preset(preset), **kw))
+
+
+def test_bundle_layout_options_and_manifest(fp8_bundle, tiny_pair_session):
+    for p in ("target/config.json", "target/hf_quant_config.json", "target/tokenizer.json", "draft/config.json",
+              "draft/model.safetensors", "tokenizer/tokenizer.json", "llm_api_options.yaml", "manifest.json", "validation.json"):
+        assert (fp8_bundle / p).is_file(), p
+    opts = yaml.safe_load((fp8_bundle / "llm_api_options.yaml").read_text())
+    parsed = LlmApiOptions.model_validate(opts)  # the schema round-trips, unknown keys would fail
+    spec = opts["speculative_config"]
+    assert spec["decoding_type"] == "Eagle3" and spec["max_draft_len"] == 3 and spec["speculative_model"] == "draft"
+    assert "eagle3_layers_to_capture" not in spec  # default aux layers are left to TensorRT-LLM
+    assert opts["kv_cache_config"]["dtype"] == "fp8" and opts["backend"] == "pytorch"
+    assert parsed.cuda_graph_config.max_batch_size == max(parsed.cuda_graph_config.batch_sizes)
+    m = json.loads((fp8_bundle / "manifest.json").read_text())
+    assert m["quant"] == {"target": "fp8", "draft": "bf16", "kv_cache": "fp8"}
+    assert m["target_gpu"]["name"] == "h100" and m["aux_layer_ids"] == [1, 3, 4]
+    assert m["sources"]["target"]["files"]["model.safetensors"]["sha256"]
+    assert m["calibration"]["sha256"] and m["calibration"]["tokens_sha256"] and m["calibration"]["prompts_used"] == 16
+    for pkg in ("torch", "transformers", "nvidia-modelopt", "eagle3-trt"):
+        assert m["versions"][pkg]
+    assert {"validate_s", "quantize_target_s", "export_target_s", "total_s"} <= set(m["timings"])
+    assert "target/model.safetensors" in m["outputs"]
+    # the exported draft is the normalized SafeAILab layout with its vocab map
+    d = load_file(str(fp8_bundle / "draft" / "model.safetensors"))
+    assert "midlayer.self_attn.q_proj.weight" in d and d["d2t"].shape == (256,)
+
+
+def test_rebuild_is_a_cache_hit_and_force_rebuilds(tiny_pair_session, tmp_path):
+    t, d = tiny_pair_session
+    kw = dict(target=str(t), draft=str(d), target_gpu="h100", quant="fp8", out=str(tmp_path / "b"), calib_samples=2)
+    first = build(**kw)
+    assert not first.cache_hit
+    again = build(**kw)
+    assert again.cache_hit and again.manifest["fingerprint"] == first.manifest["fingerprint"]
+    changed = build(**{**kw, "max_draft_len": 2})
+    assert not changed.cache_hit
+    assert yaml.safe_load((tmp_path / "b" / "llm_api_options.yaml").read_text())["speculative_config"]["max_draft_len"] == 2
+    forced = build(**{**kw, "max_draft_len": 2, "force": True})
+    assert not forced.cache_hit
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]  # no temp or old dirs left behind
+
+
+def test_failure_leaves_no_partial_bundle(tiny_pair, tmp_path):
+    t = load_file(str(tiny_pair[1] / "model.safetensors"))
+    t["d2t"][1] = t["d2t"][0] - 1
+    t.pop("t2d")
+    save_file(t, str(tiny_pair[1] / "model.safetensors"))
+    out = tmp_path / "out" / "bundle"
+    with pytest.raises(UserError, match="not injective"):
+        build(target=str(tiny_pair[0]), draft=str(tiny_pair[1]), out=str(out))
+    assert not out.exists()
+    assert not out.parent.exists() or not any(out.parent.iterdir())
+
+
+def test_failure_during_quantization_removes_staging_dir(tiny_pair, tmp_path):
+    (tmp_path / "calib.jsonl").write_text('{"nope": 1}\n')
+    out = tmp_path / "out" / "bundle"
+    with pytest.raises(UserError, match="calib.jsonl:1"):
+        build(target=str(tiny_pair[0]), draft=str(tiny_pair[1]), out=str(out), calib_file=str(tmp_path / "calib.jsonl"))
+    assert not out.exists() and not any((tmp_path / "out").iterdir())
+
+
+def test_nvfp4_for_hopper_is_refused_before_any_work(tmp_path):
+    with pytest.raises(UserError) as e:
+        build(quant="nvfp4", target_gpu="h100", out=str(tmp_path / "b"))
+    assert "nvfp4 needs Blackwell" in e.value.line() and "--quant fp8" in e.value.line()
+    assert not (tmp_path / "b").exists()
+
+
+def test_explicit_aux_layers_reach_the_options(tiny_pair, tmp_path):
+    cfg = json.loads((tiny_pair[1] / "config.json").read_text())
+    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, 2, 6]}
+    (tiny_pair[1] / "config.json").write_text(json.dumps(cfg))
+    res = build(target=str(tiny_pair[0]), draft=str(tiny_pair[1]), out=str(tmp_path / "b"), calib_samples=2, quant="bf16", kv_cache="auto")
+    opts = yaml.safe_load((res.bundle / "llm_api_options.yaml").read_text())
+    assert opts["speculative_config"]["eagle3_layers_to_capture"] == [0, 2, 6]
+    assert res.manifest["quant"]["target"] == "bf16"
+    assert json.loads((res.bundle / "draft" / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 6]
+
+
+def test_dry_run_for_the_70b_preset_writes_options_and_manifest_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
+    res = build("llama3.3-70b", dry_run=True, target_gpu="h100", out=str(tmp_path / "b"))
+    opts = yaml.safe_load((res.bundle / "llm_api_options.yaml").read_text())
+    assert opts["speculative_config"]["max_draft_len"] == 4 and "eagle3_layers_to_capture" not in opts["speculative_config"]
+    assert res.manifest["dry_run"] and res.manifest["aux_layer_ids"] == [1, 39, 76]
+    assert not list(res.bundle.rglob("*.safetensors"))
+
+
+def test_cli_one_line_errors_and_exit_codes(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *args], capture_output=True, text=True, timeout=120)
+
+    r = run("engine", "--model", "nope", "-o", str(tmp_path / "x"))
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: MODEL: unknown preset 'nope'")
+    assert len(r.stderr.strip().splitlines()) == 1 and "tiny" in r.stderr
+    r = run("engine", "--model", "tiny", "--quant", "nvfp4", "--target-gpu", "h100", "-o", str(tmp_path / "x"))
+    assert r.returncode == 2 and "Blackwell" in r.stderr and not (tmp_path / "x").exists()
+    r = run("--help")
+    assert r.returncode == 0 and "presets -> checkpoints" in r.stdout

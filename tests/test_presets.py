@@ -1,0 +1,58 @@
+from pathlib import Path
+
+import pytest
+
+from eagle3_trt.build.presets import available, load_preset, load_preset_file, resolve_source
+from eagle3_trt.errors import UserError
+
+
+def test_all_presets_load_with_expected_defaults():
+    names = available()
+    assert {"tiny", "llama3.1-8b", "llama3.3-70b"} <= set(names)
+    p = load_preset("llama3.3-70b")
+    assert p.quant.hopper == "fp8" and p.quant.blackwell == "nvfp4"
+    assert p.target.hf_id == "meta-llama/Llama-3.3-70B-Instruct"
+    assert p.draft.hf_id and p.max_draft_len >= 1
+    assert load_preset("tiny").target.embedded == "tiny"
+
+
+def test_unknown_preset_lists_what_exists():
+    with pytest.raises(UserError) as e:
+        load_preset("llama9-1t")
+    assert "llama9-1t" in e.value.line() and "tiny" in e.value.line() and "llama3.3-70b" in e.value.line()
+
+
+def test_unknown_field_rejected_at_load(tmp_path):
+    f = tmp_path / "x.yaml"
+    f.write_text("name: x\ntarget: {source: 'hf:a/b'}\ndraft: {source: 'hf:a/c'}\nmax_draft_lenn: 3\n")
+    with pytest.raises(UserError) as e:
+        load_preset_file(f)
+    assert "max_draft_lenn" in e.value.line()
+
+
+def test_conflicting_sources_rejected(tmp_path):
+    f = tmp_path / "x.yaml"
+    f.write_text("name: x\ntarget: {source: 'embedded:tiny'}\ndraft: {source: 'hf:a/c'}\n")
+    with pytest.raises(UserError, match="both be embedded"):
+        load_preset_file(f)
+
+
+def test_missing_local_override_and_missing_hub_model(tmp_path, monkeypatch):
+    p = load_preset("llama3.1-8b")
+    with pytest.raises(UserError, match="does not exist"):
+        resolve_source(p.target, str(tmp_path / "nope"), "target")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(UserError) as e:
+        resolve_source(p.target, None, "target")
+    assert "TARGET=" in e.value.line() and "meta-llama/Llama-3.1-8B-Instruct" in e.value.line()
+
+
+def test_hf_cache_snapshot_is_found(tmp_path, monkeypatch):
+    snap = tmp_path / "models--org--m" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (tmp_path / "models--org--m" / "refs").mkdir()
+    (tmp_path / "models--org--m" / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    from eagle3_trt.build.presets import Source
+
+    assert resolve_source(Source(source="hf:org/m"), None, "target") == snap
