@@ -16,9 +16,7 @@ import os as _os
 __version__ = "0.1.0"
 
 _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isdir(
-    _os.path.join(_root, "triton_repo")
-):
+if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isdir(_os.path.join(_root, "convert")):
     __path__.append(_root)  # type: ignore[name-defined]  # noqa: F821
 
 SOURCE_ROOT = _root if _root in __path__ else None  # type: ignore[name-defined]  # noqa: F821
