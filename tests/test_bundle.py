@@ -116,3 +116,22 @@ def test_cli_one_line_errors_and_exit_codes(tmp_path):
     assert r.returncode == 2 and "Blackwell" in r.stderr and not (tmp_path / "x").exists()
     r = run("--help")
     assert r.returncode == 0 and "presets -> checkpoints" in r.stdout
+
+
+def test_make_engine_dry_run_for_70b(tmp_path, monkeypatch):
+    """The offline CI build: `make engine MODEL=llama3.3-70b DRY_RUN=1` from config files only."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    venv = Path(sys.executable).parent.parent
+    if shutil.which("make") is None or not (venv / ".eagle3-trt-installed").is_file():
+        pytest.skip("needs make and the Makefile's virtual environment")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "no-hf-cache")}
+    r = subprocess.run(["make", "-s", "engine", "MODEL=llama3.3-70b", "DRY_RUN=1", f"OUT={tmp_path / 'b'}", f"VENV={venv}"],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "dry run" in r.stderr and (tmp_path / "b" / "llm_api_options.yaml").is_file()
+    m = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert m["preset"] == "llama3.3-70b" and m["quant"]["target"] == "fp8" and m["dry_run"]
