@@ -1,6 +1,6 @@
 # Thin front for the eagle3-trt CLI. Every target sets up .venv on first use.
 #   make engine [MODEL=tiny|llama3.1-8b|llama3.3-70b] [TARGET=dir DRAFT=dir] [GPU=h100|h200|b200]
-#               [QUANT=fp8|nvfp4|bf16] [QUANTIZE_DRAFT=1] [DRY_RUN=1] [OUT=dir]
+#               [GPUS=n] [TP=n] [QUANT=fp8|nvfp4|bf16] [QUANTIZE_DRAFT=1] [DRY_RUN=1] [OUT=dir]
 #   make test   the test suite (what CI runs)
 PY      ?= python3
 VENV    ?= .venv
@@ -11,7 +11,7 @@ TORCH_CPU_VERSION ?= 2.13.0
 
 ENGINE_ARGS := --model $(MODEL) \
   $(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT)) \
-  $(if $(GPU),--target-gpu $(GPU)) $(if $(QUANT),--quant $(QUANT)) \
+  $(if $(GPU),--target-gpu $(GPU)) $(if $(GPUS),--gpus $(GPUS)) $(if $(TP),--tp $(TP)) $(if $(QUANT),--quant $(QUANT)) \
   $(if $(filter 1 yes true,$(QUANTIZE_DRAFT)),--quantize-draft) \
   $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(if $(OUT),-o $(OUT)) \
   $(if $(filter 1 yes true,$(FORCE)),--force)

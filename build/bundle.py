@@ -19,7 +19,7 @@ import yaml
 
 from eagle3_trt import __version__
 from eagle3_trt.build import gpus, manifest
-from eagle3_trt.build.llm_options import CudaGraphOptions, Eagle3Options, KvCacheOptions, LlmApiOptions, cuda_graph_batches
+from eagle3_trt.build.llm_options import CudaGraphOptions, Eagle3Options, KvCacheOptions, LlmApiOptions
 from eagle3_trt.build.presets import Preset, resolve_source
 from eagle3_trt.errors import UserError
 
@@ -33,6 +33,8 @@ class EngineRequest:
     target: str | None = None  # local override of the preset's target source
     draft: str | None = None
     target_gpu: str | None = None
+    gpus: int | None = None
+    tp: int | None = None
     quant: str | None = None
     kv_cache: str | None = None
     quantize_draft: bool = False
@@ -115,17 +117,31 @@ def _staging(dest: Path):
         shutil.rmtree(old, ignore_errors=True)
 
 
-def llm_options(req: EngineRequest, quant: str, kv: str, k: int, aux: tuple[int, ...], aux_default: bool,
-                max_batch: int = 64, tp: int = 1) -> LlmApiOptions:
-    batches = cuda_graph_batches(max_batch)
+def make_plan(req: EngineRequest, target_dir: Path, draft_dir: Path, gpu: gpus.GpuSpec, quant: str, kv: str, k: int):
+    """The deployment plan from config files (refuses layouts that cannot work, before any weight is read)."""
+    from eagle3_trt.build.planner import make_plan as plan
+    from eagle3_trt.convert.checkpoint_io import read_json
+
+    target_cfg = read_json(target_dir / "config.json")
+    draft_cfg = read_json(draft_dir / "config.json")
+    if draft_cfg.get("transformer_layer_config"):  # speculators layout nests the layer config
+        draft_cfg = {**draft_cfg["transformer_layer_config"], **{x: draft_cfg[x] for x in ("draft_vocab_size", "target_hidden_size") if x in draft_cfg}}
+    return plan(target_cfg, draft_cfg, gpu, req.gpus or req.preset.default_gpus, quant, req.preset.max_seq_len,
+                "fp8" if kv == "fp8" else "bf16", k, tp=req.tp, model=req.preset.name)
+
+
+def llm_options(req: EngineRequest, quant: str, kv: str, k: int, aux: tuple[int, ...], aux_default: bool, plan) -> LlmApiOptions:
+    batches = list(plan.cuda_graph_batch_sizes)
     return LlmApiOptions(
         model="target",
         tokenizer="target",
-        tensor_parallel_size=tp,
-        max_batch_size=max_batch,
+        tensor_parallel_size=plan.tp,
+        max_batch_size=plan.max_batch_size,
+        max_num_tokens=plan.max_num_tokens,
+        enable_chunked_prefill=plan.enable_chunked_prefill,
         max_seq_len=req.preset.max_seq_len,
         kv_cache_config=KvCacheOptions(dtype="fp8" if kv == "fp8" else "auto"),
-        cuda_graph_config=CudaGraphOptions(batch_sizes=batches, max_batch_size=max(batches)),
+        cuda_graph_config=CudaGraphOptions(batch_sizes=batches, max_batch_size=max(batches), enable_padding=plan.cuda_graph_padding),
         speculative_config=Eagle3Options(
             max_draft_len=k,
             speculative_model="draft",
@@ -162,6 +178,7 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
     s = time.perf_counter()
     target_dir, draft_dir = resolve_pair(req)
     target = read_target(target_dir)
+    plan = make_plan(req, target_dir, draft_dir, gpu, quant, kv, k)
     if req.dry_run:
         report = _validate_config_only(target, draft_dir, preset.max_seq_len)
     else:
@@ -178,7 +195,7 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
     fp_parts = {
         "toolkit": __version__, "inputs": digests, "quant": quant, "kv": kv, "draft_quant": draft_quant,
         "gpu": gpu.name, "k": k, "max_seq_len": preset.max_seq_len, "calib": [calib_digest, n_calib, calib_len],
-        "dry_run": req.dry_run, "aux": list(report.aux_layer_ids),
+        "dry_run": req.dry_run, "aux": list(report.aux_layer_ids), "gpus": plan.num_gpus, "tp": plan.tp,
     }
     fp = manifest.fingerprint(fp_parts)
     old = manifest.read_manifest(dest)
@@ -192,7 +209,7 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
         else:
             calib_info.update(_quantize_and_export(target_dir, draft, report, tmp, quant, kv, draft_quant,
                                                    calib_file, n_calib, calib_len, timings, progress))
-        opts = llm_options(req, quant, kv, k, report.aux_layer_ids, report.aux_layers_are_default)
+        opts = llm_options(req, quant, kv, k, report.aux_layer_ids, report.aux_layers_are_default, plan)
         (tmp / OPTIONS_FILE).write_text(
             "# TensorRT-LLM LLM-API options (EAGLE-3 one-model). Paths are relative to this bundle.\n"
             + yaml.safe_dump(opts.to_yaml_dict(), sort_keys=False)
@@ -210,6 +227,7 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
             "max_seq_len": preset.max_seq_len,
             "aux_layer_ids": list(report.aux_layer_ids),
             "aux_layers_are_default": report.aux_layers_are_default,
+            "plan": plan.to_dict(),
             "dry_run": req.dry_run,
             "sources": {
                 "target": {"path": str(target_dir.resolve()), "source": preset.target.source, "revision": preset.target.revision, "files": digests["target"]},

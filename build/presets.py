@@ -62,6 +62,7 @@ class Preset(_Strict):
     draft: Source
     quant: QuantByGeneration = QuantByGeneration()
     default_gpu: str = "h100"
+    default_gpus: int = Field(1, ge=1, le=64, description="GPUs planned for when --gpus is not given")
     max_draft_len: int = Field(3, ge=1, le=16, description="draft length K (TensorRT-LLM max_draft_len)")
     max_seq_len: int = Field(8192, gt=0)
     kv_cache_dtype: Literal["fp8", "auto"] = "fp8"

@@ -97,6 +97,8 @@ def validate_cmd(target_dir: str, draft_dir: str, max_seq_len: int, as_json: boo
 @click.option("--target", "target", default=None, help="local target checkpoint dir (overrides the preset)")
 @click.option("--draft", "draft", default=None, help="local EAGLE-3 draft dir (overrides the preset)")
 @click.option("--target-gpu", default=None, help="GPU the bundle is for: h100, h200, b200, ... (default: detected GPU, else the preset's)")
+@click.option("--gpus", type=int, default=None, help="GPUs to plan for (default: the preset's)")
+@click.option("--tp", type=int, default=None, help="tensor-parallel size (default: the planner's choice)")
 @click.option("--quant", type=click.Choice(["fp8", "nvfp4", "bf16"]), default=None, help="target format (default: the preset's for the GPU generation)")
 @click.option("--kv-cache", type=click.Choice(["fp8", "auto"]), default=None, help="KV cache format (default: the preset's)")
 @click.option("--quantize-draft", is_flag=True, help="quantize the draft head too (default: BF16 draft)")
@@ -172,6 +174,9 @@ def _print_summary(con, res) -> None:
     con.print(f"  for {m['target_gpu']['name']} (SM{m['target_gpu']['sm']}): target {q['target']}, draft {q['draft']}, KV cache {q['kv_cache']}; K={m['max_draft_len']}, aux layers {m['aux_layer_ids']}")
     if m.get("dry_run"):
         con.print("  [yellow]dry run[/]: configs only, no weights were read or written")
+    plan = m.get("plan") or {}
+    if plan:
+        con.print(f"  plan: {plan['num_gpus']}x {plan['gpu']}, TP{plan['tp']} x {plan['instances']} instance(s), max batch {plan['max_batch_size']}, KV cache {plan['kv_tokens']} tokens per instance")
     con.print(f"  validated: {', '.join(m['validation']['checks'])}")
     for w in res.warnings or m["validation"]["warnings"]:
         con.print(f"  [yellow]warning[/]: {w}")
