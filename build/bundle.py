@@ -19,6 +19,7 @@ import yaml
 
 from eagle3_trt import __version__
 from eagle3_trt.build import gpus, manifest
+from eagle3_trt.build.other_engines import write_launchers
 from eagle3_trt.build.llm_options import CudaGraphOptions, Eagle3Options, KvCacheOptions, LlmApiOptions
 from eagle3_trt.build.presets import Preset, resolve_source
 from eagle3_trt.errors import UserError
@@ -239,8 +240,11 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
             "git_sha": manifest.git_sha(),
             "timings": {k_: round(v, 3) for k_, v in timings.items()},
             "fingerprint": fp,
-            "outputs": manifest.file_digests(tmp),
         }
+        manifest.write_json_atomic(tmp / "manifest.json", man)
+        # Launch scripts for trtllm-serve, vLLM and SGLang read the manifest and options just written.
+        write_launchers(tmp)
+        man["outputs"] = manifest.file_digests(tmp, skip=("manifest.json",))
         manifest.write_json_atomic(tmp / "manifest.json", man)
     return BuildResult(dest, False, man, report.warnings)
 

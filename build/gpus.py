@@ -2,6 +2,13 @@
 
 Figures are dense (non-sparse) peak numbers from NVIDIA's data sheets; the planner
 and cost model use them, so every entry names its SXM variant.
+
+Memory is what a user gets, not the marketing figure: the total that ``nvidia-smi`` prints
+for the board (MiB), kept exactly in ``memory_mib`` and shown in decimal GB in ``memory_gb``.
+"H100 80GB" is 81559 MiB = 85.52 GB, "H200 141GB" 143771 MiB = 150.75 GB, "B200 180GB"
+183359 MiB = 192.27 GB, GB200 189471 MiB = 198.68 GB (nvidia-smi logs of those boards in
+public repositories). CUDA itself reports a few hundred MiB less (the driver's reserve), which
+the planner's runtime reserve covers.
 """
 
 from __future__ import annotations
@@ -16,21 +23,31 @@ class GpuSpec:
     name: str
     generation: str  # ampere | ada | hopper | blackwell
     sm: int  # compute capability * 10
-    memory_gb: float  # HBM, decimal GB
+    memory_gb: float  # HBM as nvidia-smi reports it, in decimal GB (memory_mib * 2**20 / 1e9)
     bandwidth_tbs: float  # HBM bandwidth, TB/s
     bf16_tflops: float
     fp8_tflops: float | None
     fp4_tflops: float | None
     nvlink_gbs: float  # per-GPU NVLink bandwidth, GB/s
+    memory_mib: int = 0  # nvidia-smi "memory.total" in MiB; the exact source of memory_gb
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * 2**20 if self.memory_mib else int(round(self.memory_gb * 1e9))
+
+
+def _spec(name: str, generation: str, sm: int, memory_mib: int, bandwidth_tbs: float, bf16: float,
+          fp8: float | None, fp4: float | None, nvlink_gbs: float) -> GpuSpec:
+    return GpuSpec(name, generation, sm, memory_mib * 2**20 / 1e9, bandwidth_tbs, bf16, fp8, fp4, nvlink_gbs, memory_mib)
 
 
 GPUS: dict[str, GpuSpec] = {
-    "a100": GpuSpec("a100", "ampere", 80, 80, 2.039, 312, None, None, 600),
-    "l40s": GpuSpec("l40s", "ada", 89, 48, 0.864, 362, 733, None, 0),
-    "h100": GpuSpec("h100", "hopper", 90, 80, 3.35, 989, 1979, None, 900),
-    "h200": GpuSpec("h200", "hopper", 90, 141, 4.8, 989, 1979, None, 900),
-    "b200": GpuSpec("b200", "blackwell", 100, 180, 8.0, 2250, 4500, 9000, 1800),
-    "gb200": GpuSpec("gb200", "blackwell", 100, 186, 8.0, 2500, 5000, 10000, 1800),
+    "a100": _spec("a100", "ampere", 80, 81920, 2.039, 312, None, None, 600),  # A100 SXM4 80GB
+    "l40s": _spec("l40s", "ada", 89, 46068, 0.864, 362, 733, None, 0),
+    "h100": _spec("h100", "hopper", 90, 81559, 3.35, 989, 1979, None, 900),  # H100 SXM5 80GB HBM3
+    "h200": _spec("h200", "hopper", 90, 143771, 4.8, 989, 1979, None, 900),
+    "b200": _spec("b200", "blackwell", 100, 183359, 8.0, 2250, 4500, 9000, 1800),
+    "gb200": _spec("gb200", "blackwell", 100, 189471, 8.0, 2500, 5000, 10000, 1800),
 }
 
 # Minimum compute capability per weight format [TensorRT-LLM docs/source/features/quantization.md].
@@ -60,5 +77,5 @@ def check_quant_for_gpu(quant: str, gpu: GpuSpec, where: str = "--quant") -> Non
         raise UserError(
             where,
             f"{quant} needs {gens[need]}, but {gpu.name} is {gpu.generation} (SM{gpu.sm})",
-            f"use --quant {alt} for {gpu.name}, or --target-gpu b200 to build for Blackwell",
+            f"use quant {alt} for {gpu.name}, or target a Blackwell GPU (b200)",
         )

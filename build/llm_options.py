@@ -20,7 +20,9 @@ class Eagle3Options(_Strict):
     decoding_type: Literal["Eagle3"] = "Eagle3"
     max_draft_len: int = Field(ge=1, description="draft length K; tokens proposed per target forward")
     speculative_model: str = Field("draft", description="draft checkpoint dir (older releases: speculative_model_dir)")
-    eagle3_one_model: bool = Field(True, description="drafting and verification inside the target's forward")
+    # One-model (drafting and verification inside the target's forward) is TensorRT-LLM's default and,
+    # since PR #17366, the only mode; newer releases dropped the field, so it is written only if False.
+    eagle3_one_model: bool | None = Field(None, description="None = TensorRT-LLM's default (one-model)")
     eagle3_layers_to_capture: list[int] | None = Field(None, description="target layer outputs fed to fc; None = {1, L//2-1, L-4}")
     max_concurrency: int | None = Field(None, ge=1, description="no speculation above this batch size")
     draft_len_schedule: dict[int, int] | None = Field(None, description="batch size -> draft length")
@@ -88,7 +90,12 @@ class LlmApiOptions(_Strict):
         return self
 
     def to_yaml_dict(self) -> dict:
-        return self.model_dump(mode="json", exclude_none=True)
+        d = self.model_dump(mode="json", exclude_none=True)
+        # JSON mode turns int dict keys into strings; draft_len_schedule is dict[int, int].
+        sched = d.get("speculative_config", {}).get("draft_len_schedule")
+        if sched is not None:
+            d["speculative_config"]["draft_len_schedule"] = {int(k): v for k, v in sched.items()}
+        return d
 
 
 def cuda_graph_batches(max_batch: int) -> list[int]:

@@ -2,8 +2,9 @@
 
 Everything here is arithmetic on Hugging Face config fields, so a plan can be made on any
 machine, without weights, torch or TensorRT-LLM. Figures are per GPU unless named otherwise;
-bytes are exact integers and printed as decimal GB (1e9), the unit GPU memory is sold in
-(``GpuSpec.memory_gb``), except per-token KV sizes, which are printed in KiB.
+bytes are exact integers and printed as decimal GB (1e9), except per-token KV sizes, which are
+printed in KiB. GPU memory is the total nvidia-smi reports (``GpuSpec.memory_mib``), not the
+marketing figure: an "80 GB" H100 has 81559 MiB = 85.52 GB.
 
 Sharding model (TensorRT-LLM PyTorch backend, tensor parallelism ``tp``):
 - every attention and MLP Linear is split ``tp`` ways (q/k/v/gate/up by column, o/down by row);
@@ -161,6 +162,7 @@ class DraftParams:
     mlp: int
     norms: int  # input, hidden and post-attention norms per layer, plus the final norm
     lm_head: int  # [draft_vocab, H]
+    draft_vocab: int
     d2t: int  # draft-to-target id offsets, int32 on the GPU
     total: int  # parameters excluding d2t
     layers: int
@@ -190,6 +192,7 @@ def count_draft(cfg: dict[str, Any], target: LlamaShape, where: str = "draft con
         mlp=mlp,
         norms=norms,
         lm_head=lm_head,
+        draft_vocab=draft_vocab,
         d2t=d2t,
         total=fc + attn + mlp + norms + lm_head,
         layers=s.layers,
@@ -268,7 +271,7 @@ def _reserve(
     # Generation steps verify K+1 tokens per sequence; logits are FP32 and gathered to the full
     # vocabulary on every rank. The draft adds one step of its smaller vocabulary at a time.
     rows = max_batch_size * (max_draft_len + 1)
-    logits = rows * s.vocab * 4 + (max_batch_size * (draft.lm_head // s.hidden) * 4 if draft else 0)
+    logits = rows * s.vocab * 4 + (max_batch_size * draft.draft_vocab * 4 if draft else 0)
     graphs = n_graphs * CUDA_GRAPH_BYTES
     total = runtime + nccl + act + hidden + logits + graphs
     return Reserve(runtime, nccl, act, hidden, logits, graphs, total)
@@ -357,7 +360,7 @@ def _budget(
     # The draft's layer lives in the same KV pool and takes the target's KV format [FACTS §1].
     kv_d = kv_bytes_per_token(draft.layers, draft.kv_heads, draft.head_dim, kv_dtype, tp) if draft else 0
     reserve = _reserve(s, draft, tp, pp, max_num_tokens, max_batch_size, max_draft_len, len(graph_batch_sizes(max_batch_size)))
-    free = int(gpu.memory_gb * GB) - weights - draft_bytes - reserve.total
+    free = gpu.memory_bytes - weights - draft_bytes - reserve.total
     kv_cache = max(0, int(free * FREE_GPU_MEMORY_FRACTION))
     block = (kv_t + kv_d) * TOKENS_PER_BLOCK
     blocks = kv_cache // block
@@ -401,6 +404,8 @@ def _check_inputs(
         raise UserError("--max-batch-size", f"must be at least 1, got {max_batch_size}", "omit it to let the planner choose")
     if pp < 1:
         raise UserError("--pp", f"pipeline parallel size must be at least 1, got {pp}", "use --pp 1")
+    if pp > num_gpus:
+        raise UserError("--pp", f"pp={pp} needs at least {pp} GPUs but only {num_gpus} given", f"use --gpus {pp} or a smaller --pp")
     if pp > 1 and speculative:
         raise UserError(
             "--pp",
@@ -477,7 +482,7 @@ def make_plan(
     return Plan(
         model=model,
         gpu=gpu.name,
-        gpu_memory_bytes=int(gpu.memory_gb * GB),
+        gpu_memory_bytes=gpu.memory_bytes,
         num_gpus=num_gpus,
         tp=t,
         pp=pp,
@@ -524,7 +529,7 @@ def _does_not_fit(
         return UserError("--gpus", f"no tensor-parallel size <= {num_gpus} divides the model's heads ({s.heads}/{s.kv_heads})", "use more GPUs")
     need = (
         f"at TP{t} each GPU needs {b.weights / GB:.1f} GB weights + {b.draft / GB:.1f} GB draft + {b.reserve.total / GB:.1f} GB reserve "
-        f"and has {gpu.memory_gb:g} GB, leaving KV room for {b.sequences} sequence(s) of {max_seq_len} tokens (need {MIN_FULL_SEQUENCES})"
+        f"and has {gpu.memory_gb:.2f} GB, leaving KV room for {b.sequences} sequence(s) of {max_seq_len} tokens (need {MIN_FULL_SEQUENCES})"
     )
     what = f"{model} at {quant} does not fit on {num_gpus}x {gpu.name}: {need}"
     hint = _fit_hint(s, p, draft, gpu, num_gpus, quant, kv_dtype, max_seq_len, k, pp, kv_room=b.kv_cache > 0)
@@ -567,7 +572,7 @@ def _notes(
         notes.append(f"draft was trained to {draft.max_positions} positions; acceptance drops on longer contexts (sglang #6783)")
     if draft:
         notes.append("draft weights counted BF16 and replicated per GPU (upper bound)")
-    notes.append(f"GPU memory taken as {gpu.memory_gb:g} GB (decimal); the driver reports a little more on most boards")
+    notes.append(f"GPU memory taken as nvidia-smi's total, {gpu.memory_mib} MiB = {gpu.memory_gb:.2f} GB; CUDA's own reserve comes out of the runtime reserve")
     return notes
 
 
@@ -587,7 +592,7 @@ def format_plan(plan: Plan) -> str:
     p, r = plan.target, plan.reserve
     spec = f"EAGLE-3 K={plan.max_draft_len}" if plan.speculative else "no speculation"
     lines = [
-        f"plan: {plan.model} on {plan.num_gpus}x {plan.gpu} ({plan.gpu_memory_bytes / GB:g} GB each), "
+        f"plan: {plan.model} on {plan.num_gpus}x {plan.gpu} ({plan.gpu_memory_bytes / GB:.2f} GB each), "
         f"weights {plan.quant}, KV cache {plan.kv_cache_dtype}, {spec}, max_seq_len {plan.max_seq_len}",
         f"  layout      TP{plan.tp} x PP{plan.pp}, {plan.instances} instance(s) on GPUs {plan.gpu_device_ids}",
         f"  target      {_bparams(p.total)} params (embed {_bparams(p.embed)}, lm_head {_bparams(p.lm_head)}, "
@@ -646,7 +651,7 @@ def plan_steps(plan: Plan, calib_samples: int = 512, calib_len: int = 512) -> li
         flops = 2 * plan.target.total * tokens
         secs = plan.target_checkpoint_bytes / DISK_BYTES_PER_S + flops / (gpu.bf16_tflops * 1e12 * CALIBRATION_MFU)
         where = f"{plan.num_gpus}x {gpu.name}"
-        if plan.target_checkpoint_bytes > plan.num_gpus * gpu.memory_gb * GB * 0.9:
+        if plan.target_checkpoint_bytes > plan.num_gpus * gpu.memory_bytes * 0.9:
             where += " (BF16 model exceeds GPU memory: ModelOpt offloads to CPU, expect several times longer)"
         steps.append(
             f"calibrate + quantize target to {plan.quant} with ModelOpt on {where}: load {_gb(plan.target_checkpoint_bytes)} BF16, "

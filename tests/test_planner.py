@@ -123,7 +123,9 @@ def test_graph_batch_sizes():
 
 def test_70b_fp8_on_4_h100_full_budget():
     plan = plan_for_preset("llama3.3-70b", "h100", 4, "fp8")
-    # TP1 cannot fit (72.7 GB + 2.8 GB draft on 80 GB); TP2 is the smallest that fits -> 2 instances.
+    # H100 memory is nvidia-smi's 81559 MiB = 85,520,809,984 B. TP1 holds 72.66 GB weights + 2.81 GB
+    # draft + 5.33 GB reserve (batch 128), leaving 4.26 GB of KV = 25,664 tokens = 3 sequences of
+    # 8192 (< 4 needed); TP2 is the smallest that fits -> 2 instances.
     assert (plan.tp, plan.pp, plan.instances, plan.gpu_device_ids) == (2, 1, 2, "0,1;2,3")
     assert plan.speculative and plan.max_draft_len == 4 and plan.kv_cache_dtype == "fp8"
     # 68,451,041,280/2 + 2,101,346,304*2/2 + 2,637,824
@@ -137,16 +139,17 @@ def test_70b_fp8_on_4_h100_full_budget():
     assert r.logits == 32 * 5 * 128256 * 4 + 32 * 32000 * 4 == 86_179_840  # batch 32 x (K+1) rows FP32
     assert r.cuda_graphs == 6 * 200_000_000  # graphs 1..32
     assert r.total == 1_000_000_000 + 500_000_000 + 1_124_073_472 + 402_653_184 + 86_179_840 + 1_200_000_000
-    # free = 80e9 - 36,329,504,768 - 2,806,182,912 - 4,312,906,496 = 36,551,405,824; x 0.9
-    assert plan.kv_cache_bytes_per_gpu == 32_896_265_241
-    # // (82,944 B * 32 tokens per block) = 12,394 blocks = 396,608 tokens; // ceil(8196/32)=257 blocks -> 48
-    assert (plan.kv_tokens, plan.sequences_at_max_seq_len) == (396_608, 48)
-    assert plan.max_batch_size == 32  # largest power of two <= 48 guaranteed full-length sequences
+    # free = 85,520,809,984 - 36,329,504,768 - 2,806,182,912 - 4,312,906,496 = 42,072,215,808; x 0.9
+    assert plan.kv_cache_bytes_per_gpu == 37_864_994_227
+    # // (82,944 B * 32 tokens per block) = 14,266 blocks = 456,512 tokens; // ceil(8196/32)=257 blocks -> 55
+    assert (plan.kv_tokens, plan.sequences_at_max_seq_len) == (456_512, 55)
+    # Pass 1 (reserve sized for batch 128) leaves room for 54 sequences; the largest power of two below is 32.
+    assert plan.max_batch_size == 32
     assert plan.cuda_graph_batch_sizes == (1, 2, 4, 8, 16, 32)
     assert plan.max_num_tokens == 8192 and not plan.enable_chunked_prefill
     # Per GPU the parts add up to no more than the card.
     used = plan.target_weight_bytes_per_gpu + plan.draft_weight_bytes_per_gpu + r.total + plan.kv_cache_bytes_per_gpu
-    assert used <= plan.gpu_memory_bytes == 80_000_000_000
+    assert used <= plan.gpu_memory_bytes == 81559 * 2**20 == 85_520_809_984
 
 
 def test_70b_nvfp4_on_2_b200():
@@ -155,9 +158,12 @@ def test_70b_nvfp4_on_2_b200():
     assert plan.target_weight_bytes_per_gpu == 42_709_041_152  # all of it at TP1
     assert plan.kv_bytes_per_token == 160 * KIB + 2 * KIB  # FP8 KV, 80 target layers + 1 draft layer
     assert plan.reserve.nccl == 0  # single-GPU instances need no all-reduce buffers
-    # reserve 4,954,724,352; free = 180e9 - 42,709,041,152 - 2,806,182,912 - reserve = 129,530,051,584
-    assert plan.kv_cache_bytes_per_gpu == 116_577_046_425
-    assert (plan.kv_tokens, plan.sequences_at_max_seq_len, plan.max_batch_size) == (702_720, 85, 64)
+    # B200 = 183359 MiB = 192,265,846,784 B; reserve 4,954,724,352 (batch 64);
+    # free = 192,265,846,784 - 42,709,041,152 - 2,806,182,912 - 4,954,724,352 = 141,795,898,368; x 0.9
+    assert plan.gpu_memory_bytes == 192_265_846_784
+    assert plan.kv_cache_bytes_per_gpu == 127_616_308_531
+    # // (165,888 * 32) = 24,040 blocks = 769,280 tokens; // 257 = 93 sequences; batch 64 = 2^6 <= 93
+    assert (plan.kv_tokens, plan.sequences_at_max_seq_len, plan.max_batch_size) == (769_280, 93, 64)
 
 
 def test_preset_quant_defaults_by_generation():
@@ -170,9 +176,11 @@ def test_preset_quant_defaults_by_generation():
 
 def test_8_gpu_node_plans():
     bf16 = plan_for_preset("llama3.3-70b", "h100", 8, "bf16")
-    # TP2 holds 70.6 GB weights + 2.8 GB draft: no room for 4 sequences; TP4 fits -> 2 instances of 4.
-    assert (bf16.tp, bf16.instances, bf16.gpu_device_ids) == (4, 2, "0,1,2,3;4,5,6,7")
-    assert bf16.target_weight_bytes_per_gpu == 141_107_412_992 // 4 + (1_318_912 * 2 * 3) // 4  # norms not sharded
+    # TP2: 70.56 GB weights + 2.81 GB draft + 4.97 GB reserve (batch 128) on 85.52 GB leaves 6.47 GB
+    # of FP8 KV (82,944 B/token) = 2,437 blocks = 9 sequences of 8192 -> TP2 fits, 4 instances.
+    assert (bf16.tp, bf16.instances, bf16.gpu_device_ids) == (2, 4, "0,1;2,3;4,5;6,7")
+    assert bf16.target_weight_bytes_per_gpu == 141_107_412_992 // 2 + 1_318_912 * 2 // 2  # norms not sharded
+    assert bf16.max_batch_size == 8  # largest power of two <= 9
     tp8 = plan_for_preset("llama3.3-70b", "h100", 8, "fp8", tp=8)  # TensorRT-LLM CI's layout
     assert (tp8.tp, tp8.instances, tp8.gpu_device_ids) == (8, 1, "0,1,2,3,4,5,6,7")
     assert tp8.kv_bytes_per_token == 20 * KIB + 256  # 2*80*1*128 + 2*1*1*128
@@ -198,14 +206,15 @@ def test_refuses_70b_bf16_on_one_h100():
     with pytest.raises(UserError) as e:
         plan_for_preset("llama3.3-70b", "h100", 1, "bf16")
     assert "does not fit on 1x h100" in e.value.what and "141.1 GB weights" in e.value.what
-    assert "--gpus 4" in e.value.hint and "--quant fp8" in e.value.hint
+    assert "85.52 GB" in e.value.what
+    assert "--gpus 2 (TP2)" in e.value.hint and "--quant fp8" in e.value.hint
     assert "max-seq-len" not in e.value.hint  # the weights alone overflow; a shorter context cannot help
 
 
 def test_refuses_explicit_tp_too_small():
     with pytest.raises(UserError) as e:
-        plan_for_preset("llama3.3-70b", "h100", 4, "bf16", tp=2)
-    assert e.value.where == "--tp" and "--tp 4" in e.value.hint
+        plan_for_preset("llama3.3-70b", "h100", 4, "bf16", tp=1)
+    assert e.value.where == "--tp" and "--tp 2" in e.value.hint
 
 
 def test_refuses_tp_not_dividing_heads():
@@ -233,6 +242,9 @@ def test_refuses_more_gpus_than_given():
     with pytest.raises(UserError) as e:
         plan_for_preset("llama3.3-70b", "h100", 4, "fp8", tp=8)
     assert "needs 8 GPUs" in e.value.what
+    with pytest.raises(UserError) as e:
+        make_plan(T70, None, get_gpu("h100"), 2, "fp8", 8192, "fp8", 0, pp=4)
+    assert e.value.where == "--pp" and "only 2 given" in e.value.what
 
 
 def test_refuses_context_beyond_the_model():
@@ -270,7 +282,7 @@ def test_plan_serialises_and_formats():
     d = json.loads(json.dumps(plan.to_dict()))
     assert d["tp"] == 2 and d["kv_bytes_per_token"] == 82_944 and d["reserve"]["cuda_graphs"] == 1_200_000_000
     text = format_plan(plan)
-    for needle in ("TP2 x PP1", "0,1;2,3", "72.66 GB at fp8", "36.33 GB", "396,608 tokens", "48 sequences", "max_batch_size 32"):
+    for needle in ("85.52 GB each", "TP2 x PP1", "0,1;2,3", "72.66 GB at fp8", "36.33 GB", "456,512 tokens", "55 sequences", "max_batch_size 32"):
         assert needle in text, needle
 
 
@@ -287,3 +299,10 @@ def test_plan_steps():
 def test_planner_does_not_import_torch():
     code = "import sys, eagle3_trt.build.planner as p; p.plan_for_preset('llama3.1-8b','h100',1,'fp8'); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_gpu_memory_is_what_nvidia_smi_reports():
+    # nvidia-smi totals of the boards (MiB), shown in decimal GB; not the marketing "80/141/180 GB".
+    for name, mib, gb in (("h100", 81559, 85.52), ("h200", 143771, 150.75), ("b200", 183359, 192.27)):
+        g = get_gpu(name)
+        assert g.memory_mib == mib and g.memory_bytes == mib * 1_048_576 and round(g.memory_gb, 2) == gb

@@ -1,0 +1,84 @@
+"""Which GPU is here, and can it run a bundle's formats.
+
+``detect_gpu`` reads the first CUDA device through torch (imported only when called, so CPU-only
+CI never pays for it); ``check_formats`` compares a bundle's weight and KV-cache formats with a
+compute capability. A CPU-only build names its GPU with ``--target-gpu`` instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eagle3_trt.build.gpus import GPUS, MIN_SM, gpu_from_sm
+from eagle3_trt.errors import UserError
+
+# Minimum SM per KV-cache format [TensorRT-LLM docs/source/features/quantization.md; FACTS §1].
+KV_MIN_SM = {"auto": 0, "bf16": 0, "fp8": 80, "nvfp4": 100}
+_GENERATION_NAMES = {80: "Ampere (SM80) or newer", 89: "Ada (SM89), Hopper (SM90) or Blackwell", 100: "Blackwell (SM100 or newer)"}
+
+
+@dataclass(frozen=True)
+class DetectedGpu:
+    device_name: str  # as CUDA reports it, e.g. "NVIDIA H100 80GB HBM3"
+    key: str  # the toolkit's GPU name (gpus.GPUS key), e.g. "h100"
+    sm: int  # compute capability * 10
+    count: int  # visible CUDA devices
+    memory_bytes: int  # of device 0, as CUDA reports it
+
+
+def gpu_key(device_name: str, sm: int) -> str:
+    """Map a CUDA device name to a gpus.GPUS key; unknown boards fall back by compute capability."""
+    flat = device_name.lower().replace(" ", "").replace("-", "")
+    for key in ("gb200", "b200", "h200", "h100", "a100", "l40s"):  # gb200 before b200: substring
+        if key in flat and key in GPUS:
+            return key
+    return gpu_from_sm(sm)
+
+
+def detect_gpus() -> DetectedGpu | None:
+    """The first visible CUDA device, or None without torch, CUDA or a device."""
+    try:
+        import torch  # noqa: PLC0415 - only when asked
+    except ImportError:
+        return None
+    try:
+        if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+            return None
+        major, minor = torch.cuda.get_device_capability(0)
+        name = torch.cuda.get_device_name(0)
+        props = torch.cuda.get_device_properties(0)
+        count = torch.cuda.device_count()
+    except (RuntimeError, AssertionError):  # a broken driver reads as "no GPU", not as a crash
+        return None
+    sm = major * 10 + minor
+    return DetectedGpu(name, gpu_key(name, sm), sm, count, int(props.total_memory))
+
+
+def detect_gpu() -> tuple[str, int] | None:
+    """(GPU key such as "h100", SM) of the first CUDA device, or None. Used at bundle build time."""
+    d = detect_gpus()
+    return (d.key, d.sm) if d else None
+
+
+def check_formats(quant: dict, sm: int, gpu_label: str, where: str = "manifest.json:quant") -> None:
+    """Refuse weight/KV formats the GPU cannot run (FP8 >= SM89, NVFP4 >= SM100, FP8 KV >= SM80)."""
+    for role in ("target", "draft"):
+        fmt = quant.get(role)
+        if fmt is None:
+            continue
+        need = MIN_SM.get(fmt)
+        if need is None:
+            raise UserError(f"{where}.{role}", f"unknown weight format {fmt!r}", "expected fp8, nvfp4 or bf16")
+        if sm < need:
+            if fmt == "bf16":
+                hint = "TensorRT-LLM's PyTorch runtime needs an Ampere or newer GPU"
+            else:
+                alt = "fp8" if fmt == "nvfp4" and sm >= MIN_SM["fp8"] else "bf16"
+                hint = f"rebuild the bundle for this GPU (eagle3-trt engine --quant {alt} --target-gpu {gpu_from_sm(sm)})"
+            raise UserError(f"{where}.{role}", f"{role} weights are {fmt}, which needs {_GENERATION_NAMES[need]}, but {gpu_label} is SM{sm}", hint)
+    kv = quant.get("kv_cache", "auto")
+    need = KV_MIN_SM.get(kv)
+    if need is None:
+        raise UserError(f"{where}.kv_cache", f"unknown KV cache format {kv!r}", "expected fp8, nvfp4 or auto")
+    if sm < need:
+        raise UserError(f"{where}.kv_cache", f"{kv} KV cache needs {_GENERATION_NAMES[need]}, but {gpu_label} is SM{sm}", "rebuild with --kv-cache auto")

@@ -1,0 +1,322 @@
+"""Launch the same bundle (quantized target + EAGLE-3 draft) with vLLM, SGLang or trtllm-serve.
+
+``write_launchers(bundle_dir)`` writes ``launch/{vllm,sglang,trtllm-serve}.sh`` (+ README.md and
+the trtllm-serve options file) into a bundle, so one quantized pair can be compared across
+engines. Scripts find the bundle from their own location, so the bundle can be moved; every
+option they pass is checked against the option names each engine documents (tables below),
+and the tests check that no other name appears.
+
+Sources of the option names:
+- vLLM: ``vllm serve`` engine arguments (``vllm/engine/arg_utils.py``) and ``SpeculativeConfig``
+  (``vllm/config/speculative.py``: method "eagle3", model, num_speculative_tokens,
+  draft_tensor_parallel_size); EAGLE-3 docs ``docs/features/speculative_decoding/eagle``.
+- SGLang: ``python -m sglang.launch_server`` server arguments (``python/sglang/srt/server_args.py``),
+  speculative-decoding docs (``--speculative-algorithm EAGLE3``, ``--speculative-draft-model-path``,
+  ``--speculative-num-steps``, ``--speculative-eagle-topk``, ``--speculative-num-draft-tokens``).
+- trtllm-serve: ``tensorrt_llm/commands/serve.py`` (``--extra_llm_api_options`` YAML).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from eagle3_trt.build import trtllm_adapter as adapter
+from eagle3_trt.errors import UserError
+
+LAUNCH_DIR = "launch"
+TRTLLM_SERVE_YAML = "trtllm-serve.yaml"
+
+VLLM_SERVE_OPTIONS = frozenset({
+    "--tokenizer", "--speculative-config", "--tensor-parallel-size", "--pipeline-parallel-size",
+    "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization",
+    "--kv-cache-dtype", "--enable-chunked-prefill", "--trust-remote-code", "--served-model-name",
+    "--host", "--port", "--dtype", "--quantization", "--seed", "--generation-config",
+})
+VLLM_SPECULATIVE_KEYS = frozenset({
+    "method", "model", "num_speculative_tokens", "draft_tensor_parallel_size", "quantization",
+    "max_model_len", "revision", "code_revision",
+})
+VLLM_KV_DTYPES = frozenset({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"})
+
+SGLANG_OPTIONS = frozenset({
+    "--model-path", "--tokenizer-path", "--speculative-algorithm", "--speculative-draft-model-path",
+    "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+    "--tp-size", "--dp-size", "--context-length", "--max-running-requests", "--cuda-graph-max-bs",
+    "--mem-fraction-static", "--kv-cache-dtype", "--chunked-prefill-size", "--host", "--port",
+    "--served-model-name", "--trust-remote-code", "--quantization", "--dtype",
+})
+SGLANG_KV_DTYPES = frozenset({"auto", "fp8_e4m3", "fp8_e5m2"})
+
+TRTLLM_SERVE_OPTIONS = frozenset({
+    "--host", "--port", "--backend", "--tokenizer", "--tp_size", "--pp_size", "--max_batch_size",
+    "--max_num_tokens", "--max_seq_len", "--kv_cache_free_gpu_memory_fraction",
+    "--extra_llm_api_options", "--trust_remote_code", "--log_level", "--num_postprocess_workers",
+})
+
+# The bundle's KV-cache format in each engine's spelling ("auto" keeps the checkpoint's).
+_KV = {"vllm": {"fp8": "fp8", "auto": "auto"}, "sglang": {"fp8": "fp8_e4m3", "auto": "auto"}}
+
+
+@dataclass(frozen=True)
+class BundleFacts:
+    """What the launchers need from a bundle, read from its manifest and options."""
+
+    max_draft_len: int
+    tensor_parallel_size: int
+    max_seq_len: int | None
+    max_batch_size: int
+    max_num_tokens: int
+    cuda_graph_max_batch: int | None
+    kv_cache: str  # fp8 | auto
+    quant: dict
+    max_concurrency: int | None
+
+
+def bundle_facts(bundle_dir: Path) -> BundleFacts:
+    bundle = Path(bundle_dir)
+    opts = adapter.load_options(bundle)
+    mpath = bundle / "manifest.json"
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(mpath, f"cannot read ({e})", "rebuild the bundle with `eagle3-trt engine`") from None
+    quant = manifest.get("quant") or {}
+    kv = quant.get("kv_cache", opts.kv_cache_config.dtype)
+    if kv not in ("fp8", "auto"):
+        raise UserError(f"{mpath}:quant.kv_cache", f"KV cache {kv!r} has no vLLM/SGLang equivalent here", "rebuild with --kv-cache fp8 or auto")
+    spec = opts.speculative_config
+    mc = spec.max_concurrency
+    if mc is None and spec.draft_len_schedule:
+        zero = [b for b, k in spec.draft_len_schedule.items() if k == 0]
+        mc = min(zero) if zero else None
+    return BundleFacts(
+        max_draft_len=spec.max_draft_len,
+        tensor_parallel_size=opts.tensor_parallel_size,
+        max_seq_len=opts.max_seq_len,
+        max_batch_size=opts.max_batch_size,
+        max_num_tokens=opts.max_num_tokens,
+        cuda_graph_max_batch=(opts.cuda_graph_config.max_batch_size or max(opts.cuda_graph_config.batch_sizes or [0]) or None)
+        if opts.cuda_graph_config else None,
+        kv_cache=kv,
+        quant=quant,
+        max_concurrency=mc,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument lists. "$BUNDLE" is a shell variable set by the script from its own location.
+
+BUNDLE_VAR = "$BUNDLE"
+
+
+def vllm_args(f: BundleFacts) -> tuple[list[str], dict]:
+    """``vllm serve`` arguments after the model path, and the --speculative-config dict."""
+    spec = {"method": "eagle3", "model": f"{BUNDLE_VAR}/draft", "num_speculative_tokens": f.max_draft_len}
+    args = [
+        "--tokenizer", f"{BUNDLE_VAR}/tokenizer",
+        "--speculative-config", "__SPEC_JSON__",
+        "--tensor-parallel-size", str(f.tensor_parallel_size),
+        "--max-num-seqs", str(f.max_batch_size),
+        "--max-num-batched-tokens", str(f.max_num_tokens),
+        "--kv-cache-dtype", _KV["vllm"][f.kv_cache],
+    ]
+    if f.max_seq_len:
+        args += ["--max-model-len", str(f.max_seq_len)]
+    return args, spec
+
+
+def sglang_args(f: BundleFacts) -> list[str]:
+    """``python -m sglang.launch_server`` arguments. A linear EAGLE-3 chain of K tokens is
+    K steps of top-1 drafting, verified as K+1 tokens (the last accepted one plus K drafts)."""
+    k = f.max_draft_len
+    args = [
+        "--model-path", f"{BUNDLE_VAR}/target",
+        "--tokenizer-path", f"{BUNDLE_VAR}/tokenizer",
+        "--speculative-algorithm", "EAGLE3",
+        "--speculative-draft-model-path", f"{BUNDLE_VAR}/draft",
+        "--speculative-num-steps", str(k),
+        "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", str(k + 1),
+        "--tp-size", str(f.tensor_parallel_size),
+        "--max-running-requests", str(f.max_batch_size),
+        "--kv-cache-dtype", _KV["sglang"][f.kv_cache],
+    ]
+    if f.max_seq_len:
+        args += ["--context-length", str(f.max_seq_len)]
+    if f.cuda_graph_max_batch:
+        args += ["--cuda-graph-max-bs", str(f.cuda_graph_max_batch)]
+    return args
+
+
+def trtllm_serve_args() -> list[str]:
+    # Tokenizer, parallelism and limits come from the options file, which overrides trtllm-serve's flags.
+    return ["--extra_llm_api_options", f"{BUNDLE_VAR}/{LAUNCH_DIR}/{TRTLLM_SERVE_YAML}"]
+
+
+def check_options(engine: str, args: list[str], spec: dict | None = None) -> None:
+    """Every ``--name`` in ``args`` must be one the engine documents (and every speculative key)."""
+    table = {"vllm": VLLM_SERVE_OPTIONS, "sglang": SGLANG_OPTIONS, "trtllm-serve": TRTLLM_SERVE_OPTIONS}[engine]
+    unknown = [a for a in args if a.startswith("--") and a not in table]
+    if spec is not None:
+        unknown += [f"speculative-config.{k}" for k in spec if k not in VLLM_SPECULATIVE_KEYS]
+        if spec.get("method") != "eagle3":
+            unknown.append(f"speculative-config.method={spec.get('method')}")
+    kv = args[args.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in args else None
+    if kv is not None and kv not in {"vllm": VLLM_KV_DTYPES, "sglang": SGLANG_KV_DTYPES}.get(engine, {kv}):
+        unknown.append(f"--kv-cache-dtype {kv}")
+    if unknown:
+        raise UserError(f"launch/{engine}", f"options not in {engine}'s documented set: {', '.join(unknown)}", "update build/other_engines.py")
+
+
+# ---------------------------------------------------------------------------------------------
+# Scripts
+
+_HEADER = """#!/usr/bin/env bash
+# {title}
+# Written by eagle3-trt for this bundle; paths are found from this script's location, so the
+# bundle can be moved. HOST/PORT come from the environment (default 127.0.0.1:{port}); extra
+# arguments are passed through. Pick GPUs with CUDA_VISIBLE_DEVICES (one server per TP group).
+set -euo pipefail
+BUNDLE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")/.." && pwd)"
+HOST="${{HOST:-127.0.0.1}}"
+PORT="${{PORT:-{port}}}"
+"""
+
+
+def _shell_args(args: list[str]) -> str:
+    """Quote each argument for bash, keeping $BUNDLE expandable inside double quotes."""
+    out = []
+    for a in args:
+        if BUNDLE_VAR in a:
+            out.append('"' + a.replace('"', '\\"') + '"')
+        else:
+            out.append(shlex.quote(a))
+    lines, line = [], []
+    for a in out:  # one option (and its value) per line, for readable diffs
+        if a.startswith("--") and line:
+            lines.append(" ".join(line))
+            line = []
+        line.append(a)
+    if line:
+        lines.append(" ".join(line))
+    return " \\\n  ".join(lines)
+
+
+def vllm_script(f: BundleFacts) -> str:
+    args, spec = vllm_args(f)
+    check_options("vllm", args, spec)
+    # JSON is built by the shell so $BUNDLE expands; the draft path is the only string in it.
+    spec_line = (
+        "SPEC=\"$(printf '{\"method\": \"eagle3\", \"model\": \"%s\", \"num_speculative_tokens\": %d}' "
+        f"\"$BUNDLE/draft\" {f.max_draft_len})\"\n"
+    )
+    body = _shell_args(args).replace(shlex.quote("__SPEC_JSON__"), '"$SPEC"').replace("__SPEC_JSON__", '"$SPEC"')
+    return (
+        _HEADER.format(title="vLLM OpenAI server with EAGLE-3 speculative decoding (--speculative-config method eagle3)", port=8000)
+        + spec_line
+        + f'exec vllm serve "$BUNDLE/target" \\\n  {body} \\\n  --host "$HOST" --port "$PORT" "$@"\n'
+    )
+
+
+def sglang_script(f: BundleFacts) -> str:
+    args = sglang_args(f)
+    check_options("sglang", args)
+    return (
+        _HEADER.format(title="SGLang server with EAGLE-3 speculative decoding (--speculative-algorithm EAGLE3, top-1 chain)", port=30000)
+        + 'PYTHON="${PYTHON:-python3}"\n'
+        + f'exec "$PYTHON" -m sglang.launch_server \\\n  {_shell_args(args)} \\\n  --host "$HOST" --port "$PORT" "$@"\n'
+    )
+
+
+def trtllm_serve_script(f: BundleFacts) -> str:
+    args = trtllm_serve_args()
+    check_options("trtllm-serve", args)
+    multi = (
+        "# Several nodes: run under the MPI launcher, one task per GPU, e.g.\n"
+        f"#   srun -N 2 --ntasks-per-node 8 --mpi=pmix trtllm-llmapi-launch {LAUNCH_DIR}/trtllm-serve.sh\n"
+        if f.tensor_parallel_size > 8 else
+        "# Tensor parallelism on one node needs no launcher: trtllm-serve starts its own MPI workers.\n"
+    )
+    return (
+        _HEADER.format(title="trtllm-serve (TensorRT-LLM OpenAI server) with EAGLE-3 one-model speculation", port=8000)
+        + multi
+        + "# Relative paths in the options file (target, draft) resolve from the bundle directory.\n"
+        + 'cd "$BUNDLE"\n'
+        + f'exec trtllm-serve "$BUNDLE/target" \\\n  {_shell_args(args)} \\\n  --host "$HOST" --port "$PORT" "$@"\n'
+    )
+
+
+def launch_readme(f: BundleFacts) -> str:
+    k, tp = f.max_draft_len, f.tensor_parallel_size
+    conc = (
+        f"TensorRT-LLM turns speculation off above {f.max_concurrency} concurrent requests (max_concurrency); "
+        "vLLM and SGLang have no equivalent flag here, so compare them at or below that concurrency."
+        if f.max_concurrency else
+        "The bundle sets no concurrency limit for speculation; all three engines speculate at every batch size."
+    )
+    return f"""# Launching this bundle with other engines
+
+Same quantized target (`target/`, {f.quant.get('target', '?')}) and EAGLE-3 draft (`draft/`, {f.quant.get('draft', '?')}),
+K = {k} draft tokens, tensor parallel size {tp}, KV cache {f.kv_cache}. Each script binds
+127.0.0.1 unless HOST is set, and passes extra arguments through.
+
+| script | engine | speculative options |
+|---|---|---|
+| `trtllm-serve.sh` | TensorRT-LLM `trtllm-serve` | `{TRTLLM_SERVE_YAML}`: Eagle3, max_draft_len {k}, one-model |
+| `vllm.sh` | `vllm serve` | `--speculative-config {{"method": "eagle3", "model": draft, "num_speculative_tokens": {k}}}` |
+| `sglang.sh` | `python -m sglang.launch_server` | `--speculative-algorithm EAGLE3 --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}` |
+
+Notes
+- All three read the ModelOpt checkpoint's `hf_quant_config.json` / `quantization_config` and pick
+  their FP8 / NVFP4 kernels from it; no `--quantization` flag is passed.
+- A linear chain of K tokens in SGLang is K steps at top-1, verified as K+1 tokens.
+- {conc}
+- The public EAGLE-3 drafts need the chat template: use the chat-completions endpoint
+  (`/v1/chat/completions`) of each server, or apply the template yourself.
+- `trtllm-serve.yaml` uses `speculative_model_dir`, which every TensorRT-LLM release from 1.2
+  accepts (newer releases call it `speculative_model` and keep the old name as an alias).
+- Several GPUs: TP comes from the bundle; to run several instances on one node start one server
+  per GPU group (`CUDA_VISIBLE_DEVICES=0,1 PORT=8001 launch/vllm.sh`, ...). Several nodes
+  (TensorRT-LLM only): `srun ... trtllm-llmapi-launch launch/trtllm-serve.sh`.
+"""
+
+
+def write_launchers(bundle_dir: Path) -> Path:
+    """Write ``launch/`` into a bundle (replacing any previous one atomically); returns its path."""
+    bundle = Path(bundle_dir)
+    f = bundle_facts(bundle)
+    files = {
+        "vllm.sh": vllm_script(f),
+        "sglang.sh": sglang_script(f),
+        "trtllm-serve.sh": trtllm_serve_script(f),
+        TRTLLM_SERVE_YAML: "# trtllm-serve --extra_llm_api_options file; paths relative to the bundle directory.\n"
+        + yaml.safe_dump(adapter.serve_yaml(bundle), sort_keys=False),
+        "README.md": launch_readme(f),
+    }
+    dest = bundle / LAUNCH_DIR
+    tmp = Path(tempfile.mkdtemp(prefix=f".{LAUNCH_DIR}.", dir=bundle))
+    try:
+        for name, text in files.items():
+            p = tmp / name
+            p.write_text(text)
+            if name.endswith(".sh"):
+                p.chmod(0o755)
+        old = None
+        if dest.exists():
+            old = bundle / f".{LAUNCH_DIR}.old.{os.getpid()}"
+            dest.rename(old)
+        tmp.rename(dest)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
