@@ -224,8 +224,27 @@ def check_dtypes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationRepo
     rep.ok("dtypes", f"target {target.torch_dtype}, draft {sorted({str(t.dtype).replace('torch.', '') for n, t in draft.tensors.items() if n not in ('d2t', 't2d')})}")
 
 
+def check_target_weights(target: TargetInfo, rep: ValidationReport) -> None:
+    """Header-only pass over every target shard: corrupt or truncated files and missing layers fail here,
+    before a multi-GB load, with the file named."""
+    from eagle3_trt.convert.checkpoint_io import tensor_shapes
+
+    shapes = tensor_shapes(Path(target.path))
+    where = Path(target.path)
+    emb = shapes.get("model.embed_tokens.weight")
+    if emb is None:
+        raise UserError(where, "no model.embed_tokens.weight in the weight files", "is this a Hugging Face Llama checkpoint?")
+    if tuple(emb[0]) != (target.vocab_size, target.hidden_size):
+        raise UserError(f"{where}:model.embed_tokens.weight", f"shape {tuple(emb[0])}, config says ({target.vocab_size}, {target.hidden_size})", "config.json and weights come from different models")
+    last = f"model.layers.{target.num_hidden_layers - 1}.self_attn.q_proj.weight"
+    if last not in shapes:
+        raise UserError(where, f"{last} missing: fewer layers than num_hidden_layers={target.num_hidden_layers}", "the checkpoint is incomplete")
+    rep.ok("target_weights", f"{len(shapes)} tensors readable, {target.num_hidden_layers} layers present")
+
+
 def validate_pair(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int) -> ValidationReport:
     rep = ValidationReport()
+    check_target_weights(target, rep)
     check_dtypes(target, draft, rep)
     check_tokenizers(target, draft, rep)
     check_shapes(target, draft, rep)

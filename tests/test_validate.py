@@ -45,7 +45,7 @@ def fails(pair, *needles):
 
 def test_good_pair_passes_every_check(tiny_pair):
     rep = run(tiny_pair)
-    assert [c["check"] for c in rep.checks] == ["dtypes", "tokenizer", "shapes", "aux_layers", "vocab_map", "rope"]
+    assert [c["check"] for c in rep.checks] == ["target_weights", "dtypes", "tokenizer", "shapes", "aux_layers", "vocab_map", "rope"]
     assert rep.aux_layer_ids == (1, 3, 4) and rep.aux_layers_are_default
 
 
@@ -190,7 +190,18 @@ def test_target_without_tokenizer(tiny_pair):
     fails(tiny_pair, "tokenizer.json", "no tokenizer")
 
 
+def test_truncated_target_shard_is_named_before_loading(tiny_pair):
+    f = tiny_pair[0] / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:4096])
+    fails(tiny_pair, "model.safetensors", "corrupt or truncated")
+
+
+def test_target_with_missing_layers(tiny_pair):
+    edit_cfg(tiny_pair[0], num_hidden_layers=9)
+    fails(tiny_pair, "model.layers.8", "num_hidden_layers=9")
+
+
 def test_identical_tokenizer_in_draft_is_accepted(tiny_pair):
     shutil.copy(tiny_pair[0] / "tokenizer.json", tiny_pair[1] / "tokenizer.json")
     rep = run(tiny_pair)
-    assert "identical" in rep.checks[1]["detail"]
+    assert "identical" in next(c["detail"] for c in rep.checks if c["check"] == "tokenizer")
