@@ -2,6 +2,9 @@
 #   make engine [MODEL=tiny|llama3.1-8b|llama3.3-70b] [TARGET=dir DRAFT=dir] [GPU=h100|h200|b200]
 #               [GPUS=n] [TP=n] [QUANT=fp8|nvfp4|bf16] [QUANTIZE_DRAFT=1] [DRY_RUN=1] [OUT=dir]
 #   make test   the test suite (what CI runs)
+#   make serve  [BUNDLE=engines/tiny-fp8-h100] [REPO=repos/eagle3] [RUNTIME=reference|trtllm]
+#               [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002]: Triton on 127.0.0.1; make stop
+#   make bench-serving [PROMPTS=file] [CONCURRENCY=1,4,16,64]: rollout benchmark against the server
 PY      ?= python3
 VENV    ?= .venv
 MODEL   ?= tiny
@@ -18,7 +21,7 @@ ENGINE_ARGS := --model $(MODEL) \
 
 .PHONY: setup engine test bench clean help
 help:
-	@sed -n '1,5p' Makefile
+	@sed -n '1,8p' Makefile
 
 setup: $(STAMP)
 
@@ -54,3 +57,35 @@ bench: $(STAMP)
 
 clean:
 	rm -rf engines .pytest_cache
+
+# --- Triton serving (reference runtime on CPU, TensorRT-LLM in its containers) ---
+TINY_BUNDLE  := engines/tiny-fp8-h100
+BUNDLE       ?= $(TINY_BUNDLE)
+REPO         ?= repos/eagle3
+RUNTIME      ?= reference
+HTTP_PORT    ?= 8000
+GRPC_PORT    ?= 8001
+METRICS_PORT ?= 8002
+TORCH_THREADS ?=
+PROMPTS      ?= convert/data/calib_prompts.jsonl
+CONCURRENCY  ?= 1,4,16,64
+
+.PHONY: serve stop bench-serving
+
+serve: $(STAMP)
+	@if [ ! -f "$(BUNDLE)/manifest.json" ]; then \
+	  if [ "$(BUNDLE)" = "$(TINY_BUNDLE)" ]; then \
+	    $(BIN)/eagle3-trt engine --model tiny -o $(BUNDLE); \
+	  else \
+	    echo "serve: $(BUNDLE) is not an engine bundle (build one with make engine)"; exit 2; \
+	  fi; \
+	fi
+	$(BIN)/eagle3-trt package $(BUNDLE) -o $(REPO) --force --runtime $(RUNTIME) \
+	  $(if $(TORCH_THREADS),--torch-threads $(TORCH_THREADS))
+	$(BIN)/eagle3-trt serve $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+stop: $(STAMP)
+	$(BIN)/eagle3-trt stop
+
+bench-serving: $(STAMP)
+	$(BIN)/eagle3-trt bench --prompts $(PROMPTS) --concurrency $(CONCURRENCY)

@@ -50,6 +50,11 @@ class DraftAttention(nn.Module):
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         rep = self.h // self.kv
         kk, vv = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        if mask is None and past is not None and S > 1:
+            # new tokens see the whole past and are causal among themselves (SDPA's is_causal would
+            # align the triangle to the top-left and hide most of the past)
+            P = k.shape[2] - S
+            mask = torch.ones(S, P + S, dtype=torch.bool, device=q.device).tril(P)[None]
         if mask is None:
             out = F.scaled_dot_product_attention(q, kk, vv, is_causal=past is None and S > 1)
         else:

@@ -12,6 +12,14 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    """OpenMP spin-waiting on a shared 2-core machine makes tiny models up to ~50x slower."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     """Keep generated models out of the user's ~/.cache."""
     old = os.environ.get("EAGLE3_TRT_CACHE")

@@ -1,0 +1,404 @@
+"""The rollout benchmark: speculation on vs off against one server, per concurrency level.
+
+For each concurrency C (in order) and each arm (speculation on, then off), C worker threads
+each hold one gRPC stream and send streaming requests until the level's request budget is
+spent. Client-side timestamps give TTFT, ITL and latency; the final response's perf
+outputs give alpha and AL per request; the model's Prometheus counters, read before and
+after each run, give the server-side alpha, AL and per-position acceptance.
+
+ITL is per token: the gap between two streamed responses divided by the number of tokens
+the later one carries (a speculative step delivers several at once), each token counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from eagle3_trt.errors import UserError
+
+DEFAULT_ALPHA_THRESHOLD = 0.55
+
+
+# ---- prompts ---------------------------------------------------------------------------------
+def load_prompts(path: Path) -> list[str]:
+    """JSONL (``turns`` list: first turn, or ``prompt`` / ``text``) or plain text, one prompt a line."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UserError(path, "prompts file not found") from None
+    out: list[str] = []
+    for i, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}:{i}", f"not valid JSON: {e.msg}") from None
+            if isinstance(obj.get("turns"), list) and obj["turns"]:
+                out.append(str(obj["turns"][0]))
+            elif isinstance(obj.get("prompt"), str):
+                out.append(obj["prompt"])
+            elif isinstance(obj.get("text"), str):
+                out.append(obj["text"])
+            else:
+                raise UserError(f"{path}:{i}", "JSON line has no 'turns', 'prompt' or 'text'")
+        else:
+            out.append(line)
+    if not out:
+        raise UserError(path, "no prompts in file")
+    return out
+
+
+def parse_concurrency(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError("--concurrency", f"'{text}' is not a comma-separated list of integers", "e.g. 1,4,16,64") from None
+    if not levels or any(c < 1 for c in levels):
+        raise UserError("--concurrency", "levels must be integers >= 1")
+    return sorted(set(levels))
+
+
+# ---- statistics ------------------------------------------------------------------------------
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in [0, 100]); None for no values."""
+    if not values:
+        return None
+    v = sorted(values)
+    if len(v) == 1:
+        return v[0]
+    pos = (len(v) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+@dataclass
+class RequestRecord:
+    concurrency: int
+    speculative: bool
+    prompt_index: int
+    ok: bool
+    error: str | None = None
+    t_send: float = 0.0
+    t_first: float = 0.0
+    t_end: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    n_tokens: int = 0
+    finish_reason: str | None = None
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
+    acceptance_length: float | None = None  # engine definition: tokens per target forward, prefill included
+
+    @property
+    def ttft_s(self) -> float:
+        return self.t_first - self.t_send
+
+    @property
+    def latency_s(self) -> float:
+        return self.t_end - self.t_send
+
+    def itl_samples(self) -> list[float]:
+        """Per-token inter-token latencies (seconds), one per token after the first response."""
+        out: list[float] = []
+        for i in range(1, len(self.chunk_times)):
+            n = self.chunk_tokens[i]
+            if n > 0:
+                out += [(self.chunk_times[i] - self.chunk_times[i - 1]) / n] * n
+        return out
+
+
+@dataclass
+class ArmResult:
+    concurrency: int
+    speculative: bool
+    requests: int
+    errors: int
+    wall_s: float
+    output_tokens: int
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    itl_p50_s: float | None
+    itl_p99_s: float | None
+    latency_p50_s: float | None
+    latency_p99_s: float | None
+    output_tokens_per_s: float
+    alpha_responses: float | None
+    al_responses: float | None
+    alpha_metrics: float | None = None
+    al_metrics: float | None = None
+    acceptance_by_position: list[float] = field(default_factory=list)
+    drafted_by_position: list[float] = field(default_factory=list)
+
+
+def summarize(records: list[RequestRecord], concurrency: int, speculative: bool, wall_s: float) -> ArmResult:
+    ok = [r for r in records if r.ok]
+    itl = [x for r in ok for x in r.itl_samples()]
+    toks = sum(r.n_tokens for r in ok)
+    draft = sum(r.draft_tokens or 0 for r in ok)
+    acc = sum(r.accepted_tokens or 0 for r in ok)
+    # AL per verification step from the per-request figures: target forwards = n / AL
+    # (prefill included); the prefill forward yields one token and verifies nothing.
+    steps = tok_v = 0.0
+    for r in ok:
+        if r.acceptance_length and r.n_tokens > 1:
+            forwards = round(r.n_tokens / r.acceptance_length)
+            if forwards > 1:
+                steps += forwards - 1
+                tok_v += r.n_tokens - 1
+    return ArmResult(
+        concurrency=concurrency,
+        speculative=speculative,
+        requests=len(records),
+        errors=len(records) - len(ok),
+        wall_s=wall_s,
+        output_tokens=toks,
+        ttft_p50_s=percentile([r.ttft_s for r in ok], 50),
+        ttft_p99_s=percentile([r.ttft_s for r in ok], 99),
+        itl_p50_s=percentile(itl, 50),
+        itl_p99_s=percentile(itl, 99),
+        latency_p50_s=percentile([r.latency_s for r in ok], 50),
+        latency_p99_s=percentile([r.latency_s for r in ok], 99),
+        output_tokens_per_s=toks / wall_s if wall_s > 0 else 0.0,
+        alpha_responses=(acc / draft) if (speculative and draft) else None,
+        al_responses=(tok_v / steps) if (speculative and steps) else None,
+    )
+
+
+# ---- gate --------------------------------------------------------------------------------------
+@dataclass
+class Gate:
+    alpha: float | None
+    alpha_source: str
+    alpha_threshold: float
+    alpha_ok: bool
+    itl_tolerance: float
+    per_concurrency: list[dict]
+    switch_off_above: int | None
+    verdict: str  # pass | pass_with_switch_off | fail
+    recommendation: str
+
+
+def evaluate_gate(arms: list[ArmResult], alpha_threshold: float = DEFAULT_ALPHA_THRESHOLD, itl_tolerance: float = 0.0) -> Gate:
+    """alpha >= threshold, and per concurrency P99 ITL(on) <= P99 ITL(off) * (1 + tolerance)."""
+    on = [a for a in arms if a.speculative]
+    # Pool alpha over every speculative run; prefer the server's counters when present.
+    draft_m = [a for a in on if a.alpha_metrics is not None]
+    if draft_m:
+        alpha = sum(a.alpha_metrics for a in draft_m) / len(draft_m)  # type: ignore[misc]
+        source = "metrics endpoint"
+    else:
+        vals = [a.alpha_responses for a in on if a.alpha_responses is not None]
+        alpha = sum(vals) / len(vals) if vals else None
+        source = "responses"
+    alpha_ok = alpha is not None and alpha >= alpha_threshold
+    by_c: dict[int, dict[bool, ArmResult]] = {}
+    for a in arms:
+        by_c.setdefault(a.concurrency, {})[a.speculative] = a
+    rows = []
+    for c in sorted(by_c):
+        a_on, a_off = by_c[c].get(True), by_c[c].get(False)
+        p_on = a_on.itl_p99_s if a_on else None
+        p_off = a_off.itl_p99_s if a_off else None
+        ok = p_on is not None and p_off is not None and p_on <= p_off * (1 + itl_tolerance)
+        rows.append({"concurrency": c, "itl_p99_on_s": p_on, "itl_p99_off_s": p_off,
+                     "ratio": (p_on / p_off) if (p_on and p_off) else None, "itl_ok": ok})
+    switch = None
+    for r in rows:
+        if not r["itl_ok"]:
+            break
+        switch = r["concurrency"]
+    all_ok = bool(rows) and all(r["itl_ok"] for r in rows)
+    top = rows[-1]["concurrency"] if rows else None
+    if alpha_ok and all_ok:
+        verdict = "pass"
+        rec = f"keep speculation on at every tested concurrency (up to {top})"
+    elif alpha_ok and switch is not None:
+        verdict = "pass_with_switch_off"
+        rec = f"speculation on up to concurrency {switch}; switch it off above {switch}"
+    else:
+        verdict = "fail"
+        why = []
+        if not alpha_ok:
+            why.append(f"alpha {alpha:.3f} < {alpha_threshold}" if alpha is not None else "alpha unavailable")
+        if switch is None and rows:
+            why.append(f"P99 ITL with speculation is worse already at concurrency {rows[0]['concurrency']}")
+        rec = "do not enable speculation (" + "; ".join(why) + ")"
+    return Gate(alpha, source, alpha_threshold, alpha_ok, itl_tolerance, rows, switch, verdict, rec)
+
+
+# ---- running -----------------------------------------------------------------------------------
+@dataclass
+class BenchConfig:
+    url: str
+    model: str
+    prompts: list[str]
+    concurrency: list[int]
+    max_tokens: int = 32
+    requests_per_level: int | None = None  # default: max(C, min_requests)
+    min_requests: int = 4
+    max_requests: int = 256
+    warmup: int = 2
+    temperature: float | None = None
+    metrics_url: str | None = None
+    baseline_model: str | None = None  # A/B via a second model instead of the request switch
+    timeout_s: float = 600.0
+
+    def budget(self, c: int) -> int:
+        n = self.requests_per_level if self.requests_per_level else max(c, self.min_requests)
+        return max(1, min(n, self.max_requests))
+
+
+def run_arm(cfg: BenchConfig, concurrency: int, speculative: bool, on_done: Callable[[], None] = lambda: None,
+            offset: int = 0) -> tuple[list[RequestRecord], float]:
+    from eagle3_trt.clients.llm_client import GenerationParams, LLMClient
+
+    budget = cfg.budget(concurrency)
+    model = cfg.model if (speculative or not cfg.baseline_model) else cfg.baseline_model
+    params = GenerationParams(
+        max_tokens=cfg.max_tokens,
+        temperature=cfg.temperature,
+        speculative=None if (speculative or cfg.baseline_model) else False,
+        perf_metrics=True,
+    )
+    next_i = [0]
+    lock = threading.Lock()
+    records: list[RequestRecord] = []
+
+    def worker() -> None:
+        client = LLMClient(cfg.url, model=model, timeout_s=cfg.timeout_s)
+        try:
+            while True:
+                with lock:
+                    if next_i[0] >= budget:
+                        return
+                    i = next_i[0]
+                    next_i[0] += 1
+                pi = (offset + i) % len(cfg.prompts)
+                rec = RequestRecord(concurrency, speculative, pi, ok=False, t_send=time.perf_counter())
+                try:
+                    for ch in client.stream(cfg.prompts[pi], params, streaming=True):
+                        rec.chunk_times.append(ch.t)
+                        rec.chunk_tokens.append(ch.n_tokens)
+                        rec.n_tokens += ch.n_tokens
+                        if ch.n_tokens and not rec.t_first:
+                            rec.t_first = ch.t
+                        if ch.final:
+                            rec.finish_reason = ch.finish_reason
+                            rec.draft_tokens = _int_or_none(ch.perf.get("total_draft_tokens"))
+                            rec.accepted_tokens = _int_or_none(ch.perf.get("total_accepted_draft_tokens"))
+                            al = ch.perf.get("acceptance_length")
+                            rec.acceptance_length = float(al) if al is not None else None
+                    rec.t_end = time.perf_counter()
+                    rec.t_first = rec.t_first or rec.t_end
+                    rec.ok = True
+                except Exception as e:  # recorded, counted as an error, the run goes on
+                    rec.error = f"{type(e).__name__}: {e}"
+                    rec.t_end = time.perf_counter()
+                with lock:
+                    records.append(rec)
+                on_done()
+        finally:
+            client.close()
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(concurrency, budget))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return records, time.perf_counter() - t0
+
+
+def _int_or_none(v) -> int | None:
+    return None if v is None else int(v)
+
+
+@dataclass
+class BenchRun:
+    config: dict
+    arms: list[ArmResult]
+    gate: Gate
+    records: list[RequestRecord]
+    started_unix: float
+    took_s: float
+    metrics_available: bool
+
+    def to_json(self) -> dict:
+        return {
+            "schema": 1,
+            "kind": "eagle3-trt rollout benchmark",
+            "started_unix": self.started_unix,
+            "took_s": self.took_s,
+            "config": self.config,
+            "metrics_available": self.metrics_available,
+            "arms": [asdict(a) for a in self.arms],
+            "gate": asdict(self.gate),
+            "requests": [
+                {k: v for k, v in asdict(r).items() if k not in ("chunk_times", "chunk_tokens")}
+                | {"ttft_s": r.ttft_s if r.ok else None, "latency_s": r.latency_s if r.ok else None}
+                for r in self.records
+            ],
+        }
+
+
+def run_bench(cfg: BenchConfig, alpha_threshold: float = DEFAULT_ALPHA_THRESHOLD, itl_tolerance: float = 0.0,
+              progress: Callable[[str, int], Callable[[], None]] | None = None, log: Callable[[str], None] = lambda s: None) -> BenchRun:
+    """Every level, speculation on then off; ``progress(label, total)`` returns a per-request tick."""
+    from eagle3_trt.clients.llm_client import GenerationParams, LLMClient
+    from eagle3_trt.clients.prom import SpecCounters, read_counters
+
+    started = time.time()
+    t_start = time.perf_counter()
+    metrics_ok = cfg.metrics_url is not None
+    if metrics_ok:
+        try:
+            read_counters(cfg.metrics_url, cfg.model)  # type: ignore[arg-type]
+        except Exception as e:
+            log(f"metrics endpoint {cfg.metrics_url} unreadable ({e}); alpha/AL from responses only")
+            metrics_ok = False
+
+    if cfg.warmup:
+        with LLMClient(cfg.url, model=cfg.model, timeout_s=cfg.timeout_s) as c:
+            for i in range(cfg.warmup):
+                c.generate(cfg.prompts[i % len(cfg.prompts)], GenerationParams(max_tokens=min(8, cfg.max_tokens)), stream=True)
+
+    arms: list[ArmResult] = []
+    records: list[RequestRecord] = []
+    offset = 0
+    for c in cfg.concurrency:
+        for spec in (True, False):
+            label = f"C={c:<3d} speculation {'on ' if spec else 'off'}"
+            tick = progress(label, cfg.budget(c)) if progress else (lambda: None)
+            before = read_counters(cfg.metrics_url, cfg.model) if metrics_ok else None  # type: ignore[arg-type]
+            recs, wall = run_arm(cfg, c, spec, tick, offset)
+            arm = summarize(recs, c, spec, wall)
+            if before is not None:
+                after = read_counters(cfg.metrics_url, cfg.model)  # type: ignore[arg-type]
+                d: SpecCounters = after.minus(before)
+                if spec:
+                    arm.alpha_metrics = d.alpha
+                    arm.al_metrics = d.acceptance_length
+                    arm.acceptance_by_position = d.acceptance_by_position()
+                    arm.drafted_by_position = [v for _, v in sorted(d.drafted_pos.items())]
+            arms.append(arm)
+            records += recs
+            errs = [r.error for r in recs if not r.ok]
+            if errs:
+                log(f"{label}: {len(errs)} request(s) failed, e.g. {errs[0]}")
+        offset += cfg.budget(c)
+    gate = evaluate_gate(arms, alpha_threshold, itl_tolerance)
+    conf = {k: v for k, v in asdict(cfg).items() if k != "prompts"} | {"num_prompts": len(cfg.prompts),
+                                                                          "alpha_threshold": alpha_threshold,
+                                                                          "itl_tolerance": itl_tolerance}
+    return BenchRun(conf, arms, gate, records, started, time.perf_counter() - t_start, metrics_ok)

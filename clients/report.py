@@ -1,0 +1,192 @@
+"""Write the rollout report: bench.json, summary.md and PNG plots, atomically into one folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from eagle3_trt.clients.bench import BenchRun
+
+PLOTS = ("latency_cdf.png", "itl_vs_concurrency.png", "throughput_vs_concurrency.png", "acceptance_by_position.png")
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.1f}"
+
+
+def _f(v: float | None, nd: int = 3) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def markdown(run: BenchRun) -> str:
+    g = run.gate
+    cfg = run.config
+    lines = [
+        "# EAGLE-3 rollout benchmark",
+        "",
+        f"Server `{cfg['url']}`, model `{cfg['model']}`"
+        + (f" (baseline model `{cfg['baseline_model']}`)" if cfg.get("baseline_model") else " (speculation off via the `speculative_decoding` request input)")
+        + f"; {cfg['num_prompts']} prompts, max_tokens {cfg['max_tokens']}, took {run.took_s:.1f} s.",
+        "",
+        f"## Gate: **{g.verdict.upper()}**",
+        "",
+        f"- alpha = {_f(g.alpha)} (from the {g.alpha_source}); threshold {g.alpha_threshold} -> {'ok' if g.alpha_ok else 'FAIL'}",
+        f"- P99 ITL with speculation must not be worse than without (tolerance {g.itl_tolerance:.0%}), per concurrency:",
+    ]
+    for r in g.per_concurrency:
+        lines.append(
+            f"  - C={r['concurrency']}: {_ms(r['itl_p99_on_s'])} ms on vs {_ms(r['itl_p99_off_s'])} ms off"
+            f" -> {'ok' if r['itl_ok'] else 'worse'}"
+        )
+    lines += [f"- **Recommendation:** {g.recommendation}", ""]
+    lines += [
+        "## Results",
+        "",
+        "| C | spec | req | err | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | latency p50 s | latency p99 s | out tok/s | alpha (resp) | AL (resp) | alpha (metrics) | AL (metrics) |",
+        "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for a in run.arms:
+        lines.append(
+            f"| {a.concurrency} | {'on' if a.speculative else 'off'} | {a.requests} | {a.errors} | {_ms(a.ttft_p50_s)} | {_ms(a.ttft_p99_s)} | "
+            f"{_ms(a.itl_p50_s)} | {_ms(a.itl_p99_s)} | {_f(a.latency_p50_s, 2)} | {_f(a.latency_p99_s, 2)} | "
+            f"{a.output_tokens_per_s:.1f} | {_f(a.alpha_responses)} | {_f(a.al_responses, 2)} | {_f(a.alpha_metrics)} | {_f(a.al_metrics, 2)} |"
+        )
+    pos = _pooled_position_acceptance(run)
+    lines += [
+        "",
+        "AL = tokens per verification step (accepted draft tokens + 1). ITL is per token: the gap between",
+        "two streamed responses divided by the tokens the later one carries.",
+        "",
+    ]
+    if pos:
+        lines += ["Cumulative acceptance by draft position (metrics endpoint, all speculative runs): "
+                  + ", ".join(f"{k + 1}: {v:.3f}" for k, v in enumerate(pos)), ""]
+    lines += ["Plots: " + ", ".join(f"[{p}]({p})" for p in PLOTS), ""]
+    return "\n".join(lines)
+
+
+def _pooled_position_acceptance(run: BenchRun) -> list[float]:
+    drafted: list[float] = []
+    accepted: list[float] = []
+    for a in run.arms:
+        if not a.speculative or not a.drafted_by_position:
+            continue
+        for k, (d, rate) in enumerate(zip(a.drafted_by_position, a.acceptance_by_position)):
+            if len(drafted) <= k:
+                drafted.append(0.0)
+                accepted.append(0.0)
+            drafted[k] += d
+            accepted[k] += d * rate
+    return [acc / d if d else 0.0 for acc, d in zip(accepted, drafted)]
+
+
+def plot_all(run: BenchRun, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = sorted({a.concurrency for a in run.arms})
+    colors = {c: plt.cm.viridis(i / max(1, len(levels) - 1)) for i, c in enumerate(levels)}
+
+    # Latency CDF
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for c in levels:
+        for spec in (True, False):
+            lat = sorted(r.latency_s for r in run.records if r.ok and r.concurrency == c and r.speculative == spec)
+            if lat:
+                ys = [(i + 1) / len(lat) for i in range(len(lat))]
+                ax.step(lat, ys, where="post", color=colors[c], linestyle="-" if spec else "--",
+                        label=f"C={c} {'on' if spec else 'off'}")
+    ax.set_xlabel("request latency (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title("Latency CDF (solid: speculation on, dashed: off)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "latency_cdf.png", dpi=110)
+    plt.close(fig)
+
+    def series(attr: str, spec: bool):
+        pts = [(a.concurrency, getattr(a, attr)) for a in run.arms if a.speculative == spec and getattr(a, attr) is not None]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    # ITL vs concurrency
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for spec, style in ((True, "-"), (False, "--")):
+        for attr, marker, color in (("itl_p50_s", "o", "tab:blue"), ("itl_p99_s", "s", "tab:red")):
+            xs, ys = series(attr, spec)
+            ax.plot(xs, [y * 1000 for y in ys], style, marker=marker, color=color, label=f"{attr[4:7]} {'on' if spec else 'off'}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("inter-token latency (ms)")
+    ax.set_title("ITL vs concurrency (solid: speculation on, dashed: off)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "itl_vs_concurrency.png", dpi=110)
+    plt.close(fig)
+
+    # Throughput vs concurrency
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for spec, style in ((True, "-o"), (False, "--s")):
+        xs, ys = series("output_tokens_per_s", spec)
+        ax.plot(xs, ys, style, label=f"speculation {'on' if spec else 'off'}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("Throughput vs concurrency")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "throughput_vs_concurrency.png", dpi=110)
+    plt.close(fig)
+
+    # Per-position acceptance
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    pos = _pooled_position_acceptance(run)
+    if pos:
+        ax.bar([str(k + 1) for k in range(len(pos))], pos, color="tab:blue")
+        for k, v in enumerate(pos):
+            ax.text(k, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+        ax.set_ylim(0, 1.05)
+    else:
+        ax.text(0.5, 0.5, "per-position counters unavailable\n(metrics endpoint not read)", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("cumulative acceptance P(1..k accepted)")
+    ax.set_title("Acceptance by draft position (speculative runs, metrics endpoint)")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(out / "acceptance_by_position.png", dpi=110)
+    plt.close(fig)
+
+
+def write_report(run: BenchRun, out: Path) -> Path:
+    """bench.json + summary.md + plots into ``out`` (temp folder next to it, then renamed)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "bench.json").write_text(json.dumps(run.to_json(), indent=2) + "\n")
+        (tmp / "summary.md").write_text(markdown(run))
+        plot_all(run, tmp)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+__all__ = ["write_report", "markdown", "plot_all", "PLOTS"]

@@ -1,0 +1,354 @@
+"""CLI commands of the reference runtime: ``alpha``, ``gate`` and ``recommend`` (registered by eagle3_trt.cli)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+from eagle3_trt.errors import GateFailed, UserError
+
+DEFAULT_GATE_THRESHOLD = 0.55
+
+
+# ---------------------------------------------------------------------------------------------
+# Bundle facts the cost model needs
+# ---------------------------------------------------------------------------------------------
+def _weight_bytes(d: Path) -> int:
+    return sum(f.stat().st_size for f in Path(d).glob("*.safetensors"))
+
+
+def _kv_bytes_per_token(cfg: dict, layers: int, kv_dtype: str) -> int:
+    heads = int(cfg.get("num_attention_heads") or 1)
+    kvh = int(cfg.get("num_key_value_heads") or heads)
+    hd = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    return 2 * layers * kvh * hd * (1 if kv_dtype in ("fp8", "int8") else 2)
+
+
+def bundle_cost_inputs(bundle: Path, gpu: str | None = None, tp: int | None = None) -> dict:
+    """Keyword arguments for ``cost_model.recommend`` read from a bundle (manifest, configs, file sizes)."""
+    from eagle3_trt.build.gpus import get_gpu
+    from eagle3_trt.convert.checkpoint_io import read_json
+
+    bundle = Path(bundle)
+    man = read_json(bundle / "manifest.json")
+    quant = man.get("quant") or {}
+    gpu_name = gpu or (man.get("target_gpu") or {}).get("name")
+    if not gpu_name:
+        raise UserError(bundle / "manifest.json", "target_gpu.name missing", "pass --gpu h100|h200|b200")
+    if tp is None:
+        tp = int((man.get("plan") or {}).get("tp") or 1)
+        opts = bundle / "llm_api_options.yaml"
+        if opts.is_file():
+            import yaml
+
+            tp = int((yaml.safe_load(opts.read_text()) or {}).get("tensor_parallel_size", tp))
+    tcfg = read_json(bundle / "target" / "config.json")
+    dcfg = read_json(bundle / "draft" / "config.json")
+    kv = quant.get("kv_cache", "auto")
+    kv_dtype = "fp8" if kv == "fp8" else "bf16"
+    tb, db = _weight_bytes(bundle / "target"), _weight_bytes(bundle / "draft")
+    if not tb or not db:
+        raise UserError(bundle, "no weight files in target/ or draft/", "this looks like a --dry-run bundle; build it fully")
+    return dict(gpu=get_gpu(gpu_name), target_bytes=tb, draft_bytes=db, tp=tp,
+                target_format=quant.get("target", "bf16"), draft_format=quant.get("draft", "bf16"),
+                target_kv_bytes_per_token=_kv_bytes_per_token(tcfg, int(tcfg["num_hidden_layers"]), kv_dtype),
+                draft_kv_bytes_per_token=_kv_bytes_per_token(dcfg, 1, kv_dtype),
+                target_layers=int(tcfg["num_hidden_layers"]), hidden=int(tcfg["hidden_size"]))
+
+
+def _device(device: str | None) -> str:
+    if device:
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _pair_label(man: dict) -> str:
+    q = man.get("quant") or {}
+    return f"{q.get('target', '?')} target + {q.get('draft', '?')} draft"
+
+
+# ---------------------------------------------------------------------------------------------
+# alpha
+# ---------------------------------------------------------------------------------------------
+def run_alpha(bundle: Path, prompts_file: Path, *, reference_bundle: Path | None = None, bf16: bool | None = None,
+              max_tokens: int = 128, limit: int | None = None, turns: str = "all", max_draft_len: int | None = None,
+              method: str = "estimator", device: str | None = None, batch_size: int = 16, concurrency: int = 1,
+              diagnostics: bool = True, progress=None) -> dict:
+    """Measure the bundle (as built) and optionally a reference pair; returns the report dict."""
+    from eagle3_trt.convert.checkpoint_io import read_json
+    from eagle3_trt.runtime.alpha import compare, diagnose, load_prompts, measure
+    from eagle3_trt.runtime.cost_model import recommend
+    from eagle3_trt.runtime.engine import SpeculativeEngine
+
+    say = progress or (lambda msg: None)
+    bundle = Path(bundle)
+    man = read_json(bundle / "manifest.json")
+    records = load_prompts(Path(prompts_file), limit)
+    device = _device(device)
+    k = int(max_draft_len or man.get("max_draft_len") or 3)
+    t0 = time.perf_counter()
+    say(f"loading {bundle} ({_pair_label(man)}) on {device}")
+    eng = SpeculativeEngine.from_bundle(bundle, device=device, max_draft_len=k)
+    load_s = time.perf_counter() - t0
+    say(f"measuring {len(records)} prompts ({turns} turns, up to {max_tokens} tokens each)")
+    prim = measure(eng, records, label=_pair_label(man), max_tokens=max_tokens, turns=turns, method=method,
+                   batch_size=batch_size, k=k)
+    diag = diagnose(eng, prim) if diagnostics and prim.results else []
+    del eng
+
+    ref = None
+    ref_note = None
+    quantized = (man.get("quant") or {}).get("target") not in (None, "bf16") or (man.get("quant") or {}).get("draft") not in (None, "bf16")
+    if reference_bundle is not None:
+        rman = read_json(Path(reference_bundle) / "manifest.json")
+        say(f"loading reference bundle {reference_bundle}")
+        reng = SpeculativeEngine.from_bundle(Path(reference_bundle), device=device, max_draft_len=k)
+        ref_label = f"reference ({_pair_label(rman)})"
+    elif bf16 or (bf16 is None and quantized):
+        try:
+            say("loading the BF16 source pair named in manifest.json")
+            reng = SpeculativeEngine.from_bundle(bundle, device=device, max_draft_len=k, quantized=False)
+            ref_label = "bf16 target + bf16 draft"
+        except UserError as e:
+            if bf16:
+                raise
+            reng, ref_note = None, f"no BF16 reference: {e.line()}"
+    else:
+        reng = None
+        ref_note = "bundle is BF16; no reference pair" if not quantized else "reference disabled (--no-bf16)"
+    if reng is not None:
+        say("measuring the reference pair")
+        ref = measure(reng, records, label=ref_label, max_tokens=max_tokens, turns=turns, method=method,
+                      batch_size=batch_size, k=k)
+        del reng
+
+    report: dict = {
+        "schema": 1,
+        "kind": "eagle3-trt alpha report",
+        "bundle": str(bundle),
+        "settings": {"prompts": str(prompts_file), "records": len(records), "limit": limit, "turns": turns,
+                     "max_tokens": max_tokens, "max_draft_len": k, "method": method, "device": device,
+                     "decoding": "greedy", "batch_size": batch_size},
+        "pairs": {"bundle": prim.to_dict()},
+        "delta": compare(prim, ref),
+        "diagnostics": diag,
+        "timings": {"load_s": load_s},
+    }
+    if ref is not None:
+        report["pairs"]["reference"] = ref.to_dict()
+    if ref_note:
+        report["reference_note"] = ref_note
+    ov = prim.overall()
+    if ov.draft_tokens:
+        try:
+            rec = recommend(ov.cumulative_acceptance, concurrency=concurrency, **bundle_cost_inputs(bundle))
+            report["recommendation"] = rec.to_dict()
+        except UserError as e:
+            report["recommendation_error"] = e.line()
+    return report
+
+
+def write_report(report: dict, out: Path) -> Path:
+    """report.json, summary.txt, alpha.png into ``out`` (written next to it, then renamed into place)."""
+    from eagle3_trt.runtime.alpha import plot_report, summary_console
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+        (tmp / "summary.txt").write_text(summary_console(report).export_text())
+        plot_report(report, tmp / "alpha.png")
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _print_summary(report: dict) -> None:
+    from rich.console import Console
+
+    from eagle3_trt.runtime.alpha import render_summary
+
+    render_summary(report, Console(highlight=False))
+
+
+@click.command("alpha")
+@click.argument("bundle", type=click.Path(file_okay=False))
+@click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False),
+              help="JSONL with 'turns' (list of user messages) and optional 'category' (MT-Bench layout)")
+@click.option("--reference-bundle", type=click.Path(file_okay=False), default=None, help="compare with this bundle (e.g. a BF16 one)")
+@click.option("--bf16/--no-bf16", "bf16", default=None, help="compare with the BF16 sources in manifest.json (default: when the bundle is quantized and they exist)")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="tokens generated per turn")
+@click.option("--limit", type=int, default=None, help="first N prompt records only")
+@click.option("--turns", type=click.Choice(["all", "first"]), default="all", show_default=True, help="later turns see the target's own earlier replies")
+@click.option("--max-draft-len", type=int, default=None, help="K to measure (default: the bundle's; larger K shows what longer drafts would give)")
+@click.option("--method", type=click.Choice(["estimator", "generate"]), default="estimator", show_default=True,
+              help="estimator: teacher-forced, identical counts, fast; generate: run speculative decoding")
+@click.option("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
+@click.option("--batch-size", type=int, default=16, show_default=True)
+@click.option("--concurrency", type=int, default=1, show_default=True, help="batch size the K recommendation optimizes for")
+@click.option("-o", "--out", default=None, help="report dir (default: reports/alpha-<bundle name>)")
+@click.option("--json", "as_json", is_flag=True, help="print the report JSON on stdout")
+def alpha_cmd(bundle: str, prompts_file: str, reference_bundle: str | None, bf16: bool | None, max_tokens: int,
+              limit: int | None, turns: str, max_draft_len: int | None, method: str, device: str | None, batch_size: int,
+              concurrency: int, out: str | None, as_json: bool) -> None:
+    """Measure acceptance (alpha) of BUNDLE's quantized pair on your prompts, per category, vs BF16."""
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    if not (Path(bundle) / "manifest.json").is_file():
+        raise UserError(bundle, "not an engine bundle (no manifest.json)", "build one with `eagle3-trt engine`")
+    report = run_alpha(Path(bundle), Path(prompts_file), reference_bundle=Path(reference_bundle) if reference_bundle else None,
+                       bf16=bf16, max_tokens=max_tokens, limit=limit, turns=turns, max_draft_len=max_draft_len,
+                       method=method, device=device, batch_size=batch_size, concurrency=concurrency,
+                       progress=lambda m: err.print(f"[dim]{m}[/]"))
+    dest = Path(out) if out else Path("reports") / f"alpha-{Path(bundle).resolve().name}"
+    write_report(report, dest)
+    if as_json:
+        click.echo(json.dumps(report, indent=1))
+    else:
+        _print_summary(report)
+        click.echo(f"report: {dest}/report.json, {dest}/summary.txt, {dest}/alpha.png")
+
+
+# ---------------------------------------------------------------------------------------------
+# gate
+# ---------------------------------------------------------------------------------------------
+def run_gate(bundle: Path, prompts_file: Path, *, threshold: float = DEFAULT_GATE_THRESHOLD, concurrency: int = 1,
+             max_tokens: int = 64, limit: int | None = None, turns: str = "first", device: str | None = None,
+             batch_size: int = 16) -> dict:
+    """alpha of the bundle as built and the predicted speedup at ``concurrency``; 'passed' says if both clear the bar."""
+    from eagle3_trt.convert.checkpoint_io import read_json
+    from eagle3_trt.runtime.alpha import load_prompts, measure
+    from eagle3_trt.runtime.cost_model import CostParams, model_cost, predict
+    from eagle3_trt.runtime.engine import SpeculativeEngine
+
+    if not 0 <= threshold <= 1:
+        raise UserError("--threshold", f"{threshold} is not a probability", "use e.g. 0.55")
+    if concurrency < 1:
+        raise UserError("--concurrency", f"{concurrency}", "concurrency is at least 1")
+    bundle = Path(bundle)
+    man = read_json(bundle / "manifest.json")
+    k = int(man.get("max_draft_len") or 3)
+    records = load_prompts(Path(prompts_file), limit)
+    eng = SpeculativeEngine.from_bundle(bundle, device=_device(device))
+    m = measure(eng, records, label=_pair_label(man), max_tokens=max_tokens, turns=turns, batch_size=batch_size, k=k)
+    ov = m.overall()
+    ci = bundle_cost_inputs(bundle)
+    gpu, tp = ci["gpu"], ci["tp"]
+    tcost = model_cost(ci["target_bytes"], ci["target_format"], gpu, tp, kv_bytes_per_token=ci["target_kv_bytes_per_token"],
+                       layers=ci["target_layers"], hidden=ci["hidden"])
+    dcost = model_cost(ci["draft_bytes"], ci["draft_format"], gpu, tp, kv_bytes_per_token=ci["draft_kv_bytes_per_token"])
+    cum = ov.cumulative_acceptance + [0.0] * (k - len(ov.cumulative_acceptance))
+    pred = predict(cum, gpu, tcost, dcost, tp, concurrency, k, CostParams())
+    reasons = []
+    if ov.alpha < threshold:
+        reasons.append(f"alpha {ov.alpha:.3f} < threshold {threshold:.2f}")
+    if pred.speedup < 1.0:
+        reasons.append(f"predicted speedup {pred.speedup:.2f}x < 1 at concurrency {concurrency} on {gpu.name} (K={k})")
+    return {"bundle": str(bundle), "prompts": str(prompts_file), "turns_measured": len(m.results), "alpha": ov.alpha,
+            "acceptance_length": ov.acceptance_length, "cumulative_acceptance": ov.cumulative_acceptance,
+            "by_category": {c: a.alpha for c, a in m.by_category().items()}, "threshold": threshold,
+            "concurrency": concurrency, "max_draft_len": k, "gpu": gpu.name, "tp": tp,
+            "predicted_speedup": pred.speedup, "prediction": pred.to_dict(), "passed": not reasons, "reasons": reasons}
+
+
+@click.command("gate")
+@click.argument("bundle", type=click.Path(file_okay=False))
+@click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False), help="JSONL with 'turns' (and optional 'category')")
+@click.option("--threshold", type=float, default=DEFAULT_GATE_THRESHOLD, show_default=True, help="minimum alpha")
+@click.option("--concurrency", type=int, default=1, show_default=True, help="batch size the deployment runs at")
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--limit", type=int, default=None)
+@click.option("--turns", type=click.Choice(["all", "first"]), default="first", show_default=True)
+@click.option("--device", default=None)
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON on stdout")
+def gate_cmd(bundle: str, prompts_file: str, threshold: float, concurrency: int, max_tokens: int, limit: int | None,
+             turns: str, device: str | None, as_json: bool) -> None:
+    """Fail (exit 3) when BUNDLE's alpha on the prompts is below --threshold or speculation would slow it down."""
+    if not (Path(bundle) / "manifest.json").is_file():
+        raise UserError(bundle, "not an engine bundle (no manifest.json)", "build one with `eagle3-trt engine`")
+    res = run_gate(Path(bundle), Path(prompts_file), threshold=threshold, concurrency=concurrency, max_tokens=max_tokens,
+                   limit=limit, turns=turns, device=device)
+    if as_json:
+        click.echo(json.dumps(res, indent=1))
+    else:
+        cats = ", ".join(f"{c} {a:.2f}" for c, a in res["by_category"].items())
+        click.echo(f"alpha {res['alpha']:.3f} (threshold {threshold:.2f}) over {res['turns_measured']} turns; AL {res['acceptance_length']:.2f}"
+                   + (f"; by category: {cats}" if len(res["by_category"]) > 1 else ""))
+        click.echo(f"predicted speedup at concurrency {concurrency} on {res['gpu']} TP{res['tp']} with K={res['max_draft_len']}: "
+                   f"{res['predicted_speedup']:.2f}x")
+        click.echo("gate passed" if res["passed"] else "gate FAILED: " + "; ".join(res["reasons"]))
+    if not res["passed"]:
+        raise GateFailed(f"{bundle}: " + "; ".join(res["reasons"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# recommend
+# ---------------------------------------------------------------------------------------------
+@click.command("recommend")
+@click.argument("bundle", type=click.Path(file_okay=False))
+@click.option("--report", "report_file", type=click.Path(dir_okay=False), default=None, help="an alpha report.json (else --prompts is measured)")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None)
+@click.option("--max-draft-len", type=int, default=None, help="largest K to consider when measuring")
+@click.option("--limit", type=int, default=None)
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--gpu", default=None, help="GPU to predict for (default: the bundle's)")
+@click.option("--tp", type=int, default=None, help="tensor parallelism (default: the bundle's)")
+@click.option("--concurrency", type=int, default=1, show_default=True, help="batch size K is chosen for")
+@click.option("--device", default=None)
+@click.option("--json", "as_json", is_flag=True)
+def recommend_cmd(bundle: str, report_file: str | None, prompts_file: str | None, max_draft_len: int | None, limit: int | None,
+                  max_tokens: int, gpu: str | None, tp: int | None, concurrency: int, device: str | None, as_json: bool) -> None:
+    """Predict speedup per K and batch size from measured acceptance; recommend K and max_concurrency."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from eagle3_trt.runtime.cost_model import recommend
+
+    if report_file:
+        rep = json.loads(Path(report_file).read_text())
+        try:
+            cum = rep["pairs"]["bundle"]["overall"]["cumulative_acceptance"]
+        except (KeyError, TypeError):
+            raise UserError(report_file, "not an alpha report (pairs.bundle.overall.cumulative_acceptance missing)",
+                            "pass the report.json written by `eagle3-trt alpha`") from None
+    elif prompts_file:
+        rep = run_alpha(Path(bundle), Path(prompts_file), bf16=False, max_tokens=max_tokens, limit=limit, turns="first",
+                        max_draft_len=max_draft_len, device=device, diagnostics=False)
+        cum = rep["pairs"]["bundle"]["overall"]["cumulative_acceptance"]
+    else:
+        raise UserError("recommend", "needs --report or --prompts", "measure acceptance first with `eagle3-trt alpha`")
+    rec = recommend(cum, concurrency=concurrency, **bundle_cost_inputs(Path(bundle), gpu=gpu, tp=tp))
+    if as_json:
+        click.echo(json.dumps(rec.to_dict(), indent=1))
+        return
+    con = Console()
+    ks = sorted({r["k"] for r in rec.table})
+    tab = Table(title=f"predicted speedup ({rec.evidence['gpu']['name']}, TP{rec.evidence['tp']})")
+    tab.add_column("batch", justify="right")
+    for k in ks:
+        tab.add_column(f"K={k}", justify="right")
+    for b in sorted({r["batch"] for r in rec.table}):
+        row = {r["k"]: r["speedup"] for r in rec.table if r["batch"] == b}
+        tab.add_row(str(b), *[f"{row[k]:.2f}" for k in ks])
+    con.print(tab)
+    mc = rec.max_concurrency
+    con.print(f"max_draft_len: {rec.max_draft_len}; max_concurrency: {mc}"
+              + ("" if mc else " (speculation never pays here: build without it)"))

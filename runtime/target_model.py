@@ -1,0 +1,305 @@
+"""The target model for the reference runtime: a Hugging Face Llama that also returns aux hidden states.
+
+The model is the stock ``LlamaForCausalLM`` built from the checkpoint's config (so it computes
+exactly what transformers computes), driven through ``model.model`` with an explicit 4-D additive
+attention mask and explicit position ids. That one calling convention covers everything the
+runtime needs on both transformers generations it meets (4.57 in TensorRT-LLM containers, 5.x
+elsewhere): left-padded batches, tree attention, and "holes" left in the KV cache by rejected
+draft tokens (rejected columns stay in the cache but are masked out; the tail is cropped with
+``DynamicCache.crop``).
+
+Aux hidden states are captured with forward hooks on the decoder layers: TensorRT-LLM's
+``eagle3_layers_to_capture`` id i means the *output* of decoder layer i (0-based), which in
+``output_hidden_states`` terms is index i + 1.
+
+Quantized bundles: weights arrive dequantized (``convert.dequantize.load_checkpoint_dequantized``);
+activations of the quantized Linear layers are fake-quantized here with the exported static
+``input_scale`` (FP8: per-tensor E4M3 cast; NVFP4: E2M1 in 16-element blocks with E4M3 block
+scales under the exported global scale). See ``install_activation_fake_quant`` for how close
+that is to TensorRT-LLM's kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eagle3_trt.errors import UserError
+
+FP8_MAX = 448.0
+# Tensors a ModelOpt export carries next to the weights; the HF module has no slot for them.
+QUANT_SUFFIXES = (".input_scale", ".weight_scale", ".weight_scale_2", ".k_scale", ".v_scale", ".output_scale")
+
+
+@dataclass(frozen=True)
+class ActivationQuant:
+    """Static activation quantization of one Linear layer, as exported by ModelOpt."""
+
+    algo: str  # "fp8" | "nvfp4"
+    input_scale: float
+
+
+def quant_algo_of(quant: dict | None) -> str | None:
+    """Activation format ('fp8' | 'nvfp4' | None) from either hf_quant_config layout or the dequantizer's info."""
+    if not quant:
+        return None
+    q = quant.get("quantization", quant)
+    algo = q.get("quant_algo") if isinstance(q, dict) else None
+    if algo is None:
+        return None
+    algo = str(algo).upper()
+    if algo.startswith("NVFP4"):
+        return "nvfp4"
+    if algo.startswith("FP8") or algo.startswith("W4A8"):  # W4A8 recipes run FP8 activations
+        return "fp8"
+    return algo.lower()
+
+
+def split_quant_tensors(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(weights, quantization scalars) of a (dequantized) state dict."""
+    weights, scales = {}, {}
+    for k, v in sd.items():
+        (scales if k.endswith(QUANT_SUFFIXES) else weights)[k] = v
+    return weights, scales
+
+
+def _fp8_fake_quant(x: torch.Tensor, scale: float) -> torch.Tensor:
+    q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return (q.float() * scale).to(x.dtype)
+
+
+def input_scales_of(quant: dict | None, scales: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Module name -> static input scale, from the dequantizer's info and/or leftover tensors."""
+    out = {k[: -len(".input_scale")]: float(v.float().reshape(-1)[0]) for k, v in scales.items() if k.endswith(".input_scale")}
+    out.update({str(k): float(v) for k, v in ((quant or {}).get("input_scales") or {}).items()})
+    return out
+
+
+def install_activation_fake_quant(module: torch.nn.Module, input_scales: dict[str, float], algo: str | None,
+                                  prefix: str = "") -> list:
+    """Fake-quantize the inputs of every Linear that has an exported ``input_scale``; returns the hook handles.
+
+    Fidelity to the quantized pair as TensorRT-LLM runs it: weights are bit-exact after
+    dequantization; FP8 activations go through the same per-tensor static E4M3 cast the FP8 GEMMs
+    use, and NVFP4 activations through the same block quantization (E2M1 in 16-element blocks,
+    E4M3 block scales under the exported global scale); an FP8 KV cache is emulated by
+    ``TargetModel.new_cache``. What remains different is accumulation order and precision (fp32 or
+    bf16 here, fp32 accumulators in the kernels) and kernel-specific details (e.g. whether the
+    context-phase attention reads the quantized or the fresh K/V). Measured alpha is therefore the
+    quantized pair's alpha up to rounding effects that can flip individual near-tie argmaxes but
+    not the aggregate; the BF16-vs-quantized delta it reports is the real one to that precision.
+    """
+    if algo not in ("fp8", "nvfp4"):
+        return []
+    handles = []
+    for name, mod in module.named_modules():
+        if not isinstance(mod, torch.nn.Linear):
+            continue
+        s = input_scales.get(f"{prefix}{name}")
+        if s is None or s <= 0:
+            continue
+        if algo == "fp8":
+            handles.append(mod.register_forward_pre_hook(lambda m, args, s=s: (_fp8_fake_quant(args[0], s), *args[1:])))
+        else:
+            from eagle3_trt.convert.nvfp4_cpu import E2M1_MAX, E4M3_MAX, nvfp4_fake_quant
+
+            amax = torch.tensor(s * E2M1_MAX * E4M3_MAX)
+            if mod.in_features % 16:
+                continue
+            handles.append(mod.register_forward_pre_hook(
+                lambda m, args, a=amax: (nvfp4_fake_quant(args[0], 16, a.to(args[0].device)), *args[1:])))
+    return handles
+
+
+def read_kv_scales(ckpt_dir: Path) -> dict[int, tuple[float, float]]:
+    """layer -> (k_scale, v_scale) of an FP8 KV cache, read from the checkpoint's ``*.k_scale`` / ``*.v_scale``."""
+    import re
+
+    from eagle3_trt.convert.checkpoint_io import weight_files
+
+    found: dict[int, dict[str, float]] = {}
+    pat = re.compile(r"layers\.(\d+)\..*\.([kv])_scale$")
+    for f in weight_files(Path(ckpt_dir)):
+        if f.suffix != ".safetensors":
+            continue
+        from safetensors import safe_open
+
+        with safe_open(str(f), framework="pt") as h:
+            for k in h.keys():
+                m = pat.search(k)
+                if m:
+                    found.setdefault(int(m.group(1)), {})[m.group(2)] = float(h.get_tensor(k).float().reshape(-1)[0])
+    return {i: (v["k"], v["v"]) for i, v in found.items() if "k" in v and "v" in v}
+
+
+def kv_cache_fp8(ckpt_dir: Path) -> bool:
+    import json
+
+    hq = Path(ckpt_dir) / "hf_quant_config.json"
+    if not hq.is_file():
+        return False
+    q = json.loads(hq.read_text())
+    q = q.get("quantization", q)
+    return str(q.get("kv_cache_quant_algo") or "").upper() == "FP8"
+
+
+def _fq_cache_class():
+    from transformers import DynamicCache
+
+    class FakeQuantKVCache(DynamicCache):
+        """DynamicCache whose stored K/V go through the FP8 per-tensor cast the FP8 KV cache applies."""
+
+        kv_scales: dict[int, tuple[float, float]] = {}
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            sc = self.kv_scales.get(layer_idx)
+            if sc is not None:
+                key_states, value_states = _fp8_fake_quant(key_states, sc[0]), _fp8_fake_quant(value_states, sc[1])
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    return FakeQuantKVCache
+
+
+class TargetModel:
+    """HF ``LlamaForCausalLM`` + aux-layer capture, called with explicit masks, positions and cache."""
+
+    def __init__(self, hf_model, aux_layer_ids: Iterable[int] | None, config: dict):
+        self.hf = hf_model.eval()
+        self.config = config
+        self.num_layers = int(hf_model.config.num_hidden_layers)
+        self._captured: dict[int, torch.Tensor] = {}
+        self.aux_layer_ids = aux_layer_ids or ()
+        # every layer gets a (cheap) hook so the captured set can change (diagnostics probe others)
+        for i, layer in enumerate(self.hf.model.layers):
+            layer.register_forward_hook(self._hook(i))
+        p = next(self.hf.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.kv_scales: dict[int, tuple[float, float]] = {}  # FP8 KV cache emulation (see new_cache)
+        self.fake_quant_handles: list = []  # activation fake-quant hooks of a quantized checkpoint
+
+    @property
+    def aux_layer_ids(self) -> tuple[int, ...]:
+        return self._aux
+
+    @aux_layer_ids.setter
+    def aux_layer_ids(self, ids) -> None:
+        ids = tuple(int(i) for i in ids)
+        bad = [i for i in ids if not 0 <= i < self.num_layers]
+        if bad:
+            raise UserError("aux_layer_ids", f"{bad} outside the target's decoder layers 0..{self.num_layers - 1}",
+                            "ids are TensorRT-LLM's eagle3_layers_to_capture: outputs of layer i, 0-based")
+        self._aux = ids
+
+    def _hook(self, i: int):
+        def fn(_mod, _args, out):
+            if i in self._aux:
+                self._captured[i] = out[0] if isinstance(out, tuple) else out
+        return fn
+
+    # ---- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_state_dict(cls, config: dict, state_dict: dict[str, torch.Tensor], *, device="cpu",
+                        dtype: torch.dtype = torch.float32, aux_layer_ids=None,
+                        quant: dict | None = None) -> "TargetModel":
+        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        cfg = {k: v for k, v in config.items() if k not in ("quantization_config",)}
+        hf_cfg = LlamaConfig.from_dict(cfg)
+        hf_cfg._attn_implementation = "sdpa"
+        weights, scales = split_quant_tensors(state_dict)
+        # Build on the meta device (no random init of billions of weights), then assign the
+        # checkpoint tensors; the rotary buffers are not in the checkpoint and are rebuilt.
+        with torch.device("meta"):
+            model = LlamaForCausalLM(hf_cfg)
+        if "lm_head.weight" not in weights:
+            if not hf_cfg.tie_word_embeddings:
+                raise UserError("target", "checkpoint has no lm_head.weight and tie_word_embeddings is false",
+                                "the target checkpoint is incomplete")
+            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        weights = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+        missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
+        missing = [k for k in missing if "rotary_emb" not in k]
+        if missing or unexpected:
+            raise UserError("target", f"weights do not match a Llama of this config (missing {missing[:3]}, unexpected {unexpected[:3]})",
+                            "the target checkpoint and its config.json disagree")
+        if hf_cfg.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.model.rotary_emb = LlamaRotaryEmbedding(config=hf_cfg, device=device)
+        left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+        if left:
+            raise RuntimeError(f"tensors left on the meta device after loading: {left[:5]}")
+        model.to(device=device)
+        for b in model.model.rotary_emb.buffers():  # keep rotary frequencies in fp32 like HF does
+            b.data = b.data.float()
+        handles = install_activation_fake_quant(model, input_scales_of(quant, scales), quant_algo_of(quant))
+        tm = cls(model, aux_layer_ids, cfg)
+        tm.fake_quant_handles = handles
+        return tm
+
+    @classmethod
+    def from_dir(cls, path: Path, *, device="cpu", dtype: torch.dtype = torch.float32, aux_layer_ids=None) -> "TargetModel":
+        """A BF16/FP16/FP32 Hugging Face checkpoint directory."""
+        from eagle3_trt.convert.checkpoint_io import iter_tensors, read_json, weight_files
+
+        path = Path(path)
+        cfg = read_json(path / "config.json")
+        if cfg.get("quantization_config") or (path / "hf_quant_config.json").is_file():
+            from eagle3_trt.convert.dequantize import load_checkpoint_dequantized
+
+            cfg, sd, quant = load_checkpoint_dequantized(path, dtype=dtype)
+            return cls.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=aux_layer_ids, quant=quant)
+        sd = {k: t for f in weight_files(path) for k, t in iter_tensors(f)}
+        return cls.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=aux_layer_ids)
+
+    # ---- forward ----------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hf.config.vocab_size)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.hf.config.hidden_size)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.hf.model.embed_tokens(ids)
+
+    def new_cache(self):
+        """An empty KV cache; with ``kv_scales`` set (FP8 KV bundles), K/V are fake-quantized as stored.
+
+        The scales apply to post-RoPE K and to V, as TensorRT-LLM's FP8 KV cache does. Passes
+        without a cache (the estimator's drafting runs over stored aux states) are unaffected.
+        """
+        if self.kv_scales:
+            cache = _fq_cache_class()()
+            cache.kv_scales = dict(self.kv_scales)
+            return cache
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor,
+                cache=None, logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass over ``input_ids`` [B, S].
+
+        ``allowed`` [B, S, C+S] (bool): which cached + new columns each query may attend to.
+        ``logits_at`` [B, M] (long): positions within S to compute logits for (all when None).
+        Returns (logits [B, M or S, V] in fp32, aux hidden [B, S, n_aux*H] in the model dtype).
+        """
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed.to(self.device), torch.finfo(self.dtype).min)
+        self._captured.clear()
+        out = self.hf.model(input_ids=input_ids.to(self.device), attention_mask=mask[:, None],
+                            position_ids=position_ids.to(self.device), past_key_values=cache,
+                            use_cache=cache is not None)
+        h = out.last_hidden_state
+        if logits_at is not None:
+            h = torch.gather(h, 1, logits_at.to(self.device)[..., None].expand(-1, -1, h.shape[-1]))
+        logits = self.hf.lm_head(h).float()
+        aux = torch.cat([self._captured[i] for i in self.aux_layer_ids], dim=-1) if self.aux_layer_ids else h[..., :0]
+        self._captured.clear()
+        return logits, aux

@@ -1,0 +1,144 @@
+"""`eagle3-trt alpha`, `gate` and `recommend` on a real engine bundle (FP8 target, built by the pipeline).
+
+The bundle's draft is the tiny pair's draft distilled onto the tiny target's greedy replies to
+the first turns of a few MT-Bench prompts, so acceptance is far from zero; the FP8 target then
+drifts from the BF16 one, which the side-by-side report has to show.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3_trt.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+MT_BENCH = ROOT.parent / "shared" / "data" / "mt_bench.jsonl"
+N = 6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    if not MT_BENCH.is_file():
+        pytest.skip("../shared/data/mt_bench.jsonl is not next to the repository")
+    lines = MT_BENCH.read_text().splitlines()
+    # two categories, three records each
+    cats: dict[str, list[str]] = {}
+    for line in lines:
+        cats.setdefault(json.loads(line)["category"], []).append(line)
+    pick = [l for c in list(cats)[:2] for l in cats[c][:3]]
+    f = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+    f.write_text("\n".join(pick) + "\n")
+    return f
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_pair_session, prompts_file, tmp_path_factory) -> Path:
+    from eagle3_trt.build.bundle import EngineRequest, build_bundle
+    from eagle3_trt.build.presets import load_preset
+    from eagle3_trt.runtime.alpha import encode_chat, load_prompts
+    from eagle3_trt.runtime.distill import distill_draft, save_draft
+    from eagle3_trt.runtime.engine import SpeculativeEngine
+
+    t, d = tiny_pair_session
+    eng = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=3)
+    recs = load_prompts(prompts_file)
+    prompts = [encode_chat(eng.tokenizer, [{"role": "user", "content": r.turns[0]}]) for r in recs]
+    distill_draft(eng, prompts, steps=150, lr=5e-3, gen_tokens=32, batch=6)
+    tmp = tmp_path_factory.mktemp("distilled")
+    ddir = save_draft(eng.draft, d, tmp / "draft")
+    res = build_bundle(EngineRequest(preset=load_preset("tiny"), target=str(t), draft=str(ddir), target_gpu="h100",
+                                     calib_samples=4, out=str(tmp / "bundle")))
+    return res.bundle
+
+
+def test_alpha_report_side_by_side(bundle, prompts_file, tmp_path, capsys):
+    out = tmp_path / "rep"
+    rc = main(["alpha", str(bundle), "--prompts", str(prompts_file), "--turns", "first", "--max-tokens", "24", "-o", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "overall" in text and "recommendation" in text
+    rep = json.loads((out / "report.json").read_text())
+    assert (out / "alpha.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "overall" in (out / "summary.txt").read_text()
+    prim, ref = rep["pairs"]["bundle"], rep["pairs"]["reference"]
+    assert prim["label"].startswith("fp8 target") and ref["label"].startswith("bf16 target")
+    assert set(prim["by_category"]) == set(ref["by_category"]) and len(prim["by_category"]) == 2
+    assert prim["overall"]["requests"] == N
+    for p in (prim, ref):
+        o = p["overall"]
+        assert len(o["cumulative_acceptance"]) == len(o["conditional_acceptance"]) == 3
+        assert o["alpha"] == pytest.approx(o["accepted_tokens"] / o["draft_tokens"])
+        assert o["acceptance_length"] == pytest.approx(o["generated_tokens"] / o["target_forwards"])
+        cats = p["by_category"].values()
+        assert sum(c["accepted_tokens"] for c in cats) == o["accepted_tokens"]
+    assert ref["overall"]["alpha"] > 0.5  # the draft was distilled on the BF16 target's replies
+    assert rep["delta"]["overall"]["alpha"] == pytest.approx(prim["overall"]["alpha"] - ref["overall"]["alpha"])
+    rec = rep["recommendation"]
+    assert 1 <= rec["max_draft_len"] <= 3 and rec["evidence"]["gpu"]["name"] == "h100"
+    assert rec["evidence"]["target"]["format"] == "fp8"
+    assert {c["check"] for c in rep["diagnostics"]} >= {"d2t", "aux_layers", "draft_vocab_coverage"}
+
+
+def test_estimator_and_generation_agree_multi_turn(bundle, prompts_file):
+    from eagle3_trt.runtime.commands import run_alpha
+
+    kw = dict(bf16=False, max_tokens=16, limit=3, turns="all", diagnostics=False)
+    est = run_alpha(bundle, prompts_file, method="estimator", **kw)["pairs"]["bundle"]
+    gen = run_alpha(bundle, prompts_file, method="generate", **kw)["pairs"]["bundle"]
+    assert len(est["requests"]) == 6  # 3 records x 2 turns; turn 2 sees the target's own turn-1 reply
+    assert est["requests"] == gen["requests"]
+    assert est["overall"]["accepted_per_position"] == gen["overall"]["accepted_per_position"]
+
+
+def test_gate_pass_and_fail(bundle, prompts_file, tmp_path, capsys):
+    args = ["gate", str(bundle), "--prompts", str(prompts_file), "--max-tokens", "24", "--turns", "all"]
+    assert main(args + ["--threshold", "0.05"]) == 0
+    assert "gate passed" in capsys.readouterr().out
+    assert main(args + ["--threshold", "0.05", "--json"]) == 0
+    alpha = json.loads(capsys.readouterr().out)["alpha"]
+    assert 0.05 < alpha < 1  # second turns were not distilled on
+    high = f"{(alpha + 1) / 2:.3f}"
+    assert main(args + ["--threshold", high]) == 3
+    cap = capsys.readouterr()
+    assert "gate FAILED" in cap.out and f"< threshold {float(high):.2f}" in cap.err
+    # the same bundle with the untrained draft: alpha ~ 0 and speculation predicted to slow it down
+    broken = tmp_path / "broken"
+    shutil.copytree(bundle, broken)
+    from eagle3_trt.convert.tiny_pair import make_draft
+
+    make_draft(broken / "draft")
+    assert main(args[:1] + [str(broken)] + args[2:] + ["--json"]) == 3
+    res = json.loads(capsys.readouterr().out)
+    assert not res["passed"] and res["alpha"] < 0.05 and res["predicted_speedup"] < 1
+    assert len(res["reasons"]) == 2
+
+
+def test_recommend_from_report(bundle, prompts_file, tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert main(["alpha", str(bundle), "--prompts", str(prompts_file), "--turns", "first", "--max-tokens", "16",
+                 "--no-bf16", "--max-draft-len", "4", "-o", str(out), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["recommend", str(bundle), "--report", str(out / "report.json"), "--gpu", "b200", "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["evidence"]["gpu"]["name"] == "b200" and 1 <= rec["max_draft_len"] <= 4
+    assert {r["k"] for r in rec["table"]} == {1, 2, 3, 4}
+
+
+def test_bad_prompt_file_is_a_user_error(bundle, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"turns": ["ok"]}\n{"category": "x"}\n')
+    assert main(["alpha", str(bundle), "--prompts", str(bad)]) == 2
+    assert f"{bad}:2" in capsys.readouterr().err

@@ -1,0 +1,198 @@
+"""Client library pieces that need no server: chat template, URL handling, Prometheus parsing,
+benchmark statistics, the gate, and the report files. (End-to-end client tests against a real
+server are in test_triton_server.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3_trt.clients.bench import (
+    ArmResult,
+    BenchRun,
+    RequestRecord,
+    evaluate_gate,
+    load_prompts,
+    parse_concurrency,
+    percentile,
+    summarize,
+)
+from eagle3_trt.errors import UserError
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.mark.parametrize("tok_dir", ["tiny", "llama3"])
+def test_chat_template_matches_transformers(tok_dir):
+    from transformers import AutoTokenizer
+
+    from eagle3_trt.clients.chat import ChatTemplate, format_prompt, tokenizer_dir
+
+    d = Path(__file__).resolve().parents[1] / "convert" / "data" / "tiny_tokenizer" if tok_dir == "tiny" else SHARED / "data" / "llama3_tokenizer"
+    if not d.is_dir():
+        pytest.skip(f"{d} missing")
+    t = ChatTemplate.from_dir(d)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir(d)))
+    for system in (None, "Answer briefly."):
+        for prompt in ("Hi", "  Multi\nline — ünïcode 🚀  "):
+            msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            want = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            assert format_prompt(t, prompt, system) == want
+    assert format_prompt(t, "Hi").startswith(tok.bos_token)
+
+
+def test_chat_template_missing_is_an_error(tmp_path):
+    from eagle3_trt.clients.chat import ChatTemplate
+
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
+    with pytest.raises(UserError, match="no chat_template"):
+        ChatTemplate.from_dir(tmp_path)
+    with pytest.raises(UserError, match="no tokenizer_config.json"):
+        ChatTemplate.from_dir(tmp_path / "nothing")
+
+
+def test_url_normalization():
+    from eagle3_trt.clients.llm_client import normalize_url
+
+    assert normalize_url("grpc://127.0.0.1:8001", http=False) == "127.0.0.1:8001"
+    assert normalize_url("http://127.0.0.1:8000/", http=True) == "http://127.0.0.1:8000"
+    assert normalize_url("localhost:8000", http=True) == "http://localhost:8000"
+    with pytest.raises(UserError):
+        normalize_url("https://x:1", http=True)
+    with pytest.raises(UserError):
+        normalize_url("127.0.0.1:8000/v2", http=True)
+
+
+# Shape of Triton 2.51's metrics page with the model's families (one pair of scrapes).
+METRICS_BEFORE = """\
+# HELP eagle3_requests_total Requests by outcome (ok, error, cancelled, rejected)
+# TYPE eagle3_requests_total counter
+eagle3_requests_total{model="eagle3",status="ok"} 2
+eagle3_requests_total{model="other",status="ok"} 7
+eagle3_generated_tokens_total{model="eagle3",speculation="on"} 20
+eagle3_generated_tokens_total{model="eagle3",speculation="off"} 5
+eagle3_draft_tokens_total{model="eagle3"} 30
+eagle3_accepted_draft_tokens_total{model="eagle3"} 12
+eagle3_acceptance_length_count{model="eagle3"} 10
+eagle3_acceptance_length_sum{model="eagle3"} 22
+eagle3_acceptance_length_bucket{model="eagle3",le="1"} 3
+eagle3_drafted_tokens_by_position_total{model="eagle3",position="1"} 10
+eagle3_drafted_tokens_by_position_total{model="eagle3",position="2"} 10
+eagle3_accepted_tokens_by_position_total{model="eagle3",position="1"} 8
+eagle3_accepted_tokens_by_position_total{model="eagle3",position="2"} 4
+eagle3_active_requests{model="eagle3"} 0
+nv_inference_count{model="eagle3",version="1"} 9
+"""
+
+
+def test_prometheus_counters_and_deltas():
+    from eagle3_trt.clients.prom import SpecCounters, parse_text
+
+    before = SpecCounters.from_samples(parse_text(METRICS_BEFORE), "eagle3")
+    assert before.requests == {"ok": 2} and before.draft == 30 and before.tokens_off == 5
+    after_text = (METRICS_BEFORE.replace("} 30", "} 60").replace('_total{model="eagle3"} 12', '_total{model="eagle3"} 30')
+                  .replace('count{model="eagle3"} 10', 'count{model="eagle3"} 20').replace('sum{model="eagle3"} 22', 'sum{model="eagle3"} 50'))
+    d = SpecCounters.from_samples(parse_text(after_text), "eagle3").minus(before)
+    assert d.draft == 30 and d.accepted == 18 and d.alpha == pytest.approx(0.6)
+    assert d.acceptance_length == pytest.approx(2.8)  # (50 - 22) / (20 - 10)
+    assert before.acceptance_by_position() == [0.8, 0.4]
+
+
+def test_percentile_and_itl():
+    assert percentile([], 50) is None
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile(list(range(101)), 99) == pytest.approx(99.0)
+    r = RequestRecord(1, True, 0, ok=True, t_send=0.0, t_first=0.1, t_end=0.7,
+                      chunk_times=[0.1, 0.2, 0.5, 0.7], chunk_tokens=[1, 1, 3, 2], n_tokens=7)
+    # gaps 0.1 (1 token), 0.3 over 3 tokens, 0.2 over 2 tokens: one sample per token
+    assert r.itl_samples() == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.1, 0.1])
+    assert r.ttft_s == pytest.approx(0.1) and r.latency_s == pytest.approx(0.7)
+
+
+def test_summarize_alpha_and_acceptance_length():
+    recs = [
+        RequestRecord(2, True, 0, ok=True, t_send=0, t_first=0.1, t_end=1.0, chunk_times=[0.1, 1.0], chunk_tokens=[1, 9],
+                      n_tokens=10, draft_tokens=12, accepted_tokens=6, acceptance_length=2.5),  # 4 forwards
+        RequestRecord(2, True, 1, ok=True, t_send=0, t_first=0.2, t_end=2.0, chunk_times=[0.2, 2.0], chunk_tokens=[1, 5],
+                      n_tokens=6, draft_tokens=12, accepted_tokens=0, acceptance_length=1.2),  # 5 forwards
+        RequestRecord(2, True, 2, ok=False, error="boom"),
+    ]
+    a = summarize(recs, 2, True, wall_s=2.0)
+    assert (a.requests, a.errors, a.output_tokens) == (3, 1, 16)
+    assert a.alpha_responses == pytest.approx(6 / 24)
+    assert a.al_responses == pytest.approx((9 + 5) / (3 + 4))  # tokens after prefill / verification forwards
+    assert a.output_tokens_per_s == pytest.approx(8.0)
+    assert a.ttft_p50_s == pytest.approx(0.15)
+    off = summarize(recs[:2], 2, False, 2.0)
+    assert off.alpha_responses is None and off.al_responses is None
+
+
+def _arm(c, spec, p99, alpha=None):
+    return ArmResult(c, spec, 4, 0, 1.0, 40, 0.1, 0.2, p99 / 2, p99, 1.0, 1.2, 40.0, None, None, alpha_metrics=alpha)
+
+
+def test_gate_verdicts_and_switch_off_point():
+    arms = [_arm(1, True, 0.010, 0.7), _arm(1, False, 0.020), _arm(4, True, 0.030, 0.7), _arm(4, False, 0.031),
+            _arm(16, True, 0.080, 0.6), _arm(16, False, 0.050)]
+    g = evaluate_gate(arms)
+    assert g.alpha == pytest.approx(2.0 / 3) and g.alpha_ok and g.alpha_source == "metrics endpoint"
+    assert [r["itl_ok"] for r in g.per_concurrency] == [True, True, False]
+    assert (g.verdict, g.switch_off_above) == ("pass_with_switch_off", 4)
+    assert "switch it off above 4" in g.recommendation
+    # The tolerance lets a small excess through.
+    assert evaluate_gate(arms[:4] + [_arm(16, True, 0.052, 0.6), _arm(16, False, 0.050)], itl_tolerance=0.05).verdict == "pass"
+    # Low alpha fails whatever the latency says; so does a loss at the lowest concurrency.
+    low = evaluate_gate([_arm(1, True, 0.010, 0.3), _arm(1, False, 0.020)])
+    assert low.verdict == "fail" and "alpha 0.300 < 0.55" in low.recommendation
+    worse = evaluate_gate([_arm(1, True, 0.030, 0.9), _arm(1, False, 0.020)])
+    assert worse.verdict == "fail" and worse.switch_off_above is None
+
+
+def test_prompts_and_concurrency_parsing(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"turns": ["one", "two"]}\n\n{"prompt": "three"}\nplain four\n')
+    assert load_prompts(f) == ["one", "three", "plain four"]
+    f.write_text('{"question": "x"}\n')
+    with pytest.raises(UserError, match=":1"):
+        load_prompts(f)
+    assert parse_concurrency("16,1,4,4") == [1, 4, 16]
+    for bad in ("", "1,x", "0,2"):
+        with pytest.raises(UserError, match="--concurrency"):
+            parse_concurrency(bad)
+    if (SHARED / "data" / "mt_bench.jsonl").is_file():
+        assert len(load_prompts(SHARED / "data" / "mt_bench.jsonl")) == 80
+
+
+def test_report_files(tmp_path):
+    from eagle3_trt.clients.report import PLOTS, write_report
+
+    recs = [RequestRecord(c, s, i, ok=True, t_send=0, t_first=0.05, t_end=0.3 + i / 10, chunk_times=[0.05, 0.3],
+                          chunk_tokens=[1, 3], n_tokens=4) for c in (1, 4) for s in (True, False) for i in range(3)]
+    arms = [_arm(1, True, 0.01, 0.7), _arm(1, False, 0.02), _arm(4, True, 0.05, 0.7), _arm(4, False, 0.03)]
+    arms[0].acceptance_by_position, arms[0].drafted_by_position = [0.8, 0.5, 0.2], [10, 10, 10]
+    run = BenchRun({"url": "u", "model": "eagle3", "num_prompts": 3, "max_tokens": 4}, arms, evaluate_gate(arms), recs, 0.0, 1.0, True)
+    out = write_report(run, tmp_path / "r")
+    data = json.loads((out / "bench.json").read_text())
+    assert data["gate"]["verdict"] == "pass_with_switch_off" and len(data["requests"]) == 12
+    md = (out / "summary.md").read_text()
+    assert "PASS_WITH_SWITCH_OFF" in md and "switch it off above 1" in md and "1: 0.800" in md
+    for p in PLOTS:
+        assert (out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    write_report(run, out)  # replacing an existing report works and leaves no temp folders
+    assert [p.name for p in tmp_path.iterdir()] == ["r"]
+
+
+def test_bench_is_loopback_only_by_default(tmp_path):
+    from click.testing import CliRunner
+
+    from eagle3_trt.clients.commands import bench_cmd, is_loopback
+
+    assert is_loopback("127.0.0.1:8001") and is_loopback("http://localhost:8002/metrics") and is_loopback("[::1]:8001")
+    assert not is_loopback("10.1.2.3:8001") and not is_loopback("http://192.168.0.5:8002/metrics")
+    p = tmp_path / "p.txt"
+    p.write_text("hi\n")
+    r = CliRunner().invoke(bench_cmd, ["--url", "10.1.2.3:8001", "--prompts", str(p), "--no-chat-template"])
+    assert r.exit_code != 0 and "not a loopback address" in str(r.exception)

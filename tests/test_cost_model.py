@@ -1,0 +1,142 @@
+"""The speculation cost model: its simple special case, monotonic behaviour, and the recommendation.
+
+Expected numbers are derived by hand in the comments from the model's definition (module
+docstring of eagle3_trt.runtime.cost_model), not by calling the code under test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from eagle3_trt.build.gpus import get_gpu
+from eagle3_trt.errors import UserError
+from eagle3_trt.runtime.cost_model import (
+    CostParams,
+    break_even_alpha,
+    expected_tokens,
+    model_cost,
+    predict,
+    recommend,
+    simple_speedup,
+)
+
+# memory-bound, no fixed costs, no KV: the regime of the simple formula
+PURE = CostParams(target_step_overhead_us=0.0, draft_step_overhead_us=0.0)
+
+
+def _infinite_compute(name: str):
+    g = get_gpu(name)
+    return dataclasses.replace(g, bf16_tflops=1e12, fp8_tflops=1e12, fp4_tflops=1e12)
+
+
+def test_expected_tokens_is_one_plus_k_alpha():
+    c = [0.8, 0.6, 0.3]
+    assert expected_tokens(c, 3) == pytest.approx(2.7)  # 1 + 0.8 + 0.6 + 0.3
+    # alpha over K positions = mean cumulative acceptance = (2.7 - 1) / 3
+    assert (expected_tokens(c, 3) - 1) / 3 == pytest.approx(1.7 / 3)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("alpha", [0.1, 0.55, 0.9])
+def test_simple_form_is_a_special_case(k, alpha):
+    gpu = _infinite_compute("h100")
+    target_bytes, draft_bytes = 16e9, 0.8e9
+    t = model_cost(target_bytes, "bf16", gpu, 1)
+    d = model_cost(draft_bytes, "bf16", gpu, 1)
+    c = [alpha] * k  # any cumulative list with mean alpha gives the same E_K
+    pred = predict(c, gpu, t, d, tp=1, batch=1, k=k, params=PURE)
+    overhead = k * draft_bytes / target_bytes  # K draft passes, each reading the draft's weights once
+    assert pred.overhead == pytest.approx(overhead)
+    assert pred.speedup == pytest.approx(simple_speedup(alpha, k, overhead))
+    assert pred.speedup == pytest.approx((1 + k * alpha) / (1 + k * 0.05))
+
+
+def test_break_even_alpha_gives_speedup_one():
+    gpu = _infinite_compute("b200")
+    t, d = model_cost(70e9, "fp8", gpu, 1), model_cost(2.8e9, "bf16", gpu, 1)
+    for k in (1, 3, 5):
+        overhead = k * 2.8e9 / 70e9
+        a = break_even_alpha(k, overhead)
+        assert a == pytest.approx(0.04)  # overhead / K = draft/target bytes ratio here
+        assert predict([a] * k, gpu, t, d, 1, 1, k, PURE).speedup == pytest.approx(1.0)
+        assert predict([a + 0.01] * k, gpu, t, d, 1, 1, k, PURE).speedup > 1
+        assert predict([a - 0.01] * k, gpu, t, d, 1, 1, k, PURE).speedup < 1
+
+
+def test_fixed_overheads_raise_break_even():
+    gpu = get_gpu("h100")
+    t, d = model_cost(1e6, "bf16", gpu, 1), model_cost(0.2e6, "bf16", gpu, 1)  # launch-bound tiny models
+    p = predict([0.0], gpu, t, d, 1, 1, 1)
+    # target 30 us + 1 MB / 2.68 TB/s; spec adds a 10 us draft step: overhead ~ 10/30.4
+    assert 0.3 < p.overhead < 0.35 and p.speedup < 1
+
+
+def test_speedup_falls_with_batch_and_compute_bound_verification():
+    gpu = get_gpu("h100")
+    c = [0.8, 0.6, 0.45]
+    t = model_cost(16e9, "bf16", gpu, 1, kv_bytes_per_token=128 * 1024, layers=32, hidden=4096)
+    d = model_cost(0.85e9, "bf16", gpu, 1, kv_bytes_per_token=4096)
+    short = CostParams(context_len=128)
+    s = [predict(c, gpu, t, d, 1, b, 3, short).speedup for b in (1, 8, 64, 256, 1024)]
+    # flat while memory-bound (KV reads grow base and speculative steps alike), then falling
+    assert abs(s[1] - s[0]) < 0.01 * s[0] and all(x > y for x, y in zip(s[1:], s[2:])), s
+    assert s[0] > 2 and s[-1] < 1
+    # 4 tokens per sequence * 1024 sequences * 2 * 8e9 params is far past H100's ridge point
+    assert predict(c, gpu, t, d, 1, 1024, 3, short).bound == "compute"
+    assert predict(c, gpu, t, d, 1, 1, 3, short).bound == "memory"
+    # long contexts keep decode KV-bandwidth-bound, so speculation pays to larger batches
+    long = CostParams(context_len=4096)
+    assert predict(c, gpu, t, d, 1, 256, 3, long).speedup > predict(c, gpu, t, d, 1, 256, 3, short).speedup
+
+
+def test_recommendation_k_and_concurrency():
+    gpu = get_gpu("h100")
+    good, poor = [0.85, 0.7, 0.58, 0.48, 0.4], [0.35, 0.1, 0.03, 0.01, 0.0]
+    kw = dict(target_format="fp8", target_kv_bytes_per_token=160 * 1024, draft_kv_bytes_per_token=4096,
+              target_layers=80, hidden=8192)
+    r_good = recommend(good, gpu, 72.7e9, 2.8e9, 1, **kw)
+    r_poor = recommend(poor, gpu, 72.7e9, 2.8e9, 1, **kw)
+    assert r_good.max_draft_len > r_poor.max_draft_len >= 1
+    assert r_good.max_concurrency > 0
+    # K maximizes the predicted speedup at batch 1 among the table's rows
+    rows1 = [r for r in r_good.table if r["batch"] == 1]
+    assert max(rows1, key=lambda r: r["speedup"])["k"] == r_good.max_draft_len
+    # the crossover: pays at max_concurrency, not one above
+    t = model_cost(72.7e9, "fp8", gpu, 1, kv_bytes_per_token=160 * 1024, layers=80, hidden=8192)
+    d = model_cost(2.8e9, "bf16", gpu, 1, kv_bytes_per_token=4096)
+    mc, k = r_good.max_concurrency, r_good.max_draft_len
+    if not r_good.evidence["max_concurrency_is_lower_bound"]:
+        assert predict(good, gpu, t, d, 1, mc, k).speedup >= 1 > predict(good, gpu, t, d, 1, mc + 1, k).speedup
+    assert r_good.evidence["alpha_by_k"][1] == pytest.approx(0.85)
+    assert set(r_good.to_dict()) == {"max_draft_len", "max_concurrency", "table", "evidence"}
+
+
+def test_never_pays_gives_zero_concurrency():
+    gpu = get_gpu("h100")
+    r = recommend([0.01, 0.0], gpu, 1e6, 0.5e6, 1, target_format="bf16")  # tiny model, useless draft
+    assert r.max_concurrency == 0 and not r.speculation_pays
+    assert r.evidence["speedup_at_batch_1"] < 1
+
+
+def test_tp_splits_weights_and_adds_allreduce():
+    gpu = get_gpu("h200")
+    c = [0.7, 0.5]
+    r1 = recommend(c, gpu, 141e9, 2.8e9, 1, target_format="bf16", target_layers=80, hidden=8192)
+    r8 = recommend(c, gpu, 141e9, 2.8e9, 8, target_format="bf16", target_layers=80, hidden=8192)
+    base1 = next(r for r in r1.table if r["batch"] == 1 and r["k"] == 1)["t_base_us"]
+    base8 = next(r for r in r8.table if r["batch"] == 1 and r["k"] == 1)["t_base_us"]
+    assert base8 < base1 / 4  # weights split 8 ways, plus all-reduce latency
+
+
+def test_rejects_bad_inputs():
+    gpu = get_gpu("h100")
+    with pytest.raises(UserError, match="non-increasing"):
+        recommend([0.3, 0.5], gpu, 1e9, 1e8)
+    with pytest.raises(UserError, match="no per-position"):
+        recommend([], gpu, 1e9, 1e8)
+    with pytest.raises(UserError, match="unknown GPU"):
+        recommend([0.5], "v100", 1e9, 1e8)
+    with pytest.raises(UserError, match="measured for 1"):
+        expected_tokens([0.5], 2)

@@ -1,0 +1,434 @@
+"""End-to-end against a real tritonserver (nvidia-pytriton's build) on 127.0.0.1 with the tiny FP8 bundle.
+
+One server for the whole module, started and stopped with the CLI (`package`, `serve`,
+`stop`). Clients are Triton's own gRPC/HTTP clients, through this project's client library
+or raw. The reference runtime called directly in this process is the oracle for greedy output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+def _have_tritonserver() -> bool:
+    import importlib.util
+    import shutil
+
+    return bool(shutil.which("tritonserver") or importlib.util.find_spec("pytriton"))
+
+
+pytestmark = [pytest.mark.triton,
+              pytest.mark.skipif(not _have_tritonserver(), reason="no tritonserver: install nvidia-pytriton or use a Triton container")]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.", "Explain caching."]
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def server(fp8_bundle, tmp_path_factory):
+    from eagle3_trt.triton_repo.server import ServerHandle, free_ports
+
+    tmp = tmp_path_factory.mktemp("triton")
+    repo, state = tmp / "repo", tmp / "state"
+    r = _cli("package", str(fp8_bundle), "-o", str(repo))
+    assert r.returncode == 0, r.stderr
+    http, grpc, metrics = free_ports(3)
+    r = _cli("serve", str(repo), "--state-dir", str(state), "--http-port", str(http), "--grpc-port", str(grpc),
+             "--metrics-port", str(metrics), "--timeout", "240")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"http://127.0.0.1:{http}" in r.stdout and f"127.0.0.1:{grpc}" in r.stdout
+    handle = ServerHandle.load(state)
+    yield handle
+    r = _cli("stop", "--state-dir", str(state))
+    assert r.returncode == 0 and "stopped" in r.stdout, r.stdout + r.stderr
+    assert not handle.alive()
+    assert not (state / "server.json").exists()
+
+
+@pytest.fixture(scope="module")
+def engine(fp8_bundle):
+    from eagle3_trt.runtime.engine import SpeculativeEngine
+
+    return SpeculativeEngine.from_bundle(fp8_bundle, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def chat(fp8_bundle):
+    from eagle3_trt.clients.chat import PromptFormatter
+
+    return PromptFormatter(fp8_bundle)
+
+
+def _client(server, http=False):
+    from eagle3_trt.clients.llm_client import LLMClient
+
+    return LLMClient(server.http_url if http else server.grpc_url, http=http, timeout_s=120)
+
+
+def _metrics(server):
+    from eagle3_trt.clients.prom import read_counters
+
+    return read_counters(server.metrics_url, "eagle3")
+
+
+def _direct(engine, text: str, max_tokens: int, speculate: bool) -> tuple[str, int, str]:
+    from eagle3_trt.runtime.engine import SamplingParams
+
+    bos = engine.tokenizer.bos_token
+    ids = engine.tokenizer.encode(text, add_special_tokens=not text.startswith(bos))
+    toks, reason = [], None
+    for step in engine.stream(ids, SamplingParams(max_tokens=max_tokens), speculate=speculate):
+        toks += step.new_token_ids
+        reason = step.finish_reason
+    out = engine.tokenizer.decode(toks, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return out, len(toks), reason
+
+
+# ---- generation ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("speculate", [True, False])
+def test_greedy_matches_reference_runtime(server, engine, chat, speculate):
+    from eagle3_trt.clients.llm_client import GenerationParams
+
+    text = chat(PROMPTS[0])
+    want_text, want_n, want_reason = _direct(engine, text, 12, speculate)
+    with _client(server) as c:
+        res = c.generate(text, GenerationParams(max_tokens=12, speculative=None if speculate else False))
+    assert (res.text, res.n_tokens, res.finish_reason) == (want_text, want_n, want_reason)
+    assert res.perf["speculative_decoding"] is speculate
+    if speculate:
+        assert res.perf["total_draft_tokens"] > 0
+        assert 0.0 <= res.perf["acceptance_rate"] <= 1.0
+    else:
+        assert res.perf["total_draft_tokens"] == 0
+
+
+def test_streaming_grpc_and_http_agree(server, chat):
+    from eagle3_trt.clients.llm_client import GenerationParams
+
+    text = chat(PROMPTS[1])
+    p = GenerationParams(max_tokens=10)
+    with _client(server) as g, _client(server, http=True) as h:
+        whole = g.generate(text, p)
+        s_grpc = g.generate(text, p, stream=True)
+        whole_http = h.generate(text, p)
+        s_http = h.generate(text, p, stream=True)
+    assert len(whole.chunks) == 1 and whole.chunks[0].final
+    for r in (s_grpc, s_http):
+        assert len(r.chunks) >= 2  # one response per decoding step
+        assert all(not c.final for c in r.chunks[:-1]) and r.chunks[-1].final
+        assert r.chunks[-1].finish_reason in ("length", "stop")
+        assert sum(c.n_tokens for c in r.chunks) == whole.n_tokens
+    assert whole.text == s_grpc.text == whole_http.text == s_http.text
+    assert whole.n_tokens == whole_http.n_tokens == 10 or whole.finish_reason == "stop"
+
+
+def test_prompt_echo_and_raw_http_generate(server, chat):
+    """The documented curl request, sent as raw JSON: the llmapi default echoes the prompt."""
+    import requests
+
+    text = chat(PROMPTS[2])
+    url = f"{server.http_url}/v2/models/eagle3/generate"
+    r = requests.post(url, json={"text_input": text, "sampling_param_max_tokens": 4}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["text_output"].startswith(text) and body["finish_reason"] in ("length", "stop")
+    r2 = requests.post(url, json={"text_input": text, "sampling_param_max_tokens": 4,
+                                  "sampling_param_exclude_input_from_output": True}, timeout=60)
+    assert body["text_output"] == text + r2.json()["text_output"]
+    # Streaming over HTTP: server-sent events, the last carries finish_reason.
+    events = []
+    with requests.post(f"{server.http_url}/v2/models/eagle3/generate_stream", stream=True, timeout=60,
+                       json={"text_input": text, "sampling_param_max_tokens": 4, "streaming": True,
+                             "sampling_param_exclude_input_from_output": True}) as s:
+        for line in s.iter_lines():
+            if line.startswith(b"data:"):
+                events.append(json.loads(line[5:]))
+    assert len(events) >= 2 and "finish_reason" in events[-1]
+    assert "".join(e["text_output"] for e in events) == r2.json()["text_output"]
+
+
+def test_stop_string_cuts_output(server, chat):
+    from eagle3_trt.clients.llm_client import GenerationParams
+
+    text = chat(PROMPTS[0])
+    with _client(server) as c:
+        full = c.generate(text, GenerationParams(max_tokens=12))
+        assert len(full.text) >= 4
+        stop = full.text[2:4]
+        cut = c.generate(text, GenerationParams(max_tokens=12, stop=(stop,)), stream=True)
+    assert cut.finish_reason == "stop"
+    assert cut.text == full.text[: full.text.index(stop)]
+
+
+# ---- bad input: an error naming the field; the server keeps serving --------------------------------
+def _inputs(*items: tuple[str, np.ndarray, str]):
+    import tritonclient.grpc as g
+
+    tensors = []
+    for name, arr, dt in items:
+        t = g.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        tensors.append(t)
+    return tensors
+
+
+def _grpc_raw(server, inputs: list[tuple[str, np.ndarray, str]], request_id: str = "") -> str | None:
+    """Send raw tensors over a gRPC stream; the error message, or None on success."""
+    import queue
+
+    import tritonclient.grpc as g
+
+    q: queue.Queue = queue.Queue()
+    c = g.InferenceServerClient(server.grpc_url)
+    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    try:
+        c.async_stream_infer("eagle3", _inputs(*inputs), request_id=request_id, enable_empty_final_response=True)
+        while True:
+            r, e = q.get(timeout=60)
+            if e is not None:
+                return e.message()
+            if r.get_response().parameters["triton_final_response"].bool_param:
+                return None
+    finally:
+        c.stop_stream()
+        c.close()
+
+
+def _text(s: str):
+    return ("text_input", np.array([s.encode()], dtype=np.object_), "BYTES")
+
+
+@pytest.mark.parametrize(
+    "inputs, field",
+    [
+        ([("sampling_param_max_tokens", np.array([4], np.int32), "INT32")], "text_input"),  # missing
+        ([_text("hi"), ("sampling_param_max_tokens", np.array([4.0], np.float32), "FP32")], "sampling_param_max_tokens"),  # dtype
+        ([_text("")], "text_input"),  # empty prompt
+        ([_text("hi"), ("sampling_param_max_tokens", np.array([0], np.int32), "INT32")], "sampling_param_max_tokens"),
+        ([_text("hi"), ("sampling_param_max_tokens", np.array([600], np.int32), "INT32")], "sampling_param_max_tokens"),  # > max_seq_len 512
+        ([_text("hi"), ("sampling_param_temperature", np.array([-0.5], np.float32), "FP32")], "sampling_param_temperature"),
+        ([_text("hi"), ("sampling_param_top_p", np.array([0.0], np.float32), "FP32")], "sampling_param_top_p"),
+        ([_text("hi"), ("sampling_param_top_p", np.array([1.5], np.float32), "FP32")], "sampling_param_top_p"),
+    ],
+    ids=["missing-text", "wrong-dtype", "empty-prompt", "max-tokens-0", "max-tokens-over-limit", "neg-temperature", "top-p-0", "top-p-1.5"],
+)
+def test_bad_input_grpc(server, inputs, field):
+    err = _grpc_raw(server, inputs)
+    assert err is not None and field in err, err
+    assert _grpc_raw(server, [_text("hi"), ("sampling_param_max_tokens", np.array([2], np.int32), "INT32")]) is None
+
+
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        ({"sampling_param_max_tokens": 4}, "text_input"),
+        ({"text_input": "hi", "sampling_param_max_tokens": "many"}, ""),  # Triton's own JSON type error
+        ({"text_input": "   "}, "text_input"),
+        ({"text_input": "hi", "sampling_param_max_tokens": 100000}, "sampling_param_max_tokens"),
+        ({"text_input": "hi", "sampling_param_temperature": -1.0}, "sampling_param_temperature"),
+        ({"text_input": "hi", "sampling_param_top_p": 2.0}, "sampling_param_top_p"),
+    ],
+    ids=["missing-text", "wrong-type", "blank-prompt", "max-tokens-over-limit", "neg-temperature", "top-p-2"],
+)
+def test_bad_input_http(server, payload, field):
+    import requests
+
+    r = requests.post(f"{server.http_url}/v2/models/eagle3/generate", json=payload, timeout=60)
+    assert r.status_code >= 400
+    assert "error" in r.json() and field in r.json()["error"], r.text
+    ok = requests.post(f"{server.http_url}/v2/models/eagle3/generate", json={"text_input": "hi", "sampling_param_max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200, ok.text
+
+
+def test_bad_input_counted_as_rejected(server):
+    before = _metrics(server).requests.get("rejected", 0)
+    assert _grpc_raw(server, [_text("")]) is not None
+    assert _wait(lambda: _metrics(server).requests.get("rejected", 0) == before + 1)
+
+
+# ---- concurrency, cancellation -------------------------------------------------------------------
+def test_16_concurrent_streams(server, chat):
+    from eagle3_trt.clients.llm_client import GenerationParams
+
+    p = GenerationParams(max_tokens=4)
+    with _client(server) as c:  # sequential references, one per distinct prompt
+        want = {q: c.generate(chat(q), p) for q in PROMPTS}
+    results: dict[int, object] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            with _client(server) as c:
+                results[i] = c.generate(chat(PROMPTS[i % 4]), p, stream=True)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert len(results) == 16
+    for i, r in results.items():
+        ref = want[PROMPTS[i % 4]]
+        assert (r.text, r.n_tokens, r.finish_reason) == (ref.text, ref.n_tokens, ref.finish_reason)
+        assert sum(ch.n_tokens for ch in r.chunks) == r.n_tokens
+    assert _wait(lambda: _metrics(server).active == 0)
+
+
+def _wait(pred, timeout: float = 20.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return pred()
+
+
+def test_client_cancel_frees_request(server, chat):
+    from eagle3_trt.clients.llm_client import GenerationParams, LLMClient
+
+    before = _metrics(server)
+    c = LLMClient(server.grpc_url)
+    it = c.stream(chat(PROMPTS[3]), GenerationParams(max_tokens=300))
+    got = [next(it), next(it)]
+    assert not got[-1].final
+    c.close(cancel=True)
+    assert _wait(lambda: _metrics(server).requests.get("cancelled", 0) == before.requests.get("cancelled", 0) + 1)
+    after = _metrics(server)
+    assert after.active == 0
+    assert after.tokens_on - before.tokens_on < 300  # stopped early, not run to completion
+
+
+def test_http_stream_disconnect_frees_request(server, chat):
+    import requests
+
+    before = _metrics(server)
+    with requests.post(f"{server.http_url}/v2/models/eagle3/generate_stream", stream=True, timeout=60,
+                       json={"text_input": chat(PROMPTS[2]), "streaming": True, "sampling_param_max_tokens": 300}) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith(b"data:"))
+    # The connection is closed here, mid-stream.
+    assert _wait(lambda: _metrics(server).requests.get("cancelled", 0) == before.requests.get("cancelled", 0) + 1)
+    after = _metrics(server)
+    assert after.active == 0 and after.tokens_on - before.tokens_on < 300
+
+
+def test_killed_client_frees_request(server, chat):
+    """A client process that dies mid-stream: the server notices and frees the request."""
+    before = _metrics(server)
+    script = textwrap.dedent(f"""
+        import sys
+        from eagle3_trt.clients.llm_client import GenerationParams, LLMClient
+        c = LLMClient({server.grpc_url!r})
+        for ch in c.stream({chat(PROMPTS[1])!r}, GenerationParams(max_tokens=300)):
+            print("chunk", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "chunk"
+        proc.stdout.readline()
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert _wait(lambda: _metrics(server).requests.get("cancelled", 0) == before.requests.get("cancelled", 0) + 1, 30)
+    assert _metrics(server).active == 0
+
+
+# ---- metrics -------------------------------------------------------------------------------------
+def test_metrics_track_responses(server, chat):
+    from eagle3_trt.clients.llm_client import GenerationParams
+
+    before = _metrics(server)
+    with _client(server) as c:
+        on = c.generate(chat(PROMPTS[2]), GenerationParams(max_tokens=8))
+        off = c.generate(chat(PROMPTS[2]), GenerationParams(max_tokens=8, speculative=False))
+    assert _wait(lambda: _metrics(server).requests.get("ok", 0) >= before.requests.get("ok", 0) + 2)
+    d = _metrics(server).minus(before)
+    assert d.draft == on.perf["total_draft_tokens"] > 0
+    assert d.accepted == on.perf["total_accepted_draft_tokens"]
+    assert d.tokens_on == on.n_tokens and d.tokens_off == off.n_tokens
+    assert d.spec_off_requests == 1
+    # One histogram sample per verification step (a step that drafted), each = accepted + 1;
+    # per-position counters add up to the drafted tokens. Forwards = n / AL, prefill included.
+    forwards = round(on.n_tokens / on.perf["acceptance_length"])
+    assert 0 < d.al_count <= forwards - 1 and d.drafted_pos[1] == d.al_count
+    assert d.al_sum == d.accepted + d.al_count
+    assert sum(d.drafted_pos.values()) == d.draft
+    assert len(d.drafted_pos) == 3 and d.drafted_pos[1] >= d.drafted_pos[2] >= d.drafted_pos[3]
+
+
+# ---- CLI clients -----------------------------------------------------------------------------------
+def test_generate_cli_grpc_stream_and_http(server, fp8_bundle):
+    r = _cli("generate", "--url", server.grpc_url, "--stream", "--max-tokens", "5", "Say hi")
+    assert r.returncode == 0, r.stderr
+    assert "5 tokens" in r.stderr or "stop" in r.stderr
+    r = _cli("generate", "--url", server.http_url, "--http", "--json", "--max-tokens", "5", "--bundle", str(fp8_bundle), "Say hi")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["tokens"] <= 5 and out["speculative_decoding"] is True
+    r = _cli("generate", "--url", server.grpc_url, "--max-tokens", "0", "Say hi")
+    assert r.returncode == 2 and "sampling_param_max_tokens" in r.stderr
+
+
+def test_bench_cli_writes_report(server, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"turns": [q]}) for q in PROMPTS) + "\n")
+    out = tmp_path / "report"
+    r = _cli("bench", "--url", server.grpc_url, "--metrics-url", server.metrics_url, "--prompts", str(prompts),
+             "--concurrency", "1,2", "--requests", "2", "--max-tokens", "4", "--warmup", "1", "-o", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads((out / "bench.json").read_text())
+    arms = {(a["concurrency"], a["speculative"]) for a in data["arms"]}
+    assert arms == {(1, True), (1, False), (2, True), (2, False)}
+    assert all(a["errors"] == 0 and a["requests"] == 2 for a in data["arms"])
+    on = [a for a in data["arms"] if a["speculative"]]
+    assert all(a["alpha_metrics"] is not None and a["alpha_responses"] is not None for a in on)
+    assert data["gate"]["verdict"] in ("pass", "pass_with_switch_off", "fail") and "gate:" in r.stdout
+    for f in ("summary.md", "latency_cdf.png", "itl_vs_concurrency.png", "throughput_vs_concurrency.png", "acceptance_by_position.png"):
+        assert (out / f).stat().st_size > 0
+
+
+def test_stop_input_cancels_by_request_id(server, chat):
+    """Upstream's `stop` input: a second request with the same id cancels the first."""
+    import queue
+
+    import tritonclient.grpc as g
+
+    q: queue.Queue = queue.Queue()
+    a = g.InferenceServerClient(server.grpc_url)
+    a.start_stream(callback=lambda result, error: q.put((result, error)))
+    try:
+        a.async_stream_infer("eagle3", _inputs(_text(chat(PROMPTS[0])), ("streaming", np.array([True]), "BOOL"),
+                                               ("sampling_param_max_tokens", np.array([300], np.int32), "INT32")),
+                             request_id="job-42", enable_empty_final_response=True)
+        r, e = q.get(timeout=60)
+        assert e is None  # generating
+        assert _grpc_raw(server, [_text("x"), ("stop", np.array([True]), "BOOL")], request_id="job-42") is None
+        while True:
+            r, e = q.get(timeout=60)
+            if e is not None:
+                assert "cancelled" in e.message().lower()
+                break
+            assert not r.get_response().parameters["triton_final_response"].bool_param, "ran to completion"
+        err = _grpc_raw(server, [_text("x"), ("stop", np.array([True]), "BOOL")], request_id="nope")
+        assert err is not None and "stop" in err and "nope" in err
+    finally:
+        a.stop_stream()
+        a.close()

@@ -1,0 +1,328 @@
+# The Triton Python-backend model written into REPO/<name>/1/model.py by `eagle3-trt package`.
+#
+# Tensor interface: TensorRT-LLM's Triton llmapi model (see config.pbtxt). model.yaml next to
+# this file selects the runtime (reference | trtllm) and the bundle. The work is done by
+# eagle3_trt.triton_repo.serving; this file is the Triton glue: requests in, responses and
+# Prometheus metrics out.
+
+# The Python backend's embedded interpreter starts in the C (ASCII) locale whatever LANG says;
+# torch/transformers imports then fail on non-ASCII source files. Must run before any import.
+import locale
+
+try:
+    locale.setlocale(locale.LC_ALL, "C.UTF-8")
+except locale.Error:
+    pass
+
+import os  # noqa: E402
+import site  # noqa: E402
+import sys  # noqa: E402
+
+
+def _adopt_path(dirs, drop_system_site=False):
+    """Put ``dirs`` first on sys.path, processing their .pth files (editable installs).
+
+    The stub runs Python in isolated mode (PYTHONPATH ignored, base interpreter's
+    site-packages visible), so `eagle3-trt serve` passes the launching interpreter's
+    path in EAGLE3_SYS_PATH; this must happen before numpy & co. are imported.
+    """
+    dirs = [d for d in dirs if d and os.path.isdir(d)]
+    if not dirs:
+        return
+    if drop_system_site:
+        sys.path[:] = [p for p in sys.path if not p.rstrip("/").endswith(("site-packages", "dist-packages"))]
+    before = list(sys.path)
+    for d in dirs:
+        site.addsitedir(d)
+    added = [p for p in sys.path if p not in before]
+    sys.path[:] = added + [p for p in before if p not in added]
+
+
+_adopt_path(
+    os.environ.get("EAGLE3_SYS_PATH", os.environ.get("PYTHONPATH", "")).split(os.pathsep),
+    drop_system_site=os.environ.get("EAGLE3_DROP_SYSTEM_SITE") == "1",
+)
+
+import json  # noqa: E402
+import queue  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+import yaml  # noqa: E402
+
+
+def _model_yaml_path(args) -> Path:
+    name = os.environ.get("LLM_CONFIG_PATH", "model.yaml")
+    p = Path(name)
+    return p if p.is_absolute() else Path(args["model_repository"]) / args["model_version"] / p
+
+
+def _torch_threads():
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
+
+
+class _Metrics:
+    """Custom Prometheus metrics on Triton's metrics port, updated off the request path.
+
+    The MetricFamily objects are kept for the model's lifetime: a collected family makes
+    every Metric call fail ("the corresponding 'MetricFamily' has been deleted").
+    """
+
+    def __init__(self, model: str, max_draft_len: int):
+        C, G, H = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.HISTOGRAM
+        lab = {"model": model}
+        self.families = {
+            "requests": pb_utils.MetricFamily("eagle3_requests_total", "Requests by outcome (ok, error, cancelled, rejected)", C),
+            "tokens": pb_utils.MetricFamily("eagle3_generated_tokens_total", "Output tokens generated, by whether speculation was on", C),
+            "draft": pb_utils.MetricFamily("eagle3_draft_tokens_total", "Draft tokens proposed to the target for verification", C),
+            "accepted": pb_utils.MetricFamily("eagle3_accepted_draft_tokens_total", "Draft tokens accepted by the target", C),
+            "al": pb_utils.MetricFamily("eagle3_acceptance_length", "Tokens produced per target verification step (accepted drafts + 1)", H),
+            "drafted_pos": pb_utils.MetricFamily("eagle3_drafted_tokens_by_position_total", "Draft tokens proposed, by draft position (1 = first)", C),
+            "accepted_pos": pb_utils.MetricFamily("eagle3_accepted_tokens_by_position_total", "Draft tokens accepted, by draft position (1 = first)", C),
+            "spec_off": pb_utils.MetricFamily("eagle3_requests_speculation_off_total", "Requests served without the draft (speculative_decoding=false or a baseline model)", C),
+            "active": pb_utils.MetricFamily("eagle3_active_requests", "Requests in flight in the model", G),
+        }
+        f = self.families
+        self.requests = {s: f["requests"].Metric(labels={**lab, "status": s}) for s in ("ok", "error", "cancelled", "rejected")}
+        self.tokens = {s: f["tokens"].Metric(labels={**lab, "speculation": s}) for s in ("on", "off")}
+        self.draft = f["draft"].Metric(labels=lab)
+        self.accepted = f["accepted"].Metric(labels=lab)
+        self.al = f["al"].Metric(labels=lab, buckets=[float(i) for i in range(1, max(max_draft_len, 1) + 2)])
+        self.drafted_pos = [f["drafted_pos"].Metric(labels={**lab, "position": str(i + 1)}) for i in range(max_draft_len)]
+        self.accepted_pos = [f["accepted_pos"].Metric(labels={**lab, "position": str(i + 1)}) for i in range(max_draft_len)]
+        self.spec_off = f["spec_off"].Metric(labels=lab)
+        self.active = f["active"].Metric(labels=lab)
+        self._q: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="eagle3-metrics", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            fn = self._q.get()
+            if fn is None:
+                return
+            try:
+                fn()
+            except Exception as e:
+                pb_utils.Logger.log_error(f"[eagle3] metrics update failed: {e}")
+
+    def started(self) -> None:
+        self._q.put(lambda: self.active.increment(1))
+
+    def not_started(self) -> None:
+        self._q.put(lambda: self.active.increment(-1))
+
+    def rejected(self) -> None:
+        self._q.put(lambda: self.requests["rejected"].increment(1))
+
+    def done(self, s) -> None:
+        self._q.put(lambda: self._done(s))
+
+    def _done(self, s) -> None:
+        self.active.increment(-1)
+        self.requests[s.status].increment(1)
+        if s.generated_tokens:
+            self.tokens["on" if s.speculation else "off"].increment(s.generated_tokens)
+        if not s.speculation:
+            self.spec_off.increment(1)
+            return
+        if s.draft_tokens:
+            self.draft.increment(s.draft_tokens)
+        if s.accepted_tokens:
+            self.accepted.increment(s.accepted_tokens)
+        for v in s.step_acceptance_lengths:
+            self.al.observe(float(v))
+        for m, v in zip(self.drafted_pos, s.drafted_per_position):
+            if v:
+                m.increment(v)
+        for m, v in zip(self.accepted_pos, s.accepted_per_position):
+            if v:
+                m.increment(v)
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=10)
+
+
+class _Responder:
+    """One thread that builds and sends every response, in order.
+
+    Sending is IPC to the Triton process; doing it here lets the runtime compute the next
+    step meanwhile, so at batch 1 the serving cost overlaps decoding instead of adding to it.
+    """
+
+    def __init__(self):
+        self._q: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="eagle3-responder", daemon=True)
+        self._thread.start()
+
+    def put(self, item) -> None:
+        self._q.put(item)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            sink, kind, payload = item
+            try:
+                if kind == "emit":
+                    sink._send(payload)
+                else:
+                    sink._fail(*payload)
+            except Exception as e:  # the client went away: the scheduler sees is_cancelled()
+                sink.dead = True
+                pb_utils.Logger.log_warn(f"[eagle3] sending a response failed: {e}")
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=10)
+
+
+class _Sink:
+    """One request's responses, sent through its decoupled response sender by the responder."""
+
+    __slots__ = ("sender", "text_dtype", "responder", "dead")
+
+    def __init__(self, sender, text_dtype, responder: _Responder):
+        self.sender = sender
+        self.text_dtype = text_dtype
+        self.responder = responder
+        self.dead = False
+
+    def emit(self, e) -> None:
+        self.responder.put((self, "emit", e))
+
+    def fail(self, message: str, cancelled: bool = False) -> None:
+        self.responder.put((self, "fail", (message, cancelled)))
+
+    def is_cancelled(self) -> bool:
+        return self.dead or bool(self.sender.is_cancelled())
+
+    def _send(self, e) -> None:
+        out = [
+            pb_utils.Tensor("text_output", np.array([e.text.encode("utf-8")], dtype=self.text_dtype)),
+            pb_utils.Tensor("num_output_tokens", np.array([e.n_tokens], dtype=np.int32)),
+        ]
+        if e.final:
+            out.append(pb_utils.Tensor("finish_reason", np.array([e.finish_reason.encode()], dtype=np.object_)))
+            if e.stop_reason is not None:
+                out.append(pb_utils.Tensor("stop_reason", np.array([e.stop_reason.encode()], dtype=np.object_)))
+        p = e.perf
+        if p is not None:
+            out += [
+                pb_utils.Tensor("arrival_time_ns", np.array([p.arrival_ns], dtype=np.int64)),
+                pb_utils.Tensor("first_scheduled_time_ns", np.array([p.first_scheduled_ns], dtype=np.int64)),
+                pb_utils.Tensor("first_token_time_ns", np.array([p.first_token_ns], dtype=np.int64)),
+                pb_utils.Tensor("last_token_time_ns", np.array([p.last_token_ns], dtype=np.int64)),
+                pb_utils.Tensor("acceptance_rate", np.array([p.acceptance_rate], dtype=np.float32)),
+                pb_utils.Tensor("total_accepted_draft_tokens", np.array([p.accepted_tokens], dtype=np.int32)),
+                pb_utils.Tensor("total_draft_tokens", np.array([p.draft_tokens], dtype=np.int32)),
+                pb_utils.Tensor("acceptance_length", np.array([p.acceptance_length], dtype=np.float32)),
+                pb_utils.Tensor("speculative_decoding", np.array([p.speculation], dtype=np.bool_)),
+            ]
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if e.final else 0
+        self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=flags)
+
+    def _fail(self, message: str, cancelled: bool) -> None:
+        code = getattr(pb_utils.TritonError, "CANCELLED", None) if cancelled else None
+        err = pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
+        self.sender.send(pb_utils.InferenceResponse(error=err), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.model_name = args["model_name"]
+        yaml_path = _model_yaml_path(args)
+        raw = yaml.safe_load(yaml_path.read_text()) if yaml_path.is_file() else None
+        if not isinstance(raw, dict):
+            raise pb_utils.TritonModelException(f"{yaml_path}: missing or not a mapping; regenerate with `eagle3-trt package`")
+        _adopt_path(raw.get("python_path") or [])
+
+        from eagle3_trt.errors import UserError
+        from eagle3_trt.triton_repo.model_yaml import load_model_yaml, resolve_bundle
+        from eagle3_trt.triton_repo.request_params import RequestError, parse_request
+        from eagle3_trt.triton_repo.serving import Emission
+
+        self._Emission = Emission
+        self._RequestError = RequestError
+        self._parse = parse_request
+        try:
+            cfg = load_model_yaml(yaml_path)
+        except UserError as e:
+            raise pb_utils.TritonModelException(e.line()) from None
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise pb_utils.TritonModelException("config.pbtxt: model_transaction_policy { decoupled: true } is required")
+        self.text_dtype = pb_utils.triton_string_to_numpy(pb_utils.get_output_config_by_name(model_config, "text_output")["data_type"])
+
+        bundle = resolve_bundle(cfg, yaml_path)
+        self.responder = _Responder()
+        common = dict(
+            speculation=cfg.speculation,
+            default_max_tokens=cfg.default_max_tokens,
+            cancel_period_ms=cfg.cancellation_check_period_ms,
+            on_done=lambda s: self.metrics.done(s),
+            log=lambda m: pb_utils.Logger.log_warn(f"[eagle3] {m}"),
+        )
+        t0 = time.monotonic()
+        if cfg.runtime == "reference":
+            from eagle3_trt.triton_repo.serving import ReferenceServing
+
+            self.serving = ReferenceServing(bundle, device=cfg.device, torch_threads=cfg.torch_threads, **common)
+        else:
+            from eagle3_trt.triton_repo.serving import TrtllmServing
+
+            self.serving = TrtllmServing(bundle, overrides=cfg.llm_api_overrides, **common)
+        self.metrics = _Metrics(self.model_name, self.serving.max_draft_len if cfg.speculation else 0)
+        pb_utils.Logger.log_info(
+            f"[eagle3] model '{self.model_name}' ready: runtime={cfg.runtime} bundle={bundle} "
+            f"speculation={cfg.speculation} max_seq_len={self.serving.max_seq_len} "
+            f"max_draft_len={self.serving.max_draft_len} torch_threads={_torch_threads()} ({time.monotonic() - t0:.1f} s)"
+        )
+
+    def execute(self, requests):
+        for request in requests:
+            arrival = time.monotonic_ns()
+            sink = _Sink(request.get_response_sender(), self.text_dtype, self.responder)
+
+            def get(name, _r=request):
+                t = pb_utils.get_input_tensor_by_name(_r, name)
+                return None if t is None else t.as_numpy()
+
+            try:
+                req = self._parse(get)
+                if req.stop_request:
+                    n = self.serving.stop_request(request.request_id())
+                    if n == 0:
+                        sink.fail(f"stop: no request in flight with id '{request.request_id()}'")
+                    else:  # the cancelled request ends with a CANCELLED error; this one succeeds
+                        sink.emit(self._Emission("", 0, True, "cancelled"))
+                    continue
+                self.metrics.started()
+                try:
+                    self.serving.submit(req, sink, request.request_id(), arrival)
+                except BaseException:
+                    self.metrics.not_started()
+                    raise
+            except self._RequestError as e:
+                self.metrics.rejected()
+                sink.fail(str(e))
+            except Exception as e:
+                self.metrics.rejected()
+                pb_utils.Logger.log_error(f"[eagle3] request failed: {type(e).__name__}: {e}")
+                sink.fail(f"internal error: {type(e).__name__}: {e}")
+        return None
+
+    def finalize(self):
+        serving = getattr(self, "serving", None)
+        if serving is not None:
+            serving.shutdown()
+        for name in ("responder", "metrics"):
+            obj = getattr(self, name, None)
+            if obj is not None:
+                obj.close()
