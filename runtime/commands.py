@@ -302,6 +302,22 @@ def gate_cmd(bundle: str, prompts_file: str, threshold: float, concurrency: int,
 # ---------------------------------------------------------------------------------------------
 # recommend
 # ---------------------------------------------------------------------------------------------
+def write_recommendation_to_bundle(bundle: Path, rec, cumulative: list[float], source: str | None) -> None:
+    """K and max_concurrency into llm_api_options.yaml (TensorRT-LLM's names), the evidence into manifest.json."""
+    from eagle3_trt.build import manifest
+    from eagle3_trt.build.trtllm_adapter import write_recommendation
+
+    if not rec.speculation_pays:
+        raise UserError(f"{bundle}", "speculation is predicted to lose at every batch size; nothing written",
+                        "train a domain draft head (eagle3-trt train-draft) or serve without speculation")
+    write_recommendation(bundle, rec.max_draft_len, max_concurrency=rec.max_concurrency)
+    man = manifest.read_manifest(bundle) or {}
+    man["recommendation"] = {"max_draft_len": rec.max_draft_len, "max_concurrency": rec.max_concurrency,
+                             "cumulative_acceptance": cumulative, "measured_on": source, "evidence": rec.evidence,
+                             "table": rec.table}
+    manifest.write_json_atomic(bundle / "manifest.json", man)
+
+
 @click.command("recommend")
 @click.argument("bundle", type=click.Path(file_okay=False))
 @click.option("--report", "report_file", type=click.Path(dir_okay=False), default=None, help="an alpha report.json (else --prompts is measured)")
@@ -313,9 +329,11 @@ def gate_cmd(bundle: str, prompts_file: str, threshold: float, concurrency: int,
 @click.option("--tp", type=int, default=None, help="tensor parallelism (default: the bundle's)")
 @click.option("--concurrency", type=int, default=1, show_default=True, help="batch size K is chosen for")
 @click.option("--device", default=None)
+@click.option("--write", is_flag=True, help="write max_draft_len and max_concurrency into the bundle's options, evidence into its manifest")
 @click.option("--json", "as_json", is_flag=True)
 def recommend_cmd(bundle: str, report_file: str | None, prompts_file: str | None, max_draft_len: int | None, limit: int | None,
-                  max_tokens: int, gpu: str | None, tp: int | None, concurrency: int, device: str | None, as_json: bool) -> None:
+                  max_tokens: int, gpu: str | None, tp: int | None, concurrency: int, device: str | None, write: bool,
+                  as_json: bool) -> None:
     """Predict speedup per K and batch size from measured acceptance; recommend K and max_concurrency."""
     from rich.console import Console
     from rich.table import Table
@@ -336,6 +354,8 @@ def recommend_cmd(bundle: str, report_file: str | None, prompts_file: str | None
     else:
         raise UserError("recommend", "needs --report or --prompts", "measure acceptance first with `eagle3-trt alpha`")
     rec = recommend(cum, concurrency=concurrency, **bundle_cost_inputs(Path(bundle), gpu=gpu, tp=tp))
+    if write:
+        write_recommendation_to_bundle(Path(bundle), rec, cum, source=report_file or prompts_file)
     if as_json:
         click.echo(json.dumps(rec.to_dict(), indent=1))
         return

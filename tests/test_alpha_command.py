@@ -137,6 +137,28 @@ def test_recommend_from_report(bundle, prompts_file, tmp_path, capsys):
     assert {r["k"] for r in rec["table"]} == {1, 2, 3, 4}
 
 
+def test_recommend_write_updates_options_and_manifest(bundle, prompts_file, tmp_path, capsys):
+    import yaml
+
+    from eagle3_trt.build.llm_options import LlmApiOptions
+
+    b = tmp_path / "bundle"
+    shutil.copytree(bundle, b)
+    out = tmp_path / "rep"
+    assert main(["alpha", str(b), "--prompts", str(prompts_file), "--turns", "first", "--max-tokens", "16",
+                 "--no-bf16", "-o", str(out), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["recommend", str(b), "--report", str(out / "report.json"), "--write", "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    opts = yaml.safe_load((b / "llm_api_options.yaml").read_text())
+    LlmApiOptions.model_validate(opts)
+    spec = opts["speculative_config"]
+    assert spec["max_draft_len"] == rec["max_draft_len"] and spec["max_concurrency"] == rec["max_concurrency"] >= 1
+    man = json.loads((b / "manifest.json").read_text())
+    assert man["recommendation"]["max_concurrency"] == rec["max_concurrency"]
+    assert man["recommendation"]["cumulative_acceptance"] and man["fingerprint"]
+
+
 def test_bad_prompt_file_is_a_user_error(bundle, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"turns": ["ok"]}\n{"category": "x"}\n')
