@@ -242,11 +242,39 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
             "fingerprint": fp,
         }
         manifest.write_json_atomic(tmp / "manifest.json", man)
+        if not req.dry_run and preset.target.embedded and not (req.target or req.draft):
+            tick = progress("measure acceptance on held-out prompts", None)
+            man["acceptance"] = measure_embedded_acceptance(tmp, target_dir.parent, k)
+            tick()
         # Launch scripts for trtllm-serve, vLLM and SGLang read the manifest and options just written.
         write_launchers(tmp)
         man["outputs"] = manifest.file_digests(tmp, skip=("manifest.json",))
         manifest.write_json_atomic(tmp / "manifest.json", man)
     return BuildResult(dest, False, man, report.warnings)
+
+
+def measure_embedded_acceptance(bundle: Path, pair_dir: Path, k: int, n_prompts: int = 8, max_tokens: int = 32) -> dict | None:
+    """Greedy speculative decoding of the built (quantized) bundle on the pair's shipped held-out prompts.
+
+    Only embedded pairs ship such prompts; a few seconds on a CPU. The figure is the bundle's own
+    (FP8/NVFP4 weights dequantized, activations fake-quantized by the reference runtime)."""
+    import json
+
+    f = pair_dir / "heldout_prompts.json"
+    if not f.is_file():
+        return None
+    from eagle3_trt.runtime.engine import SamplingParams, SpeculativeEngine
+
+    prompts = json.loads(f.read_text())["prompts"][:n_prompts]
+    eng = SpeculativeEngine.from_bundle(bundle, device="cpu", max_draft_len=k)
+    res = eng.generate(prompts, SamplingParams(max_tokens=max_tokens))
+    gen = sum(r.stats.generated_tokens for r in res)
+    fwd = sum(r.stats.target_forwards for r in res)
+    drafted = sum(r.stats.draft_tokens for r in res)
+    accepted = sum(r.stats.accepted_tokens for r in res)
+    return {"alpha": round(accepted / drafted, 4) if drafted else 0.0, "acceptance_length": round(gen / fwd, 4) if fwd else 1.0,
+            "max_draft_len": k, "prompts": len(prompts), "generated_tokens": gen, "target_forwards": fwd,
+            "measured_on": f"{f.name} (held-out text), greedy, reference runtime on the quantized bundle"}
 
 
 def _validate_config_only(target, draft_dir: Path, max_seq_len: int):

@@ -1,9 +1,9 @@
-"""The embedded tiny EAGLE-3 pair: a Llama-architecture target and a matching draft head.
+"""A random tiny EAGLE-3 pair made from a fixed seed: a Llama-architecture target and a matching head.
 
-Built from a fixed seed as ordinary Hugging Face directories so that every stage of the
-pipeline (validate, quantize, export, bundle, serve, measure) runs on real files on a CPU
-with no downloads. The weights are random: acceptance is near zero until a trained pair
-replaces them; the shapes, names, vocab map and tokenizer are those of a real pair.
+Ordinary Hugging Face directories, so every stage (validate, quantize, export, bundle, serve,
+measure) runs on real files with no downloads. Tests use it because it is small and can be
+broken at will; its acceptance is near zero (random weights). The `tiny` preset uses the trained
+pair in models/tiny/ (train/make_tiny_pair.py) and falls back to this one only without it.
 """
 
 from __future__ import annotations

@@ -187,7 +187,8 @@ def _print_summary(con, res) -> None:
     con.print(f"  took {t.get('total_s', 0):.1f} s" + ("" if not res.cache_hit else " (original build)"))
     acc = m.get("acceptance")
     if acc:
-        con.print(f"  measured acceptance: alpha {acc.get('alpha')}, acceptance length {acc.get('acceptance_length')}")
+        con.print(f"  acceptance (K={acc['max_draft_len']}, {acc['prompts']} held-out prompts, greedy, this bundle's weights): "
+                  f"alpha {acc['alpha']:.2f}, acceptance length {acc['acceptance_length']:.2f} tokens per target forward")
 
 
 def _register_extra() -> None:
