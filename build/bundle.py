@@ -7,17 +7,16 @@ the fingerprint already recorded at the destination is a cache hit and is not re
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from eagle3_trt import __version__
+from eagle3_trt.atomic import staged_dir
 from eagle3_trt.build import gpus, manifest
 from eagle3_trt.build.other_engines import write_launchers
 from eagle3_trt.build.llm_options import CudaGraphOptions, Eagle3Options, KvCacheOptions, LlmApiOptions
@@ -94,28 +93,6 @@ def resolve_pair(req: EngineRequest) -> tuple[Path, Path]:
 def input_digests(target: Path, draft: Path, dry_run: bool) -> dict:
     """sha256 of every input file (config-only inputs in a dry run have no weights)."""
     return {"target": manifest.file_digests(target), "draft": manifest.file_digests(draft)}
-
-
-@contextmanager
-def _staging(dest: Path):
-    """Yield a temp dir next to dest; on success it replaces dest, on error it is removed."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if dest.exists():
-        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
-        os.replace(dest, old)
-    os.replace(tmp, dest)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def make_plan(req: EngineRequest, target_dir: Path, draft_dir: Path, gpu: gpus.GpuSpec, quant: str, kv: str, k: int):
@@ -203,7 +180,7 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
     if old and old.get("fingerprint") == fp and not req.force and (dest / OPTIONS_FILE).is_file():
         return BuildResult(dest, True, old, report.warnings)
 
-    with _staging(dest) as tmp:
+    with staged_dir(dest) as tmp:
         calib_info: dict = {"file": str(calib_file), "sha256": calib_digest, "num_samples": n_calib, "max_length": calib_len}
         if req.dry_run:
             _write_config_only(target_dir, draft_dir, tmp)

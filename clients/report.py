@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from eagle3_trt.atomic import staged_dir
 from eagle3_trt.clients.bench import BenchRun
 
 PLOTS = ("latency_cdf.png", "itl_vs_concurrency.png", "throughput_vs_concurrency.png", "acceptance_by_position.png")
@@ -170,22 +168,10 @@ def plot_all(run: BenchRun, out: Path) -> None:
 def write_report(run: BenchRun, out: Path) -> Path:
     """bench.json + summary.md + plots into ``out`` (temp folder next to it, then renamed)."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_dir(out) as tmp:
         (tmp / "bench.json").write_text(json.dumps(run.to_json(), indent=2) + "\n")
         (tmp / "summary.md").write_text(markdown(run))
         plot_all(run, tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

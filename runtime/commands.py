@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import click
 
+from eagle3_trt.atomic import staged_dir
 from eagle3_trt.errors import GateFailed, UserError
 
 DEFAULT_GATE_THRESHOLD = 0.55
@@ -161,22 +159,10 @@ def write_report(report: dict, out: Path) -> Path:
     from eagle3_trt.runtime.alpha import plot_report, summary_console
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_dir(out) as tmp:
         (tmp / "report.json").write_text(json.dumps(report, indent=1) + "\n")
         (tmp / "summary.txt").write_text(summary_console(report).export_text())
         plot_report(report, tmp / "alpha.png")
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -497,6 +497,7 @@ class SpeculativeEngine:
         out_logits: dict[int, torch.Tensor] = {-1: root_logits}
         anc = tree.ancestors()
         temp_nodes: list[int] = []
+        temp_kv = None  # draft KV of the tree nodes drafted so far (set after the first depth)
         committed = st.d_valid.shape[1]
         root_qpos = torch.tensor([len(r.tokens) - 2 for r in rows])  # draft position of the root query
         for depth in range(1, D + 1):

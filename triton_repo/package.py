@@ -9,14 +9,13 @@ Layout (one decoupled Python-backend model, optionally a no-speculation twin for
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import eagle3_trt
+from eagle3_trt.atomic import staged_dir
 from eagle3_trt.errors import UserError
 from eagle3_trt.triton_repo.interface import DEFAULT_MODEL_NAME
 from eagle3_trt.triton_repo.model_yaml import MODEL_YAML, ModelYaml, dump_model_yaml, load_model_yaml, read_bundle, resolve_bundle
@@ -90,22 +89,10 @@ def package_bundle(
     if with_baseline:
         models.append((model_name + BASELINE_SUFFIX, base.model_copy(update={"speculation": False})))
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_dir(out) as tmp:
         for name, cfg in models:
             _write_model(tmp, name, cfg, instance_count)
         check_repository(tmp, check_bundle=bundle_path is None)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return [PackagedModel(name, out / name, cfg.speculation) for name, cfg in models]
 
 
