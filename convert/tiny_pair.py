@@ -52,7 +52,7 @@ def corpus_texts() -> list[str]:
     return [t for line in lines for t in json.loads(line)["turns"]]
 
 
-def train_tokenizer(vocab_size: int = 512):
+def train_tokenizer(texts: list[str], vocab_size: int = 512):
     """Byte-level BPE with Llama-3 special tokens; deterministic for a given corpus."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -65,14 +65,15 @@ def train_tokenizer(vocab_size: int = 512):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(corpus_texts() * 4, trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
     return tok
 
 
-def write_tokenizer(out: Path, vocab_size: int = 512) -> None:
-    """Write tokenizer.json + tokenizer_config.json (regenerates the committed copy)."""
+def write_tokenizer(out: Path, texts: list[str] | None = None, vocab_size: int = 512) -> None:
+    """tokenizer.json + tokenizer_config.json (Llama-3 specials and chat template) trained on texts
+    (default: the shipped calibration prompts, which regenerates the committed copy)."""
     out.mkdir(parents=True, exist_ok=True)
-    train_tokenizer(vocab_size).save(str(out / "tokenizer.json"))
+    train_tokenizer(texts if texts is not None else corpus_texts() * 4, vocab_size).save(str(out / "tokenizer.json"))
     cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<|begin_of_text|>",

@@ -21,14 +21,6 @@ MT_BENCH = ROOT.parent / "shared" / "data" / "mt_bench.jsonl"
 N = 6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory) -> Path:
     if not MT_BENCH.is_file():

@@ -24,14 +24,6 @@ FIELDS = ("draft_tokens", "accepted_tokens", "target_forwards", "generated_token
           "reached_per_position", "accepted_per_position", "accept_hist")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _prompts(seed: int, n: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[0] + [rng.randrange(6, 512) for _ in range(rng.randrange(3, 14))] for _ in range(n)]

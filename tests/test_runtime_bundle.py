@@ -15,14 +15,6 @@ from eagle3_trt.runtime.engine import SamplingParams, SpeculativeEngine
 PROMPT = [0, 2, 331, 266, 3, 204, 204, 57, 74, 299]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _logits(eng: SpeculativeEngine, ids: list[int]) -> torch.Tensor:
     n = len(ids)
     allowed = torch.tril(torch.ones(n, n, dtype=torch.bool))[None]

@@ -25,16 +25,6 @@ MAX_NEW = 24
 TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny matmuls gain nothing from threads, and OpenMP spin-waiting on a shared 2-core machine
-    # makes them up to ~50x slower; one thread keeps this file fast.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _prompts(seed: int, n: int, vocab: int = 512) -> list[list[int]]:
     rng = random.Random(seed)
     return [[0] + [rng.randrange(6, vocab) for _ in range(rng.randrange(3, 14))] for _ in range(n)]

@@ -25,14 +25,6 @@ from eagle3_trt.runtime.engine import SamplingParams
 V, DV, N_SAMPLES, PROMPT = 16, 12, 4000, [1, 2, 3]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def pair():
     return toy_engine(V, DV, max_draft_len=2, seed=0)

@@ -8,19 +8,10 @@ batch 1 and batched, and checks the accounting identities; plus the arithmetic o
 from __future__ import annotations
 
 import pytest
-import torch
 
 from eagle3_trt.runtime.distill import toy_engine
 from eagle3_trt.runtime.engine import SamplingParams
 from eagle3_trt.runtime.stats import RequestStats, aggregate
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

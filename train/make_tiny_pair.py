@@ -104,28 +104,9 @@ def read_corpus() -> tuple[dict[str, str], dict[str, str], list[str]]:
 
 def train_tokenizer(texts: list[str], vocab_size: int, out: Path) -> None:
     """Byte-level BPE with the Llama-3 special tokens and chat template of convert.tiny_pair."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from eagle3_trt.convert.tiny_pair import write_tokenizer
 
-    from eagle3_trt.convert.tiny_pair import CHAT_TEMPLATE, SPECIAL_TOKENS
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer)
-    out.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out / "tokenizer.json"))
-    cfg = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<|begin_of_text|>",
-        "eos_token": "<|eot_id|>",
-        "pad_token": "<|finetune_right_pad_id|>",
-        "model_max_length": 1024,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": CHAT_TEMPLATE,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_tokenizer(out, texts, vocab_size)
 
 
 def _special_ids(tok_dir: Path) -> dict[str, int]:
