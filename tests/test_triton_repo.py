@@ -15,7 +15,6 @@ from eagle3_trt.errors import UserError
 from eagle3_trt.triton_repo.package import BASELINE_SUFFIX, check_repository, package_bundle
 from eagle3_trt.triton_repo.pbtxt import TEMPLATE, render_config, render_template, validate_config_text
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
 @pytest.fixture()
@@ -204,12 +203,12 @@ def test_request_limits_and_defaults():
 
 
 # ---- streaming text ---------------------------------------------------------------------------
-def test_incremental_detokenizer_matches_full_decode():
+def test_incremental_detokenizer_matches_full_decode(shared_dir):
     from transformers import AutoTokenizer
 
     from eagle3_trt.triton_repo.detok import IncrementalDetokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(SHARED / "data" / "llama3_tokenizer"))
+    tok = AutoTokenizer.from_pretrained(str(shared_dir / "data" / "llama3_tokenizer"))
     text = "Grüße aus Köln 🌍🚀 — naïve café, 東京タワー. <|eot_id|> done"
     ids = tok.encode(text, add_special_tokens=False)
     for step in (1, 2, 3):
