@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml Makefile
 	  echo "setup: installing torch==$(TORCH_CPU_VERSION) (CPU build)"; \
 	  $(BIN)/pip install -q torch==$(TORCH_CPU_VERSION); \
 	fi; \
-	$(BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/constraints.txt; \
+	$(BIN)/python -W ignore -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/constraints.txt; \
 	echo "setup: installing eagle3-trt and its dependencies (torch pinned: $$(cat $(VENV)/constraints.txt))"; \
 	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[triton,test]'; \
 	touch $(STAMP)
