@@ -34,7 +34,8 @@ from eagle3_trt.runtime.stats import AggregateStats, RequestStats, aggregate
 # Batched multi-step drafting over whole sequences
 # ---------------------------------------------------------------------------------------------
 def teacher_forced_drafts(draft, embed_fn, aux: torch.Tensor, tokens: torch.Tensor, k: int,
-                          feed: str = "draft", d2t_ids: torch.Tensor | None = None, start: int = 0):
+                          feed: str = "draft", d2t_ids: torch.Tensor | None = None, start: int = 0,
+                          starts: torch.Tensor | None = None, span: int | None = None):
     """Draft logits for steps 1..k at every origin position, in k batched passes.
 
     ``aux`` [B, >= N-1, A]: target aux states; ``tokens`` [B, N] target ids (right-padded; padding
@@ -46,7 +47,14 @@ def teacher_forced_drafts(draft, embed_fn, aux: torch.Tensor, tokens: torch.Tens
     context every later step attends to); the returned tensors of steps >= 2 cover origins
     start..N-2.
     Returns a list of k draft-logit tensors: [B, N-1, draft_vocab] for step 1, [B, N-1-start, D] after.
+
+    ``starts`` [B] (long) with ``span``: per-row first origin instead of ``start``; steps >= 2 then
+    run for origins starts[b] .. starts[b]+span-1 of each row only (clamped to N-2; those past a
+    row's end are garbage) and return [B, span, D]. Same attention pattern per origin, far fewer
+    queries when the rows' prompts differ in length.
     """
+    if starts is not None:
+        return _teacher_forced_drafts_rows(draft, embed_fn, aux, tokens, k, feed, d2t_ids, starts, span)
     B, N = tokens.shape
     P = N - 1
     Q = P - start
@@ -69,6 +77,34 @@ def teacher_forced_drafts(draft, embed_fn, aux: torch.Tensor, tokens: torch.Tens
             inp_tok = torch.cat([shifted, torch.zeros(B, Q - shifted.shape[1], dtype=tokens.dtype, device=dev)], dim=1)
         mask = torch.cat([ctx] + [diag] * (s - 1), dim=1)[None].expand(B, -1, -1)
         hidden, prev, kv = draft(embed_fn(inp_tok), hidden, pos[:, start:] + (s - 1), past=kv, mask=mask)
+        outs.append(prev)
+    return outs
+
+def _teacher_forced_drafts_rows(draft, embed_fn, aux, tokens, k, feed, d2t_ids, starts, span):
+    B, N = tokens.shape
+    P = N - 1
+    dev = aux.device
+    if d2t_ids is None:
+        d2t_ids = torch.arange(draft.config.draft_vocab_size, device=dev) + draft.d2t.to(dev)
+    pos = torch.arange(P, device=dev)[None].expand(B, P)
+    causal = torch.tril(torch.ones(P, P, dtype=torch.bool, device=dev))
+    h, logits, kv = draft(embed_fn(tokens[:, 1:]), draft.fuse(aux[:, :P]), pos, past=None, mask=causal[None].expand(B, -1, -1))
+    outs = [logits]
+    if k < 2:
+        return outs
+    Q = max(int(span), 1)
+    org = (starts.to(dev)[:, None] + torch.arange(Q, device=dev)[None]).clamp(max=P - 1)  # [B, Q] origins
+    ctx = torch.arange(P, device=dev)[None, None, :] <= org[:, :, None]  # [B, Q, P]
+    diag = torch.eye(Q, dtype=torch.bool, device=dev)[None].expand(B, -1, -1)
+    hidden = h.gather(1, org[..., None].expand(-1, -1, h.shape[-1]))
+    prev = logits.gather(1, org[..., None].expand(-1, -1, logits.shape[-1]))
+    for s in range(2, k + 1):
+        if feed == "draft":
+            inp_tok = d2t_ids[prev.argmax(-1)]
+        else:
+            inp_tok = tokens.gather(1, (org + s).clamp(max=N - 1))
+        mask = torch.cat([ctx] + [diag] * (s - 1), dim=2)
+        hidden, prev, kv = draft(embed_fn(inp_tok), hidden, org + (s - 1), past=kv, mask=mask)
         outs.append(prev)
     return outs
 
@@ -115,6 +151,164 @@ class EstimateResult:
     finish_reasons: list[str | None]
 
 
+def _cache_layers(cache) -> list | None:
+    """The per-layer (keys, values) holders of an HF DynamicCache (transformers 4.56+ and 5.x), or None."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or not all(hasattr(lay, "keys") and hasattr(lay, "values") for lay in layers):
+        return None
+    return list(layers)
+
+
+def _length_buckets(lens: list[int], max_ratio: float = 1.25, min_pad_tokens: int = 64) -> list[list[int]]:
+    """Split ascending ``lens`` (indices 0..n-1) into runs whose padding waste stays small."""
+    out: list[list[int]] = []
+    for i, n in enumerate(lens):
+        if out and (n <= lens[out[-1][0]] * max_ratio or n - lens[out[-1][0]] <= min_pad_tokens // 4):
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def _decode_batches(lens: list[int], steps: int, fixed: float = 50.0, per_row: float = 1.0,
+                    per_slot: float = 0.02) -> list[tuple[int, int]]:
+    """Split ascending prompt lengths into contiguous decode batches ([lo, hi) ranges).
+
+    Every row of a decode batch attends over the batch's widest cache (the longest prompt plus the
+    tokens generated so far); each extra batch costs ``steps`` more sequential target passes. The
+    cost model (relative units per pass: ``fixed`` + ``per_row`` * rows + ``per_slot`` * rows *
+    cache width; measured for HF Llama on a CPU, where per-pass overhead dominates) picks the split.
+    """
+    n = len(lens)
+    if n <= 1:
+        return [(0, n)]
+    width = lambda hi: lens[hi - 1] + steps / 2  # mean cache width over the decode
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for hi in range(1, n + 1):
+        for lo in range(hi):
+            c = best[lo] + steps * (fixed + per_row * (hi - lo) + per_slot * (hi - lo) * width(hi))
+            if c < best[hi]:
+                best[hi], cut[hi] = c, lo
+    out, hi = [], n
+    while hi > 0:
+        out.append((cut[hi], hi))
+        hi = cut[hi]
+    return out[::-1]
+
+
+@torch.no_grad()
+def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
+    """What ``engine.generate_with_aux(prompts, greedy max_tokens)`` returns, computed faster.
+
+    Same target passes (a prefill, then one pass per generated token) and the same stopping
+    rules, but: prompts (ascending length) are prefilled in groups of similar length, so the
+    O(S^2) prefill is not padded to the longest prompt of the batch; the groups' KV caches are
+    then merged (left-padded, as the engine lays them out) into one cache for a single batched
+    decode, so the number of sequential target passes stays max_tokens; rows that finish leave
+    the batch; no per-row engine bookkeeping. Returns (results, aux states) like generate_with_aux.
+    Falls back to ``generate_with_aux`` for inputs it does not handle (FP8 KV emulation, invalid
+    prompts, which the engine reports).
+    """
+    from eagle3_trt.runtime.engine import RequestResult, SamplingParams
+
+    tgt = engine.target
+    params = SamplingParams(max_tokens=max_tokens)
+    V = tgt.vocab_size
+    probe = tgt.new_cache()
+    if (getattr(tgt, "kv_scales", None) or type(probe).__name__ != "DynamicCache" or max_tokens == 0 or not prompts
+            or any(not p or len(p) >= engine.max_seq_len or min(p) < 0 or max(p) >= V for p in prompts)):
+        return engine.generate_with_aux(prompts, params)
+    stop = frozenset(engine.eos_token_ids) | frozenset(params.stop_token_ids)
+    pad = engine.pad_token_id
+    B = len(prompts)
+    lens = [len(p) for p in prompts]
+    if lens != sorted(lens):  # the merged cache is laid out by ascending length
+        order = sorted(range(B), key=lambda i: lens[i])
+        res, auxs = greedy_continuations(engine, [prompts[i] for i in order], max_tokens)
+        back = {i: r for r, i in enumerate(order)}
+        return [res[back[i]] for i in range(B)], [auxs[back[i]] for i in range(B)]
+    S = lens[-1]
+    tokens = [list(p) for p in prompts]
+    finished = [False] * B
+    reasons: list[str | None] = [None] * B
+    aux_rows: list[list[torch.Tensor]] = [[] for _ in range(B)]
+
+    def emit(b: int, tok: int) -> None:
+        tokens[b].append(tok)
+        if tok in stop:
+            finished[b], reasons[b] = True, "stop"
+        elif len(tokens[b]) - lens[b] >= max_tokens or len(tokens[b]) >= engine.max_seq_len:
+            finished[b], reasons[b] = True, "length"
+
+    # ---- prefill, per group of similar lengths ----
+    groups = _length_buckets(lens)
+    kv: list[tuple[list[torch.Tensor], list[torch.Tensor], int]] = []  # (keys per layer, values per layer, width)
+    for g in groups:
+        Sg = lens[g[-1]]
+        ids = torch.full((len(g), Sg), pad, dtype=torch.long)
+        valid = torch.zeros(len(g), Sg, dtype=torch.bool)
+        for r, b in enumerate(g):
+            ids[r, Sg - lens[b]:] = torch.tensor(prompts[b])
+            valid[r, Sg - lens[b]:] = True
+        pos = (valid.cumsum(-1) - 1).clamp(min=0)
+        allowed = torch.tril(torch.ones(Sg, Sg, dtype=torch.bool))[None] & valid[:, None, :]
+        allowed |= torch.eye(Sg, dtype=torch.bool)[None]
+        cache = tgt.new_cache()
+        logits, aux = tgt.forward(ids, pos, allowed, cache, logits_at=torch.full((len(g), 1), Sg - 1))
+        layers = _cache_layers(cache)
+        if layers is None:
+            return engine.generate_with_aux(prompts, params)
+        kv.append(([lay.keys for lay in layers], [lay.values for lay in layers], Sg))
+        first = logits[:, 0].argmax(-1).tolist()
+        for r, b in enumerate(g):
+            aux_rows[b].append(aux[r, Sg - lens[b]:])
+            emit(b, first[r])
+
+    # ---- merge the groups' caches into one left-padded cache ----
+    n_layers = len(kv[0][0])
+    cache = tgt.new_cache()
+    for li in range(n_layers):
+        k0 = kv[0][0][li]
+        K = k0.new_zeros(B, k0.shape[1], S, k0.shape[3])
+        Vv = k0.new_zeros(B, k0.shape[1], S, k0.shape[3])
+        for g, (ks, vs, Sg) in zip(groups, kv):
+            K[g[0]:g[-1] + 1, :, S - Sg:] = ks[li]
+            Vv[g[0]:g[-1] + 1, :, S - Sg:] = vs[li]
+        cache.update(K, Vv, li)
+    del kv
+    cols = torch.arange(S)
+    t_valid = cols[None, :] >= (S - torch.tensor(lens))[:, None]  # [B, S]
+
+    # ---- batched greedy decode; rows that finished leave the batch ----
+    live = [b for b in range(B) if not finished[b]]
+    if len(live) < B:
+        keep = torch.tensor(live, dtype=torch.long)
+        for lay in _cache_layers(cache):
+            lay.keys, lay.values = lay.keys[keep.to(lay.keys.device)], lay.values[keep.to(lay.keys.device)]
+        t_valid = t_valid[keep]
+    while live:
+        n = len(live)
+        ids = torch.tensor([[tokens[b][-1]] for b in live])
+        pos = torch.tensor([[len(tokens[b]) - 1] for b in live])
+        allowed = torch.cat([t_valid[:, None, :], torch.ones(n, 1, 1, dtype=torch.bool)], dim=-1)
+        logits, aux = tgt.forward(ids, pos, allowed, cache)
+        nxt = logits[:, 0].argmax(-1).tolist()
+        for r, b in enumerate(live):
+            aux_rows[b].append(aux[r, :1])
+            emit(b, nxt[r])
+        t_valid = torch.cat([t_valid, torch.ones(n, 1, dtype=torch.bool)], dim=1)
+        still = [r for r, b in enumerate(live) if not finished[b]]
+        if len(still) < n and still:
+            keep = torch.tensor(still, dtype=torch.long)
+            for lay in _cache_layers(cache):
+                lay.keys, lay.values = lay.keys[keep.to(lay.keys.device)], lay.values[keep.to(lay.keys.device)]
+            t_valid = t_valid[keep]
+        live = [live[r] for r in still]
+    res = [RequestResult(t[lens[b]:], reasons[b], None) for b, t in enumerate(tokens)]
+    return res, [torch.cat(aux_rows[b])[: len(tokens[b]) - 1] for b in range(B)]
+
+
 @torch.no_grad()
 def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = None, batch_size: int = 16) -> EstimateResult:
     """Greedy chain acceptance of ``engine``'s draft on ``prompts``, identical to running it.
@@ -122,15 +316,12 @@ def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = 
     The target runs once, without speculation, batched over prompts; the aux states it produced
     for every token are kept and the draft's K steps run over them for all positions at once.
     """
-    from eagle3_trt.runtime.engine import SamplingParams
-
     k = engine.max_draft_len if k is None else int(k)
     if engine.draft is None:
         raise UserError("draft", "the engine has no draft", "load a bundle or pair with a draft")
     if k < 1:
         raise UserError("max_draft_len", f"{k}", "measure with K >= 1")
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    params = SamplingParams(max_tokens=max_tokens)
     conts: list[list[int]] = [[] for _ in prompts]
     reasons: list[str | None] = [None] * len(prompts)
     stats: list[RequestStats] = [RequestStats() for _ in prompts]
@@ -139,26 +330,38 @@ def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = 
     d2t_ids = engine._d2t_ids
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
-        res, auxs = engine.generate_with_aux([prompts[j] for j in idx], params)
+        res, auxs = [], []
+        for lo, hi in _decode_batches([len(prompts[j]) for j in idx], max_tokens):
+            r_, a_ = greedy_continuations(engine, [prompts[j] for j in idx[lo:hi]], max_tokens)
+            res += r_
+            auxs += a_
         seqs = [prompts[j] + r.token_ids for j, r in zip(idx, res)]
         for j, r in zip(idx, res):
             conts[j], reasons[j] = r.token_ids, r.finish_reason
-        B, N = len(seqs), max(len(s) for s in seqs)
-        if N < 2:
-            continue
-        ids = torch.full((B, N), engine.pad_token_id, dtype=torch.long)
-        aux = torch.zeros(B, N - 1, auxs[0].shape[-1], dtype=auxs[0].dtype, device=dev)
-        for b, (s, a) in enumerate(zip(seqs, auxs)):
-            ids[b, : len(s)] = torch.tensor(s)
-            aux[b, : a.shape[0]] = a
-        start = max(min(len(prompts[j]) for j in idx) - 1, 0)  # first origin that drafts a continuation token
-        logits = teacher_forced_drafts(engine.draft, engine._draft_embed, aux, ids.to(dev), k, feed="draft",
-                                       d2t_ids=d2t_ids, start=start)
-        first = d2t_ids[logits[0].argmax(-1)].cpu()
-        later = [d2t_ids[lg.argmax(-1)].cpu() for lg in logits[1:]]
-        for b, j in enumerate(idx):
-            preds = [first[b].tolist()] + [[-1] * start + p[b].tolist() for p in later]
-            stats[j] = walk_chain(seqs[b], len(prompts[j]), preds, k, max_tokens, engine.max_seq_len, stop)
+        # draft over groups of similar total length (step 1 runs over every position of the padded batch)
+        by_len = sorted(range(len(seqs)), key=lambda b: len(seqs[b]))
+        for bucket in _length_buckets([len(seqs[b]) for b in by_len]):
+            grp = [by_len[x] for x in bucket]
+            gseqs = [seqs[b] for b in grp]
+            Bg, N = len(gseqs), max(len(s) for s in gseqs)
+            if N < 2:
+                continue
+            ids = torch.full((Bg, N), engine.pad_token_id, dtype=torch.long)
+            aux = torch.zeros(Bg, N - 1, auxs[0].shape[-1], dtype=auxs[0].dtype, device=dev)
+            for r, b in enumerate(grp):
+                ids[r, : len(seqs[b])] = torch.tensor(seqs[b])
+                aux[r, : auxs[b].shape[0]] = auxs[b]
+            # first origin that drafts a continuation token, per row
+            starts = [max(len(prompts[idx[b]]) - 1, 0) for b in grp]
+            span = max(max(len(seqs[b]) - 1 - st for b, st in zip(grp, starts)), 1)
+            logits = teacher_forced_drafts(engine.draft, engine._draft_embed, aux, ids.to(dev), k, feed="draft",
+                                           d2t_ids=d2t_ids, starts=torch.tensor(starts), span=span)
+            first = d2t_ids[logits[0].argmax(-1)].cpu()
+            later = [d2t_ids[lg.argmax(-1)].cpu() for lg in logits[1:]]
+            for r, b in enumerate(grp):
+                j = idx[b]
+                preds = [first[r].tolist()] + [[-1] * starts[r] + p[r].tolist() for p in later]
+                stats[j] = walk_chain(seqs[b], len(prompts[j]), preds, k, max_tokens, engine.max_seq_len, stop)
     return EstimateResult(stats, conts, reasons)
 
 
