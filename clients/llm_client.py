@@ -23,18 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.triton_repo.interface import PERF_OUTPUTS
 
-PERF_FIELDS = (
-    "arrival_time_ns",
-    "first_scheduled_time_ns",
-    "first_token_time_ns",
-    "last_token_time_ns",
-    "acceptance_rate",
-    "total_accepted_draft_tokens",
-    "total_draft_tokens",
-    "acceptance_length",
-    "speculative_decoding",
-)
+# The final response's perf tensors, as the model declares them.
+PERF_FIELDS = PERF_OUTPUTS
 
 
 class ServerError(RuntimeError):
