@@ -59,11 +59,7 @@ def teacher_forced_drafts(draft, embed_fn, aux: torch.Tensor, tokens: torch.Tens
     P = N - 1
     Q = P - start
     dev = aux.device
-    if d2t_ids is None:
-        d2t_ids = torch.arange(draft.config.draft_vocab_size, device=dev) + draft.d2t.to(dev)
-    pos = torch.arange(P, device=dev)[None].expand(B, P)
-    causal = torch.tril(torch.ones(P, P, dtype=torch.bool, device=dev))
-    h, logits, kv = draft(embed_fn(tokens[:, 1:]), draft.fuse(aux[:, :P]), pos, past=None, mask=causal[None].expand(B, -1, -1))
+    d2t_ids, pos, causal, h, logits, kv = _draft_step1(draft, embed_fn, aux, tokens, d2t_ids)
     outs = [logits]
     ctx = causal[start:]  # step >= 2 queries (origins start..P-1) see step-1 entries up to their origin
     diag = torch.eye(Q, dtype=torch.bool, device=dev)
@@ -80,7 +76,9 @@ def teacher_forced_drafts(draft, embed_fn, aux: torch.Tensor, tokens: torch.Tens
         outs.append(prev)
     return outs
 
-def _teacher_forced_drafts_rows(draft, embed_fn, aux, tokens, k, feed, d2t_ids, starts, span):
+
+def _draft_step1(draft, embed_fn, aux, tokens, d2t_ids):
+    """Draft step 1 at every position in one causal pass (fc over the target's aux states)."""
     B, N = tokens.shape
     P = N - 1
     dev = aux.device
@@ -89,6 +87,14 @@ def _teacher_forced_drafts_rows(draft, embed_fn, aux, tokens, k, feed, d2t_ids, 
     pos = torch.arange(P, device=dev)[None].expand(B, P)
     causal = torch.tril(torch.ones(P, P, dtype=torch.bool, device=dev))
     h, logits, kv = draft(embed_fn(tokens[:, 1:]), draft.fuse(aux[:, :P]), pos, past=None, mask=causal[None].expand(B, -1, -1))
+    return d2t_ids, pos, causal, h, logits, kv
+
+
+def _teacher_forced_drafts_rows(draft, embed_fn, aux, tokens, k, feed, d2t_ids, starts, span):
+    B, N = tokens.shape
+    P = N - 1
+    dev = aux.device
+    d2t_ids, pos, causal, h, logits, kv = _draft_step1(draft, embed_fn, aux, tokens, d2t_ids)
     outs = [logits]
     if k < 2:
         return outs
