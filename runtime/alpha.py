@@ -28,6 +28,7 @@ import torch
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.runtime.stats import AggregateStats, RequestStats, aggregate
+from eagle3_trt.runtime.target_model import column_windows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -48,10 +49,10 @@ def teacher_forced_drafts(draft, embed_fn, aux: torch.Tensor, tokens: torch.Tens
     start..N-2.
     Returns a list of k draft-logit tensors: [B, N-1, draft_vocab] for step 1, [B, N-1-start, D] after.
 
-    ``starts`` [B] (long) with ``span``: per-row first origin instead of ``start``; steps >= 2 then
-    run for origins starts[b] .. starts[b]+span-1 of each row only (clamped to N-2; those past a
-    row's end are garbage) and return [B, span, D]. Same attention pattern per origin, far fewer
-    queries when the rows' prompts differ in length.
+    ``starts`` [B] (long) with ``span``: per-row first origin instead of ``start``; every step's
+    logits (step 1's too) then cover origins starts[b] .. starts[b]+span-1 of each row only
+    (clamped to N-2; those past a row's end are garbage): [B, span, D]. Same attention pattern
+    per origin, far fewer queries and head evaluations when the rows' prompts differ in length.
     """
     if starts is not None:
         return _teacher_forced_drafts_rows(draft, embed_fn, aux, tokens, k, feed, d2t_ids, starts, span)
@@ -77,7 +78,7 @@ def teacher_forced_drafts(draft, embed_fn, aux: torch.Tensor, tokens: torch.Tens
     return outs
 
 
-def _draft_step1(draft, embed_fn, aux, tokens, d2t_ids):
+def _draft_step1(draft, embed_fn, aux, tokens, d2t_ids, with_logits: bool = True):
     """Draft step 1 at every position in one causal pass (fc over the target's aux states)."""
     B, N = tokens.shape
     P = N - 1
@@ -86,7 +87,8 @@ def _draft_step1(draft, embed_fn, aux, tokens, d2t_ids):
         d2t_ids = torch.arange(draft.config.draft_vocab_size, device=dev) + draft.d2t.to(dev)
     pos = torch.arange(P, device=dev)[None].expand(B, P)
     causal = torch.tril(torch.ones(P, P, dtype=torch.bool, device=dev))
-    h, logits, kv = draft(embed_fn(tokens[:, 1:]), draft.fuse(aux[:, :P]), pos, past=None, mask=causal[None].expand(B, -1, -1))
+    h, logits, kv = draft(embed_fn(tokens[:, 1:]), draft.fuse(aux[:, :P]), pos, past=None,
+                          mask=causal[None].expand(B, -1, -1), with_logits=with_logits)
     return d2t_ids, pos, causal, h, logits, kv
 
 
@@ -94,16 +96,18 @@ def _teacher_forced_drafts_rows(draft, embed_fn, aux, tokens, k, feed, d2t_ids, 
     B, N = tokens.shape
     P = N - 1
     dev = aux.device
-    d2t_ids, pos, causal, h, logits, kv = _draft_step1(draft, embed_fn, aux, tokens, d2t_ids)
-    outs = [logits]
-    if k < 2:
-        return outs
+    # step 1 runs over every position (the context later steps attend to), but its head only
+    # where a drafted token is scored: the origins from each row's start
+    d2t_ids, pos, causal, h, _, kv = _draft_step1(draft, embed_fn, aux, tokens, d2t_ids, with_logits=False)
     Q = max(int(span), 1)
     org = (starts.to(dev)[:, None] + torch.arange(Q, device=dev)[None]).clamp(max=P - 1)  # [B, Q] origins
+    hidden = h.gather(1, org[..., None].expand(-1, -1, h.shape[-1]))
+    prev = draft.logits(hidden)
+    outs = [prev]
+    if k < 2:
+        return outs
     ctx = torch.arange(P, device=dev)[None, None, :] <= org[:, :, None]  # [B, Q, P]
     diag = torch.eye(Q, dtype=torch.bool, device=dev)[None].expand(B, -1, -1)
-    hidden = h.gather(1, org[..., None].expand(-1, -1, h.shape[-1]))
-    prev = logits.gather(1, org[..., None].expand(-1, -1, logits.shape[-1]))
     for s in range(2, k + 1):
         if feed == "draft":
             inp_tok = d2t_ids[prev.argmax(-1)]
@@ -165,6 +169,12 @@ def _cache_layers(cache) -> list | None:
     return list(layers)
 
 
+# Decode attention windows: a run of rows shares one window while its longest prompt is within
+# this ratio (or this many tokens) of its shortest; each extra window is one more attention call
+# per layer and pass.
+WINDOW_RATIO, WINDOW_MIN_PAD = 1.5, 64
+
+
 def _length_buckets(lens: list[int], max_ratio: float = 1.25, min_pad_tokens: int = 64) -> list[list[int]]:
     """Split ascending ``lens`` (indices 0..n-1) into runs whose padding waste stays small."""
     out: list[list[int]] = []
@@ -176,33 +186,6 @@ def _length_buckets(lens: list[int], max_ratio: float = 1.25, min_pad_tokens: in
     return out
 
 
-def _decode_batches(lens: list[int], steps: int, fixed: float = 50.0, per_row: float = 1.0,
-                    per_slot: float = 0.02) -> list[tuple[int, int]]:
-    """Split ascending prompt lengths into contiguous decode batches ([lo, hi) ranges).
-
-    Every row of a decode batch attends over the batch's widest cache (the longest prompt plus the
-    tokens generated so far); each extra batch costs ``steps`` more sequential target passes. The
-    cost model (relative units per pass: ``fixed`` + ``per_row`` * rows + ``per_slot`` * rows *
-    cache width; measured for HF Llama on a CPU, where per-pass overhead dominates) picks the split.
-    """
-    n = len(lens)
-    if n <= 1:
-        return [(0, n)]
-    width = lambda hi: lens[hi - 1] + steps / 2  # mean cache width over the decode
-    best = [0.0] + [float("inf")] * n
-    cut = [0] * (n + 1)
-    for hi in range(1, n + 1):
-        for lo in range(hi):
-            c = best[lo] + steps * (fixed + per_row * (hi - lo) + per_slot * (hi - lo) * width(hi))
-            if c < best[hi]:
-                best[hi], cut[hi] = c, lo
-    out, hi = [], n
-    while hi > 0:
-        out.append((cut[hi], hi))
-        hi = cut[hi]
-    return out[::-1]
-
-
 @torch.no_grad()
 def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
     """What ``engine.generate_with_aux(prompts, greedy max_tokens)`` returns, computed faster.
@@ -210,19 +193,18 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
     Same target passes (a prefill, then one pass per generated token) and the same stopping
     rules, but: prompts (ascending length) are prefilled in groups of similar length, so the
     O(S^2) prefill is not padded to the longest prompt of the batch; the groups' KV caches are
-    then merged (left-padded, as the engine lays them out) into one cache for a single batched
-    decode, so the number of sequential target passes stays max_tokens; rows that finish leave
-    the batch; no per-row engine bookkeeping. Returns (results, aux states) like generate_with_aux.
-    Falls back to ``generate_with_aux`` for inputs it does not handle (FP8 KV emulation, invalid
-    prompts, which the engine reports).
+    then merged (left-padded, as the engine lays them out) into one preallocated cache for a
+    single batched decode (appends write in place instead of concatenating), so the number of
+    sequential target passes stays max_tokens; rows that finish leave the batch; no per-row
+    engine bookkeeping. Returns (results, aux states) like generate_with_aux. Falls back to
+    ``generate_with_aux`` for invalid prompts, which the engine reports.
     """
     from eagle3_trt.runtime.engine import RequestResult, SamplingParams
 
     tgt = engine.target
     params = SamplingParams(max_tokens=max_tokens)
     V = tgt.vocab_size
-    probe = tgt.new_cache()
-    if (getattr(tgt, "kv_scales", None) or type(probe).__name__ != "DynamicCache" or max_tokens == 0 or not prompts
+    if (max_tokens == 0 or not prompts
             or any(not p or len(p) >= engine.max_seq_len or min(p) < 0 or max(p) >= V for p in prompts)):
         return engine.generate_with_aux(prompts, params)
     stop = frozenset(engine.eos_token_ids) | frozenset(params.stop_token_ids)
@@ -271,9 +253,9 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
             aux_rows[b].append(aux[r, Sg - lens[b]:])
             emit(b, first[r])
 
-    # ---- merge the groups' caches into one left-padded cache ----
+    # ---- merge the groups' caches into one left-padded cache with room for the decode ----
     n_layers = len(kv[0][0])
-    cache = tgt.new_cache()
+    keys, values = [], []
     for li in range(n_layers):
         k0 = kv[0][0][li]
         K = k0.new_zeros(B, k0.shape[1], S, k0.shape[3])
@@ -281,8 +263,11 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
         for g, (ks, vs, Sg) in zip(groups, kv):
             K[g[0]:g[-1] + 1, :, S - Sg:] = ks[li]
             Vv[g[0]:g[-1] + 1, :, S - Sg:] = vs[li]
-        cache.update(K, Vv, li)
+        keys.append(K)
+        values.append(Vv)
     del kv
+    cache = tgt.preallocated_cache(keys, values, S + max_tokens)
+    del keys, values
     cols = torch.arange(S)
     t_valid = cols[None, :] >= (S - torch.tensor(lens))[:, None]  # [B, S]
 
@@ -290,15 +275,19 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
     live = [b for b in range(B) if not finished[b]]
     if len(live) < B:
         keep = torch.tensor(live, dtype=torch.long)
-        for lay in _cache_layers(cache):
-            lay.keys, lay.values = lay.keys[keep.to(lay.keys.device)], lay.values[keep.to(lay.keys.device)]
+        cache.keep_rows(keep)
         t_valid = t_valid[keep]
+    windows = None
     while live:
         n = len(live)
+        if windows is None:  # attention per run of similar lengths skips the others' left padding
+            windows = [(w[0], w[-1] + 1, S - lens[live[w[-1]]])
+                       for w in _length_buckets([lens[b] for b in live], WINDOW_RATIO, WINDOW_MIN_PAD)]
         ids = torch.tensor([[tokens[b][-1]] for b in live])
         pos = torch.tensor([[len(tokens[b]) - 1] for b in live])
         allowed = torch.cat([t_valid[:, None, :], torch.ones(n, 1, 1, dtype=torch.bool)], dim=-1)
-        logits, aux = tgt.forward(ids, pos, allowed, cache)
+        with column_windows(windows):
+            logits, aux = tgt.forward(ids, pos, allowed, cache)
         nxt = logits[:, 0].argmax(-1).tolist()
         for r, b in enumerate(live):
             aux_rows[b].append(aux[r, :1])
@@ -307,9 +296,9 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
         still = [r for r, b in enumerate(live) if not finished[b]]
         if len(still) < n and still:
             keep = torch.tensor(still, dtype=torch.long)
-            for lay in _cache_layers(cache):
-                lay.keys, lay.values = lay.keys[keep.to(lay.keys.device)], lay.values[keep.to(lay.keys.device)]
+            cache.keep_rows(keep)
             t_valid = t_valid[keep]
+            windows = None
         live = [live[r] for r in still]
     res = [RequestResult(t[lens[b]:], reasons[b], None) for b, t in enumerate(tokens)]
     return res, [torch.cat(aux_rows[b])[: len(tokens[b]) - 1] for b in range(B)]
@@ -336,11 +325,7 @@ def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = 
     d2t_ids = engine._d2t_ids
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
-        res, auxs = [], []
-        for lo, hi in _decode_batches([len(prompts[j]) for j in idx], max_tokens):
-            r_, a_ = greedy_continuations(engine, [prompts[j] for j in idx[lo:hi]], max_tokens)
-            res += r_
-            auxs += a_
+        res, auxs = greedy_continuations(engine, [prompts[j] for j in idx], max_tokens)
         seqs = [prompts[j] + r.token_ids for j, r in zip(idx, res)]
         for j, r in zip(idx, res):
             conts[j], reasons[j] = r.token_ids, r.finish_reason
@@ -362,11 +347,10 @@ def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = 
             span = max(max(len(seqs[b]) - 1 - st for b, st in zip(grp, starts)), 1)
             logits = teacher_forced_drafts(engine.draft, engine._draft_embed, aux, ids.to(dev), k, feed="draft",
                                            d2t_ids=d2t_ids, starts=torch.tensor(starts), span=span)
-            first = d2t_ids[logits[0].argmax(-1)].cpu()
-            later = [d2t_ids[lg.argmax(-1)].cpu() for lg in logits[1:]]
+            steps = [d2t_ids[lg.argmax(-1)].cpu() for lg in logits]
             for r, b in enumerate(grp):
                 j = idx[b]
-                preds = [first[r].tolist()] + [[-1] * starts[r] + p[r].tolist() for p in later]
+                preds = [[-1] * starts[r] + p[r].tolist() for p in steps]
                 stats[j] = walk_chain(seqs[b], len(prompts[j]), preds, k, max_tokens, engine.max_seq_len, stop)
     return EstimateResult(stats, conts, reasons)
 

@@ -134,16 +134,22 @@ class Eagle3Draft(nn.Module):
         }
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor | None, positions: torch.Tensor,
-                past: tuple | None = None, mask: torch.Tensor | None = None, aux: torch.Tensor | None = None):
+                past: tuple | None = None, mask: torch.Tensor | None = None, aux: torch.Tensor | None = None,
+                with_logits: bool = True):
         """One draft pass. Returns (pre-norm hidden [B,S,H], draft logits [B,S,D], (k, v)).
 
         ``aux`` (concatenated target aux states) is fused through fc when given instead of ``hidden``.
+        ``with_logits=False`` skips the head (logits None) for passes that only build context.
         """
         if aux is not None:
             hidden = self.fc(aux)
         cos, sin = rope.cos_sin(positions, self.rope_freqs, embeds.dtype)
         h, kv = self.midlayer(embeds, hidden, cos, sin, past, mask)
-        return h, self.lm_head(self.norm(h)), kv
+        return h, (self.logits(h) if with_logits else None), kv
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits of pre-norm hidden states."""
+        return self.lm_head(self.norm(h))
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

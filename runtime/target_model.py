@@ -21,6 +21,9 @@ that is to TensorRT-LLM's kernels.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +149,123 @@ def kv_cache_fp8(ckpt_dir: Path) -> bool:
     return str(q.get("kv_cache_quant_algo") or "").upper() == "FP8"
 
 
+GQA_ATTENTION = "eagle3_sdpa_gqa"
+
+
+def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """HF's SDPA attention, minus the K/V expansion to every query head when a mask is given.
+
+    transformers' ``sdpa`` path copies K and V to all query heads (``repeat_kv``) whenever an
+    explicit mask is passed, which this runtime always does; for long contexts and batches that
+    copy of the whole cache, per layer and pass, costs more than the attention itself.
+    ``enable_gqa`` computes the same thing from the grouped heads (bit-identical on CPU: tested).
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if attention_mask is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    mask = attention_mask[:, :, :, : key.shape[-2]]
+    gqa = query.shape[1] != key.shape[1]
+    windows = _COLUMN_WINDOWS.get()
+    if windows is None:
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
+                                                               scale=scaling, enable_gqa=gqa)
+    else:
+        out = torch.cat([
+            torch.nn.functional.scaled_dot_product_attention(
+                query[lo:hi], key[lo:hi, :, c0:], value[lo:hi, :, c0:], attn_mask=mask[lo:hi, :, :, c0:],
+                dropout_p=dropout, scale=scaling, enable_gqa=gqa)
+            for lo, hi, c0 in windows])
+    return out.transpose(1, 2).contiguous(), None
+
+
+_COLUMN_WINDOWS: contextvars.ContextVar[tuple[tuple[int, int, int], ...] | None] = contextvars.ContextVar(
+    "eagle3_column_windows", default=None)
+
+
+@contextlib.contextmanager
+def column_windows(windows: Iterable[tuple[int, int, int]]):
+    """Inside this block, batch rows [lo, hi) attend only over cache columns >= c0, per (lo, hi, c0).
+
+    For a left-padded batch of very different prompt lengths: the skipped columns are padding
+    that the mask hides from those rows anyway, so the result is the same (up to the kernel's
+    summation blocking) while the attention work follows each row's own length instead of the
+    longest one. The windows must cover the batch rows in order. Ignored (full width, still
+    correct) where the GQA attention is not available.
+    """
+    token = _COLUMN_WINDOWS.set(tuple((int(a), int(b), int(c)) for a, b, c in windows))
+    try:
+        yield
+    finally:
+        _COLUMN_WINDOWS.reset(token)
+
+
+def attention_implementation() -> str:
+    """The attention the target runs with: GQA-aware SDPA where torch (>= 2.5) and transformers allow."""
+    try:
+        from transformers import AttentionInterface
+
+        torch.nn.functional.scaled_dot_product_attention(*(torch.zeros(1, h, 1, 2) for h in (2, 1, 1)), enable_gqa=True)
+        AttentionInterface.register(GQA_ATTENTION, _sdpa_gqa)
+    except (ImportError, TypeError, RuntimeError, AttributeError):
+        return "sdpa"
+    return GQA_ATTENTION
+
+
+@functools.cache
+def _prealloc_cache_class():
+    from transformers import DynamicCache
+
+    class _Prealloc(DynamicCache):
+        """A DynamicCache whose per-layer K/V live in buffers with room to grow.
+
+        ``DynamicCache`` concatenates on every append: a copy of the whole cache per layer and
+        token, which dominates batched long-context decoding. Here appends write in place and
+        attention reads a view of the filled columns. Built from existing per-layer K/V; rows can
+        be dropped (``keep_rows``) as sequences finish. FP8 KV emulation applies on write, as in
+        ``TargetModel.new_cache``. No rollback: used for plain decoding (the alpha estimator).
+        """
+
+        def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], capacity: int,
+                     kv_scales: dict[int, tuple[float, float]] | None = None):
+            super().__init__()
+            self.kv_scales = dict(kv_scales or {})
+            self._k, self._v, self._n = [], [], []
+            for k, v in zip(keys, values):
+                B, H, L, D = k.shape
+                if capacity < L:
+                    raise ValueError(f"capacity {capacity} < cached length {L}")
+                kb, vb = k.new_zeros(B, H, capacity, D), v.new_zeros(B, H, capacity, D)
+                kb[:, :, :L], vb[:, :, :L] = k, v
+                self._k.append(kb)
+                self._v.append(vb)
+                self._n.append(L)
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            sc = self.kv_scales.get(layer_idx)
+            if sc is not None:
+                key_states, value_states = _fp8_fake_quant(key_states, sc[0]), _fp8_fake_quant(value_states, sc[1])
+            n, s = self._n[layer_idx], key_states.shape[2]
+            kb, vb = self._k[layer_idx], self._v[layer_idx]
+            if n + s > kb.shape[2]:
+                raise RuntimeError(f"KV cache full ({kb.shape[2]} columns)")
+            kb[:, :, n:n + s] = key_states
+            vb[:, :, n:n + s] = value_states
+            self._n[layer_idx] = n + s
+            return kb[:, :, :n + s], vb[:, :, :n + s]
+
+        def get_seq_length(self, layer_idx: int | None = 0, *args, **kwargs) -> int:
+            return self._n[layer_idx or 0] if self._n else 0
+
+        def keep_rows(self, rows: torch.Tensor) -> None:
+            rows = rows.to(self._k[0].device)
+            self._k = [k[rows] for k in self._k]
+            self._v = [v[rows] for v in self._v]
+
+    return _Prealloc
+
+
 def _fq_cache_class():
     from transformers import DynamicCache
 
@@ -209,7 +329,7 @@ class TargetModel:
 
         cfg = {k: v for k, v in config.items() if k not in ("quantization_config",)}
         hf_cfg = LlamaConfig.from_dict(cfg)
-        hf_cfg._attn_implementation = "sdpa"
+        hf_cfg._attn_implementation = attention_implementation()
         weights, scales = split_quant_tensors(state_dict)
         # Build on the meta device (no random init of billions of weights), then assign the
         # checkpoint tensors; the rotary buffers are not in the checkpoint and are rebuilt.
@@ -280,6 +400,10 @@ class TargetModel:
         from transformers import DynamicCache
 
         return DynamicCache()
+
+    def preallocated_cache(self, keys: list[torch.Tensor], values: list[torch.Tensor], capacity: int):
+        """A cache holding per-layer ``keys``/``values`` [B, Hkv, L, D], with room for ``capacity`` columns."""
+        return _prealloc_cache_class()(keys, values, capacity, self.kv_scales)
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor,

@@ -73,6 +73,18 @@ def test_estimator_counts_identical_to_speculative_generation(setup, k, max_toke
         assert 0.2 < agg.alpha < 0.95  # both accepted and rejected drafts occur
 
 
+def test_estimator_identical_on_prompts_of_very_different_lengths(setup):
+    """Several prefill groups, a merged left-padded cache and per-length attention windows."""
+    eng, prompts = setup
+    rng = random.Random(5)
+    mixed = prompts[:3] + [[0] + [rng.randrange(6, 512) for _ in range(n)] for n in (40, 90, 150, 151, 260)]
+    est = estimate(eng, mixed, max_tokens=24, batch_size=8)
+    for p, e, c in zip(mixed, est.stats, est.continuations):
+        g = eng.generate([p], SamplingParams(max_tokens=24))[0]
+        assert g.token_ids == c
+        assert _stats_tuple(e) == _stats_tuple(g.stats)
+
+
 def test_estimator_with_stop_tokens(setup):
     eng, prompts = setup
     ref = eng.generate(prompts, SamplingParams(max_tokens=32), speculate=False)
