@@ -186,7 +186,7 @@ def _length_buckets(lens: list[int], max_ratio: float = 1.25, min_pad_tokens: in
     return out
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
     """What ``engine.generate_with_aux(prompts, greedy max_tokens)`` returns, computed faster.
 
@@ -304,7 +304,7 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
     return res, [torch.cat(aux_rows[b])[: len(tokens[b]) - 1] for b in range(B)]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = None, batch_size: int = 16) -> EstimateResult:
     """Greedy chain acceptance of ``engine``'s draft on ``prompts``, identical to running it.
 

@@ -260,7 +260,7 @@ class SpeculativeEngine:
             raise UserError("tree", "a node asks for more candidates than the draft vocabulary has", "use smaller ranks")
         return t
 
-    @torch.no_grad()
+    @torch.inference_mode()  # no autograd state at all: measurably less per-op overhead than no_grad
     def _decode(self, prompts: list[list[int]], params: SamplingParams, speculate: bool, tree_spec,
                 aux_sink: dict[int, list[torch.Tensor]] | None = None):
         tree = self._tree_for(speculate, tree_spec, params)

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
+pytest.importorskip("tritonclient.grpc", reason="the [triton] extra (tritonclient) is not installed")
+
 from eagle3_trt.errors import UserError
 from eagle3_trt.triton_repo.package import BASELINE_SUFFIX, check_repository, package_bundle
 from eagle3_trt.triton_repo.pbtxt import TEMPLATE, render_config, render_template, validate_config_text

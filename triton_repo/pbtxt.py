@@ -52,8 +52,12 @@ def render_config(model_name: str, bundle_dir: str, runtime: str, instance_count
 
 def parse_config_text(text: str, where: str = "config.pbtxt"):
     """Parse into ``tritonclient.grpc.model_config_pb2.ModelConfig`` (raises UserError)."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
+    try:
+        from google.protobuf import text_format
+        from tritonclient.grpc import model_config_pb2
+    except ImportError as e:
+        raise UserError(where, f"cannot validate a Triton model config without tritonclient ({e})",
+                        "pip install 'eagle3-trt[triton]' (or tritonclient[grpc])") from None
 
     leftover = _LEFTOVER.search(text)
     if leftover:
