@@ -15,6 +15,10 @@ Times (best of --repeats):
 The acceptance counts of all three must be identical (checked; the script exits 1 otherwise).
 Goal from the issue: estimator >= 5x faster than speculative generation.
 
+Choosing K (``--sweep``): neither the target's greedy continuation nor the draft's step-s
+prediction at a position depends on K, so one estimate replays every K up to the largest, where
+measuring by generation takes a run per K; the sweep compares the two for K in 1..5.
+
 Work is printed next to the times: sequential passes of the target and the draft, and the rows
 (tokens) they processed. Read the ratio with them. The estimator does about the same arithmetic
 as generation (the target evaluates each continuation token once where generation verifies K+1
@@ -25,7 +29,7 @@ over 32 rows costs about 32 single-row passes once the matmuls are compute-bound
 pair, long prompts), and the ratio falls toward the per-pass overhead saved.
 
     .venv/bin/python benchmarks/bench_alpha_estimator.py [--pair embedded|random] [--sets mt-bench,short]
-        [--prompts 32] [--max-tokens 128] [--k 3] [--threads N] [--repeats 3]
+        [--prompts 32] [--max-tokens 128] [--k 3] [--threads N] [--repeats 3] [--sweep 1,2,3,4,5]
 """
 
 from __future__ import annotations
@@ -159,6 +163,41 @@ def compare(eng, name: str, prompts: list[list[int]], a) -> bool:
     print(f"  {'speculative generation, b=1':31s}{t_gen1:7.2f}s  {t_gen1 / t_est:5.1f}x   {w_gen1}   (goal >= 5x)")
     print(f"  {f'speculative generation, b={len(prompts)}':31s}{t_genb:7.2f}s  {t_genb / t_est:5.1f}x   {w_genb}")
     print(f"  acceptance counts identical: {ok}")
+    if a.sweep:
+        ok &= compare_sweep(eng, prompts, a)
+    return ok
+
+
+def compare_sweep(eng, prompts: list[list[int]], a) -> bool:
+    """Choosing K: acceptance at every K of --sweep, from one estimate vs one generation run per K."""
+    from eagle3_trt.runtime.alpha import estimate
+    from eagle3_trt.runtime.engine import SamplingParams
+    from eagle3_trt.runtime.stats import aggregate
+
+    ks = sorted({int(x) for x in a.sweep.split(",")})
+    params = SamplingParams(max_tokens=a.max_tokens)
+    t_est, est = best_of(lambda: estimate(eng, prompts, a.max_tokens, k=ks[0], batch_size=a.batch_size, sweep=ks),
+                         a.repeats)
+    t_gen1 = t_genb = 0.0
+    ok = True
+    saved = eng.max_draft_len
+    try:
+        for k in ks:
+            eng.max_draft_len = k
+            t1, gen1 = best_of(lambda: [eng.generate([p], params)[0] for p in prompts], a.repeats)
+            tb, genb = best_of(lambda: eng.generate(prompts, params), a.repeats)
+            t_gen1, t_genb = t_gen1 + t1, t_genb + tb
+            for e, g1, gb in zip(est.by_k[k], gen1, genb):
+                ok &= tuple(getattr(e, f) for f in FIELDS) == tuple(getattr(g1.stats, f) for f in FIELDS) \
+                    == tuple(getattr(gb.stats, f) for f in FIELDS)
+    finally:
+        eng.max_draft_len = saved
+    als = ", ".join(f"K={k}: {aggregate(est.by_k[k]).acceptance_length:.2f}" for k in ks)
+    print(f"  sweep K in {ks}: acceptance length {als}")
+    print(f"  {'estimator, one run for all K':31s}{t_est:7.2f}s")
+    print(f"  {'generation b=1, a run per K':31s}{t_gen1:7.2f}s  {t_gen1 / t_est:5.1f}x")
+    print(f"  {f'generation b={len(prompts)}, a run per K':31s}{t_genb:7.2f}s  {t_genb / t_est:5.1f}x")
+    print(f"  acceptance counts identical at every K: {ok}")
     return ok
 
 
@@ -176,6 +215,8 @@ def main() -> int:
     ap.add_argument("--pair", choices=("embedded", "random"), default="embedded",
                     help="embedded: the shipped trained pair (192 wide, 8 layers); random: a 64-wide random "
                          "target with a quickly distilled draft (attention-bound on long prompts)")
+    ap.add_argument("--sweep", default="1,2,3,4,5",
+                    help="draft lengths for the K-sweep comparison (empty: skip it)")
     a = ap.parse_args()
 
     eng = build(a.k, a.device, a.threads, a.pair)

@@ -156,9 +156,10 @@ def walk_chain(seq: Sequence[int], prompt_len: int, preds: Sequence[Sequence[int
 
 @dataclass
 class EstimateResult:
-    stats: list[RequestStats]
+    stats: list[RequestStats]  # at the engine's (or the requested) K
     continuations: list[list[int]]
     finish_reasons: list[str | None]
+    by_k: dict[int, list[RequestStats]] = field(default_factory=dict)  # every K measured (with ``sweep``)
 
 
 def _cache_layers(cache) -> list | None:
@@ -305,21 +306,29 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
 
 
 @torch.inference_mode()
-def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = None, batch_size: int = 16) -> EstimateResult:
+def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = None, batch_size: int = 16,
+             sweep: Sequence[int] = ()) -> EstimateResult:
     """Greedy chain acceptance of ``engine``'s draft on ``prompts``, identical to running it.
 
     The target runs once, without speculation, batched over prompts; the aux states it produced
     for every token are kept and the draft's K steps run over them for all positions at once.
+
+    ``sweep``: further draft lengths to replay (``EstimateResult.by_k``). Neither the target's
+    greedy continuation nor the draft's step-s prediction at a position depends on K, so every
+    K up to the largest costs one more replay walk, where measuring by generation costs one
+    more run per K.
     """
     k = engine.max_draft_len if k is None else int(k)
     if engine.draft is None:
         raise UserError("draft", "the engine has no draft", "load a bundle or pair with a draft")
-    if k < 1:
-        raise UserError("max_draft_len", f"{k}", "measure with K >= 1")
+    ks = sorted({k, *(int(x) for x in sweep)})
+    if ks[0] < 1:
+        raise UserError("max_draft_len", f"{ks[0]}", "measure with K >= 1")
+    k_max = ks[-1]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     conts: list[list[int]] = [[] for _ in prompts]
     reasons: list[str | None] = [None] * len(prompts)
-    stats: list[RequestStats] = [RequestStats() for _ in prompts]
+    by_k: dict[int, list[RequestStats]] = {kk: [RequestStats() for _ in prompts] for kk in ks}
     stop = frozenset(engine.eos_token_ids)
     dev = engine.device
     d2t_ids = engine._d2t_ids
@@ -345,14 +354,15 @@ def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = 
             # first origin that drafts a continuation token, per row
             starts = [max(len(prompts[idx[b]]) - 1, 0) for b in grp]
             span = max(max(len(seqs[b]) - 1 - st for b, st in zip(grp, starts)), 1)
-            logits = teacher_forced_drafts(engine.draft, engine._draft_embed, aux, ids.to(dev), k, feed="draft",
+            logits = teacher_forced_drafts(engine.draft, engine._draft_embed, aux, ids.to(dev), k_max, feed="draft",
                                            d2t_ids=d2t_ids, starts=torch.tensor(starts), span=span)
             steps = [d2t_ids[lg.argmax(-1)].cpu() for lg in logits]
             for r, b in enumerate(grp):
                 j = idx[b]
                 preds = [[-1] * starts[r] + p[r].tolist() for p in steps]
-                stats[j] = walk_chain(seqs[b], len(prompts[j]), preds, k, max_tokens, engine.max_seq_len, stop)
-    return EstimateResult(stats, conts, reasons)
+                for kk in ks:
+                    by_k[kk][j] = walk_chain(seqs[b], len(prompts[j]), preds, kk, max_tokens, engine.max_seq_len, stop)
+    return EstimateResult(by_k[k], conts, reasons, by_k)
 
 
 # ---------------------------------------------------------------------------------------------

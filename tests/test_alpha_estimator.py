@@ -73,6 +73,23 @@ def test_estimator_counts_identical_to_speculative_generation(setup, k, max_toke
         assert 0.2 < agg.alpha < 0.95  # both accepted and rejected drafts occur
 
 
+def test_sweep_replays_every_draft_length_exactly(setup):
+    """One continuation and one K_max drafting pass give each K's counts, as separate runs at that K do."""
+    eng, prompts = setup
+    est = estimate(eng, prompts, max_tokens=24, k=3, sweep=(1, 2, 5))
+    assert sorted(est.by_k) == [1, 2, 3, 5] and est.stats is est.by_k[3]
+    for k in (1, 2, 5):
+        eng.max_draft_len = k
+        try:
+            gen = eng.generate(prompts, SamplingParams(max_tokens=24))
+        finally:
+            eng.max_draft_len = 3
+        for e, g in zip(est.by_k[k], gen):
+            assert _stats_tuple(e) == _stats_tuple(g.stats)
+    als = [aggregate(est.by_k[k]).acceptance_length for k in (1, 2, 3, 5)]
+    assert als == sorted(als) and als[0] < als[-1]  # longer chains accept more per target pass here
+
+
 def test_estimator_identical_on_prompts_of_very_different_lengths(setup):
     """Several prefill groups, a merged left-padded cache and per-length attention windows."""
     eng, prompts = setup
