@@ -1,7 +1,8 @@
 # Thin front for the eagle3-trt CLI. Every target sets up .venv on first use.
 #   make engine [MODEL=tiny|llama3.1-8b|llama3.3-70b] [TARGET=dir DRAFT=dir] [GPU=h100|h200|b200]
 #               [GPUS=n] [TP=n] [QUANT=fp8|nvfp4|bf16] [QUANTIZE_DRAFT=1] [DRY_RUN=1] [OUT=dir]
-#   make test   the test suite (what CI runs)
+#   make test   the test suite (what CI runs); make test-compat: the same on TensorRT-LLM 1.2's
+#               library generation (transformers 4.57.3, ModelOpt 0.37)
 #   make serve  [BUNDLE=engines/tiny-fp8-h100] [REPO=repos/eagle3] [RUNTIME=reference|trtllm]
 #               [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002]: Triton on 127.0.0.1; make stop
 #   make bench-serving [PROMPTS=file] [CONCURRENCY=1,4,16,64]: rollout benchmark against the server
@@ -21,7 +22,7 @@ ENGINE_ARGS := --model $(MODEL) \
 
 .PHONY: setup engine test bench clean help
 help:
-	@sed -n '1,8p' Makefile
+	@sed -n '1,9p' Makefile
 
 setup: $(STAMP)
 
@@ -54,6 +55,23 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_engine.py
+
+# The library generation TensorRT-LLM 1.2 containers ship (transformers 4.57, ModelOpt 0.37), on
+# this machine's torch: catches API drift (cache classes, exporter probes, config fields) on CPU.
+COMPAT_VENV ?= .venv-compat
+COMPAT_PINS ?= transformers==4.57.3 nvidia-modelopt==0.37.0
+COMPAT_STAMP := $(COMPAT_VENV)/.eagle3-trt-installed
+$(COMPAT_STAMP): pyproject.toml Makefile $(STAMP)
+	@set -e; \
+	[ -x $(COMPAT_VENV)/bin/python ] || $(PY) -m venv $(COMPAT_VENV); \
+	echo "test-compat: installing $(COMPAT_PINS) with $$(cat $(VENV)/constraints.txt)"; \
+	$(COMPAT_VENV)/bin/pip install -q -c $(VENV)/constraints.txt "$$(cat $(VENV)/constraints.txt)" $(COMPAT_PINS); \
+	$(COMPAT_VENV)/bin/pip install -q -c $(VENV)/constraints.txt -e '.[triton,test]' $(COMPAT_PINS); \
+	touch $(COMPAT_STAMP)
+
+.PHONY: test-compat
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
 	rm -rf engines .pytest_cache

@@ -77,10 +77,21 @@ def export_draft_quantized(draft_module, ckpt: DraftCheckpoint, out_dir: Path) -
     frozen = draft_module.config
     # ModelOpt's exporter flips config.use_cache around its dummy forward; give it a mutable view.
     draft_module.config = types.SimpleNamespace(**dataclasses.asdict(frozen), use_cache=False)
+    # The exporter runs one forward to find layers that share an input: ModelOpt >= 0.4x calls
+    # get_dummy_inputs(), 0.37 (TensorRT-LLM containers) calls model(torch.ones(1, 2, long)).
+    forward = draft_module.forward
+
+    def probe_tolerant(*args, **kwargs):
+        if len(args) == 1 and not kwargs and torch.is_tensor(args[0]) and not args[0].is_floating_point():
+            return forward(**draft_module.get_dummy_inputs())
+        return forward(*args, **kwargs)
+
+    draft_module.forward = probe_tolerant
     try:
         state, hf_quant = export(draft_module, torch.bfloat16)
     finally:
         draft_module.config = frozen
+        del draft_module.forward
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     if "t2d" in ckpt.tensors:

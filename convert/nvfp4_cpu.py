@@ -70,4 +70,25 @@ def install() -> bool:
 
     op._eagle3_trt_cpu_fallback = True  # type: ignore[attr-defined]
     tq.dynamic_block_quantize_op = op
+    _guard_fp4_capability_probe()
     return True
+
+
+def _guard_fp4_capability_probe() -> None:
+    """ModelOpt 0.37's NVFP4 weight export asks ``torch.cuda.get_device_capability(0)`` without
+    checking for a GPU first, which raises on a CPU-only torch; answer "no FP4 GEMMs" there."""
+    import torch
+
+    try:
+        from modelopt.torch.quantization.qtensor import nvfp4_tensor
+    except ImportError:
+        return
+    probe = getattr(nvfp4_tensor, "fp4_compatible", None)
+    if probe is None or getattr(probe, "_eagle3_trt_guarded", False):
+        return
+
+    def guarded() -> bool:
+        return torch.cuda.is_available() and probe()
+
+    guarded._eagle3_trt_guarded = True  # type: ignore[attr-defined]
+    nvfp4_tensor.fp4_compatible = guarded

@@ -424,6 +424,7 @@ class TurnResult:
     stats: RequestStats
     continuation: list[int]
     prompt_ids: list[int] = field(default_factory=list, repr=False)
+    stats_by_k: dict[int, RequestStats] = field(default_factory=dict, repr=False)  # with a K sweep
 
     def to_dict(self) -> dict:
         s = self.stats
@@ -450,16 +451,38 @@ class Measurement:
     def overall(self) -> AggregateStats:
         return aggregate(r.stats for r in self.results)
 
+    def sweep(self) -> dict[int, dict]:
+        """Per swept K: measured alpha and acceptance length, next to the acceptance length the cost
+        model predicts from the largest K's per-position acceptance (E_K = 1 + sum of the first K)."""
+        ks = sorted(set.intersection(*(set(r.stats_by_k) for r in self.results))) if self.results else []
+        if not ks:
+            return {}
+        cum = aggregate(r.stats_by_k[ks[-1]] for r in self.results).cumulative_acceptance
+        out = {}
+        for k in ks:
+            a = aggregate(r.stats_by_k[k] for r in self.results)
+            out[k] = {"alpha": a.alpha, "acceptance_length": a.acceptance_length,
+                      "predicted_acceptance_length": 1.0 + float(sum(cum[:k]))}
+        return out
+
     def to_dict(self) -> dict:
-        return {"label": self.label, "overall": self.overall().to_dict(),
-                "by_category": {c: a.to_dict() for c, a in self.by_category().items()},
-                "requests": [r.to_dict() for r in self.results], "skipped": self.skipped,
-                "seconds": self.seconds, "chat_template": self.chat_template}
+        d = {"label": self.label, "overall": self.overall().to_dict(),
+             "by_category": {c: a.to_dict() for c, a in self.by_category().items()},
+             "requests": [r.to_dict() for r in self.results], "skipped": self.skipped,
+             "seconds": self.seconds, "chat_template": self.chat_template}
+        sw = self.sweep()
+        if sw:
+            d["sweep"] = {str(k): v for k, v in sw.items()}
+        return d
 
 
 def measure(engine, records: list[PromptRecord], *, label: str, max_tokens: int = 128, turns: str = "all",
-            method: str = "estimator", batch_size: int = 16, k: int | None = None) -> Measurement:
-    """Greedy acceptance of ``engine`` on every turn of every record (later turns see the target's own replies)."""
+            method: str = "estimator", batch_size: int = 16, k: int | None = None,
+            sweep: Sequence[int] = ()) -> Measurement:
+    """Greedy acceptance of ``engine`` on every turn of every record (later turns see the target's own replies).
+
+    ``sweep``: draft lengths to measure as well (estimator only: one continuation serves every K).
+    """
     import time
 
     from eagle3_trt.runtime.engine import SamplingParams
@@ -468,6 +491,8 @@ def measure(engine, records: list[PromptRecord], *, label: str, max_tokens: int 
         raise UserError("--turns", f"{turns!r}", "use 'all' or 'first'")
     if method not in ("estimator", "generate"):
         raise UserError("--method", f"{method!r}", "use 'estimator' or 'generate'")
+    if sweep and method != "estimator":
+        raise UserError("--sweep", "needs the estimator", "drop --method generate (the estimator's counts are identical)")
     t0 = time.perf_counter()
     tok = engine.tokenizer
     history: dict[int, list[dict]] = {i: [] for i in range(len(records))}
@@ -491,17 +516,19 @@ def measure(engine, records: list[PromptRecord], *, label: str, max_tokens: int 
         if not prompts:
             break
         if method == "estimator":
-            est = estimate(engine, prompts, max_tokens, k=k, batch_size=batch_size)
+            est = estimate(engine, prompts, max_tokens, k=k, batch_size=batch_size, sweep=sweep)
             stats, conts = est.stats, est.continuations
+            by_k = [{kk: v[n] for kk, v in est.by_k.items()} if sweep else {} for n in range(len(prompts))]
         else:
             stats, conts = [], []
             for s in range(0, len(prompts), batch_size):
                 for rr in engine.generate(prompts[s:s + batch_size], SamplingParams(max_tokens=max_tokens)):
                     stats.append(rr.stats)
                     conts.append(rr.token_ids)
+            by_k = [{} for _ in prompts]
         stop = set(engine.eos_token_ids)
-        for i, p, st, c in zip(idx, prompts, stats, conts):
-            results.append(TurnResult(records[i].id, records[i].category, t + 1, len(p), st, c, p))
+        for i, p, st, c, bk in zip(idx, prompts, stats, conts, by_k):
+            results.append(TurnResult(records[i].id, records[i].category, t + 1, len(p), st, c, p, bk))
             reply = tok.decode([x for x in c if x not in stop], skip_special_tokens=True) if tok is not None else ""
             history[i] = history[i] + [{"role": "assistant", "content": reply}]
     return Measurement(label, results, skipped, time.perf_counter() - t0,
@@ -680,6 +707,14 @@ def render_summary(report: dict, con) -> None:
         o = p["overall"]
         pos.add_row(p["label"], *[f"{c:.2f} / {q:.2f}" for c, q in zip(o["cumulative_acceptance"], o["conditional_acceptance"])])
     con.print(pos)
+    if prim.get("sweep"):
+        sw = Table(title="draft length sweep (one continuation, replayed per K): measured vs the cost model's E_K")
+        sw.add_column("K", justify="right")
+        for col in ("alpha", "AL measured", "AL predicted"):
+            sw.add_column(col, justify="right")
+        for k, v in prim["sweep"].items():
+            sw.add_row(k, f"{v['alpha']:.3f}", f"{v['acceptance_length']:.2f}", f"{v['predicted_acceptance_length']:.2f}")
+        con.print(sw)
     for p in [prim] + ([ref] if ref else []):
         if not p.get("chat_template", True):
             con.print(f"[yellow]warning:[/] {p['label']}: the tokenizer has no chat template; prompts were sent raw")

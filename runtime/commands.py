@@ -79,7 +79,7 @@ def _pair_label(man: dict) -> str:
 def run_alpha(bundle: Path, prompts_file: Path, *, reference_bundle: Path | None = None, bf16: bool | None = None,
               max_tokens: int = 128, limit: int | None = None, turns: str = "all", max_draft_len: int | None = None,
               method: str = "estimator", device: str | None = None, batch_size: int = 16, concurrency: int = 1,
-              diagnostics: bool = True, progress=None) -> dict:
+              diagnostics: bool = True, progress=None, sweep: tuple[int, ...] = ()) -> dict:
     """Measure the bundle (as built) and optionally a reference pair; returns the report dict."""
     from eagle3_trt.convert.checkpoint_io import read_json
     from eagle3_trt.runtime.alpha import compare, diagnose, load_prompts, measure
@@ -98,7 +98,7 @@ def run_alpha(bundle: Path, prompts_file: Path, *, reference_bundle: Path | None
     load_s = time.perf_counter() - t0
     say(f"measuring {len(records)} prompts ({turns} turns, up to {max_tokens} tokens each)")
     prim = measure(eng, records, label=_pair_label(man), max_tokens=max_tokens, turns=turns, method=method,
-                   batch_size=batch_size, k=k)
+                   batch_size=batch_size, k=k, sweep=sweep)
     diag = diagnose(eng, prim) if diagnostics and prim.results else []
     del eng
 
@@ -134,7 +134,7 @@ def run_alpha(bundle: Path, prompts_file: Path, *, reference_bundle: Path | None
         "bundle": str(bundle),
         "settings": {"prompts": str(prompts_file), "records": len(records), "limit": limit, "turns": turns,
                      "max_tokens": max_tokens, "max_draft_len": k, "method": method, "device": device,
-                     "decoding": "greedy", "batch_size": batch_size},
+                     "decoding": "greedy", "batch_size": batch_size, "sweep": list(sweep)},
         "pairs": {"bundle": prim.to_dict()},
         "delta": compare(prim, ref),
         "diagnostics": diag,
@@ -152,6 +152,22 @@ def run_alpha(bundle: Path, prompts_file: Path, *, reference_bundle: Path | None
         except UserError as e:
             report["recommendation_error"] = e.line()
     return report
+
+
+def parse_sweep(text: str | None) -> tuple[int, ...]:
+    """'1-5' or '1,2,4' (or a mix) -> sorted draft lengths."""
+    if not text:
+        return ()
+    ks: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            ks.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise UserError("--sweep", f"{text!r} is not a list of draft lengths", "use e.g. 1-5 or 1,2,4") from None
+    if not ks or min(ks) < 1 or max(ks) > 16:
+        raise UserError("--sweep", f"{text!r}", "draft lengths are between 1 and 16")
+    return tuple(sorted(ks))
 
 
 def write_report(report: dict, out: Path) -> Path:
@@ -189,11 +205,12 @@ def _print_summary(report: dict) -> None:
 @click.option("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
 @click.option("--batch-size", type=int, default=16, show_default=True)
 @click.option("--concurrency", type=int, default=1, show_default=True, help="batch size the K recommendation optimizes for")
+@click.option("--sweep", default=None, help="also measure these draft lengths, e.g. 1-5 or 1,2,4 (estimator; one continuation serves all)")
 @click.option("-o", "--out", default=None, help="report dir (default: reports/alpha-<bundle name>)")
 @click.option("--json", "as_json", is_flag=True, help="print the report JSON on stdout")
 def alpha_cmd(bundle: str, prompts_file: str, reference_bundle: str | None, bf16: bool | None, max_tokens: int,
               limit: int | None, turns: str, max_draft_len: int | None, method: str, device: str | None, batch_size: int,
-              concurrency: int, out: str | None, as_json: bool) -> None:
+              concurrency: int, sweep: str | None, out: str | None, as_json: bool) -> None:
     """Measure acceptance (alpha) of BUNDLE's quantized pair on your prompts, per category, vs BF16."""
     from rich.console import Console
 
@@ -203,7 +220,7 @@ def alpha_cmd(bundle: str, prompts_file: str, reference_bundle: str | None, bf16
     report = run_alpha(Path(bundle), Path(prompts_file), reference_bundle=Path(reference_bundle) if reference_bundle else None,
                        bf16=bf16, max_tokens=max_tokens, limit=limit, turns=turns, max_draft_len=max_draft_len,
                        method=method, device=device, batch_size=batch_size, concurrency=concurrency,
-                       progress=lambda m: err.print(f"[dim]{m}[/]"))
+                       progress=lambda m: err.print(f"[dim]{m}[/]"), sweep=parse_sweep(sweep))
     dest = Path(out) if out else Path("reports") / f"alpha-{Path(bundle).resolve().name}"
     write_report(report, dest)
     if as_json:

@@ -9,8 +9,12 @@ k-th draft token after the last accepted one:
 - ``reached_per_position[k]``: of those, iterations whose positions 0..k-1 were all accepted;
 - ``accepted_per_position[k]``: iterations whose positions 0..k were all accepted.
 
-So cumulative acceptance at k = accepted[k] / drafted[k] = P(first k+1 accepted), and
-conditional acceptance at k = accepted[k] / reached[k] = P(k accepted | 0..k-1 accepted).
+So conditional acceptance at k = accepted[k] / reached[k] = P(k accepted | 0..k-1 accepted),
+and cumulative acceptance at k = P(first k+1 accepted) = the product of the conditionals up to k.
+(Not accepted[k] / drafted[k]: iterations near max_tokens draft fewer than K positions, so each
+position would be estimated over a different set of iterations and the list need not decrease.
+The product uses every iteration for every position it reached, is non-increasing by
+construction, and equals accepted[k] / drafted[k] when every iteration drafted K.)
 alpha = accepted_tokens / draft_tokens; acceptance length (AL) = generated tokens per target
 forward, the prefill forward (which produces the first token) included, so K = 0 gives AL = 1.
 """
@@ -126,7 +130,11 @@ class AggregateStats:
 
     @property
     def cumulative_acceptance(self) -> list[float]:
-        return [_ratio(a, d) for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+        out, p = [], 1.0
+        for c in self.conditional_acceptance:
+            p *= c
+            out.append(p)
+        return out
 
     @property
     def conditional_acceptance(self) -> list[float]:

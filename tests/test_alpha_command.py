@@ -61,8 +61,8 @@ def test_alpha_report_side_by_side(bundle, prompts_file, tmp_path, capsys):
     rc = main(["alpha", str(bundle), "--prompts", str(prompts_file), "--turns", "first", "--max-tokens", "24", "-o", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "overall" in text and "recommendation" in text
     rep = json.loads((out / "report.json").read_text())
+    assert "overall" in text and "recommendation" in text, rep.get("recommendation_error")
     assert (out / "alpha.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "overall" in (out / "summary.txt").read_text()
     prim, ref = rep["pairs"]["bundle"], rep["pairs"]["reference"]
@@ -93,6 +93,28 @@ def test_estimator_and_generation_agree_multi_turn(bundle, prompts_file):
     assert len(est["requests"]) == 6  # 3 records x 2 turns; turn 2 sees the target's own turn-1 reply
     assert est["requests"] == gen["requests"]
     assert est["overall"]["accepted_per_position"] == gen["overall"]["accepted_per_position"]
+
+
+def test_alpha_sweep_measures_each_draft_length(bundle, prompts_file, tmp_path, capsys):
+    from eagle3_trt.runtime.commands import run_alpha
+
+    out = tmp_path / "rep"
+    rc = main(["alpha", str(bundle), "--prompts", str(prompts_file), "--turns", "first", "--max-tokens", "16",
+               "--limit", "4", "--no-bf16", "--sweep", "1-2,4", "-o", str(out)])
+    assert rc == 0
+    assert "draft length sweep" in capsys.readouterr().out
+    rep = json.loads((out / "report.json").read_text())
+    sw = rep["pairs"]["bundle"]["sweep"]
+    assert sorted(sw, key=int) == ["1", "2", "3", "4"]  # the bundle's K=3 is always measured
+    assert sw["3"]["alpha"] == pytest.approx(rep["pairs"]["bundle"]["overall"]["alpha"])
+    kw = dict(bf16=False, max_tokens=16, limit=4, turns="first", diagnostics=False)
+    for k in (1, 4):  # each swept K equals a run at that K
+        alone = run_alpha(bundle, prompts_file, max_draft_len=k, **kw)["pairs"]["bundle"]["overall"]
+        assert sw[str(k)]["acceptance_length"] == pytest.approx(alone["acceptance_length"])
+        assert sw[str(k)]["alpha"] == pytest.approx(alone["alpha"])
+    assert sw["1"]["predicted_acceptance_length"] == pytest.approx(1 + rep["pairs"]["bundle"]["sweep"]["1"]["alpha"], abs=0.15)
+    for bad in ("0-2", "x", "3-1"):
+        assert main(["alpha", str(bundle), "--prompts", str(prompts_file), "--sweep", bad]) == 2
 
 
 def test_gate_pass_and_fail(bundle, prompts_file, tmp_path, capsys):

@@ -103,7 +103,19 @@ def test_record_iteration_and_aggregate():
     agg = aggregate([a, b])
     assert agg.drafted_per_position == [5, 4, 3] and agg.accepted_per_position == [4, 2, 1]
     assert agg.alpha == 7 / 12
-    assert agg.cumulative_acceptance == [4 / 5, 2 / 4, 1 / 3]
     assert agg.conditional_acceptance == [4 / 5, 2 / 3, 1 / 1]
+    # P(first k+1 accepted) as the product of the conditionals: the iterations cut short by the
+    # end of the request (drafted < 3) still count for the positions they reached
+    assert agg.cumulative_acceptance == pytest.approx([4 / 5, 4 / 5 * 2 / 3, 4 / 5 * 2 / 3])
+    full = aggregate([a])  # without b; a's last iteration drafted only 2
+    assert full.cumulative_acceptance == pytest.approx([3 / 4, 3 / 4 * 2 / 3, 3 / 4 * 2 / 3 * 1 / 1])
     with pytest.raises(AssertionError):
         a.record_iteration(2, 1, 2)  # accepted more than were offered
+
+
+def test_cumulative_acceptance_equals_the_plain_ratio_when_every_iteration_drafts_k():
+    s = RequestStats()
+    for accepted in (3, 1, 0, 2, 3, 0):
+        s.record_iteration(3, min(accepted + 1, 3), accepted)
+    ratio = [a / d for a, d in zip(s.accepted_per_position, s.drafted_per_position)]
+    assert aggregate([s]).cumulative_acceptance == pytest.approx(ratio)
