@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from eagle3_trt.clients.llm_client import Timed
 from eagle3_trt.errors import UserError
 
 DEFAULT_ALPHA_THRESHOLD = 0.55
@@ -83,7 +84,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 @dataclass
-class RequestRecord:
+class RequestRecord(Timed):
     concurrency: int
     speculative: bool
     prompt_index: int
@@ -99,14 +100,6 @@ class RequestRecord:
     draft_tokens: int | None = None
     accepted_tokens: int | None = None
     acceptance_length: float | None = None  # engine definition: tokens per target forward, prefill included
-
-    @property
-    def ttft_s(self) -> float:
-        return self.t_first - self.t_send
-
-    @property
-    def latency_s(self) -> float:
-        return self.t_end - self.t_send
 
     def itl_samples(self) -> list[float]:
         """Per-token inter-token latencies (seconds), one per token after the first response."""

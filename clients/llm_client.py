@@ -56,16 +56,12 @@ class Chunk:
     perf: dict = field(default_factory=dict)
 
 
-@dataclass
-class Result:
-    text: str
-    n_tokens: int
-    finish_reason: str | None
-    perf: dict
+class Timed:
+    """Time to first token and end-to-end latency from ``t_send``/``t_first``/``t_end`` (perf_counter s)."""
+
     t_send: float
     t_first: float
     t_end: float
-    chunks: list[Chunk]
 
     @property
     def ttft_s(self) -> float:
@@ -74,6 +70,18 @@ class Result:
     @property
     def latency_s(self) -> float:
         return self.t_end - self.t_send
+
+
+@dataclass
+class Result(Timed):
+    text: str
+    n_tokens: int
+    finish_reason: str | None
+    perf: dict
+    t_send: float
+    t_first: float
+    t_end: float
+    chunks: list[Chunk]
 
 
 def normalize_url(url: str, http: bool) -> str:
