@@ -1,15 +1,17 @@
 """Reference runtime throughput: speculative decoding (chain K, optionally a tree) vs K = 0.
 
-Pair: the embedded tiny pair's architecture at --shape (tiny: hidden 64; medium: hidden 512,
+Pair (--shape): ``embedded``, the shipped trained tiny pair (192 wide, 8 layers) on its held-out
+prompts; or a random pair of the tiny pair's architecture (tiny: hidden 64; medium: hidden 512,
 where the target's forward outweighs Python overhead), target "sharpened" and draft distilled
-onto it (see runtime/distill.py) so acceptance is realistic rather than 0. Batch 1, greedy,
+onto it (see runtime/distill.py) so acceptance is not 0 (medium needs far more --distill-steps
+than the default to reach a useful alpha). Batch 1, greedy,
 short prompts; tokens/s are wall-clock over all prompts (best of --repeats).
 
 Reported: alpha, acceptance length (AL, tokens per target forward), tokens/s for K = 0 and for
 speculation, the measured speedup, and the fraction of the ideal speedup (measured speedup / AL:
 1.0 would mean drafting and verification cost nothing beyond one target forward).
 
-    .venv/bin/python benchmarks/bench_runtime_speed.py [--shape tiny|medium] [--device cpu|cuda] [--k 3]
+    .venv/bin/python benchmarks/bench_runtime_speed.py [--shape tiny|medium|embedded] [--device cpu|cuda] [--k 3]
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ SHAPES = {
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", choices=list(SHAPES), default="tiny")
+    ap.add_argument("--shape", choices=[*SHAPES, "embedded"], default="tiny",
+                    help="embedded: the shipped trained tiny pair (192 wide) on its held-out prompts")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--tree", default=None, help='optional static tree as JSON, e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]"')
@@ -51,19 +54,30 @@ def main() -> int:
 
     torch.set_num_threads(a.threads)
     dtype = torch.float32 if a.device == "cpu" else torch.bfloat16
-    t, d = make_pair(Path(tempfile.mkdtemp(prefix="bench-speed-")), shape=TinyShape(**SHAPES[a.shape]))
-    eng = SpeculativeEngine.from_pair(t, d, device=a.device, dtype=torch.float32, max_draft_len=a.k)
-    sharpen_target(eng.target, 20.0 if a.shape == "tiny" else 8.0)
     rng = random.Random(0)
-    train = [[0] + [rng.randrange(6, 512) for _ in range(rng.randrange(4, 14))] for _ in range(256)]
-    t0 = time.perf_counter()
-    distill_draft(eng, train, steps=a.distill_steps, lr=5e-3 if a.shape == "tiny" else 2e-3, gen_tokens=32)
-    print(f"{a.shape} pair ready on {a.device} (draft distilled in {time.perf_counter() - t0:.1f} s)")
+    if a.shape == "embedded":
+        import json
+
+        from eagle3_trt.convert.embedded import embedded_pair
+
+        t, d = embedded_pair("tiny")
+        eng = SpeculativeEngine.from_pair(t, d, device=a.device, dtype=torch.float32, max_draft_len=a.k)
+        held = json.loads((t.parent / "heldout_prompts.json").read_text())["prompts"]
+        prompts = [held[i % len(held)] for i in range(a.prompts)]
+        print(f"embedded trained pair on {a.device}, {len(prompts)} held-out prompts of {len(prompts[0])} tokens")
+    else:
+        t, d = make_pair(Path(tempfile.mkdtemp(prefix="bench-speed-")), shape=TinyShape(**SHAPES[a.shape]))
+        eng = SpeculativeEngine.from_pair(t, d, device=a.device, dtype=torch.float32, max_draft_len=a.k)
+        sharpen_target(eng.target, 20.0 if a.shape == "tiny" else 8.0)
+        train = [[0] + [rng.randrange(6, 512) for _ in range(rng.randrange(4, 14))] for _ in range(256)]
+        t0 = time.perf_counter()
+        distill_draft(eng, train, steps=a.distill_steps, lr=5e-3 if a.shape == "tiny" else 2e-3, gen_tokens=32)
+        print(f"{a.shape} pair ready on {a.device} (draft distilled in {time.perf_counter() - t0:.1f} s)")
+        prompts = [[0] + [rng.randrange(6, 512) for _ in range(rng.randrange(4, 14))] for _ in range(a.prompts)]
     if dtype != torch.float32:
         eng.target.hf.to(dtype)
         eng.target.dtype = dtype
         eng.draft.to(dtype)
-    prompts = [[0] + [rng.randrange(6, 512) for _ in range(rng.randrange(4, 14))] for _ in range(a.prompts)]
     params = SamplingParams(max_tokens=a.max_tokens)
     tree = parse_tree(a.tree)
 
