@@ -255,20 +255,9 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
             emit(b, first[r])
 
     # ---- merge the groups' caches into one left-padded cache with room for the decode ----
-    n_layers = len(kv[0][0])
-    keys, values = [], []
-    for li in range(n_layers):
-        k0 = kv[0][0][li]
-        K = k0.new_zeros(B, k0.shape[1], S, k0.shape[3])
-        Vv = k0.new_zeros(B, k0.shape[1], S, k0.shape[3])
-        for g, (ks, vs, Sg) in zip(groups, kv):
-            K[g[0]:g[-1] + 1, :, S - Sg:] = ks[li]
-            Vv[g[0]:g[-1] + 1, :, S - Sg:] = vs[li]
-        keys.append(K)
-        values.append(Vv)
+    del cache, layers  # only kv refers to the groups' K/V now, and the merge releases them layer by layer
+    cache = tgt.preallocated_cache([(ks, vs) for ks, vs, _ in kv], S + max_tokens)
     del kv
-    cache = tgt.preallocated_cache(keys, values, S + max_tokens)
-    del keys, values
     cols = torch.arange(S)
     t_valid = cols[None, :] >= (S - torch.tensor(lens))[:, None]  # [B, S]
 

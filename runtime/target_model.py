@@ -222,22 +222,31 @@ def _prealloc_cache_class():
 
         ``DynamicCache`` concatenates on every append: a copy of the whole cache per layer and
         token, which dominates batched long-context decoding. Here appends write in place and
-        attention reads a view of the filled columns. Built from existing per-layer K/V; rows can
-        be dropped (``keep_rows``) as sequences finish. FP8 KV emulation applies on write, as in
+        attention reads a view of the filled columns. Built from the per-layer K/V of one or more
+        groups of rows, stacked in order and left-padded to the longest (the caller's lists are
+        emptied as they are copied); rows can be dropped (``keep_rows``) as sequences finish. FP8 KV emulation applies on write, as in
         ``TargetModel.new_cache``. No rollback: used for plain decoding (the alpha estimator).
         """
 
-        def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], capacity: int,
+        def __init__(self, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], capacity: int,
                      kv_scales: dict[int, tuple[float, float]] | None = None):
             super().__init__()
             self.kv_scales = dict(kv_scales or {})
+            B = sum(ks[0].shape[0] for ks, _ in parts)
+            L = max(ks[0].shape[2] for ks, _ in parts)
+            if capacity < L:
+                raise ValueError(f"capacity {capacity} < cached length {L}")
             self._k, self._v, self._n = [], [], []
-            for k, v in zip(keys, values):
-                B, H, L, D = k.shape
-                if capacity < L:
-                    raise ValueError(f"capacity {capacity} < cached length {L}")
-                kb, vb = k.new_zeros(B, H, capacity, D), v.new_zeros(B, H, capacity, D)
-                kb[:, :, :L], vb[:, :, :L] = k, v
+            for li in range(len(parts[0][0])):
+                H, D = parts[0][0][li].shape[1], parts[0][0][li].shape[3]
+                kb = parts[0][0][li].new_zeros(B, H, capacity, D)
+                vb = torch.zeros_like(kb)
+                r = 0
+                for ks, vs in parts:
+                    b, Lg = ks[li].shape[0], ks[li].shape[2]
+                    kb[r:r + b, :, L - Lg:L], vb[r:r + b, :, L - Lg:L] = ks[li], vs[li]
+                    ks[li] = vs[li] = None  # type: ignore[call-overload]  # freed layer by layer: peak ~ one copy
+                    r += b
                 self._k.append(kb)
                 self._v.append(vb)
                 self._n.append(L)
@@ -401,9 +410,10 @@ class TargetModel:
 
         return DynamicCache()
 
-    def preallocated_cache(self, keys: list[torch.Tensor], values: list[torch.Tensor], capacity: int):
-        """A cache holding per-layer ``keys``/``values`` [B, Hkv, L, D], with room for ``capacity`` columns."""
-        return _prealloc_cache_class()(keys, values, capacity, self.kv_scales)
+    def preallocated_cache(self, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], capacity: int):
+        """A cache of ``capacity`` columns holding, per group of rows, per-layer (keys, values)
+        [b, Hkv, L_g, D], groups stacked in order and left-padded to the longest L_g."""
+        return _prealloc_cache_class()(parts, capacity, self.kv_scales)
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor,

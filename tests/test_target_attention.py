@@ -43,7 +43,7 @@ def _decode(tm: TargetModel, prompts, steps: int, prealloc: bool, windows=None):
     logits, _ = tm.forward(ids, pos, allowed, cache, logits_at=torch.full((len(prompts), 1), ids.shape[1] - 1))
     if prealloc:
         layers = cache.layers
-        cache = tm.preallocated_cache([lay.keys for lay in layers], [lay.values for lay in layers], ids.shape[1] + steps)
+        cache = tm.preallocated_cache([([lay.keys for lay in layers], [lay.values for lay in layers])], ids.shape[1] + steps)
     nxt = logits[:, 0].argmax(-1)
     last = pos[:, -1]
     out_tok, out_aux, out_logits = [], [], []
@@ -87,13 +87,24 @@ def test_preallocated_cache_decodes_like_dynamic_cache(target):
 
 def test_preallocated_cache_keeps_rows_and_refuses_overflow(target):
     tm, _ = target
-    k = [torch.randn(3, 2, 4, 16)]
-    cache = tm.preallocated_cache(k, [x.clone() for x in k], 5)
+    k = torch.randn(3, 2, 4, 16)
+    cache = tm.preallocated_cache([([k.clone()], [k.clone()])], 5)
     cache.keep_rows(torch.tensor([0, 2]))
     kk, _ = cache.update(torch.ones(2, 2, 1, 16), torch.ones(2, 2, 1, 16), 0)
-    assert kk.shape == (2, 2, 5, 16) and torch.equal(kk[1, :, :4], k[0][2]) and cache.get_seq_length() == 5
+    assert kk.shape == (2, 2, 5, 16) and torch.equal(kk[1, :, :4], k[2]) and cache.get_seq_length() == 5
     with pytest.raises(RuntimeError, match="full"):
         cache.update(torch.ones(2, 2, 1, 16), torch.ones(2, 2, 1, 16), 0)
+
+
+def test_preallocated_cache_stacks_groups_left_padded(target):
+    tm, _ = target
+    a, b = torch.randn(2, 2, 3, 16), torch.randn(1, 2, 5, 16)
+    parts = [([a.clone()], [a.clone() + 1]), ([b.clone()], [b.clone() + 1])]
+    cache = tm.preallocated_cache(parts, 8)
+    assert parts[0][0] == [None] and parts[1][1] == [None]  # the groups' copies were released
+    kk, vv = cache.update(torch.zeros(3, 2, 1, 16), torch.zeros(3, 2, 1, 16), 0)
+    assert kk.shape == (3, 2, 6, 16)
+    assert torch.equal(kk[:2, :, 2:5], a) and not kk[:2, :, :2].any() and torch.equal(vv[2:, :, :5], b + 1)
 
 
 def test_column_windows_change_nothing_but_the_work(target):
