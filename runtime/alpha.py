@@ -2,14 +2,15 @@
 
 The estimator reproduces greedy chain speculative decoding exactly without running it:
 
-1. the target's own greedy continuation of every prompt (batched across prompts, K = 0);
-2. one teacher-forced target pass over prompt + continuation for the aux hidden states;
-3. the draft's K steps for *every* position at once (``teacher_forced_drafts``): step 1 is the
+1. the target's own greedy continuation of every prompt, decoded in one batch across prompts
+   (K = 0), keeping the aux hidden states of every position as they are produced;
+2. the draft's K steps for *every* position at once (``teacher_forced_drafts``): step 1 is the
    draft's context pass over the whole sequence; step s attends to the step-1 entries up to its
    origin plus its own steps 2..s (a "diagonal" mask), which is exactly the attention pattern
    the runtime has after rolling back rejected drafts;
-4. a walk over the continuation that replays the runtime's iterations (root = last accepted
-   token, k = min(K, tokens left - 1), accept while the draft equals the continuation).
+3. a walk over the continuation that replays the runtime's iterations (root = last accepted
+   token, k = min(K, tokens left - 1), accept while the draft equals the continuation); none
+   of the above depends on K below the drafted depth, so one run replays several K (sweep).
 
 With greedy decoding the accepted tokens *are* the target's greedy continuation, so the counts
 equal those of running ``SpeculativeEngine.generate`` (tests/test_alpha_estimator.py checks this

@@ -150,6 +150,9 @@ def kv_cache_fp8(ckpt_dir: Path) -> bool:
 
 
 GQA_ATTENTION = "eagle3_sdpa_gqa"
+# (lo, hi, c0) attention windows over batch rows, set by ``column_windows``
+_COLUMN_WINDOWS: contextvars.ContextVar[tuple[tuple[int, int, int], ...] | None] = contextvars.ContextVar(
+    "eagle3_column_windows", default=None)
 
 
 def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
@@ -178,10 +181,6 @@ def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=No
                 dropout_p=dropout, scale=scaling, enable_gqa=gqa)
             for lo, hi, c0 in windows])
     return out.transpose(1, 2).contiguous(), None
-
-
-_COLUMN_WINDOWS: contextvars.ContextVar[tuple[tuple[int, int, int], ...] | None] = contextvars.ContextVar(
-    "eagle3_column_windows", default=None)
 
 
 @contextlib.contextmanager
@@ -224,7 +223,8 @@ def _prealloc_cache_class():
         token, which dominates batched long-context decoding. Here appends write in place and
         attention reads a view of the filled columns. Built from the per-layer K/V of one or more
         groups of rows, stacked in order and left-padded to the longest (the caller's lists are
-        emptied as they are copied); rows can be dropped (``keep_rows``) as sequences finish. FP8 KV emulation applies on write, as in
+        emptied as they are copied, so the peak is about one copy); rows can be dropped
+        (``keep_rows``) as sequences finish. FP8 KV emulation applies on write, as in
         ``TargetModel.new_cache``. No rollback: used for plain decoding (the alpha estimator).
         """
 
@@ -245,7 +245,7 @@ def _prealloc_cache_class():
                 for ks, vs in parts:
                     b, Lg = ks[li].shape[0], ks[li].shape[2]
                     kb[r:r + b, :, L - Lg:L], vb[r:r + b, :, L - Lg:L] = ks[li], vs[li]
-                    ks[li] = vs[li] = None  # type: ignore[call-overload]  # freed layer by layer: peak ~ one copy
+                    ks[li] = vs[li] = None  # type: ignore[call-overload]
                     r += b
                 self._k.append(kb)
                 self._v.append(vb)
