@@ -57,15 +57,24 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_engine.py
 
 # The library generation TensorRT-LLM 1.2 containers ship (transformers 4.57, ModelOpt 0.37), on
-# this machine's torch: catches API drift (cache classes, exporter probes, config fields) on CPU.
+# this machine's torch: catches API drift (cache classes, exporter probes, config fields) on a
+# plain machine. Where .venv reuses a system torch (a container), .venv-compat reuses it too.
 COMPAT_VENV ?= .venv-compat
 COMPAT_PINS ?= transformers==4.57.3 nvidia-modelopt==0.37.0
 COMPAT_STAMP := $(COMPAT_VENV)/.eagle3-trt-installed
 $(COMPAT_STAMP): pyproject.toml Makefile $(STAMP)
 	@set -e; \
-	[ -x $(COMPAT_VENV)/bin/python ] || $(PY) -m venv $(COMPAT_VENV); \
+	if [ ! -x $(COMPAT_VENV)/bin/python ]; then \
+	  if grep -q "include-system-site-packages = true" $(VENV)/pyvenv.cfg; then \
+	    $(PY) -m venv --system-site-packages $(COMPAT_VENV); \
+	  else \
+	    $(PY) -m venv $(COMPAT_VENV); \
+	  fi; \
+	fi; \
+	if ! $(COMPAT_VENV)/bin/python -c "import torch" >/dev/null 2>&1; then \
+	  $(COMPAT_VENV)/bin/pip install -q "$$(cat $(VENV)/constraints.txt)"; \
+	fi; \
 	echo "test-compat: installing $(COMPAT_PINS) with $$(cat $(VENV)/constraints.txt)"; \
-	$(COMPAT_VENV)/bin/pip install -q -c $(VENV)/constraints.txt "$$(cat $(VENV)/constraints.txt)" $(COMPAT_PINS); \
 	$(COMPAT_VENV)/bin/pip install -q -c $(VENV)/constraints.txt -e '.[triton,test]' $(COMPAT_PINS); \
 	touch $(COMPAT_STAMP)
 

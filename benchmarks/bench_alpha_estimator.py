@@ -7,7 +7,7 @@ acceptance length 2.68 at K=3 on its held-out text), or ``random``, a 64-wide ra
 ../shared/data/mt_bench.jsonl with the pair's chat template (hundreds of tokens); (2) ``short``:
 5-14 tokens (the embedded pair's held-out prompts cut short, or random ids).
 
-Times (best of --repeats):
+Times (best of --repeats, default 1):
 - estimator: ``runtime.alpha.estimate`` (the target's greedy continuation for all prompts in one
   batched decode, K batched draft passes over every position, a replay walk);
 - generation, batch 1: ``SpeculativeEngine.generate`` one prompt at a time;

@@ -160,7 +160,7 @@ class EstimateResult:
     stats: list[RequestStats]  # at the engine's (or the requested) K
     continuations: list[list[int]]
     finish_reasons: list[str | None]
-    by_k: dict[int, list[RequestStats]] = field(default_factory=dict)  # every K measured (with ``sweep``)
+    by_k: dict[int, list[RequestStats]] = field(default_factory=dict)  # every K measured (``sweep`` adds more)
 
 
 def _cache_layers(cache) -> list | None:
@@ -172,8 +172,8 @@ def _cache_layers(cache) -> list | None:
 
 
 # Decode attention windows: a run of rows shares one window while its longest prompt is within
-# this ratio (or this many tokens) of its shortest; each extra window is one more attention call
-# per layer and pass.
+# this ratio (or a quarter of this many tokens) of its shortest; each extra window is one more
+# attention call per layer and pass.
 WINDOW_RATIO, WINDOW_MIN_PAD = 1.5, 64
 
 
@@ -257,7 +257,8 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
 
     # ---- merge the groups' caches into one left-padded cache with room for the decode ----
     del cache, layers  # only kv refers to the groups' K/V now, and the merge releases them layer by layer
-    cache = tgt.preallocated_cache([(ks, vs) for ks, vs, _ in kv], S + max_tokens)
+    steps = min(max_tokens, engine.max_seq_len - lens[0])  # decode passes at most (lens ascend)
+    cache = tgt.preallocated_cache([(ks, vs) for ks, vs, _ in kv], S + steps)
     del kv
     cols = torch.arange(S)
     t_valid = cols[None, :] >= (S - torch.tensor(lens))[:, None]  # [B, S]

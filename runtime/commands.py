@@ -87,6 +87,8 @@ def run_alpha(bundle: Path, prompts_file: Path, *, reference_bundle: Path | None
     from eagle3_trt.runtime.engine import SpeculativeEngine
 
     say = progress or (lambda msg: None)
+    if sweep and method != "estimator":
+        raise UserError("--sweep", "needs the estimator", "drop --method generate (the estimator's counts are identical)")
     bundle = Path(bundle)
     man = read_json(bundle / "manifest.json")
     records = load_prompts(Path(prompts_file), limit)
@@ -159,14 +161,16 @@ def parse_sweep(text: str | None) -> tuple[int, ...]:
     if not text:
         return ()
     ks: set[int] = set()
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            ks.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise UserError("--sweep", f"{text!r} is not a list of draft lengths", "use e.g. 1-5 or 1,2,4") from None
-    if not ks or min(ks) < 1 or max(ks) > 16:
-        raise UserError("--sweep", f"{text!r}", "draft lengths are between 1 and 16")
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        try:
+            a, b = int(lo), int(hi if dash else lo)
+        except ValueError:
+            raise UserError("--sweep", f"{part.strip()!r} in {text!r} is not a draft length or range",
+                            "use e.g. 1-5 or 1,2,4") from None
+        if not 1 <= a <= b <= 16:
+            raise UserError("--sweep", f"{part.strip()!r} in {text!r}", "ranges go up, within draft lengths 1..16")
+        ks.update(range(a, b + 1))
     return tuple(sorted(ks))
 
 

@@ -11,8 +11,9 @@ Model (a roofline per forward pass, per GPU of a TP group):
 - With a chain of K draft tokens an iteration costs one target forward over b*(K+1) tokens
   (same weights and KV read, K+1 times the FLOPs) plus K draft forwards, and yields
   E_K = 1 + sum_{k<K} c_k tokens per sequence, c_k = P(first k+1 drafts accepted) (cumulative
-  per-position acceptance). Since alpha = accepted / drafted, E_K = 1 + K * alpha_K exactly,
-  with alpha_K = mean(c_0 .. c_{K-1}).
+  per-position acceptance). With every iteration drafting K, alpha = accepted / drafted gives
+  E_K = 1 + K * alpha_K, alpha_K = mean(c_0 .. c_{K-1}); measured runs deviate slightly because
+  drafts near max_tokens are shorter (``alpha --sweep`` prints measured and predicted E_K).
 - Speedup S(K, b) = E_K * T_base(b) / T_spec(K, b).
 
 Special case (tested): memory-bound and no fixed costs, T_spec / T_base = 1 + overhead with
@@ -181,7 +182,7 @@ def recommend(per_position_acceptance: list[float], gpu, target_bytes: float, dr
         raise UserError("cost model", "no per-position acceptance measured", "run `eagle3-trt alpha` with K >= 1 first")
     if any(not 0 <= x <= 1 for x in c) or any(b > a + 1e-12 for a, b in zip(c, c[1:])):
         raise UserError("cost model", f"per-position acceptance {c} is not a non-increasing list of probabilities",
-                        "pass the cumulative acceptance (accepted_per_position / drafted_per_position)")
+                        "pass AggregateStats.cumulative_acceptance (products of the conditional acceptances)")
     if tp < 1:
         raise UserError("cost model", f"tp={tp}", "tensor parallelism is at least 1")
     tcost = model_cost(target_bytes, target_format, gpu, tp, kv_bytes_per_token=target_kv_bytes_per_token,

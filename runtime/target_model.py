@@ -156,31 +156,32 @@ _COLUMN_WINDOWS: contextvars.ContextVar[tuple[tuple[int, int, int], ...] | None]
 
 
 def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """HF's SDPA attention, minus the K/V expansion to every query head when a mask is given.
+    """transformers' SDPA attention, on CPU without the K/V expansion per query head, and with
+    ``column_windows`` applied.
 
-    transformers' ``sdpa`` path copies K and V to all query heads (``repeat_kv``) whenever an
-    explicit mask is passed, which this runtime always does; for long contexts and batches that
-    copy of the whole cache, per layer and pass, costs more than the attention itself.
+    transformers' ``sdpa`` path copies K and V to every query head (``repeat_kv``) whenever an
+    explicit mask is passed, which this runtime always does; on a CPU, for long contexts and
+    batches, that copy of the whole cache per layer and pass costs more than the attention.
     ``enable_gqa`` computes the same thing from the grouped heads (bit-identical on CPU: tested).
+    On CUDA, ``enable_gqa`` with a mask falls back to PyTorch's math kernel, so there the
+    expansion (and the fused kernels it allows) stays.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if attention_mask is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
-    mask = attention_mask[:, :, :, : key.shape[-2]]
-    gqa = query.shape[1] != key.shape[1]
+    def attend(q, k, v, mask):
+        if mask is not None and q.device.type == "cpu":
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                                                   scale=scaling, enable_gqa=q.shape[1] != k.shape[1])
+            return out.transpose(1, 2).contiguous()
+        return sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
+                                      **kwargs)[0]
+
     windows = _COLUMN_WINDOWS.get()
-    if windows is None:
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
-                                                               scale=scaling, enable_gqa=gqa)
-    else:
-        out = torch.cat([
-            torch.nn.functional.scaled_dot_product_attention(
-                query[lo:hi], key[lo:hi, :, c0:], value[lo:hi, :, c0:], attn_mask=mask[lo:hi, :, :, c0:],
-                dropout_p=dropout, scale=scaling, enable_gqa=gqa)
-            for lo, hi, c0 in windows])
-    return out.transpose(1, 2).contiguous(), None
+    if attention_mask is None or windows is None:
+        return attend(query, key, value, attention_mask), None
+    mask = attention_mask[:, :, :, : key.shape[-2]]
+    return torch.cat([attend(query[lo:hi], key[lo:hi, :, c0:], value[lo:hi, :, c0:], mask[lo:hi, :, :, c0:])
+                      for lo, hi, c0 in windows]), None
 
 
 @contextlib.contextmanager
@@ -267,10 +268,26 @@ def _prealloc_cache_class():
         def get_seq_length(self, layer_idx: int | None = 0, *args, **kwargs) -> int:
             return self._n[layer_idx or 0] if self._n else 0
 
+        def get_mask_sizes(self, query, layer_idx: int = 0, *args, **kwargs) -> tuple[int, int]:
+            # transformers 5 passes the query length, 4.57 the cache positions
+            q = int(query) if isinstance(query, int) else int(query.shape[-1])
+            return self.get_seq_length(layer_idx) + q, 0
+
+        def __len__(self) -> int:
+            return len(self._k)
+
+        def crop(self, *args, **kwargs):
+            raise NotImplementedError("the preallocated cache does not roll back")
+
+        def reorder_cache(self, *args, **kwargs):
+            raise NotImplementedError("use keep_rows")
+
+        batch_select_indices = reorder_cache
+
         def keep_rows(self, rows: torch.Tensor) -> None:
             rows = rows.to(self._k[0].device)
-            self._k = [k[rows] for k in self._k]
-            self._v = [v[rows] for v in self._v]
+            for i in range(len(self._k)):  # one layer at a time: the peak is one layer over the cache
+                self._k[i], self._v[i] = self._k[i][rows], self._v[i][rows]
 
     return _Prealloc
 

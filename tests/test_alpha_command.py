@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from eagle3_trt.cli import main
+from eagle3_trt.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 MT_BENCH = ROOT.parent / "shared" / "data" / "mt_bench.jsonl"
@@ -106,15 +107,16 @@ def test_alpha_sweep_measures_each_draft_length(bundle, prompts_file, tmp_path, 
     rep = json.loads((out / "report.json").read_text())
     sw = rep["pairs"]["bundle"]["sweep"]
     assert sorted(sw, key=int) == ["1", "2", "3", "4"]  # the bundle's K=3 is always measured
-    assert sw["3"]["alpha"] == pytest.approx(rep["pairs"]["bundle"]["overall"]["alpha"])
     kw = dict(bf16=False, max_tokens=16, limit=4, turns="first", diagnostics=False)
-    for k in (1, 4):  # each swept K equals a run at that K
-        alone = run_alpha(bundle, prompts_file, max_draft_len=k, **kw)["pairs"]["bundle"]["overall"]
-        assert sw[str(k)]["acceptance_length"] == pytest.approx(alone["acceptance_length"])
-        assert sw[str(k)]["alpha"] == pytest.approx(alone["alpha"])
-    assert sw["1"]["predicted_acceptance_length"] == pytest.approx(1 + rep["pairs"]["bundle"]["sweep"]["1"]["alpha"], abs=0.15)
-    for bad in ("0-2", "x", "3-1"):
+    for k in (1, 4):  # each swept K equals running speculative generation at that K
+        gen = run_alpha(bundle, prompts_file, max_draft_len=k, method="generate", **kw)["pairs"]["bundle"]["overall"]
+        assert sw[str(k)]["acceptance_length"] == pytest.approx(gen["acceptance_length"])
+        assert sw[str(k)]["alpha"] == pytest.approx(gen["alpha"])
+    assert sw["1"]["predicted_acceptance_length"] == pytest.approx(1 + sw["1"]["alpha"], abs=0.15)
+    for bad in ("0-2", "x", "3-1", "1-", "1,5-3"):
         assert main(["alpha", str(bundle), "--prompts", str(prompts_file), "--sweep", bad]) == 2
+    with pytest.raises(UserError, match="estimator"):
+        run_alpha(bundle, prompts_file, method="generate", sweep=(1, 2), **kw)
 
 
 def test_gate_pass_and_fail(bundle, prompts_file, tmp_path, capsys):
