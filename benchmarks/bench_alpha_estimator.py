@@ -124,9 +124,9 @@ class Work:
 
 def short_prompts(n: int, pair: str) -> list[list[int]]:
     if pair == "embedded":  # the shipped held-out prompts (64 tokens of unseen stdlib source), cut short
-        import json
+        from eagle3_trt.convert.embedded import embedded_pair, heldout_prompts
 
-        held = json.loads((ROOT / "models" / "tiny" / "heldout_prompts.json").read_text())["prompts"]
+        held = heldout_prompts(embedded_pair("tiny")[0].parent)
         rng = random.Random(2)
         return [held[i % len(held)][: rng.randrange(5, 15)] for i in range(n)]
     rng = random.Random(2)

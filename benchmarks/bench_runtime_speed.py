@@ -56,13 +56,11 @@ def main() -> int:
     dtype = torch.float32 if a.device == "cpu" else torch.bfloat16
     rng = random.Random(0)
     if a.shape == "embedded":
-        import json
-
-        from eagle3_trt.convert.embedded import embedded_pair
+        from eagle3_trt.convert.embedded import embedded_pair, heldout_prompts
 
         t, d = embedded_pair("tiny")
         eng = SpeculativeEngine.from_pair(t, d, device=a.device, dtype=torch.float32, max_draft_len=a.k)
-        held = json.loads((t.parent / "heldout_prompts.json").read_text())["prompts"]
+        held = heldout_prompts(t.parent)
         prompts = [held[i % len(held)] for i in range(a.prompts)]
         print(f"embedded trained pair on {a.device}, {len(prompts)} held-out prompts of {len(prompts[0])} tokens")
     else:

@@ -235,14 +235,14 @@ def measure_embedded_acceptance(bundle: Path, pair_dir: Path, k: int, n_prompts:
 
     Only embedded pairs ship such prompts; a few seconds on a CPU. The figure is the bundle's own
     (FP8/NVFP4 weights dequantized, activations fake-quantized by the reference runtime)."""
-    import json
+    from eagle3_trt.convert.embedded import heldout_prompts
 
-    f = pair_dir / "heldout_prompts.json"
-    if not f.is_file():
+    prompts = heldout_prompts(pair_dir)
+    if prompts is None:
         return None
     from eagle3_trt.runtime.engine import SamplingParams, SpeculativeEngine
 
-    prompts = json.loads(f.read_text())["prompts"][:n_prompts]
+    prompts = prompts[:n_prompts]
     eng = SpeculativeEngine.from_bundle(bundle, device="cpu", max_draft_len=k)
     res = eng.generate(prompts, SamplingParams(max_tokens=max_tokens))
     gen = sum(r.stats.generated_tokens for r in res)

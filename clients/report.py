@@ -81,6 +81,22 @@ def _pooled_position_acceptance(run: BenchRun) -> list[float]:
     return [acc / d if d else 0.0 for acc, d in zip(accepted, drafted)]
 
 
+def _save_concurrency_plot(fig, ax, levels: list[int], ylabel: str, title: str, path: Path) -> None:
+    """Log2 concurrency axis, labels, grid and legend; write the PNG and close the figure."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_all(run: BenchRun, out: Path) -> None:
     import matplotlib
 
@@ -118,32 +134,16 @@ def plot_all(run: BenchRun, out: Path) -> None:
         for attr, marker, color in (("itl_p50_s", "o", "tab:blue"), ("itl_p99_s", "s", "tab:red")):
             xs, ys = series(attr, spec)
             ax.plot(xs, [y * 1000 for y in ys], style, marker=marker, color=color, label=f"{attr[4:7]} {'on' if spec else 'off'}")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(levels, [str(c) for c in levels])
-    ax.set_xlabel("concurrency")
-    ax.set_ylabel("inter-token latency (ms)")
-    ax.set_title("ITL vs concurrency (solid: speculation on, dashed: off)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "itl_vs_concurrency.png", dpi=110)
-    plt.close(fig)
+    _save_concurrency_plot(fig, ax, levels, "inter-token latency (ms)",
+                           "ITL vs concurrency (solid: speculation on, dashed: off)", out / "itl_vs_concurrency.png")
 
     # Throughput vs concurrency
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for spec, style in ((True, "-o"), (False, "--s")):
         xs, ys = series("output_tokens_per_s", spec)
         ax.plot(xs, ys, style, label=f"speculation {'on' if spec else 'off'}")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(levels, [str(c) for c in levels])
-    ax.set_xlabel("concurrency")
-    ax.set_ylabel("output tokens/s")
-    ax.set_title("Throughput vs concurrency")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "throughput_vs_concurrency.png", dpi=110)
-    plt.close(fig)
+    _save_concurrency_plot(fig, ax, levels, "output tokens/s", "Throughput vs concurrency",
+                           out / "throughput_vs_concurrency.png")
 
     # Per-position acceptance
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -43,3 +43,11 @@ def embedded_pair(name: str) -> tuple[Path, Path]:
             shutil.rmtree(out)
         os.replace(tmp, out)
     return target, draft
+
+
+def heldout_prompts(pair_dir: Path) -> list[list[int]] | None:
+    """Token ids of the held-out prompts an embedded pair ships beside target/ and draft/, or None."""
+    import json
+
+    f = Path(pair_dir) / "heldout_prompts.json"
+    return json.loads(f.read_text())["prompts"] if f.is_file() else None

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.runtime.cost_model import expected_tokens
 from eagle3_trt.runtime.stats import AggregateStats, RequestStats, aggregate
 from eagle3_trt.runtime.target_model import column_windows
 
@@ -453,7 +454,7 @@ class Measurement:
         for k in ks:
             a = aggregate(r.stats_by_k[k] for r in self.results)
             out[k] = {"alpha": a.alpha, "acceptance_length": a.acceptance_length,
-                      "predicted_acceptance_length": 1.0 + float(sum(cum[:k]))}
+                      "predicted_acceptance_length": expected_tokens(cum, k)}
         return out
 
     def to_dict(self) -> dict:
