@@ -251,7 +251,7 @@ def measure_embedded_acceptance(bundle: Path, pair_dir: Path, k: int, n_prompts:
     accepted = sum(r.stats.accepted_tokens for r in res)
     return {"alpha": round(accepted / drafted, 4) if drafted else 0.0, "acceptance_length": round(gen / fwd, 4) if fwd else 1.0,
             "max_draft_len": k, "prompts": len(prompts), "generated_tokens": gen, "target_forwards": fwd,
-            "measured_on": f"{f.name} (held-out text), greedy, reference runtime on the quantized bundle"}
+            "measured_on": "heldout_prompts.json (held-out text), greedy, reference runtime on the quantized bundle"}
 
 
 def _validate_config_only(target, draft_dir: Path, max_seq_len: int):

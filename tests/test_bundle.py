@@ -135,3 +135,12 @@ def test_make_engine_dry_run_for_70b(tmp_path, monkeypatch):
     assert "dry run" in r.stderr and (tmp_path / "b" / "llm_api_options.yaml").is_file()
     m = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert m["preset"] == "llama3.3-70b" and m["quant"]["target"] == "fp8" and m["dry_run"]
+
+
+def test_embedded_pair_bundle_measures_its_acceptance(tmp_path):
+    """What `make engine` does: the shipped pair, built, then measured on its held-out prompts."""
+    res = build_bundle(EngineRequest(preset=load_preset("tiny"), target_gpu="h100", out=str(tmp_path / "b")))
+    acc = json.loads((res.bundle / "manifest.json").read_text())["acceptance"]
+    assert acc["prompts"] == 8 and acc["max_draft_len"] == 3 and acc["target_forwards"] > 0
+    assert 0.2 < acc["alpha"] <= 1.0 and 1.0 < acc["acceptance_length"] <= 4.0
+    assert acc["measured_on"].startswith("heldout_prompts.json")
