@@ -51,7 +51,7 @@ FIELDS = ("draft_tokens", "accepted_tokens", "target_forwards", "generated_token
 def build(k: int, device: str, threads: int, pair: str = "random"):
     from eagle3_trt.convert.tiny_pair import make_pair
     from eagle3_trt.runtime.distill import distill_draft, sharpen_target
-    from eagle3_trt.runtime.engine import SpeculativeEngine
+    from eagle3_trt.core.engine import SpeculativeEngine
 
     torch.set_num_threads(threads)
     if pair == "embedded":
@@ -135,8 +135,8 @@ def short_prompts(n: int, pair: str) -> list[list[int]]:
 
 def compare(eng, name: str, prompts: list[list[int]], a) -> bool:
     from eagle3_trt.runtime.alpha import estimate
-    from eagle3_trt.runtime.engine import SamplingParams
-    from eagle3_trt.runtime.stats import aggregate
+    from eagle3_trt.core.engine import SamplingParams
+    from eagle3_trt.core.stats import aggregate
 
     params = SamplingParams(max_tokens=a.max_tokens)
     estimate(eng, prompts[:2], a.max_tokens)  # warm-up
@@ -171,8 +171,8 @@ def compare(eng, name: str, prompts: list[list[int]], a) -> bool:
 def compare_sweep(eng, prompts: list[list[int]], a) -> bool:
     """Choosing K: acceptance at every K of --sweep, from one estimate vs one generation run per K."""
     from eagle3_trt.runtime.alpha import estimate
-    from eagle3_trt.runtime.engine import SamplingParams
-    from eagle3_trt.runtime.stats import aggregate
+    from eagle3_trt.core.engine import SamplingParams
+    from eagle3_trt.core.stats import aggregate
 
     ks = sorted({int(x) for x in a.sweep.split(",")})
     params = SamplingParams(max_tokens=a.max_tokens)

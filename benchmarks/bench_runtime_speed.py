@@ -48,9 +48,9 @@ def main() -> int:
 
     from eagle3_trt.convert.tiny_pair import TinyShape, make_pair
     from eagle3_trt.runtime.distill import distill_draft, sharpen_target
-    from eagle3_trt.runtime.engine import SamplingParams, SpeculativeEngine
-    from eagle3_trt.runtime.stats import aggregate
-    from eagle3_trt.runtime.tree import parse_tree
+    from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
+    from eagle3_trt.core.stats import aggregate
+    from eagle3_trt.core.tree import parse_tree
 
     torch.set_num_threads(a.threads)
     dtype = torch.float32 if a.device == "cpu" else torch.bfloat16

@@ -45,7 +45,7 @@ DIRECT_WORKER = r"""
 import json, sys, time, torch
 sys.path.insert(0, sys.argv[3])
 torch.set_num_threads(int(sys.argv[2]))
-from eagle3_trt.runtime.engine import SamplingParams, SpeculativeEngine
+from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 engine = SpeculativeEngine.from_bundle(sys.argv[1], device="cpu")
 bos = engine.tokenizer.bos_token
 print("ready", flush=True)

@@ -240,7 +240,7 @@ def measure_embedded_acceptance(bundle: Path, pair_dir: Path, k: int, n_prompts:
     prompts = heldout_prompts(pair_dir)
     if prompts is None:
         return None
-    from eagle3_trt.runtime.engine import SamplingParams, SpeculativeEngine
+    from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 
     prompts = prompts[:n_prompts]
     eng = SpeculativeEngine.from_bundle(bundle, device="cpu", max_draft_len=k)
@@ -340,7 +340,7 @@ def _quantize_and_export_inner(target_dir, draft, report, tmp: Path, quant: str,
 
     s = time.perf_counter()
     if draft_quant != "bf16":
-        from eagle3_trt.runtime.eagle3_draft import Eagle3Draft
+        from eagle3_trt.core.draft import Eagle3Draft
 
         dm = Eagle3Draft.from_checkpoint(draft, dtype=torch.bfloat16, device=device)
         tick = progress(f"calibrate + quantize draft ({draft_quant})", len(batches))

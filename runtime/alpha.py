@@ -29,8 +29,8 @@ import torch
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.runtime.cost_model import expected_tokens
-from eagle3_trt.runtime.stats import AggregateStats, RequestStats, aggregate
-from eagle3_trt.runtime.target_model import column_windows
+from eagle3_trt.core.stats import AggregateStats, RequestStats, aggregate
+from eagle3_trt.core.target import column_windows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,7 +202,7 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
     engine bookkeeping. Returns (results, aux states) like generate_with_aux. Falls back to
     ``generate_with_aux`` for invalid prompts, which the engine reports.
     """
-    from eagle3_trt.runtime.engine import RequestResult, SamplingParams
+    from eagle3_trt.core.engine import RequestResult, SamplingParams
 
     tgt = engine.target
     params = SamplingParams(max_tokens=max_tokens)
@@ -477,7 +477,7 @@ def measure(engine, records: list[PromptRecord], *, label: str, max_tokens: int 
     """
     import time
 
-    from eagle3_trt.runtime.engine import SamplingParams
+    from eagle3_trt.core.engine import SamplingParams
 
     if turns not in ("all", "first"):
         raise UserError("--turns", f"{turns!r}", "use 'all' or 'first'")

@@ -84,7 +84,7 @@ def run_alpha(bundle: Path, prompts_file: Path, *, reference_bundle: Path | None
     from eagle3_trt.convert.checkpoint_io import read_json
     from eagle3_trt.runtime.alpha import compare, diagnose, load_prompts, measure
     from eagle3_trt.runtime.cost_model import recommend
-    from eagle3_trt.runtime.engine import SpeculativeEngine
+    from eagle3_trt.core.engine import SpeculativeEngine
 
     say = progress or (lambda msg: None)
     if sweep and method != "estimator":
@@ -244,7 +244,7 @@ def run_gate(bundle: Path, prompts_file: Path, *, threshold: float = DEFAULT_GAT
     from eagle3_trt.convert.checkpoint_io import read_json
     from eagle3_trt.runtime.alpha import load_prompts, measure
     from eagle3_trt.runtime.cost_model import CostParams, model_cost, predict
-    from eagle3_trt.runtime.engine import SpeculativeEngine
+    from eagle3_trt.core.engine import SpeculativeEngine
 
     if not 0 <= threshold <= 1:
         raise UserError("--threshold", f"{threshold} is not a probability", "use e.g. 0.55")

@@ -54,7 +54,7 @@ def distill_draft(engine, prompts: list[list[int]], *, steps: int = 300, gen_tok
     aux states and its own hidden state only, as a real draft largely does on a real target.
     Returns the loss history.
     """
-    from eagle3_trt.runtime.engine import SamplingParams
+    from eagle3_trt.core.engine import SamplingParams
 
     draft, target, dev = engine.draft, engine.target, engine.device
     res = engine.generate(prompts, SamplingParams(max_tokens=gen_tokens), speculate=False)
@@ -147,9 +147,9 @@ def toy_engine(vocab: int = 16, draft_vocab: int = 12, *, hidden: int = 32, laye
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from eagle3_trt.convert.draft_format import DraftConfig
-    from eagle3_trt.runtime.eagle3_draft import Eagle3Draft
-    from eagle3_trt.runtime.engine import SpeculativeEngine
-    from eagle3_trt.runtime.target_model import TargetModel
+    from eagle3_trt.core.draft import Eagle3Draft
+    from eagle3_trt.core.engine import SpeculativeEngine
+    from eagle3_trt.core.target import TargetModel
 
     heads, kv, hd = 4, 2, hidden // 4
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,

@@ -43,7 +43,7 @@ def bundle(tiny_pair_session, prompts_file, tmp_path_factory) -> Path:
     from eagle3_trt.build.presets import load_preset
     from eagle3_trt.runtime.alpha import encode_chat, load_prompts
     from eagle3_trt.runtime.distill import distill_draft, save_draft
-    from eagle3_trt.runtime.engine import SpeculativeEngine
+    from eagle3_trt.core.engine import SpeculativeEngine
 
     t, d = tiny_pair_session
     eng = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=3)

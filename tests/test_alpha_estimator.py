@@ -17,8 +17,8 @@ import torch
 from eagle3_trt.convert.tiny_pair import make_pair
 from eagle3_trt.runtime.alpha import diagnose_sequences, estimate
 from eagle3_trt.runtime.distill import distill_draft, sharpen_target
-from eagle3_trt.runtime.engine import SamplingParams, SpeculativeEngine
-from eagle3_trt.runtime.stats import aggregate
+from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
+from eagle3_trt.core.stats import aggregate
 
 FIELDS = ("draft_tokens", "accepted_tokens", "target_forwards", "generated_tokens", "drafted_per_position",
           "reached_per_position", "accepted_per_position", "accept_hist")

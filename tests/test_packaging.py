@@ -25,7 +25,7 @@ def test_wheel_layout(wheel):
     assert tops <= {"eagle3_trt", next(t for t in tops if t.endswith(".dist-info"))}, tops
     for must in ("eagle3_trt/__init__.py", "eagle3_trt/cli.py", "eagle3_trt/build/bundle.py", "eagle3_trt/build/presets/tiny.yaml",
                  "eagle3_trt/convert/validate.py", "eagle3_trt/convert/data/calib_prompts.jsonl",
-                 "eagle3_trt/convert/data/tiny_tokenizer/tokenizer.json", "eagle3_trt/runtime/eagle3_draft.py"):
+                 "eagle3_trt/convert/data/tiny_tokenizer/tokenizer.json", "eagle3_trt/core/draft.py"):
         assert must in names, must
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3_trt.runtime.engine import SamplingParams, SpeculativeEngine
+from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 
 PROMPT = [0, 2, 331, 266, 3, 204, 204, 57, 74, 299]
 

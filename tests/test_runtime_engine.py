@@ -18,8 +18,8 @@ import torch
 
 from eagle3_trt.convert.tiny_pair import TinyShape, make_pair
 from eagle3_trt.runtime.distill import distill_draft
-from eagle3_trt.runtime.engine import SamplingParams, SpeculativeEngine
-from eagle3_trt.runtime.tree import DraftTree
+from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
+from eagle3_trt.core.tree import DraftTree
 
 MAX_NEW = 24
 TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from eagle3_trt.runtime.distill import toy_engine
-from eagle3_trt.runtime.engine import SamplingParams
-from eagle3_trt.runtime.stats import RequestStats, aggregate
+from eagle3_trt.core.engine import SamplingParams
+from eagle3_trt.core.stats import RequestStats, aggregate
 
 
 @pytest.fixture(scope="module")

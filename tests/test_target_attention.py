@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from eagle3_trt.convert.tiny_pair import TinyShape, make_pair
-from eagle3_trt.runtime.target_model import GQA_ATTENTION, TargetModel, attention_implementation, column_windows
+from eagle3_trt.core.target import GQA_ATTENTION, TargetModel, attention_implementation, column_windows
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 
 from eagle3_trt.convert.draft_format import load_draft
 from eagle3_trt.convert.tiny_pair import make_pair
-from eagle3_trt.runtime.eagle3_draft import Eagle3Draft
+from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.train.evaluate import speculative_generate, torch_threads
 from eagle3_trt.train.hidden_states import TargetRunner, load_target
 from eagle3_trt.train.train_draft import TrainDraftOptions, train_draft

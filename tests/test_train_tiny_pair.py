@@ -53,7 +53,7 @@ def test_heldout_acceptance_is_real():
     _, held, _ = read_corpus()
     model, tok, info = load_target(PAIR / "target", "cpu", torch.float32)
     ck = load_draft(PAIR / "draft")
-    from eagle3_trt.runtime.eagle3_draft import Eagle3Draft
+    from eagle3_trt.core.draft import Eagle3Draft
 
     draft = Eagle3Draft.from_checkpoint(ck, torch.float32)
     runner = TargetRunner(model, tuple(ck.config.aux_layer_ids))

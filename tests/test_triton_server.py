@@ -62,7 +62,7 @@ def server(fp8_bundle, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(fp8_bundle):
-    from eagle3_trt.runtime.engine import SpeculativeEngine
+    from eagle3_trt.core.engine import SpeculativeEngine
 
     return SpeculativeEngine.from_bundle(fp8_bundle, device="cpu")
 
@@ -87,7 +87,7 @@ def _metrics(server):
 
 
 def _direct(engine, text: str, max_tokens: int, speculate: bool) -> tuple[str, int, str]:
-    from eagle3_trt.runtime.engine import SamplingParams
+    from eagle3_trt.core.engine import SamplingParams
 
     bos = engine.tokenizer.bos_token
     ids = engine.tokenizer.encode(text, add_special_tokens=not text.startswith(bos))

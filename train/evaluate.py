@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from eagle3_trt.runtime.eagle3_draft import Eagle3Draft
+from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.train.hidden_states import TargetRunner
 
 

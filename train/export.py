@@ -18,7 +18,7 @@ import torch
 
 from eagle3_trt.convert.draft_format import DraftConfig, trtllm_config
 from eagle3_trt.convert.target import TargetInfo
-from eagle3_trt.runtime.eagle3_draft import Eagle3Draft
+from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.train.draft_vocab import DraftVocab
 
 

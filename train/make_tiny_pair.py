@@ -224,7 +224,7 @@ def measure_committed(pair: Path, r: Recipe, held: dict[str, str]) -> dict:
 
     from eagle3_trt.convert.draft_format import load_draft
     from eagle3_trt.convert.target import read_target
-    from eagle3_trt.runtime.eagle3_draft import Eagle3Draft
+    from eagle3_trt.core.draft import Eagle3Draft
     from eagle3_trt.train.data import Encoder, Record, eval_prompts
     from eagle3_trt.train.evaluate import measure_acceptance, torch_threads
     from eagle3_trt.train.hidden_states import TargetRunner, load_target
@@ -256,7 +256,7 @@ def engine_acceptance(pair: Path, prompts: list[list[int]], r: Recipe) -> dict |
     """The same prompts through the project's reference runtime (runtime.engine), when present:
     an independent implementation of the one-model loop, so the two figures check each other."""
     try:
-        from eagle3_trt.runtime.engine import SamplingParams, SpeculativeEngine
+        from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
     except ImportError:
         return None
     eng = SpeculativeEngine.from_pair(pair / "target", pair / "draft", device="cpu", max_draft_len=r.max_draft_len)
@@ -361,7 +361,7 @@ def model_card(f: dict) -> str:
     greedy_line = ("Output equals the target's plain greedy decoding (checked on the first 4 prompts)."
                    if acc.get("matches_greedy_first_4_prompts") else "")
     eng = acc.get("engine")
-    engine_line = (f"The project's reference runtime (`eagle3_trt.runtime.engine.SpeculativeEngine.from_pair`, an independent\n"
+    engine_line = (f"The project's reference runtime (`eagle3_trt.core.engine.SpeculativeEngine.from_pair`, an independent\n"
                    f"implementation of the same loop) measures **{eng['acceptance_length']:.2f}** on the same prompts "
                    f"(acceptance rate {eng['acceptance_rate']:.2f}, {eng['tokens']} tokens in {eng['target_forwards']} target forwards).\n"
                    if eng else "")

@@ -21,7 +21,7 @@ from eagle3_trt.convert.checkpoint_io import read_json
 from eagle3_trt.convert.draft_format import DraftCheckpoint, expected_shapes, load_draft
 from eagle3_trt.convert.target import TargetInfo, read_target
 from eagle3_trt.errors import UserError
-from eagle3_trt.runtime.eagle3_draft import Eagle3Draft
+from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.train import data as data_mod
 from eagle3_trt.train.draft_vocab import DraftVocab, build_draft_vocab, count_tokens, coverage
 from eagle3_trt.train.evaluate import measure_acceptance, torch_threads

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from eagle3_trt.runtime.eagle3_draft import Eagle3Draft
+from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.train.draft_vocab import DraftVocab
 from eagle3_trt.train.hidden_states import HiddenCache
 

@@ -3,7 +3,7 @@
 Triton-free on purpose (the model in ``model/model.py`` supplies a ``Sink`` built on
 ``triton_python_backend_utils``), so the request life cycle is written once:
 
-* ``ReferenceServing`` drives ``eagle3_trt.runtime.engine.SpeculativeEngine``. One scheduler
+* ``ReferenceServing`` drives ``eagle3_trt.core.engine.SpeculativeEngine``. One scheduler
   thread steps every in-flight request in turn (one decoding step each per round), so
   concurrent streams all make progress, cancellation is checked between steps, and the
   engine is only ever called from one thread.
@@ -282,7 +282,7 @@ class ReferenceServing(Serving):
         if torch_threads:
             torch.set_num_threads(torch_threads)
 
-        from eagle3_trt.runtime.engine import SamplingParams, SpeculativeEngine
+        from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"

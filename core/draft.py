@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eagle3_trt.convert.draft_format import DraftConfig
-from eagle3_trt.runtime import rope
+from eagle3_trt.core import rope
 
 
 class RMSNorm(nn.Module):

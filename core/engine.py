@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.runtime.eagle3_draft import Eagle3Draft
-from eagle3_trt.runtime.stats import RequestStats
-from eagle3_trt.runtime.target_model import (
+from eagle3_trt.core.draft import Eagle3Draft
+from eagle3_trt.core.stats import RequestStats
+from eagle3_trt.core.target import (
     TargetModel,
     install_activation_fake_quant,
     input_scales_of,
@@ -44,7 +44,7 @@ from eagle3_trt.runtime.target_model import (
     quant_algo_of,
     read_kv_scales,
 )
-from eagle3_trt.runtime.tree import DraftTree, parse_tree
+from eagle3_trt.core.tree import DraftTree, parse_tree
 
 __all__ = ["SamplingParams", "RequestStats", "StepOutput", "RequestResult", "SpeculativeEngine", "process_logits"]
 
