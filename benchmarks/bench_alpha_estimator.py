@@ -8,7 +8,7 @@ acceptance length 2.68 at K=3 on its held-out text), or ``random``, a 64-wide ra
 5-14 tokens (the embedded pair's held-out prompts cut short, or random ids).
 
 Times (best of --repeats, default 1):
-- estimator: ``runtime.alpha.estimate`` (the target's greedy continuation for all prompts in one
+- estimator: ``runtime.estimator.estimate`` (the target's greedy continuation for all prompts in one
   batched decode, K batched draft passes over every position, a replay walk);
 - generation, batch 1: ``SpeculativeEngine.generate`` one prompt at a time;
 - generation, batched: all prompts in one batch.
@@ -50,7 +50,8 @@ FIELDS = ("draft_tokens", "accepted_tokens", "target_forwards", "generated_token
 
 def build(k: int, device: str, threads: int, pair: str = "random"):
     from eagle3_trt.convert.tiny_pair import make_pair
-    from eagle3_trt.runtime.distill import distill_draft, sharpen_target
+    from eagle3_trt.train.toy_pair import sharpen_target
+    from eagle3_trt.train.trainer import distill_draft
     from eagle3_trt.core.engine import SpeculativeEngine
 
     torch.set_num_threads(threads)
@@ -73,11 +74,12 @@ def build(k: int, device: str, threads: int, pair: str = "random"):
 
 
 def chat_prompts(eng, n: int) -> list[list[int]]:
-    from eagle3_trt.runtime.alpha import encode_chat, load_prompts
+    from eagle3_trt.convert.prompts import load_prompt_records
+    from eagle3_trt.runtime.measure import encode_chat
 
     src = ROOT.parent / "shared" / "data" / "mt_bench.jsonl"
     if src.is_file():
-        recs = load_prompts(src, limit=n)
+        recs = load_prompt_records(src, limit=n)
         return [encode_chat(eng.tokenizer, [{"role": "user", "content": r.turns[0]}]) for r in recs]
     rng = random.Random(1)
     return [[0] + [rng.randrange(6, 512) for _ in range(rng.randrange(20, 60))] for _ in range(n)]
@@ -134,7 +136,7 @@ def short_prompts(n: int, pair: str) -> list[list[int]]:
 
 
 def compare(eng, name: str, prompts: list[list[int]], a) -> bool:
-    from eagle3_trt.runtime.alpha import estimate
+    from eagle3_trt.runtime.estimator import estimate
     from eagle3_trt.core.engine import SamplingParams
     from eagle3_trt.core.stats import aggregate
 
@@ -170,7 +172,7 @@ def compare(eng, name: str, prompts: list[list[int]], a) -> bool:
 
 def compare_sweep(eng, prompts: list[list[int]], a) -> bool:
     """Choosing K: acceptance at every K of --sweep, from one estimate vs one generation run per K."""
-    from eagle3_trt.runtime.alpha import estimate
+    from eagle3_trt.runtime.estimator import estimate
     from eagle3_trt.core.engine import SamplingParams
     from eagle3_trt.core.stats import aggregate
 

@@ -3,7 +3,7 @@
 Pair (--shape): ``embedded``, the shipped trained tiny pair (192 wide, 8 layers) on its held-out
 prompts; or a random pair of the tiny pair's architecture (tiny: hidden 64; medium: hidden 512,
 where the target's forward outweighs Python overhead), target "sharpened" and draft distilled
-onto it (see runtime/distill.py) so acceptance is not 0 (medium needs far more --distill-steps
+onto it (see train/trainer.py distill_draft) so acceptance is not 0 (medium needs far more --distill-steps
 than the default to reach a useful alpha). Batch 1, greedy,
 short prompts; tokens/s are wall-clock over all prompts (best of --repeats).
 
@@ -47,7 +47,8 @@ def main() -> int:
     a = ap.parse_args()
 
     from eagle3_trt.convert.tiny_pair import TinyShape, make_pair
-    from eagle3_trt.runtime.distill import distill_draft, sharpen_target
+    from eagle3_trt.train.toy_pair import sharpen_target
+    from eagle3_trt.train.trainer import distill_draft
     from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
     from eagle3_trt.core.stats import aggregate
     from eagle3_trt.core.tree import parse_tree

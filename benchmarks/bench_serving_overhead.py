@@ -33,7 +33,7 @@ PROMPTS = [
 
 
 def build_bundle(out: Path) -> Path:
-    from eagle3_trt.build.bundle import EngineRequest, build_bundle
+    from eagle3_trt.build.builder import EngineRequest, build_bundle
     from eagle3_trt.build.presets import load_preset
 
     return build_bundle(EngineRequest(preset=load_preset("tiny"), target_gpu="h100", out=str(out))).bundle
@@ -45,8 +45,9 @@ DIRECT_WORKER = r"""
 import json, sys, time, torch
 sys.path.insert(0, sys.argv[3])
 torch.set_num_threads(int(sys.argv[2]))
-from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
-engine = SpeculativeEngine.from_bundle(sys.argv[1], device="cpu")
+from eagle3_trt.core.engine import SamplingParams
+from eagle3_trt.runtime.loader import engine_from_bundle
+engine = engine_from_bundle(sys.argv[1], device="cpu")
 bos = engine.tokenizer.bos_token
 print("ready", flush=True)
 for line in sys.stdin:

@@ -1,361 +1,474 @@
-"""Build an engine bundle: validate -> calibrate + quantize -> export -> options + manifest.
+"""The engine bundle's on-disk format: the one module that reads and writes it.
 
-Everything is written into a temp directory next to the destination and renamed into place
-at the end, so a failure leaves no partial bundle. A bundle whose inputs and options hash to
-the fingerprint already recorded at the destination is a cache hit and is not rebuilt.
+A bundle is a directory::
+
+    target/ draft/ tokenizer/     checkpoints (quantized by the builder) and the tokenizer
+    llm_api_options.yaml          TensorRT-LLM LLM-API options (build/llm_options.LlmApiOptions)
+    launch/                       vLLM / SGLang / trtllm-serve scripts rendered from the options
+    validation.json, build.log    what the builder checked and the libraries' chatter
+    manifest.json                 provenance, formats, records, and the digest of every other file
+
+Each fact is stored once. What TensorRT-LLM reads lives in the options file (draft length K,
+aux layers to capture, KV-cache dtype, max_seq_len, parallel sizes); what only this toolkit knows
+lives in the manifest (weight formats, target GPU, sources, calibration, records). Everything
+else derives them from :class:`Bundle`, the typed view :func:`open_bundle` returns.
+
+Writers: the builder stages a new bundle with :func:`write_options` and :func:`seal`; later
+stages change one through :func:`update`, which keeps ``outputs`` (the file digests) and the
+``fingerprint`` true. :func:`verify` compares the files with the recorded digests; the builder
+reports a cache hit only for a bundle that verifies clean.
 """
 
 from __future__ import annotations
 
-import shutil
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import functools
+import hashlib
+import json
+import platform
+import subprocess
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from eagle3_trt import __version__
-from eagle3_trt.atomic import staged_dir
-from eagle3_trt.build import gpus, manifest
-from eagle3_trt.build.other_engines import write_launchers
-from eagle3_trt.build.llm_options import CudaGraphOptions, Eagle3Options, KvCacheOptions, LlmApiOptions
-from eagle3_trt.build.presets import Preset, resolve_source
+from eagle3_trt import SOURCE_ROOT, __version__
+from eagle3_trt.atomic import EXEC_MODE, FILE_MODE, staged_dir, write_json, write_text
+from eagle3_trt.build.llm_options import LlmApiOptions, validate_options
+from eagle3_trt.build.other_engines import LAUNCH_DIR, launcher_files
+from eagle3_trt.convert.checkpoint_io import read_json, sha256_file
+from eagle3_trt.convert.target import default_aux_layers
 from eagle3_trt.errors import UserError
 
+SCHEMA = 2
+MANIFEST_FILE = "manifest.json"
 OPTIONS_FILE = "llm_api_options.yaml"
-ENGINES_DIR = "engines"
+VALIDATION_FILE = "validation.json"
+KIND = "eagle3-trt engine bundle"
+REBUILD_HINT = "rebuild with eagle3-trt engine --force"
+VERSIONED_PACKAGES = ("torch", "transformers", "nvidia-modelopt", "safetensors", "tokenizers", "tensorrt_llm", "tensorrt-llm")
+_OPTIONS_HEADER = "# TensorRT-LLM LLM-API options (EAGLE-3 one-model). Paths are relative to this bundle.\n"
+
+WeightFormat = Literal["fp8", "nvfp4", "bf16"]
 
 
-@dataclass
-class EngineRequest:
-    preset: Preset
-    target: str | None = None  # local override of the preset's target source
-    draft: str | None = None
-    target_gpu: str | None = None
-    gpus: int | None = None
-    tp: int | None = None
-    quant: str | None = None
-    kv_cache: str | None = None
-    quantize_draft: bool = False
-    draft_quant: str | None = None
-    calib_file: str | None = None
-    calib_samples: int | None = None
-    calib_max_length: int | None = None
-    max_draft_len: int | None = None
-    out: str | None = None
-    force: bool = False
+# ---------------------------------------------------------------------------------------------
+# The manifest schema
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FileDigest(_Strict):
+    sha256: str
+    bytes: int = Field(ge=0)
+
+
+class Source(_Strict):
+    path: str = Field(description="absolute path of the BF16 checkpoint the bundle was built from, on the build machine")
+    source: str | None = Field(None, description="the preset's source (Hugging Face repo id or local path)")
+    revision: str | None = None
+    files: dict[str, FileDigest]
+
+
+class Sources(_Strict):
+    target: Source
+    draft: Source
+
+
+class TargetGpu(_Strict):
+    name: str
+    generation: str
+    sm: int
+
+
+class Quant(_Strict):
+    """Weight formats. The KV-cache dtype is a TensorRT-LLM option (kv_cache_config.dtype)."""
+
+    target: WeightFormat
+    draft: WeightFormat
+
+
+class Calibration(_Strict):
+    file: str
+    sha256: str | None
+    num_samples: int
+    max_length: int
+    prompts_used: int | None = None
+    tokens: int | None = None
+    tokens_sha256: str | None = None
+
+
+class Validation(_Strict):
+    checks: list[str]
+    warnings: list[str]
+
+
+class Acceptance(_Strict):
+    """Greedy speculative decoding of the built bundle on an embedded pair's held-out prompts."""
+
+    alpha: float
+    acceptance_length: float
+    max_draft_len: int = Field(description="K the measurement ran at (the bundle's K at build time)")
+    prompts: int
+    generated_tokens: int
+    target_forwards: int
+    measured_on: str
+
+
+class Recommendation(_Strict):
+    """Evidence of ``eagle3-trt recommend --write``; the K it chose is in the options file."""
+
+    max_draft_len: int
+    max_concurrency: int | None
+    cumulative_acceptance: list[float]
+    measured_on: str | None
+    evidence: dict[str, Any]
+    table: list[dict[str, Any]]
+
+
+class CompileRecord(_Strict):
+    """What ``eagle3-trt compile`` saw on the GPU (a failed compile is recorded too)."""
+
+    ok: bool
+    when_unix: int | None = None
+    gpu: dict[str, Any] | None = None
+    versions: dict[str, str | None] = Field(default_factory=dict)
+    checks: list[str] = Field(default_factory=list)
+    options: dict[str, Any] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)
+    smoke: dict[str, Any] | None = None
+    acceptance: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class Manifest(_Strict):
+    schema_: Literal[2] = Field(SCHEMA, alias="schema")
+    kind: str = KIND
+    created_unix: int
+    preset: str
     dry_run: bool = False
+    target_gpu: TargetGpu
+    quant: Quant
+    plan: dict[str, Any] = Field(description="the planner's memory plan at build time (a record; facts are read from the options)")
+    sources: Sources
+    calibration: Calibration
+    validation: Validation
+    versions: dict[str, str | None]
+    git_sha: str | None
+    timings: dict[str, float]
+    acceptance: Acceptance | None = None
+    recommendation: Recommendation | None = None
+    compile: CompileRecord | None = None
+    inputs_fingerprint: str = Field(description="sha256 of the inputs and the build request: the builder's cache key")
+    outputs: dict[str, FileDigest] = Field(default_factory=dict, description="every file of the bundle but manifest.json")
+    fingerprint: str = Field("", description="sha256 of inputs_fingerprint and outputs: changes whenever a file does")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-@dataclass
-class BuildResult:
-    bundle: Path
-    cache_hit: bool
-    manifest: dict
-    warnings: list[str] = field(default_factory=list)
+# ---------------------------------------------------------------------------------------------
+# Provenance helpers (pure)
 
 
-Progress = Callable[[str, int | None], Callable[[], None]]
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"eagle3-trt": __version__, "python": platform.python_version()}
+    for name in VERSIONED_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            if name.replace("_", "-") not in out:
+                out[name] = None
+    out.pop("tensorrt_llm", None)
+    return out
 
 
-def _no_progress(stage: str, total: int | None = None) -> Callable[[], None]:
-    return lambda: None
-
-
-def resolve_quant(req: EngineRequest, gpu: gpus.GpuSpec) -> str:
-    quant = req.quant or getattr(req.preset.quant, gpu.generation)
-    gpus.check_quant_for_gpu(quant, gpu, "--quant" if req.quant else f"preset {req.preset.name} quant.{gpu.generation}")
-    return quant
-
-
-def default_bundle_dir(preset: str, quant: str, gpu: str, root: Path | None = None) -> Path:
-    return (root or Path.cwd()) / ENGINES_DIR / f"{preset}-{quant}-{gpu}"
-
-
-def resolve_pair(req: EngineRequest) -> tuple[Path, Path]:
-    p = req.preset
-    if req.dry_run and not (req.target or req.draft) and not p.target.embedded:
-        cfg_dir = Path(__file__).resolve().parent / "model_configs" / p.name
-        if (cfg_dir / "target" / "config.json").is_file():
-            return cfg_dir / "target", cfg_dir / "draft"
-    if p.target.embedded and not (req.target or req.draft):
-        from eagle3_trt.convert.embedded import embedded_pair
-
-        return embedded_pair(p.target.embedded)
-    if bool(req.target) != bool(req.draft) and p.target.embedded:
-        raise UserError("TARGET/DRAFT", "the embedded preset needs both or neither overridden", "pass TARGET=... and DRAFT=... together")
-    target = resolve_source(p.target, req.target, "target")
-    draft = resolve_source(p.draft, req.draft, "draft")
-    return target, draft
-
-
-def input_digests(target: Path, draft: Path, dry_run: bool) -> dict:
-    """sha256 of every input file (config-only inputs in a dry run have no weights)."""
-    return {"target": manifest.file_digests(target), "draft": manifest.file_digests(draft)}
-
-
-def make_plan(req: EngineRequest, target_dir: Path, draft_dir: Path, gpu: gpus.GpuSpec, quant: str, kv: str, k: int):
-    """The deployment plan from config files (refuses layouts that cannot work, before any weight is read)."""
-    from eagle3_trt.build.planner import make_plan as plan
-    from eagle3_trt.convert.checkpoint_io import read_json
-
-    target_cfg = read_json(target_dir / "config.json")
-    draft_cfg = read_json(draft_dir / "config.json")
-    if draft_cfg.get("transformer_layer_config"):  # speculators layout nests the layer config
-        draft_cfg = {**draft_cfg["transformer_layer_config"], **{x: draft_cfg[x] for x in ("draft_vocab_size", "target_hidden_size") if x in draft_cfg}}
-    return plan(target_cfg, draft_cfg, gpu, req.gpus or req.preset.default_gpus, quant, req.preset.max_seq_len,
-                "fp8" if kv == "fp8" else "bf16", k, tp=req.tp, model=req.preset.name)
-
-
-def llm_options(req: EngineRequest, quant: str, kv: str, k: int, aux: tuple[int, ...], aux_default: bool, plan) -> LlmApiOptions:
-    batches = list(plan.cuda_graph_batch_sizes)
-    return LlmApiOptions(
-        model="target",
-        tokenizer="target",
-        tensor_parallel_size=plan.tp,
-        max_batch_size=plan.max_batch_size,
-        max_num_tokens=plan.max_num_tokens,
-        enable_chunked_prefill=plan.enable_chunked_prefill,
-        max_seq_len=req.preset.max_seq_len,
-        kv_cache_config=KvCacheOptions(dtype="fp8" if kv == "fp8" else "auto"),
-        cuda_graph_config=CudaGraphOptions(batch_sizes=batches, max_batch_size=max(batches), enable_padding=plan.cuda_graph_padding),
-        speculative_config=Eagle3Options(
-            max_draft_len=k,
-            speculative_model="draft",
-            eagle3_layers_to_capture=None if aux_default else list(aux),
-        ),
-    )
-
-
-def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Callable[[str], None] = lambda s: None) -> BuildResult:
-    from eagle3_trt.convert.draft_format import load_draft
-    from eagle3_trt.convert.quantize import DEFAULT_CALIB_FILE
-    from eagle3_trt.convert.target import read_target
-    from eagle3_trt.convert.validate import validate_pair
-
-    t0 = time.perf_counter()
-    timings: dict[str, float] = {}
-    preset = req.preset
-    gpu = gpus.get_gpu(req.target_gpu or preset.default_gpu)
-    quant = resolve_quant(req, gpu)
-    kv = req.kv_cache or preset.kv_cache_dtype
-    if kv == "fp8" and gpu.sm < 89:
-        raise UserError("--kv-cache", f"FP8 KV cache needs SM89 or newer, {gpu.name} is SM{gpu.sm}", "use --kv-cache auto")
-    draft_quant = (req.draft_quant or quant) if req.quantize_draft else "bf16"
-    if req.quantize_draft:
-        if draft_quant == "bf16":
-            raise UserError("--quantize-draft", "the target format is bf16, nothing to quantize the draft to", "pass --draft-quant fp8|nvfp4")
-        gpus.check_quant_for_gpu(draft_quant, gpu, "--draft-quant")
-    k = req.max_draft_len or preset.max_draft_len
-    calib_file = Path(req.calib_file) if req.calib_file else DEFAULT_CALIB_FILE
-    n_calib = req.calib_samples or preset.calibration.num_samples
-    calib_len = req.calib_max_length or preset.calibration.max_length
-    dest = Path(req.out) if req.out else default_bundle_dir(preset.name, quant, gpu.name)
-
-    s = time.perf_counter()
-    target_dir, draft_dir = resolve_pair(req)
-    target = read_target(target_dir)
-    plan = make_plan(req, target_dir, draft_dir, gpu, quant, kv, k)
-    if req.dry_run:
-        report = _validate_config_only(target, draft_dir, preset.max_seq_len)
-    else:
-        draft = load_draft(draft_dir)
-        report = validate_pair(target, draft, preset.max_seq_len)
-    timings["validate_s"] = time.perf_counter() - s
-    for w in report.warnings:
-        log(f"warning: {w}")
-
-    s = time.perf_counter()
-    digests = input_digests(target_dir, draft_dir, req.dry_run)
-    timings["hash_inputs_s"] = time.perf_counter() - s
-    calib_digest = manifest.sha256_file(calib_file) if calib_file.is_file() else None
-    fp_parts = {
-        "toolkit": __version__, "inputs": digests, "quant": quant, "kv": kv, "draft_quant": draft_quant,
-        "gpu": gpu.name, "k": k, "max_seq_len": preset.max_seq_len, "calib": [calib_digest, n_calib, calib_len],
-        "dry_run": req.dry_run, "aux": list(report.aux_layer_ids), "gpus": plan.num_gpus, "tp": plan.tp,
-    }
-    fp = manifest.fingerprint(fp_parts)
-    old = manifest.read_manifest(dest)
-    if old and old.get("fingerprint") == fp and not req.force and (dest / OPTIONS_FILE).is_file():
-        return BuildResult(dest, True, old, report.warnings)
-
-    with staged_dir(dest) as tmp:
-        calib_info: dict = {"file": str(calib_file), "sha256": calib_digest, "num_samples": n_calib, "max_length": calib_len}
-        if req.dry_run:
-            _write_config_only(target_dir, draft_dir, tmp)
-        else:
-            calib_info.update(_quantize_and_export(target_dir, draft, report, tmp, quant, kv, draft_quant,
-                                                   calib_file, n_calib, calib_len, timings, progress))
-        opts = llm_options(req, quant, kv, k, report.aux_layer_ids, report.aux_layers_are_default, plan)
-        (tmp / OPTIONS_FILE).write_text(
-            "# TensorRT-LLM LLM-API options (EAGLE-3 one-model). Paths are relative to this bundle.\n"
-            + yaml.safe_dump(opts.to_yaml_dict(), sort_keys=False)
-        )
-        manifest.write_json_atomic(tmp / "validation.json", report.to_dict())
-        timings["total_s"] = time.perf_counter() - t0
-        man = {
-            "schema": manifest.SCHEMA,
-            "kind": "eagle3-trt engine bundle" + (" (dry run: configs only, no weights)" if req.dry_run else ""),
-            "created_unix": int(time.time()),
-            "preset": preset.name,
-            "target_gpu": {"name": gpu.name, "generation": gpu.generation, "sm": gpu.sm},
-            "quant": {"target": quant, "draft": draft_quant, "kv_cache": kv},
-            "max_draft_len": k,
-            "max_seq_len": preset.max_seq_len,
-            "aux_layer_ids": list(report.aux_layer_ids),
-            "aux_layers_are_default": report.aux_layers_are_default,
-            "plan": plan.to_dict(),
-            "dry_run": req.dry_run,
-            "sources": {
-                "target": {"path": str(target_dir.resolve()), "source": preset.target.source, "revision": preset.target.revision, "files": digests["target"]},
-                "draft": {"path": str(draft_dir.resolve()), "source": preset.draft.source, "revision": preset.draft.revision, "files": digests["draft"]},
-            },
-            "calibration": calib_info,
-            "validation": {"checks": [c["check"] for c in report.checks], "warnings": report.warnings},
-            "versions": manifest.package_versions(),
-            "git_sha": manifest.git_sha(),
-            "timings": {k_: round(v, 3) for k_, v in timings.items()},
-            "fingerprint": fp,
-        }
-        manifest.write_json_atomic(tmp / "manifest.json", man)
-        if not req.dry_run and preset.target.embedded and not (req.target or req.draft):
-            tick = progress("measure acceptance on held-out prompts", None)
-            man["acceptance"] = measure_embedded_acceptance(tmp, target_dir.parent, k)
-            tick()
-        # Launch scripts for trtllm-serve, vLLM and SGLang read the manifest and options just written.
-        write_launchers(tmp)
-        man["outputs"] = manifest.file_digests(tmp, skip=("manifest.json",))
-        manifest.write_json_atomic(tmp / "manifest.json", man)
-    return BuildResult(dest, False, man, report.warnings)
-
-
-def measure_embedded_acceptance(bundle: Path, pair_dir: Path, k: int, n_prompts: int = 8, max_tokens: int = 32) -> dict | None:
-    """Greedy speculative decoding of the built (quantized) bundle on the pair's shipped held-out prompts.
-
-    Only embedded pairs ship such prompts; a few seconds on a CPU. The figure is the bundle's own
-    (FP8/NVFP4 weights dequantized, activations fake-quantized by the reference runtime)."""
-    from eagle3_trt.convert.embedded import heldout_prompts
-
-    prompts = heldout_prompts(pair_dir)
-    if prompts is None:
+def git_sha() -> str | None:
+    if not SOURCE_ROOT:
         return None
-    from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
-
-    prompts = prompts[:n_prompts]
-    eng = SpeculativeEngine.from_bundle(bundle, device="cpu", max_draft_len=k)
-    res = eng.generate(prompts, SamplingParams(max_tokens=max_tokens))
-    gen = sum(r.stats.generated_tokens for r in res)
-    fwd = sum(r.stats.target_forwards for r in res)
-    drafted = sum(r.stats.draft_tokens for r in res)
-    accepted = sum(r.stats.accepted_tokens for r in res)
-    return {"alpha": round(accepted / drafted, 4) if drafted else 0.0, "acceptance_length": round(gen / fwd, 4) if fwd else 1.0,
-            "max_draft_len": k, "prompts": len(prompts), "generated_tokens": gen, "target_forwards": fwd,
-            "measured_on": "heldout_prompts.json (held-out text), greedy, reference runtime on the quantized bundle"}
+    try:
+        sha = subprocess.run(["git", "-C", SOURCE_ROOT, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", SOURCE_ROOT, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if sha.returncode:
+        return None
+    return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def _validate_config_only(target, draft_dir: Path, max_seq_len: int):
-    """Config-level checks for DRY_RUN builds (no weights): vocab, hidden sizes, aux ids, rope."""
-    from eagle3_trt.convert.checkpoint_io import read_json
-    from eagle3_trt.convert.validate import ValidationReport
-
-    rep = ValidationReport()
-    cfg_path = draft_dir / "config.json"
-    cfg = read_json(cfg_path)
-    if cfg.get("vocab_size") != target.vocab_size:
-        raise UserError(f"{cfg_path}:vocab_size", f"{cfg.get('vocab_size')} but the target has {target.vocab_size}", "this head belongs to another target")
-    th = cfg.get("target_hidden_size") or cfg.get("hidden_size")
-    if th != target.hidden_size:
-        raise UserError(f"{cfg_path}:hidden_size", f"{th} but the target's hidden_size is {target.hidden_size}", "this head belongs to another target")
-    dvs = cfg.get("draft_vocab_size", cfg.get("vocab_size"))
-    if dvs > target.vocab_size:
-        raise UserError(f"{cfg_path}:draft_vocab_size", f"{dvs} exceeds the target vocab {target.vocab_size}", "this head belongs to another target")
-    rep.ok("config", f"vocab {target.vocab_size}, draft vocab {dvs}, hidden {th} (weights not checked: dry run)")
-    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    default = target.default_aux_layers()
-    ids = tuple(ids) if ids else default
-    if any(not 0 <= i < target.num_hidden_layers for i in ids) or len(set(ids)) != len(ids):
-        raise UserError(f"{cfg_path}:eagle_aux_hidden_state_layer_ids", f"{list(ids)} invalid for {target.num_hidden_layers} layers", "ids must be distinct target layers")
-    rep.aux_layer_ids, rep.aux_layers_are_default = ids, tuple(sorted(ids)) == tuple(sorted(default))
-    rep.ok("aux_layers", f"captures outputs of target layers {list(ids)} of {target.num_hidden_layers}")
-    if cfg.get("max_position_embeddings", max_seq_len) < max_seq_len:
-        rep.warn(f"draft max_position_embeddings {cfg['max_position_embeddings']} < max_seq_len {max_seq_len}: acceptance drops on longer contexts")
-    rep.warn("dry run: weights, d2t and tensor shapes were not checked")
-    return rep
+def _files(root: Path) -> list[str]:
+    """Relative paths of the files a digest covers: hidden entries (atomic-writer staging and
+    lock files) and the manifest itself are not part of the content."""
+    root = Path(root)
+    out = []
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if p.is_file() and not any(part.startswith(".") for part in rel.parts) and str(rel) != MANIFEST_FILE:
+            out.append(str(rel))
+    return out
 
 
-def _write_config_only(target_dir: Path, draft_dir: Path, tmp: Path) -> None:
-    from eagle3_trt.convert.export import copy_tokenizer
-
-    for role, src in (("target", target_dir), ("draft", draft_dir)):
-        (tmp / role).mkdir()
-        shutil.copy2(src / "config.json", tmp / role / "config.json")
-    copy_tokenizer(target_dir, tmp / "target")
-    copy_tokenizer(target_dir, tmp / "tokenizer")
+def file_digests(root: Path) -> dict[str, FileDigest]:
+    """relative path -> {sha256, bytes} for every file under root, sorted."""
+    root = Path(root)
+    return {rel: FileDigest(sha256=sha256_file(root / rel), bytes=(root / rel).stat().st_size) for rel in _files(root)}
 
 
-def _quantize_and_export(target_dir, draft, report, tmp: Path, quant: str, kv: str, draft_quant: str,
-                         calib_file: Path, n_calib: int, calib_len: int, timings: dict, progress: Progress) -> dict:
-    """Library chatter (ModelOpt prints its whole config, transformers draws bars) goes to build.log."""
-    import contextlib
-    import warnings
-
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    with open(tmp / "build.log", "w") as logf, contextlib.redirect_stdout(logf), warnings.catch_warnings():
-        warnings.showwarning = lambda msg, cat, fn, ln, file=None, line=None: logf.write(warnings.formatwarning(msg, cat, fn, ln, line))
-        return _quantize_and_export_inner(target_dir, draft, report, tmp, quant, kv, draft_quant, calib_file,
-                                          n_calib, calib_len, timings, progress)
+def fingerprint(parts: Any) -> str:
+    """Stable sha256 of a JSON-able value."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _quantize_and_export_inner(target_dir, draft, report, tmp: Path, quant: str, kv: str, draft_quant: str,
-                               calib_file: Path, n_calib: int, calib_len: int, timings: dict, progress: Progress) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def content_fingerprint(inputs_fp: str, outputs: dict[str, FileDigest]) -> str:
+    return fingerprint({"inputs": inputs_fp, "outputs": {k: v.sha256 for k, v in outputs.items()}})
 
-    from eagle3_trt.convert import export, quantize
 
-    s = time.perf_counter()
-    tick = progress("load target", None)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    tokenizer = AutoTokenizer.from_pretrained(str(target_dir), trust_remote_code=False)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(target_dir), dtype=torch.bfloat16, trust_remote_code=False, low_cpu_mem_usage=True,
-        **({"device_map": "auto"} if device == "cuda" else {}),
-    ).eval()
-    tick()
-    timings["load_target_s"] = time.perf_counter() - s
+# ---------------------------------------------------------------------------------------------
+# Reading
 
-    prompts = quantize.load_prompts(calib_file, n_calib)
-    batches = quantize.calibration_batches(tokenizer, prompts, calib_len)
-    info = {"prompts_used": len(batches), "tokens": int(sum(b.numel() for b in batches)), "tokens_sha256": quantize.calibration_hash(batches)}
 
-    s = time.perf_counter()
-    if quant != "bf16":
-        tick = progress(f"calibrate + quantize target ({quant}, KV {kv})", len(batches))
-        quantize.quantize_target(model, batches, quant, kv, on_step=tick)
-    timings["quantize_target_s"] = time.perf_counter() - s
+def _validation_error(where: Path, e: ValidationError, hint: str) -> UserError:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+    if err["type"] == "extra_forbidden":
+        hint = f"not a field of schema {SCHEMA}; {REBUILD_HINT}"
+    return UserError(f"{where}:{loc}", err["msg"], hint)
 
-    s = time.perf_counter()
-    if draft_quant != "bf16":
-        from eagle3_trt.core.draft import Eagle3Draft
 
-        dm = Eagle3Draft.from_checkpoint(draft, dtype=torch.bfloat16, device=device)
-        tick = progress(f"calibrate + quantize draft ({draft_quant})", len(batches))
-        quantize.quantize_draft(dm, model, batches, report.aux_layer_ids, draft_quant, on_step=tick)
-        timings["quantize_draft_s"] = time.perf_counter() - s
-        s = time.perf_counter()
-        export.export_draft_quantized(dm, draft, tmp / "draft")
-    else:
-        export.export_draft_bf16(draft, tmp / "draft")
-    timings["export_draft_s"] = time.perf_counter() - s
+def read_manifest(bundle_dir: Path) -> Manifest:
+    """The bundle's manifest.json, validated; every problem is a one-line UserError naming the file."""
+    path = Path(bundle_dir) / MANIFEST_FILE
+    if not path.is_file():
+        raise UserError(path, "file not found", "is this an engine bundle? build one with `eagle3-trt engine`")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(path, f"not valid JSON ({e})", REBUILD_HINT) from None
+    if not isinstance(raw, dict) or "schema" not in raw:
+        raise UserError(path, "not an engine bundle manifest (no 'schema')", "build one with `eagle3-trt engine`")
+    if raw["schema"] != SCHEMA:
+        raise UserError(f"{path}:schema", f"schema {raw['schema']!r}; this eagle3-trt reads schema {SCHEMA} bundles", REBUILD_HINT)
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as e:
+        raise _validation_error(path, e, REBUILD_HINT) from None
 
-    s = time.perf_counter()
-    tick = progress("export target (unified HF checkpoint)", None)
-    export.export_target(model, tmp / "target", Path(target_dir))
-    export.copy_tokenizer(Path(target_dir), tmp / "tokenizer")
-    tick()
-    timings["export_target_s"] = time.perf_counter() - s
-    return info
+
+def read_options(bundle_dir: Path) -> LlmApiOptions:
+    """The bundle's llm_api_options.yaml, validated against the toolkit's schema."""
+    path = Path(bundle_dir) / OPTIONS_FILE
+    if not path.is_file():
+        raise UserError(path, "file not found", "is this an engine bundle? build one with `eagle3-trt engine`")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise UserError(path, f"not valid YAML: {str(e).splitlines()[0]}", "rebuild the bundle or fix the file") from None
+    if not isinstance(raw, dict):
+        raise UserError(path, "expected a mapping of LLM() options", "rebuild the bundle")
+    return validate_options(raw, path)
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """Typed view of a bundle: what is stored, and the facts derived from it."""
+
+    path: Path
+    manifest: Manifest
+    options: LlmApiOptions
+
+    # -- directories (paths in the options are relative to the bundle)
+    def _dir(self, value: str) -> Path:
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else self.path / p
+
+    @property
+    def target_dir(self) -> Path:
+        return self._dir(self.options.model)
+
+    @property
+    def draft_dir(self) -> Path:
+        return self._dir(self.options.speculative_config.speculative_model)
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        tok = self.path / "tokenizer"
+        return tok if tok.is_dir() else self._dir(self.options.tokenizer or self.options.model)
+
+    # -- facts stored in the options file (what TensorRT-LLM reads)
+    @property
+    def k(self) -> int:
+        """Draft length K."""
+        return self.options.speculative_config.max_draft_len
+
+    @functools.cached_property
+    def target_config(self) -> dict:
+        return read_json(self.target_dir / "config.json")
+
+    @property
+    def aux_layers_are_default(self) -> bool:
+        return self.options.speculative_config.eagle3_layers_to_capture is None
+
+    @property
+    def aux_layer_ids(self) -> tuple[int, ...]:
+        """Target layers whose outputs the draft fuses: the options' list, else TensorRT-LLM's default."""
+        ids = self.options.speculative_config.eagle3_layers_to_capture
+        if ids is not None:
+            return tuple(ids)
+        return default_aux_layers(int(self.target_config["num_hidden_layers"]))
+
+    @property
+    def kv_cache(self) -> str:
+        return self.options.kv_cache_config.dtype
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(self.options.max_seq_len or self.target_config.get("max_position_embeddings") or 2048)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.options.tensor_parallel_size
+
+    # -- facts stored in the manifest
+    @property
+    def quant(self) -> Quant:
+        return self.manifest.quant
+
+    @property
+    def formats(self) -> dict[str, str]:
+        """Weight and KV formats together, for the GPU format rules."""
+        return {"target": self.quant.target, "draft": self.quant.draft, "kv_cache": self.kv_cache}
+
+    @property
+    def quantized(self) -> bool:
+        return self.quant.target != "bf16" or self.quant.draft != "bf16"
+
+    @property
+    def target_gpu(self) -> TargetGpu:
+        return self.manifest.target_gpu
+
+    @property
+    def dry_run(self) -> bool:
+        return self.manifest.dry_run
+
+    @property
+    def label(self) -> str:
+        return f"{self.quant.target} target + {self.quant.draft} draft"
+
+    def source_dirs(self) -> tuple[Path, Path]:
+        """The BF16 target and draft the bundle was built from; a UserError when they are gone."""
+        where = self.path / MANIFEST_FILE
+        tdir, ddir = Path(self.manifest.sources.target.path), Path(self.manifest.sources.draft.path)
+        for p in (tdir, ddir):
+            if not p.is_dir():
+                raise UserError(where, f"BF16 source {p} does not exist on this machine", "pass --reference-bundle DIR, or rebuild the bundle here")
+        return tdir, ddir
+
+
+def open_bundle(path: Path) -> Bundle:
+    """Open a bundle directory: manifest and options validated, one-line errors naming the file."""
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(path, "bundle directory not found", "build one with `eagle3-trt engine`")
+    return Bundle(path, read_manifest(path), read_options(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def options_text(opts: LlmApiOptions) -> str:
+    return _OPTIONS_HEADER + yaml.safe_dump(opts.to_yaml_dict(), sort_keys=False)
+
+
+def write_options(bundle_dir: Path, opts: LlmApiOptions) -> Path:
+    return write_text(Path(bundle_dir) / OPTIONS_FILE, options_text(opts))
+
+
+def write_manifest(bundle_dir: Path, man: Manifest) -> Path:
+    return write_json(Path(bundle_dir) / MANIFEST_FILE, man.to_json())
+
+
+def write_launchers(bundle_dir: Path, opts: LlmApiOptions, quant: Quant) -> Path:
+    """Render launch/ from the options and formats (replacing any previous one atomically)."""
+    files = launcher_files(opts, target_format=quant.target, draft_format=quant.draft)
+    with staged_dir(Path(bundle_dir) / LAUNCH_DIR) as tmp:
+        for name, text in files.items():
+            write_text(tmp / name, text, EXEC_MODE if name.endswith(".sh") else FILE_MODE)
+    return Path(bundle_dir) / LAUNCH_DIR
+
+
+def seal(bundle_dir: Path, man: Manifest) -> Manifest:
+    """Last step of a build (inside the builder's staging dir): write launch/ from the options on
+    disk, record every file's digest and the fingerprint, write manifest.json."""
+    bundle_dir = Path(bundle_dir)
+    opts = read_options(bundle_dir)
+    write_launchers(bundle_dir, opts, man.quant)
+    outputs = file_digests(bundle_dir)
+    man = man.model_copy(update={"outputs": outputs, "fingerprint": content_fingerprint(man.inputs_fingerprint, outputs)})
+    write_manifest(bundle_dir, man)
+    return man
+
+
+def update(bundle_dir: Path, *, options: LlmApiOptions | None = None, record: Recommendation | CompileRecord | None = None) -> Bundle:
+    """Change a built bundle: new options (launch/ is re-rendered from them) and/or a record.
+
+    The bundle must match its manifest first (a hand-edited bundle would otherwise be blessed).
+    Every file is replaced atomically; manifest.json goes last, with the new files' digests and
+    fingerprint, so a crash part-way leaves a bundle that :func:`verify` flags and the next
+    ``eagle3-trt engine`` rebuilds. Unchanged files keep their recorded digests (no re-hashing
+    of the weights).
+    """
+    b = open_bundle(bundle_dir)
+    problems = verify(b, content=False, unrecorded=False)
+    if problems:
+        raise UserError(b.path, f"does not match its manifest ({problems[0]}); not updated", REBUILD_HINT)
+    man = b.manifest
+    outputs = dict(man.outputs)
+    if options is not None:
+        write_options(b.path, options)
+        write_launchers(b.path, options, man.quant)
+        outputs = {k: v for k, v in outputs.items() if not k.startswith(LAUNCH_DIR + "/")}
+        for rel in [OPTIONS_FILE, *(f"{LAUNCH_DIR}/{n}" for n in sorted(p.name for p in (b.path / LAUNCH_DIR).iterdir()))]:
+            outputs[rel] = FileDigest(sha256=sha256_file(b.path / rel), bytes=(b.path / rel).stat().st_size)
+        outputs = dict(sorted(outputs.items()))
+    changes: dict[str, Any] = {"outputs": outputs, "fingerprint": content_fingerprint(man.inputs_fingerprint, outputs)}
+    if isinstance(record, Recommendation):
+        changes["recommendation"] = record
+    elif isinstance(record, CompileRecord):
+        changes["compile"] = record
+        trt = record.versions.get("tensorrt_llm")
+        if trt:
+            changes["versions"] = {**man.versions, "tensorrt_llm": trt}
+    elif record is not None:
+        raise TypeError(f"update(record=...) takes a Recommendation or a CompileRecord, not {type(record).__name__}")
+    man = man.model_copy(update=changes)
+    write_manifest(b.path, man)
+    return open_bundle(b.path)
+
+
+def verify(bundle: Bundle | Path, *, content: bool = True, unrecorded: bool = True) -> list[str]:
+    """What differs between the files and the manifest's record: missing, changed or (with
+    ``unrecorded``) unrecorded files, and a fingerprint that does not match the recorded digests.
+    ``content=False`` compares sizes only (no hashing). An unreadable manifest or options file
+    raises its UserError."""
+    b = bundle if isinstance(bundle, Bundle) else open_bundle(bundle)
+    man = b.manifest
+    problems: list[str] = []
+    if man.fingerprint != content_fingerprint(man.inputs_fingerprint, man.outputs):
+        problems.append(f"{MANIFEST_FILE}: fingerprint does not match the recorded outputs")
+    present = set(_files(b.path))
+    for rel, d in man.outputs.items():
+        p = b.path / rel
+        if rel not in present:
+            problems.append(f"{rel}: missing")
+        elif p.stat().st_size != d.bytes or (content and sha256_file(p) != d.sha256):
+            problems.append(f"{rel}: changed since the build")
+    if unrecorded:
+        problems += [f"{rel}: not recorded in {MANIFEST_FILE}" for rel in sorted(present - set(man.outputs))]
+    return problems

@@ -6,7 +6,9 @@ import json
 
 import click
 
+from eagle3_trt.build import compile as comp
 from eagle3_trt.build.gpus import GPUS
+from eagle3_trt.build.planner import format_plan, plan_for_preset, plan_steps
 
 
 @click.command("plan")
@@ -23,8 +25,6 @@ def plan_cmd(model: str, gpu: str, num_gpus: int, quant: str | None, tp: int | N
              max_seq_len: int | None, max_batch_size: int | None, as_json: bool) -> None:
     """Plan MODEL (a preset) on --gpus N x --gpu from config files alone: memory, TP layout,
     KV cache, batch sizes, and the steps `make engine` will run."""
-    from eagle3_trt.build.planner import format_plan, plan_for_preset, plan_steps
-
     plan = plan_for_preset(model, gpu, num_gpus, quant, tp, max_seq_len=max_seq_len, max_batch_size=max_batch_size, pp=pp)
     steps = plan_steps(plan)
     if as_json:
@@ -47,8 +47,6 @@ def plan_cmd(model: str, gpu: str, num_gpus: int, quant: str | None, tp: int | N
 def compile_cmd(bundle: str, target_gpu: str | None, check_only: bool, prompts: int, max_tokens: int, as_json: bool) -> None:
     """Load BUNDLE in TensorRT-LLM (EAGLE-3 one-model, CUDA graphs), run a smoke generation and a
     short acceptance measurement, and record results, GPU and versions in its manifest.json."""
-    from eagle3_trt.build import compile as comp
-
     if check_only:
         pf = comp.preflight(bundle, target_gpu, require_runtime=False, detected=comp.detect_gpus())
         summary = comp.preflight_summary(pf)

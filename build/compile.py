@@ -4,7 +4,7 @@ Loads the bundle in TensorRT-LLM with EAGLE-3 one-model speculation and CUDA gra
 during the load for the bundle's cuda_graph_config batch sizes), runs a smoke generation and a
 short acceptance measurement from TensorRT-LLM's own per-request statistics
 (``SamplingParams(return_perf_metrics=True)`` -> ``outputs[0].request_perf_metrics.speculative_decoding``),
-and records the results, the GPU and the versions in manifest.json (atomic rewrite).
+and records the results, the GPU and the versions in manifest.json (through ``bundle.update``).
 
 Every check that needs neither TensorRT-LLM nor a GPU runs first, in this order, so a wrong
 bundle fails in seconds: manifest, GPU formats (detected GPU or ``--target-gpu``), TensorRT-LLM
@@ -13,7 +13,6 @@ version, option names (``trtllm_adapter.to_llm_kwargs``), parallel size vs visib
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
@@ -21,46 +20,23 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_trt.build import trtllm_adapter as adapter
-from eagle3_trt.build.gpu_checks import DetectedGpu, check_formats, detect_gpu, detect_gpus  # noqa: F401 - detect_gpu is re-exported for the CLI
+from eagle3_trt.build.bundle import MANIFEST_FILE, OPTIONS_FILE, Bundle, CompileRecord, open_bundle, update
+from eagle3_trt.build.gpu_checks import DetectedGpu, check_formats, detect_gpus
 from eagle3_trt.build.gpus import get_gpu
+from eagle3_trt.convert.prompts import SHIPPED_PROMPTS, load_prompts
 from eagle3_trt.errors import UserError
 
-MANIFEST = "manifest.json"
 SMOKE_PROMPT = "What is the capital of France? Answer in one sentence."
-PROMPTS_FILE = Path(__file__).resolve().parent.parent / "convert" / "data" / "calib_prompts.jsonl"
 
 
 # ---------------------------------------------------------------------------------------------
-# Manifest
+# The record
 
 
-def read_manifest(bundle: Path) -> dict:
-    path = Path(bundle) / MANIFEST
-    if not path.is_file():
-        raise UserError(path, "file not found", "is this an engine bundle? build one with `eagle3-trt engine`")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(path, f"not valid JSON ({e})", "rebuild the bundle") from None
-    if not isinstance(data, dict) or "quant" not in data:
-        raise UserError(path, "not an engine bundle manifest (no 'quant')", "rebuild the bundle with `eagle3-trt engine`")
-    return data
-
-
-def record_compile(bundle: Path, record: dict[str, Any]) -> dict:
-    """Store ``record`` as manifest["compile"] (and the TensorRT-LLM version under "versions").
-
-    Rewrites the whole file atomically: a crash leaves the old manifest or the new one, never
-    half of each; every other field is kept as it was.
-    """
-    path = Path(bundle) / MANIFEST
-    data = read_manifest(bundle)
-    data["compile"] = record
-    versions = record.get("versions") or {}
-    if versions.get("tensorrt_llm"):
-        data.setdefault("versions", {})["tensorrt_llm"] = versions["tensorrt_llm"]
-    adapter.atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
-    return data
+def record_compile(bundle: Path, record: dict[str, Any]) -> Bundle:
+    """Store ``record`` as the manifest's compile record (and the TensorRT-LLM version under
+    "versions"); every other field is kept as it was (``bundle.update``, atomic)."""
+    return update(bundle, record=CompileRecord.model_validate(record))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,7 +50,7 @@ class GpuChoice:
     detected: DetectedGpu | None
 
 
-def choose_gpu(target_gpu: str | None, detected: DetectedGpu | None, manifest: dict) -> GpuChoice | None:
+def choose_gpu(target_gpu: str | None, detected: DetectedGpu | None, bundle: Bundle | None = None) -> GpuChoice | None:
     """The GPU to check against: the real one if present, else --target-gpu, else the bundle's own."""
     if target_gpu is not None:
         spec = get_gpu(target_gpu)
@@ -87,16 +63,15 @@ def choose_gpu(target_gpu: str | None, detected: DetectedGpu | None, manifest: d
         return GpuChoice(f"{spec.name} (--target-gpu)", spec.sm, detected)
     if detected is not None:
         return GpuChoice(f"{detected.device_name} (detected)", detected.sm, detected)
-    tg = manifest.get("target_gpu") or {}
-    if "sm" in tg:
-        return GpuChoice(f"{tg.get('name', '?')} (bundle's target_gpu)", int(tg["sm"]), None)
+    if bundle is not None:
+        tg = bundle.target_gpu
+        return GpuChoice(f"{tg.name} (bundle's target_gpu)", tg.sm, None)
     return None
 
 
 @dataclass
 class Preflight:
-    bundle: Path
-    manifest: dict
+    bundle: Bundle
     gpu: GpuChoice | None
     trtllm_version: str | None
     llm: adapter.LlmKwargs | None
@@ -105,13 +80,12 @@ class Preflight:
 
 def preflight(bundle: Path, target_gpu: str | None = None, *, require_runtime: bool = True, detected: DetectedGpu | None = None) -> Preflight:
     """All checks before the load. ``require_runtime``: also insist on TensorRT-LLM and a GPU."""
-    bundle = Path(bundle)
-    m = read_manifest(bundle)
-    pf = Preflight(bundle, m, None, None, None, ["manifest"])
-    pf.gpu = choose_gpu(target_gpu, detected, m)
+    b = open_bundle(Path(bundle))
+    pf = Preflight(b, None, None, None, ["manifest"])
+    pf.gpu = choose_gpu(target_gpu, detected, b)
     if pf.gpu is not None:
-        check_formats(m["quant"], pf.gpu.sm, pf.gpu.label)
-        pf.checks.append(f"formats {m['quant'].get('target')}/{m['quant'].get('draft')}/KV {m['quant'].get('kv_cache')} on SM{pf.gpu.sm}")
+        check_formats(b.formats, pf.gpu.sm, pf.gpu.label)
+        pf.checks.append(f"formats {b.quant.target}/{b.quant.draft}/KV {b.kv_cache} on SM{pf.gpu.sm}")
     pf.trtllm_version = adapter.installed_version()
     if pf.trtllm_version is None:
         if require_runtime:
@@ -126,15 +100,15 @@ def preflight(bundle: Path, target_gpu: str | None = None, *, require_runtime: b
         pf.checks.append(f"tensorrt_llm {pf.trtllm_version}")
     if require_runtime and (pf.gpu is None or pf.gpu.detected is None):
         raise UserError("compile", "no CUDA GPU is visible", "run on the GPU machine; use --check-only with --target-gpu NAME on a CPU-only machine")
-    dry = bool(m.get("dry_run"))
-    if require_runtime and dry:
-        raise UserError(f"{bundle / MANIFEST}:dry_run", "a dry-run bundle has configs only, no weights", "build it without DRY_RUN=1 / --dry-run first")
-    pf.llm = adapter.to_llm_kwargs(bundle, version=pf.trtllm_version, use_installed=True, resolve_paths=True, check_files=not dry)
+    if require_runtime and b.dry_run:
+        raise UserError(f"{b.path / MANIFEST_FILE}:dry_run", "a dry-run bundle has configs only, no weights", "build it without DRY_RUN=1 / --dry-run first")
+    pf.llm = adapter.to_llm_kwargs(b.path, b.options, version=pf.trtllm_version, use_installed=True, resolve_paths=True,
+                                   check_files=not b.dry_run)
     pf.checks.append(f"option names ({pf.llm.names_checked_against})")
     world = int(pf.llm.kwargs.get("tensor_parallel_size", 1)) * int(pf.llm.kwargs.get("pipeline_parallel_size", 1))
     if pf.gpu is not None and pf.gpu.detected is not None and world > pf.gpu.detected.count:
         raise UserError(
-            f"{bundle / adapter.OPTIONS_FILE}:tensor_parallel_size",
+            f"{b.path / OPTIONS_FILE}:tensor_parallel_size",
             f"the bundle needs {world} GPUs and {pf.gpu.detected.count} are visible",
             "set CUDA_VISIBLE_DEVICES to enough GPUs, or rebuild with a smaller --tp (eagle3-trt plan shows what fits)",
         )
@@ -192,17 +166,9 @@ def aggregate_acceptance(reqs: list[RequestSpec], k: int) -> dict[str, Any]:
     }
 
 
-def load_prompts(n: int) -> list[str]:
-    prompts = []
-    for line in PROMPTS_FILE.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            prompts.append(row["turns"][0] if "turns" in row else row["text"])
-    return prompts[:n]
-
-
 def _chat(tokenizer: Any, prompt: str) -> str:
-    # The public EAGLE-3 drafts lose most of their acceptance without the chat template (FACTS §3).
+    # The public EAGLE-3 drafts lose most of their acceptance without the chat template (TensorRT-LLM
+    # maintainers on the yuhuili Llama-3.3 drafts, NVIDIA/TensorRT-LLM PR #4802).
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
     return prompt
@@ -236,7 +202,7 @@ def compile_bundle(
     pf = preflight(bundle, target_gpu, require_runtime=True, detected=detected)
     assert pf.llm is not None and pf.gpu is not None and pf.gpu.detected is not None
     det = pf.gpu.detected
-    k = int(pf.llm.kwargs["speculative_config"]["max_draft_len"])
+    k = pf.bundle.k
     record: dict[str, Any] = {
         "ok": False,
         "when_unix": int(time.time()),
@@ -269,7 +235,7 @@ def compile_bundle(
             log(f"smoke: {text!r}")
             sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, return_perf_metrics=True)
             t2 = time.perf_counter()
-            outs = llm.generate([_chat(tok, p) for p in load_prompts(prompts)], sp)
+            outs = llm.generate([_chat(tok, p) for p in load_prompts(SHIPPED_PROMPTS, prompts)], sp)
             dt = time.perf_counter() - t2
             acc = aggregate_acceptance([spec_from_output(o) for o in outs], k)
             acc["tokens_per_s"] = round(acc["generated_tokens"] / dt, 1) if dt > 0 else None
@@ -291,7 +257,7 @@ def compile_bundle(
 
 def preflight_summary(pf: Preflight) -> dict[str, Any]:
     return {
-        "bundle": str(pf.bundle),
+        "bundle": str(pf.bundle.path),
         "gpu": asdict(pf.gpu) if pf.gpu else None,
         "tensorrt_llm": pf.trtllm_version,
         "checks": pf.checks,

@@ -2,19 +2,15 @@
 
 ``detect_gpu`` reads the first CUDA device through torch (imported only when called, so CPU-only
 CI never pays for it); ``check_formats`` compares a bundle's weight and KV-cache formats with a
-compute capability. A CPU-only build names its GPU with ``--target-gpu`` instead.
+compute capability, by the rules of ``build.gpus`` (the one table). A CPU-only build names its GPU with ``--target-gpu`` instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eagle3_trt.build.gpus import GPUS, MIN_SM, gpu_from_sm
+from eagle3_trt.build.gpus import GPUS, fallback_quant, format_error, gpu_from_sm
 from eagle3_trt.errors import UserError
-
-# Minimum SM per KV-cache format [TensorRT-LLM docs/source/features/quantization.md; FACTS §1].
-KV_MIN_SM = {"auto": 0, "bf16": 0, "fp8": 80, "nvfp4": 100}
-_GENERATION_NAMES = {80: "Ampere (SM80) or newer", 89: "Ada (SM89), Hopper (SM90) or Blackwell", 100: "Blackwell (SM100 or newer)"}
 
 
 @dataclass(frozen=True)
@@ -61,24 +57,19 @@ def detect_gpu() -> tuple[str, int] | None:
 
 
 def check_formats(quant: dict, sm: int, gpu_label: str, where: str = "manifest.json:quant") -> None:
-    """Refuse weight/KV formats the GPU cannot run (FP8 >= SM89, NVFP4 >= SM100, FP8 KV >= SM80)."""
-    for role in ("target", "draft"):
-        fmt = quant.get(role)
-        if fmt is None:
+    """Refuse weight/KV formats the GPU cannot run (rules: ``build.gpus.MIN_SM`` / ``KV_MIN_SM``)."""
+    roles = [(role, quant[role], False) for role in ("target", "draft") if quant.get(role) is not None]
+    for role, fmt, kv in roles + [("kv_cache", quant.get("kv_cache", "auto"), True)]:
+        try:
+            why = format_error(fmt, sm, kv)
+        except UserError as e:
+            raise UserError(f"{where}.{role}", e.what, e.hint) from None
+        if not why:
             continue
-        need = MIN_SM.get(fmt)
-        if need is None:
-            raise UserError(f"{where}.{role}", f"unknown weight format {fmt!r}", "expected fp8, nvfp4 or bf16")
-        if sm < need:
-            if fmt == "bf16":
-                hint = "TensorRT-LLM's PyTorch runtime needs an Ampere or newer GPU"
-            else:
-                alt = "fp8" if fmt == "nvfp4" and sm >= MIN_SM["fp8"] else "bf16"
-                hint = f"rebuild the bundle for this GPU (eagle3-trt engine --quant {alt} --target-gpu {gpu_from_sm(sm)})"
-            raise UserError(f"{where}.{role}", f"{role} weights are {fmt}, which needs {_GENERATION_NAMES[need]}, but {gpu_label} is SM{sm}", hint)
-    kv = quant.get("kv_cache", "auto")
-    need = KV_MIN_SM.get(kv)
-    if need is None:
-        raise UserError(f"{where}.kv_cache", f"unknown KV cache format {kv!r}", "expected fp8, nvfp4 or auto")
-    if sm < need:
-        raise UserError(f"{where}.kv_cache", f"{kv} KV cache needs {_GENERATION_NAMES[need]}, but {gpu_label} is SM{sm}", "rebuild with --kv-cache auto")
+        if kv:
+            raise UserError(f"{where}.kv_cache", f"{fmt} KV cache {why}, but {gpu_label} is SM{sm}", "rebuild with --kv-cache auto")
+        if fmt == "bf16":
+            hint = "TensorRT-LLM's PyTorch runtime needs an Ampere or newer GPU"
+        else:
+            hint = f"rebuild the bundle for this GPU (eagle3-trt engine --quant {fallback_quant(fmt, sm)} --target-gpu {gpu_from_sm(sm)})"
+        raise UserError(f"{where}.{role}", f"{role} weights are {fmt}, which {why}, but {gpu_label} is SM{sm}", hint)

@@ -50,8 +50,20 @@ GPUS: dict[str, GpuSpec] = {
     "gb200": _spec("gb200", "blackwell", 100, 189471, 8.0, 2500, 5000, 10000, 1800),
 }
 
-# Minimum compute capability per weight format [TensorRT-LLM docs/source/features/quantization.md].
-MIN_SM = {"bf16": 80, "fp8": 89, "nvfp4": 100}
+# ---------------------------------------------------------------------------------------------
+# GPU capability rules: the one table. Compute capability x 10 ("SM") that each format needs, from
+# TensorRT-LLM's "Hardware Support Matrix" (docs/source/features/quantization.md, e.g. release 1.1):
+# FP8 (per tensor) weights/activations run on Ada (SM89), Hopper and Blackwell; NVFP4 on Blackwell
+# (SM100/103/120); the FP8 KV cache also on Ampere (the attention kernels convert FP8 K/V on load;
+# the matrix marks "FP8 KV Cache" Y for Ampere), the NVFP4 KV cache on Blackwell SM100/103 only
+# (newer releases' matrix). BF16 needs Ampere (SM80) or newer.
+# ---------------------------------------------------------------------------------------------
+MIN_SM = {"bf16": 80, "fp8": 89, "nvfp4": 100}  # per weight format
+KV_MIN_SM = {"auto": 0, "bf16": 0, "fp8": 80, "nvfp4": 100}  # per KV-cache format ("auto" = the model dtype)
+GENERATION_NAMES = {0: "any GPU", 80: "Ampere (SM80) or newer", 89: "Ada (SM89), Hopper (SM90) or Blackwell",
+                    100: "Blackwell (SM100 or newer)"}
+# Closest known board per compute capability read from a real device (sm_120 is consumer Blackwell).
+GPU_BY_SM = {80: "a100", 89: "l40s", 90: "h100", 100: "b200", 103: "b200", 120: "b200"}
 
 
 def get_gpu(name: str) -> GpuSpec:
@@ -63,19 +75,37 @@ def get_gpu(name: str) -> GpuSpec:
 
 def gpu_from_sm(sm: int) -> str:
     """Closest known GPU name for a compute capability read from a real device."""
-    by_sm = {80: "a100", 89: "l40s", 90: "h100", 100: "b200", 103: "b200", 120: "b200"}
-    return by_sm.get(sm, "h100" if 90 <= sm < 100 else "b200" if sm >= 100 else "a100")
+    return GPU_BY_SM.get(sm, "h100" if 90 <= sm < 100 else "b200" if sm >= 100 else "a100")
+
+
+def format_error(fmt: str, sm: int, kv: bool = False) -> str | None:
+    """What a weight format (or with ``kv``, a KV-cache format) needs ("needs ...") when compute
+    capability ``sm`` cannot run it, else None. Raises for an unknown format."""
+    table = KV_MIN_SM if kv else MIN_SM
+    need = table.get(fmt)
+    if need is None:
+        what = "KV cache format" if kv else "weight format"
+        raise UserError("--kv-cache" if kv else "--quant", f"unknown {what} {fmt!r}", f"choose one of {', '.join(table)}")
+    return None if sm >= need else f"needs {GENERATION_NAMES[need]}"
+
+
+def fallback_quant(fmt: str, sm: int) -> str:
+    """The weight format to suggest instead of ``fmt`` at compute capability ``sm``."""
+    return "fp8" if fmt == "nvfp4" and sm >= MIN_SM["fp8"] else "bf16"
 
 
 def check_quant_for_gpu(quant: str, gpu: GpuSpec, where: str = "--quant") -> None:
-    need = MIN_SM.get(quant)
-    if need is None:
-        raise UserError(where, f"unknown quant format {quant!r}", "choose fp8, nvfp4 or bf16")
-    if gpu.sm < need:
-        gens = {89: "Ada (SM89), Hopper (SM90) or Blackwell", 100: "Blackwell (SM100 or newer)", 80: "Ampere or newer"}
-        alt = "fp8" if quant == "nvfp4" and gpu.sm >= 89 else "bf16"
-        raise UserError(
-            where,
-            f"{quant} needs {gens[need]}, but {gpu.name} is {gpu.generation} (SM{gpu.sm})",
-            f"use quant {alt} for {gpu.name}, or target a Blackwell GPU (b200)",
-        )
+    _check(quant, gpu, where, False, f"use quant {fallback_quant(quant, gpu.sm)} for {gpu.name}, or target a Blackwell GPU (b200)")
+
+
+def check_kv_for_gpu(kv: str, gpu: GpuSpec, where: str = "--kv-cache") -> None:
+    _check(kv, gpu, where, True, "use --kv-cache auto")
+
+
+def _check(fmt: str, gpu: GpuSpec, where: str, kv: bool, hint: str) -> None:
+    try:
+        why = format_error(fmt, gpu.sm, kv)
+    except UserError as e:
+        raise UserError(where, e.what, e.hint) from None
+    if why:
+        raise UserError(where, f"{fmt}{' KV cache' if kv else ''} {why}, but {gpu.name} is {gpu.generation} (SM{gpu.sm})", hint)

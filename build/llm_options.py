@@ -1,15 +1,18 @@
 """TensorRT-LLM LLM-API options for EAGLE-3 one-model, as written into a bundle's llm_api_options.yaml.
 
-Field names follow tensorrt_llm/llmapi/llm_args.py (see FACTS §1). The same YAML feeds
+Field names follow NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py (``TorchLlmArgs``, ``Eagle3DecodingConfig``). The same YAML feeds
 ``LLM(**options)``, ``trtllm-serve --config`` and the Triton llmapi model.yaml. Paths are
 relative to the bundle directory and resolved by whoever loads the bundle.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from eagle3_trt.errors import UserError
 
 
 class _Strict(BaseModel):
@@ -98,11 +101,15 @@ class LlmApiOptions(_Strict):
         return d
 
 
-def cuda_graph_batches(max_batch: int) -> list[int]:
-    """1, 2, 4, ... up to max_batch (graphs are captured for decode-only batches of these sizes)."""
-    sizes, b = [], 1
-    while b < max_batch:
-        sizes.append(b)
-        b *= 2
-    sizes.append(max_batch)
-    return sizes
+
+def validate_options(raw: dict[str, Any], where: Path | str) -> LlmApiOptions:
+    """``raw`` as LlmApiOptions, or a one-line UserError naming ``where`` and the first bad field."""
+    try:
+        return LlmApiOptions.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        hint = "see build/llm_options.py for the fields the bundle may set"
+        if err["type"] == "extra_forbidden":
+            hint = "the bundle schema allows only the options it knows; put experiments in overrides"
+        raise UserError(f"{where}:{loc}", err["msg"], hint) from None

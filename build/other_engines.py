@@ -1,8 +1,9 @@
 """Launch the same bundle (quantized target + EAGLE-3 draft) with vLLM, SGLang or trtllm-serve.
 
-``write_launchers(bundle_dir)`` writes ``launch/{vllm,sglang,trtllm-serve}.sh`` (+ README.md and
-the trtllm-serve options file) into a bundle, so one quantized pair can be compared across
-engines. Scripts find the bundle from their own location, so the bundle can be moved; every
+``launcher_files(options, ...)`` renders ``launch/{vllm,sglang,trtllm-serve}.sh`` (+ README.md and
+the trtllm-serve options file) from a bundle's options and weight formats; ``build/bundle.py``
+writes them into the bundle (and rewrites them whenever the options change), so one quantized
+pair can be compared across engines. Scripts find the bundle from their own location, so the bundle can be moved; every
 option they pass is checked against the option names each engine documents (tables below),
 and the tests check that no other name appears.
 
@@ -18,17 +19,13 @@ Sources of the option names:
 
 from __future__ import annotations
 
-import json
-import os
 import shlex
-import shutil
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import yaml
 
 from eagle3_trt.build import trtllm_adapter as adapter
+from eagle3_trt.build.llm_options import LlmApiOptions
 from eagle3_trt.errors import UserError
 
 LAUNCH_DIR = "launch"
@@ -67,7 +64,7 @@ _KV = {"vllm": {"fp8": "fp8", "auto": "auto"}, "sglang": {"fp8": "fp8_e4m3", "au
 
 @dataclass(frozen=True)
 class BundleFacts:
-    """What the launchers need from a bundle, read from its manifest and options."""
+    """What the launchers need from a bundle: its options and weight formats."""
 
     max_draft_len: int
     tensor_parallel_size: int
@@ -80,18 +77,12 @@ class BundleFacts:
     max_concurrency: int | None
 
 
-def bundle_facts(bundle_dir: Path) -> BundleFacts:
-    bundle = Path(bundle_dir)
-    opts = adapter.load_options(bundle)
-    mpath = bundle / "manifest.json"
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(mpath, f"cannot read ({e})", "rebuild the bundle with `eagle3-trt engine`") from None
-    quant = manifest.get("quant") or {}
-    kv = quant.get("kv_cache", opts.kv_cache_config.dtype)
+def bundle_facts(opts: LlmApiOptions, *, target_format: str, draft_format: str) -> BundleFacts:
+    """The facts of a bundle opened with ``build/bundle.open_bundle`` (its options, its manifest's formats)."""
+    kv = opts.kv_cache_config.dtype
     if kv not in ("fp8", "auto"):
-        raise UserError(f"{mpath}:quant.kv_cache", f"KV cache {kv!r} has no vLLM/SGLang equivalent here", "rebuild with --kv-cache fp8 or auto")
+        raise UserError(f"{adapter.OPTIONS_FILE}:kv_cache_config.dtype", f"KV cache {kv!r} has no vLLM/SGLang equivalent here",
+                        "rebuild with --kv-cache fp8 or auto")
     spec = opts.speculative_config
     mc = spec.max_concurrency
     if mc is None and spec.draft_len_schedule:
@@ -106,7 +97,7 @@ def bundle_facts(bundle_dir: Path) -> BundleFacts:
         cuda_graph_max_batch=(opts.cuda_graph_config.max_batch_size or max(opts.cuda_graph_config.batch_sizes or [0]) or None)
         if opts.cuda_graph_config else None,
         kv_cache=kv,
-        quant=quant,
+        quant={"target": target_format, "draft": draft_format, "kv_cache": kv},
         max_concurrency=mc,
     )
 
@@ -289,34 +280,14 @@ Notes
 """
 
 
-def write_launchers(bundle_dir: Path) -> Path:
-    """Write ``launch/`` into a bundle (replacing any previous one atomically); returns its path."""
-    bundle = Path(bundle_dir)
-    f = bundle_facts(bundle)
-    files = {
+def launcher_files(opts: LlmApiOptions, *, target_format: str, draft_format: str) -> dict[str, str]:
+    """File name -> text of every file in ``launch/`` (scripts are written executable)."""
+    f = bundle_facts(opts, target_format=target_format, draft_format=draft_format)
+    return {
         "vllm.sh": vllm_script(f),
         "sglang.sh": sglang_script(f),
         "trtllm-serve.sh": trtllm_serve_script(f),
         TRTLLM_SERVE_YAML: "# trtllm-serve --extra_llm_api_options file; paths relative to the bundle directory.\n"
-        + yaml.safe_dump(adapter.serve_yaml(bundle), sort_keys=False),
+        + yaml.safe_dump(adapter.serve_yaml(opts), sort_keys=False),
         "README.md": launch_readme(f),
     }
-    dest = bundle / LAUNCH_DIR
-    tmp = Path(tempfile.mkdtemp(prefix=f".{LAUNCH_DIR}.", dir=bundle))
-    try:
-        for name, text in files.items():
-            p = tmp / name
-            p.write_text(text)
-            if name.endswith(".sh"):
-                p.chmod(0o755)
-        old = None
-        if dest.exists():
-            old = bundle / f".{LAUNCH_DIR}.old.{os.getpid()}"
-            dest.rename(old)
-        tmp.rename(dest)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dest

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eagle3_trt.build.gpus import GpuSpec, check_quant_for_gpu, get_gpu
+from eagle3_trt.build.presets import load_preset
 from eagle3_trt.errors import UserError
 
 KvDtype = Literal["fp8", "bf16"]
@@ -40,19 +41,22 @@ LINEAR_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16
 BF16_BYTES = 2
 KV_BYTES: dict[str, int] = {"bf16": 2, "fp8": 1}
 
-# TensorRT-LLM KvCacheConfig defaults [FACTS §1].
+# TensorRT-LLM KvCacheConfig defaults: free_gpu_memory_fraction 0.9, tokens_per_block 32
+# [NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py].
 FREE_GPU_MEMORY_FRACTION = 0.9
 TOKENS_PER_BLOCK = 32
-# TensorRT-LLM's default max_num_tokens [FACTS §1]; prompts longer than this need chunked prefill.
+# TensorRT-LLM's default max_num_tokens is 8192 [llm_args.py]; prompts longer than this need chunked prefill.
 DEFAULT_MAX_NUM_TOKENS = 8192
-# TensorRT-LLM's default CUDA-graph max batch size [FACTS §1]; also our cap on max_batch_size,
+# TensorRT-LLM's CUDA-graph max batch size when neither batch_sizes nor max_batch_size is set
+# [llm_args.py CudaGraphConfig]; also our cap on max_batch_size,
 # since EAGLE-3 gains shrink at large batches and the bundle switches speculation off above
 # max_concurrency anyway.
 MAX_BATCH_CAP = 128
 # A TP layout "fits" only if it holds at least this many sequences of max_seq_len tokens at
 # once: one full-length sequence would make the KV budget the bottleneck for any real traffic.
 MIN_FULL_SEQUENCES = 4
-# One-model EAGLE-3 captures three target layers by default ({1, L/2-1, L-4}) [FACTS §1].
+# One-model EAGLE-3 captures three target layers by default ({1, L/2-1, L-4} when
+# eagle3_layers_to_capture is None) [NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/eagle3.py].
 EAGLE3_CAPTURED_LAYERS = 3
 
 # Reserve outside weights and KV cache, per GPU. These are estimates, chosen on the high side
@@ -62,7 +66,7 @@ EAGLE3_CAPTURED_LAYERS = 3
 RUNTIME_BYTES = 1_000_000_000
 # NCCL channel buffers plus TensorRT-LLM's custom all-reduce workspace, only when tp*pp > 1.
 NCCL_BYTES = 500_000_000
-# Each captured decode CUDA graph holds up to ~200 MB [FACTS §1, cuda_graph_config]; graphs are
+# Each captured decode CUDA graph holds up to ~200 MB [cuda_graph_config in llm_args.py]; graphs are
 # captured after the KV cache is sized, so they must come out of the 10% left over or from here.
 CUDA_GRAPH_BYTES = 200_000_000
 
@@ -357,7 +361,9 @@ def _budget(
     weights = target_weight_bytes(p, quant, tp, pp)
     draft_bytes = _draft_weight_bytes(draft)
     kv_t = kv_bytes_per_token(math.ceil(s.layers / pp), s.kv_heads, s.head_dim, kv_dtype, tp)
-    # The draft's layer lives in the same KV pool and takes the target's KV format [FACTS §1].
+    # The draft's layer lives in the same KV pool and takes the target's KV format: its kv_cache_quant_algo
+    # is overwritten with the target's [SpecDecOneEngineForCausalLM.__init__, NVIDIA/TensorRT-LLM
+    # tensorrt_llm/_torch/models/modeling_speculative.py].
     kv_d = kv_bytes_per_token(draft.layers, draft.kv_heads, draft.head_dim, kv_dtype, tp) if draft else 0
     reserve = _reserve(s, draft, tp, pp, max_num_tokens, max_batch_size, max_draft_len, len(graph_batch_sizes(max_batch_size)))
     free = gpu.memory_bytes - weights - draft_bytes - reserve.total
@@ -700,8 +706,6 @@ def plan_for_preset(
     pp: int = 1,
 ) -> Plan:
     """Plan a preset from build/model_configs/<preset>/ (or explicit config dicts)."""
-    from eagle3_trt.build.presets import load_preset
-
     preset = load_preset(preset_name)
     spec = get_gpu(gpu)
     if target_cfg is None:

@@ -1,4 +1,5 @@
-"""Turn a bundle's llm_api_options.yaml into ``LLM(...)`` keyword arguments for the installed TensorRT-LLM.
+"""Turn a bundle's options (llm_api_options.yaml, read by ``build/bundle.open_bundle``) into
+``LLM(...)`` keyword arguments for the installed TensorRT-LLM.
 
 Everything here runs without TensorRT-LLM: the version comes from package metadata
 (``importlib.metadata``), and option names are checked against the installed
@@ -6,7 +7,8 @@ Everything here runs without TensorRT-LLM: the version comes from package metada
 ``DOCUMENTED_NAMES`` below. Either way an unknown name is refused here, before a load that
 can take many minutes on a 70B model.
 
-Version differences handled (TensorRT-LLM 1.2.x and later, FACTS §1):
+Version differences handled (TensorRT-LLM 1.2.x and later; option names from NVIDIA/TensorRT-LLM
+tensorrt_llm/llmapi/llm_args.py):
 - ``speculative_config.speculative_model``: renamed from ``speculative_model_dir`` by
   NVIDIA/TensorRT-LLM PR #10099 (opened 2025-12-18), which kept the old name as an accepted
   alias. Which release first shipped it is not pinned down; we ASSUME 1.3.0rc0
@@ -26,27 +28,26 @@ import difflib
 import functools
 import importlib.metadata
 import importlib.util
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import ValidationError
+from packaging.version import InvalidVersion, Version
 
-from eagle3_trt.build.llm_options import LlmApiOptions
+from eagle3_trt.build.llm_options import LlmApiOptions, validate_options
 from eagle3_trt.errors import UserError
 
+# The name the messages use for the bundle's options file (build/bundle.py owns the file).
 OPTIONS_FILE = "llm_api_options.yaml"
 
 # First release assumed to know `speculative_model` (see the module docstring).
 SPECULATIVE_MODEL_SINCE = "1.3.0rc0"
-# Oldest release the toolkit targets: unified ModelOpt checkpoints need >= 1.2.0 (FACTS §5).
+# Oldest release the toolkit targets: unified ModelOpt checkpoints need >= 1.2.0
+# (NVIDIA/Model-Optimizer docs/source/deployment/3_unified_hf.rst).
 MIN_SUPPORTED = "1.2.0"
 
 # Option names documented for TorchLlmArgs (BaseLlmArgs + TorchLlmArgs) from 1.2.x to the 2026
-# main branch [tensorrt_llm/llmapi/llm_args.py; FACTS §1]. Names that exist only in some
+# main branch [NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py]. Names that exist only in some
 # releases are included: this table catches typos when TensorRT-LLM is not importable; the
 # installed field list is exact and wins whenever it can be read.
 DOCUMENTED_TOP_LEVEL: frozenset[str] = frozenset(
@@ -117,8 +118,6 @@ def installed_version() -> str | None:
 
 
 def parse_version(v: str, where: str = "TensorRT-LLM version"):
-    from packaging.version import InvalidVersion, Version
-
     try:
         return Version(v)
     except InvalidVersion:
@@ -218,7 +217,7 @@ def check_names(kwargs: dict[str, Any], table: NameTable, where: str = OPTIONS_F
         raise UserError(
             where,
             f"unknown TensorRT-LLM option(s): {', '.join(unknown)} (checked against the {table.source})",
-            "fix the name, or remove it; options differ between TensorRT-LLM releases, see FACTS §1",
+            "fix the name, or remove it; options differ between TensorRT-LLM releases (tensorrt_llm/llmapi/llm_args.py)",
         )
 
 
@@ -230,32 +229,6 @@ def _with_suggestion(name: str, known: frozenset[str], prefix: str = "") -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Bundle options -> kwargs
-
-
-def load_options(bundle_dir: Path) -> LlmApiOptions:
-    """The bundle's llm_api_options.yaml, validated against the toolkit's schema."""
-    path = Path(bundle_dir) / OPTIONS_FILE
-    if not path.is_file():
-        raise UserError(path, "file not found", "is this an engine bundle? build one with `eagle3-trt engine`")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise UserError(path, f"not valid YAML: {str(e).splitlines()[0]}", "rebuild the bundle or fix the file") from None
-    if not isinstance(raw, dict):
-        raise UserError(path, "expected a mapping of LLM() options", "rebuild the bundle")
-    return validate_options(raw, path)
-
-
-def validate_options(raw: dict[str, Any], where: Path | str) -> LlmApiOptions:
-    try:
-        return LlmApiOptions.model_validate(raw)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-        hint = "see build/llm_options.py for the fields the bundle may set"
-        if err["type"] == "extra_forbidden":
-            hint = "the bundle schema allows only the options it knows; put experiments in overrides"
-        raise UserError(f"{where}:{loc}", err["msg"], hint) from None
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -293,6 +266,7 @@ class LlmKwargs:
 
 def to_llm_kwargs(
     bundle_dir: Path,
+    opts: LlmApiOptions,
     *,
     version: str | None = None,
     overrides: dict[str, Any] | None = None,
@@ -300,7 +274,8 @@ def to_llm_kwargs(
     resolve_paths: bool = True,
     check_files: bool = True,
 ) -> LlmKwargs:
-    """``LLM(**result.kwargs)`` for the bundle, checked before anything heavy is loaded.
+    """``LLM(**result.kwargs)`` for the bundle at ``bundle_dir`` whose options are ``opts``
+    (``open_bundle(dir).options``), checked before anything heavy is loaded.
 
     ``version``: the TensorRT-LLM release to write for; default the installed one (None if
     not installed: version-agnostic output). ``overrides`` are merged over the file (nested
@@ -311,7 +286,6 @@ def to_llm_kwargs(
     bundles, which carry configs only where the sources had them).
     """
     bundle = Path(bundle_dir)
-    opts = load_options(bundle)
     kwargs = opts.to_yaml_dict()
     where = str(bundle / OPTIONS_FILE) + (" + overrides" if overrides else "")
     if overrides:
@@ -409,48 +383,18 @@ def recommend(
     return validate_options(data, "recommendation")
 
 
-def write_options(bundle_dir: Path, opts: LlmApiOptions) -> Path:
-    """Atomic rewrite of the bundle's llm_api_options.yaml (temp file + os.replace)."""
-    path = Path(bundle_dir) / OPTIONS_FILE
-    text = yaml.safe_dump(opts.to_yaml_dict(), sort_keys=False)
-    atomic_write_text(path, text)
-    return path
-
-
-def write_recommendation(
-    bundle_dir: Path, k: int, *, max_concurrency: int | None = None, draft_len_schedule: dict[int, int] | None = None
-) -> LlmApiOptions:
-    opts = recommend(load_options(bundle_dir), k, max_concurrency=max_concurrency, draft_len_schedule=draft_len_schedule)
-    write_options(bundle_dir, opts)
-    return opts
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 # ---------------------------------------------------------------------------------------------
 # Version-agnostic YAML for trtllm-serve / Triton (paths stay relative to the bundle)
 
 
-def serve_yaml(bundle_dir: Path) -> dict[str, Any]:
+def serve_yaml(opts: LlmApiOptions) -> dict[str, Any]:
     """The options as a ``trtllm-serve --extra_llm_api_options`` file for any supported release.
 
     The model is trtllm-serve's positional argument, so ``model`` and ``backend`` are left out;
     ``speculative_model_dir`` is used because every release accepts it; paths stay relative to
     the bundle (the launcher runs from the bundle directory).
     """
-    res = to_llm_kwargs(bundle_dir, version=None, use_installed=False, resolve_paths=False)
+    res = to_llm_kwargs(Path("."), opts, version=None, use_installed=False, resolve_paths=False)
     out = dict(res.kwargs)
     out.pop("model", None)
     out.pop("backend", None)

@@ -12,7 +12,6 @@ the later one carries (a speculative step delivers several at once), each token 
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -20,43 +19,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from eagle3_trt.clients.llm_client import Timed
+from eagle3_trt.clients.llm_client import GenerationParams, LLMClient, Timed
+from eagle3_trt.clients.prom import SpecCounters, read_counters
 from eagle3_trt.errors import UserError
 
 DEFAULT_ALPHA_THRESHOLD = 0.55
-
-
-# ---- prompts ---------------------------------------------------------------------------------
-def load_prompts(path: Path) -> list[str]:
-    """JSONL (``turns`` list: first turn, or ``prompt`` / ``text``) or plain text, one prompt a line."""
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise UserError(path, "prompts file not found") from None
-    out: list[str] = []
-    for i, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line:
-            continue
-        if line.startswith("{"):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{i}", f"not valid JSON: {e.msg}") from None
-            if isinstance(obj.get("turns"), list) and obj["turns"]:
-                out.append(str(obj["turns"][0]))
-            elif isinstance(obj.get("prompt"), str):
-                out.append(obj["prompt"])
-            elif isinstance(obj.get("text"), str):
-                out.append(obj["text"])
-            else:
-                raise UserError(f"{path}:{i}", "JSON line has no 'turns', 'prompt' or 'text'")
-        else:
-            out.append(line)
-    if not out:
-        raise UserError(path, "no prompts in file")
-    return out
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -254,8 +221,6 @@ class BenchConfig:
 
 def run_arm(cfg: BenchConfig, concurrency: int, speculative: bool, on_done: Callable[[], None] = lambda: None,
             offset: int = 0) -> tuple[list[RequestRecord], float]:
-    from eagle3_trt.clients.llm_client import GenerationParams, LLMClient
-
     budget = cfg.budget(concurrency)
     model = cfg.model if (speculative or not cfg.baseline_model) else cfg.baseline_model
     params = GenerationParams(
@@ -348,9 +313,6 @@ class BenchRun:
 def run_bench(cfg: BenchConfig, alpha_threshold: float = DEFAULT_ALPHA_THRESHOLD, itl_tolerance: float = 0.0,
               progress: Callable[[str, int], Callable[[], None]] | None = None, log: Callable[[str], None] = lambda s: None) -> BenchRun:
     """Every level, speculation on then off; ``progress(label, total)`` returns a per-request tick."""
-    from eagle3_trt.clients.llm_client import GenerationParams, LLMClient
-    from eagle3_trt.clients.prom import SpecCounters, read_counters
-
     started = time.time()
     t_start = time.perf_counter()
     metrics_ok = cfg.metrics_url is not None

@@ -1,8 +1,10 @@
 """Client-side chat template, taken from the bundle's tokenizer.
 
-The llmapi model sends ``text_input`` to the runtime as-is (FACTS §3); EAGLE-3 heads are
-trained on chat-formatted text and lose acceptance without the template, so clients format
-the prompt before sending it.
+The llmapi model sends ``text_input`` to the runtime as-is, with no chat template (NVIDIA/TensorRT-LLM
+``triton_backend/all_models/llmapi/tensorrt_llm/1/model.py``); EAGLE-3 heads are trained on
+chat-formatted text and lose acceptance without the template (TensorRT-LLM maintainers on the
+yuhuili Llama-3.3 drafts, NVIDIA/TensorRT-LLM PR #4802), so clients format the prompt before
+sending it.
 
 The template is rendered with jinja2 the way ``transformers``' ``apply_chat_template`` does
 (sandboxed, trim_blocks/lstrip_blocks, loop controls, ``raise_exception``, ``strftime_now``,
@@ -16,6 +18,10 @@ import json
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from eagle3_trt.errors import UserError
 
@@ -64,10 +70,6 @@ class ChatTemplate:
         return cls(template, special, d)
 
     def _compile(self):
-        import jinja2
-        import jinja2.ext
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
         def raise_exception(message):
             raise jinja2.exceptions.TemplateError(message)
 
@@ -81,8 +83,6 @@ class ChatTemplate:
         return env.from_string(self.template)
 
     def render(self, messages: list[dict]) -> str:
-        import jinja2
-
         try:
             if self._compiled is None:
                 self._compiled = self._compile()

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from eagle3_trt.clients.bench import BenchConfig, parse_concurrency, run_bench
+from eagle3_trt.clients.chat import PromptFormatter
+from eagle3_trt.clients.llm_client import GenerationParams, LLMClient, Result, ServerError
+from eagle3_trt.clients.report import write_report
+from eagle3_trt.convert.prompts import load_prompts
 from eagle3_trt.errors import GateFailed, UserError
 
 STATE_FILE = Path(".serve") / "server.json"
@@ -39,10 +49,6 @@ def resolve_urls(url: str | None, http: bool, metrics_url: str | None, state_dir
 
 
 def is_loopback(url: str) -> bool:
-    import ipaddress
-    import socket
-    from urllib.parse import urlsplit
-
     host = urlsplit(url if "://" in url else "//" + url).hostname or ""
     if host == "localhost":
         return True
@@ -67,8 +73,6 @@ def check_model(client) -> None:
 
 def make_formatter(client, bundle: Path | None, raw: bool, system: str | None):
     """Chat template from --bundle, else from the bundle path the server reports (if it exists here)."""
-    from eagle3_trt.clients.chat import PromptFormatter
-
     if raw:
         return PromptFormatter(None, raw=True)
     if bundle is None:
@@ -120,8 +124,6 @@ def generate_cmd(prompt: str, url: str | None, model: str, bundle: Path | None, 
                  http: bool, stream: bool, max_tokens: int, temperature: float | None, top_p: float | None, top_k: int | None,
                  seed: int | None, stop: tuple[str, ...], no_speculation: bool, as_json: bool) -> None:
     """Send PROMPT to the eagle3 model on a Triton server (chat template applied client-side)."""
-    from eagle3_trt.clients.llm_client import GenerationParams, LLMClient, ServerError
-
     url, _ = resolve_urls(url, http, None, state_dir)
     params = GenerationParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                               stop=tuple(stop), speculative=False if no_speculation else None)
@@ -138,8 +140,6 @@ def generate_cmd(prompt: str, url: str | None, model: str, bundle: Path | None, 
                     sys.stdout.write(ch.text)
                     sys.stdout.flush()
                 sys.stdout.write("\n")
-                from eagle3_trt.clients.llm_client import Result
-
                 first = next((c.t for c in chunks if c.n_tokens), chunks[-1].t)
                 res = Result("".join(c.text for c in chunks), sum(c.n_tokens for c in chunks), chunks[-1].finish_reason,
                              chunks[-1].perf, t0, first, chunks[-1].t, chunks)
@@ -199,13 +199,6 @@ def bench_cmd(url: str | None, model: str, bundle: Path | None, raw: bool, syste
               metrics_url: str | None, baseline_model: str | None, alpha_threshold: float, itl_tolerance: float, warmup: int,
               out: Path | None, fail_on_gate: bool, allow_remote: bool) -> None:
     """Rollout benchmark: TTFT, ITL, throughput, alpha and AL with speculation on vs off; report + gate verdict."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from eagle3_trt.clients.bench import BenchConfig, load_prompts, parse_concurrency, run_bench
-    from eagle3_trt.clients.llm_client import LLMClient
-    from eagle3_trt.clients.report import write_report
-
     levels = parse_concurrency(concurrency)
     url, metrics_url = resolve_urls(url, False, metrics_url, state_dir)
     if not allow_remote:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+import requests
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.triton_repo.interface import PERF_OUTPUTS
@@ -97,7 +98,7 @@ def normalize_url(url: str, http: bool) -> str:
 
 
 def _grpc_inputs(prompt: str, p: GenerationParams, streaming: bool):
-    import tritonclient.grpc as g
+    import tritonclient.grpc as g  # local: the optional [triton] extra; an HTTP-only client does not need it
 
     items: list[tuple[str, np.ndarray, str]] = [
         ("text_input", np.array([prompt.encode("utf-8")], dtype=np.object_), "BYTES"),
@@ -188,7 +189,7 @@ class LLMClient:
     # -- plumbing -----------------------------------------------------------
     def _grpc_client(self):
         if self._grpc is None:
-            import tritonclient.grpc as g
+            import tritonclient.grpc as g  # local: the optional [triton] extra; an HTTP-only client does not need it
 
             self._grpc = g.InferenceServerClient(self.url)
             self._grpc.start_stream(callback=lambda result, error: self._queue.put((result, error, time.perf_counter())))
@@ -196,8 +197,6 @@ class LLMClient:
 
     def _http_session(self):
         if self._session is None:
-            import requests
-
             self._session = requests.Session()
         return self._session
 

@@ -83,7 +83,7 @@ def _pooled_position_acceptance(run: BenchRun) -> list[float]:
 
 def _save_concurrency_plot(fig, ax, levels: list[int], ylabel: str, title: str, path: Path) -> None:
     """Log2 concurrency axis, labels, grid and legend; write the PNG and close the figure."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # local: about half a second to import; plot_all has set the Agg backend
 
     ax.set_xscale("log", base=2)
     ax.set_xticks(levels, [str(c) for c in levels])
@@ -98,10 +98,11 @@ def _save_concurrency_plot(fig, ax, levels: list[int], ylabel: str, title: str, 
 
 
 def plot_all(run: BenchRun, out: Path) -> None:
+    # local: matplotlib.pyplot takes about half a second to import and only a written report is plotted
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    matplotlib.use("Agg")  # no display on a server; must precede the pyplot import
+    import matplotlib.pyplot as plt  # local: heavy, see above
 
     levels = sorted({a.concurrency for a in run.arms})
     colors = {c: plt.cm.viridis(i / max(1, len(levels) - 1)) for i, c in enumerate(levels)}

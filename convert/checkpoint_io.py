@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
 
 from eagle3_trt.errors import UserError
 
@@ -64,8 +67,6 @@ def iter_tensors(path: Path) -> Iterator[tuple[str, "object"]]:
     """(name, tensor) pairs of one weight file, one tensor in memory at a time for safetensors."""
     path = Path(path)
     if path.suffix == ".safetensors":
-        from safetensors import SafetensorError, safe_open
-
         try:
             with safe_open(str(path), framework="pt") as f:
                 keys = list(f.keys())
@@ -78,9 +79,7 @@ def iter_tensors(path: Path) -> Iterator[tuple[str, "object"]]:
 
 
 def _load_pickle_weights_only(path: Path) -> dict:
-    import pickle
-
-    import torch
+    import torch  # ~2 s to import; header and config readers in this module run without it
 
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
@@ -111,8 +110,6 @@ def load_tensors(ckpt_dir: Path) -> dict:
 
 def tensor_shapes(ckpt_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, dtype) from safetensors headers only, without reading data."""
-    from safetensors import SafetensorError, safe_open
-
     out = {}
     for f in weight_files(ckpt_dir):
         if f.suffix != ".safetensors":

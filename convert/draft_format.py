@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_trt.convert.checkpoint_io import load_tensors, read_json
-from eagle3_trt.convert.config_compat import dtype_of, rope_of
+from eagle3_trt.convert.hf_compat import dtype_of, rope_of, with_legacy_fields
 from eagle3_trt.errors import UserError
 
 FORMATS = ("safeailab", "modelopt", "speculators")
@@ -195,8 +195,6 @@ def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
 
 def trtllm_config(cfg: DraftConfig, raw: dict) -> dict:
     """config.json for the exported draft: the flat SafeAILab layout TensorRT-LLM's Eagle3 loader reads."""
-    from eagle3_trt.convert.config_compat import with_legacy_fields
-
     out = {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",

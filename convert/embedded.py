@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+from eagle3_trt.atomic import staged_dir
+from eagle3_trt.convert import tiny_pair
 from eagle3_trt.errors import UserError
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
@@ -29,25 +32,17 @@ def embedded_pair(name: str) -> tuple[Path, Path]:
         return shipped
     if name != "tiny":
         raise UserError(f"embedded:{name}", "no such embedded model pair", "the embedded pair is 'tiny'")
-    from eagle3_trt.convert import tiny_pair
-
     out = cache_dir() / "models" / "tiny-random-seed0"
     target, draft = out / "target", out / "draft"
     if not ((target / "model.safetensors").is_file() and (draft / "model.safetensors").is_file()):
-        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        tiny_pair.make_pair(tmp)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if out.exists():
-            import shutil
-
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        # Seconds of work: a second process making the same cache waits for the first instead of
+        # failing; the pair is seeded, so whichever copy ends up in place is the same.
+        with staged_dir(out, wait_s=120) as tmp:
+            tiny_pair.make_pair(tmp)
     return target, draft
 
 
 def heldout_prompts(pair_dir: Path) -> list[list[int]] | None:
     """Token ids of the held-out prompts an embedded pair ships beside target/ and draft/, or None."""
-    import json
-
     f = Path(pair_dir) / "heldout_prompts.json"
     return json.loads(f.read_text())["prompts"] if f.is_file() else None

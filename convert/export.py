@@ -1,7 +1,7 @@
 """Write unified Hugging Face checkpoints that TensorRT-LLM's PyTorch runtime loads.
 
 Target: ModelOpt's ``export_hf_checkpoint`` (safetensors, ``hf_quant_config.json``, inline
-``quantization_config``), then the config gets the legacy field spellings (config_compat) and
+``quantization_config``), then the config gets the legacy field spellings (hf_compat) and
 the tokenizer files. Draft: the flat SafeAILab layout (``fc``, ``midlayer.*``, ``norm``,
 ``lm_head``, ``d2t``); quantized drafts go through ModelOpt's transformers exporter so FP8/NVFP4
 tensors, scales and the q/k/v shared input scale match what a quantized target gets.
@@ -9,23 +9,26 @@ tensors, scales and the q/k/v shared input scale match what a quantized target g
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
-import types
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
-from eagle3_trt.convert.config_compat import with_legacy_fields
+from eagle3_trt.atomic import make_dirs, write_json
+from eagle3_trt.convert import modelopt_compat
+from eagle3_trt.convert.checkpoint_io import read_json
 from eagle3_trt.convert.draft_format import DraftCheckpoint, trtllm_config
-from eagle3_trt.errors import UserError
+from eagle3_trt.convert.hf_compat import with_legacy_fields
+from eagle3_trt.convert.streaming import stream_convert
 
+FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "generation_config.json")
 
 
 def copy_tokenizer(src: Path, dst: Path) -> list[str]:
-    dst.mkdir(parents=True, exist_ok=True)
+    make_dirs(dst)
     copied = []
     for name in TOKENIZER_FILES:
         if (Path(src) / name).is_file():
@@ -34,65 +37,43 @@ def copy_tokenizer(src: Path, dst: Path) -> list[str]:
     return copied
 
 
-def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2) + "\n")
-
-
 def export_target(model, out_dir: Path, source_dir: Path) -> None:
-    from modelopt.torch.export import export_hf_checkpoint
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    export_hf_checkpoint(model, export_dir=str(out_dir))
+    make_dirs(out_dir)
+    modelopt_compat.export_hf_checkpoint(model, out_dir)
     cfg_path = out_dir / "config.json"
-    _write_json(cfg_path, with_legacy_fields(json.loads(cfg_path.read_text())))
+    write_json(cfg_path, with_legacy_fields(json.loads(cfg_path.read_text())))
     copy_tokenizer(source_dir, out_dir)
+
+
+def export_target_bf16(source_dir: Path, out_dir: Path) -> None:
+    """An unquantized target without loading it: every tensor streamed shard by shard, floating-point
+    ones cast to BF16 (``streaming.stream_convert``: memory stays at one 64 MiB chunk whatever the
+    checkpoint size, so a 140 GB target costs disk bandwidth, not RAM). Quantized targets go through
+    ModelOpt instead (``export_target``), which needs the model loaded for calibration anyway."""
+    stream_convert(Path(source_dir), Path(out_dir), lambda name: name,
+                   cast=lambda name, dtype: "bfloat16" if dtype in FLOAT_DTYPES else None)
+    cfg = with_legacy_fields(read_json(Path(source_dir) / "config.json"))
+    for key in ("torch_dtype", "dtype"):  # transformers 4.x writes torch_dtype, 5.x dtype
+        if key in cfg:
+            cfg[key] = "bfloat16"
+    write_json(Path(out_dir) / "config.json", cfg)
+    copy_tokenizer(Path(source_dir), Path(out_dir))
 
 
 def export_draft_bf16(ckpt: DraftCheckpoint, out_dir: Path) -> None:
     """Normalized tensors as BF16 safetensors (d2t/t2d keep their integer/bool dtypes)."""
-    from safetensors.torch import save_file
-
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(out_dir)
     tensors = {}
     for k, t in ckpt.tensors.items():
         tensors[k] = (t.to(torch.bfloat16) if t.is_floating_point() else t).contiguous()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out_dir / "config.json", trtllm_config(ckpt.config, ckpt.raw_config))
-
-
-def _transformers_exporter():
-    from modelopt.torch.export import unified_export_hf as ueh
-
-    fn = getattr(ueh, "_export_transformers_checkpoint", None) or getattr(ueh, "_export_hf_checkpoint", None)
-    if fn is None:
-        raise UserError("--quantize-draft", "this ModelOpt version has no transformers exporter for a bare module", "upgrade nvidia-modelopt, or leave the draft in BF16 (the default)")
-    return fn
+    write_json(out_dir / "config.json", trtllm_config(ckpt.config, ckpt.raw_config))
 
 
 def export_draft_quantized(draft_module, ckpt: DraftCheckpoint, out_dir: Path) -> dict:
     """Export a ModelOpt-quantized Eagle3Draft; returns the hf_quant_config written."""
-    from safetensors.torch import save_file
-
-    export = _transformers_exporter()
-    frozen = draft_module.config
-    # ModelOpt's exporter flips config.use_cache around its dummy forward; give it a mutable view.
-    draft_module.config = types.SimpleNamespace(**dataclasses.asdict(frozen), use_cache=False)
-    # The exporter runs one forward to find layers that share an input: ModelOpt >= 0.4x calls
-    # get_dummy_inputs(), 0.37 (TensorRT-LLM containers) calls model(torch.ones(1, 2, long)).
-    forward = draft_module.forward
-
-    def probe_tolerant(*args, **kwargs):
-        if len(args) == 1 and not kwargs and torch.is_tensor(args[0]) and not args[0].is_floating_point():
-            return forward(**draft_module.get_dummy_inputs())
-        return forward(*args, **kwargs)
-
-    draft_module.forward = probe_tolerant
-    try:
-        state, hf_quant = export(draft_module, torch.bfloat16)
-    finally:
-        draft_module.config = frozen
-        del draft_module.forward
-    out_dir.mkdir(parents=True, exist_ok=True)
+    state, hf_quant = modelopt_compat.export_bare_module(draft_module, torch.bfloat16)
+    make_dirs(out_dir)
     tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     if "t2d" in ckpt.tensors:
         tensors["t2d"] = ckpt.tensors["t2d"]
@@ -106,6 +87,6 @@ def export_draft_quantized(draft_module, ckpt: DraftCheckpoint, out_dir: Path) -
     for k in ("group_size",):
         if k in q:
             cfg["quantization_config"][k] = q[k]
-    _write_json(out_dir / "config.json", cfg)
-    _write_json(out_dir / "hf_quant_config.json", hf_quant)
+    write_json(out_dir / "config.json", cfg)
+    write_json(out_dir / "hf_quant_config.json", hf_quant)
     return hf_quant

@@ -1,10 +1,10 @@
 """Pure-torch NVFP4 fake quantization for CPU tensors.
 
-ModelOpt's dynamic block quantization op (used by every NVFP4 forward after
-``mtq.quantize``) only has CUDA/Triton kernels and asserts on CPU tensors. This module
-wraps that op: CPU inputs in NVFP4 format (E2M1 values, 16-element blocks, E4M3 block
-scales under a per-tensor FP32 global scale) are fake-quantized here; everything else
-goes to ModelOpt's own implementation unchanged.
+NVFP4: E2M1 values in 16-element blocks, each block scaled by an E4M3 factor under a
+per-tensor FP32 global scale. ModelOpt's own op for this has only CUDA/Triton kernels;
+``modelopt_compat.install_cpu_workarounds`` routes CPU calls here during calibration, and
+the reference runtime (core/target.py) uses the same functions to emulate NVFP4 activations.
+No ModelOpt import: this is the arithmetic only.
 """
 
 from __future__ import annotations
@@ -47,48 +47,6 @@ def nvfp4_fake_quant(x: torch.Tensor, block_size: int, global_amax: torch.Tensor
     return q.reshape(x.shape).to(x.dtype)
 
 
-def _is_nvfp4(num_bits, exponent_bits, scale_num_bits, scale_exponent_bits) -> bool:
+def is_nvfp4(num_bits, exponent_bits, scale_num_bits, scale_exponent_bits) -> bool:
+    """ModelOpt's quantizer attributes for NVFP4: E2M1 values (4 bits, 2 exponent) with E4M3 scales."""
     return (num_bits, exponent_bits, scale_num_bits, scale_exponent_bits) == (4, 2, 8, 4)
-
-
-def install() -> bool:
-    """Route CPU NVFP4 fake quantization to the fallback. Idempotent; False if ModelOpt lacks the op."""
-    from modelopt.torch.quantization import tensor_quant as tq
-
-    orig = getattr(tq, "dynamic_block_quantize_op", None)
-    if orig is None:
-        return False
-    if getattr(orig, "_eagle3_trt_cpu_fallback", False):
-        return True
-
-    def op(inputs, block_size, amax, num_bits, exponent_bits, scale_num_bits, scale_exponent_bits):
-        if not inputs.is_cuda and _is_nvfp4(num_bits, exponent_bits, scale_num_bits, scale_exponent_bits):
-            if amax is None:
-                amax = inputs.detach().abs().amax()
-            return nvfp4_fake_quant(inputs, block_size, amax)
-        return orig(inputs, block_size, amax, num_bits, exponent_bits, scale_num_bits, scale_exponent_bits)
-
-    op._eagle3_trt_cpu_fallback = True  # type: ignore[attr-defined]
-    tq.dynamic_block_quantize_op = op
-    _guard_fp4_capability_probe()
-    return True
-
-
-def _guard_fp4_capability_probe() -> None:
-    """ModelOpt 0.37's NVFP4 weight export asks ``torch.cuda.get_device_capability(0)`` without
-    checking for a GPU first, which raises on a CPU-only torch; answer "no FP4 GEMMs" there."""
-    import torch
-
-    try:
-        from modelopt.torch.quantization.qtensor import nvfp4_tensor
-    except ImportError:
-        return
-    probe = getattr(nvfp4_tensor, "fp4_compatible", None)
-    if probe is None or getattr(probe, "_eagle3_trt_guarded", False):
-        return
-
-    def guarded() -> bool:
-        return torch.cuda.is_available() and probe()
-
-    guarded._eagle3_trt_guarded = True  # type: ignore[attr-defined]
-    nvfp4_tensor.fp4_compatible = guarded

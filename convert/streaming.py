@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import struct
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import torch
+
+from eagle3_trt.atomic import make_dirs, staged_dir, write_json
 from eagle3_trt.convert.checkpoint_io import weight_files
 from eagle3_trt.errors import UserError
 
@@ -131,8 +131,6 @@ def _header_bytes(entries: list[_OutTensor], metadata: dict[str, str]) -> bytes:
 
 
 def _torch_dtype(code: str):
-    import torch
-
     return getattr(torch, ST_DTYPES[code][0])
 
 
@@ -153,15 +151,11 @@ class _CastBuffers:
     pages per chunk and bytearray-backed tensors both cost several times the conversion)."""
 
     def __init__(self, nbytes: int):
-        import torch
-
         self.raw = torch.empty(nbytes, dtype=torch.uint8)
         self.view = memoryview(self.raw.numpy())
         self.out: dict[str, Any] = {}
 
     def output(self, dtype, count: int):
-        import torch
-
         key = str(dtype)
         need = count * torch.empty((), dtype=dtype).element_size()
         cur = self.out.get(key)
@@ -171,8 +165,6 @@ class _CastBuffers:
 
 
 def _cast_bytes(src: BinaryIO, dst: BinaryIO, t: _OutTensor, bufs: _CastBuffers) -> None:
-    import torch
-
     in_dtype, out_dtype = _torch_dtype(t.src.dtype), _torch_dtype(t.dtype)
     in_size = ST_DTYPES[t.src.dtype][1]
     step = (len(bufs.view) // in_size) * in_size
@@ -189,8 +181,6 @@ def _cast_bytes(src: BinaryIO, dst: BinaryIO, t: _OutTensor, bufs: _CastBuffers)
 
 
 def _read_tensor(src: BinaryIO, ref: TensorRef):
-    import torch
-
     src.seek(ref.offset)
     data = bytearray(ref.nbytes)
     if src.readinto(data) != ref.nbytes:
@@ -201,8 +191,6 @@ def _read_tensor(src: BinaryIO, ref: TensorRef):
 
 
 def _write_tensor_bytes(dst: BinaryIO, tensor) -> int:
-    import torch
-
     flat = tensor.contiguous().reshape(-1)
     if flat.numel() == 0:
         return 0
@@ -230,8 +218,6 @@ def _plan(
         seen[new] = ref.name
         mode, shape, code = "copy", ref.shape, ref.dtype
         if transform is not None:
-            import torch
-
             # A meta tensor carries shape and dtype without data: the output header is known
             # before a byte is read.
             meta = transform(new, torch.empty(ref.shape, dtype=_torch_dtype(ref.dtype), device="meta"))
@@ -277,7 +263,7 @@ def stream_convert(
     ``transform(new_name, tensor)`` returns a new tensor (it is also called once with a meta
     tensor to learn the output shape and dtype), or None to leave the tensor to ``cast``/copy.
     Output: ``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` + index when there
-    is more than one shard. Written to a temp directory beside ``dst_dir``, renamed at the end.
+    is more than one shard. Written through ``eagle3_trt.atomic.staged_dir``: complete or absent.
     """
     src_dir, dst_dir = Path(src_dir), Path(dst_dir)
     if dst_dir.exists():
@@ -288,57 +274,47 @@ def stream_convert(
     plan = _plan(list(source_tensors(src_dir)), rename, cast, transform, report)
     shards = _shards(plan, max_shard_bytes)
     meta = {"format": "pt", **(metadata or {})}
-    dst_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst_dir.name}.", dir=dst_dir.parent))
+    make_dirs(dst_dir.parent)
     buf = bytearray(CHUNK_BYTES)
     cast_bufs = _CastBuffers(CHUNK_BYTES) if any(t.mode == "cast" for t in plan) else None
     handles: dict[Path, BinaryIO] = {}
     threads = _single_thread() if any(t.mode != "copy" for t in plan) else None
     try:
-        names = ["model.safetensors"] if len(shards) == 1 else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
-        weight_map: dict[str, str] = {}
-        for fname, shard in zip(names, shards):
-            with open(tmp / fname, "wb") as out:
-                out.write(_header_bytes(shard, meta))
-                for t in shard:
-                    src = handles.get(t.src.path)
-                    if src is None:  # sources are read in order, so at most one stays open at a time
-                        for h in handles.values():
-                            h.close()
-                        handles = {t.src.path: open(t.src.path, "rb")}  # noqa: SIM115 - closed below
-                        src = handles[t.src.path]
-                    if t.mode == "copy":
-                        _copy_bytes(src, out, t.src.offset, t.nbytes, buf)
-                    elif t.mode == "cast":
-                        _cast_bytes(src, out, t, cast_bufs)  # type: ignore[arg-type]
-                    else:
-                        result = transform(t.name, _read_tensor(src, t.src))  # type: ignore[misc]
-                        if tuple(result.shape) != t.shape or _TORCH_TO_ST[str(result.dtype).replace("torch.", "")] != t.dtype:
-                            raise UserError(t.src.path, f"transform of {t.name!r} gave {tuple(result.shape)} {result.dtype}, "
-                                            f"not the {t.shape} {t.dtype} it promised for a meta tensor", "make the transform shape-stable")
-                        _write_tensor_bytes(out, result)
-                        del result
-                    weight_map[t.name] = fname
-                    report.tensors += 1
-                    report.bytes_read += t.src.nbytes
-                    report.bytes_written += t.nbytes
-                    report.largest_tensor_bytes = max(report.largest_tensor_bytes, t.src.nbytes, t.nbytes)
-                out.flush()
-                os.fsync(out.fileno())
-            report.shards.append(fname)
-        if len(shards) > 1:
-            index = {"metadata": {"total_size": report.bytes_written}, "weight_map": weight_map}
-            (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-        for h in handles.values():
-            h.close()
-        handles = {}
-        os.replace(tmp, dst_dir)
-    except BaseException:
-        for h in handles.values():
-            h.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with staged_dir(dst_dir) as tmp:
+            names = ["model.safetensors"] if len(shards) == 1 else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+            weight_map: dict[str, str] = {}
+            for fname, shard in zip(names, shards):
+                with open(tmp / fname, "wb") as out:
+                    out.write(_header_bytes(shard, meta))
+                    for t in shard:
+                        src = handles.get(t.src.path)
+                        if src is None:  # sources are read in order, so at most one stays open at a time
+                            for h in handles.values():
+                                h.close()
+                            handles = {t.src.path: open(t.src.path, "rb")}  # noqa: SIM115 - closed below
+                            src = handles[t.src.path]
+                        if t.mode == "copy":
+                            _copy_bytes(src, out, t.src.offset, t.nbytes, buf)
+                        elif t.mode == "cast":
+                            _cast_bytes(src, out, t, cast_bufs)  # type: ignore[arg-type]
+                        else:
+                            result = transform(t.name, _read_tensor(src, t.src))  # type: ignore[misc]
+                            if tuple(result.shape) != t.shape or _TORCH_TO_ST[str(result.dtype).replace("torch.", "")] != t.dtype:
+                                raise UserError(t.src.path, f"transform of {t.name!r} gave {tuple(result.shape)} {result.dtype}, "
+                                                f"not the {t.shape} {t.dtype} it promised for a meta tensor", "make the transform shape-stable")
+                            _write_tensor_bytes(out, result)
+                            del result
+                        weight_map[t.name] = fname
+                        report.tensors += 1
+                        report.bytes_read += t.src.nbytes
+                        report.bytes_written += t.nbytes
+                        report.largest_tensor_bytes = max(report.largest_tensor_bytes, t.src.nbytes, t.nbytes)
+                report.shards.append(fname)  # staged_dir fsyncs every file before the rename
+            if len(shards) > 1:
+                write_json(tmp / INDEX_FILE, {"metadata": {"total_size": report.bytes_written}, "weight_map": weight_map})
     finally:
+        for h in handles.values():
+            h.close()
         if threads is not None:
             _restore_threads(threads)
     return report
@@ -347,16 +323,12 @@ def stream_convert(
 def _single_thread() -> int:
     # Casts are memory-bound: one thread converts ~2 GB/s, faster than the disk, while torch's
     # OpenMP pool stalls for milliseconds per call on a shared, busy CPU (measured 10-50x slower).
-    import torch
-
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     return prev
 
 
 def _restore_threads(n: int) -> None:
-    import torch
-
     torch.set_num_threads(n)
 
 
@@ -367,8 +339,6 @@ def write_tensors(path: Path, tensors: list[tuple[str, tuple[int, ...], str]], f
     ``tensors``: (name, shape, torch dtype name). Used for synthetic checkpoints larger than
     memory (benchmarks, tests). Returns the bytes written.
     """
-    import torch
-
     entries = []
     for name, shape, dt in tensors:
         code = _TORCH_TO_ST[dt]

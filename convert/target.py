@@ -6,12 +6,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eagle3_trt.convert.checkpoint_io import read_json
-from eagle3_trt.convert.config_compat import dtype_of, rope_of
+from eagle3_trt.convert.hf_compat import dtype_of, rope_of
 from eagle3_trt.errors import UserError
 
 # EAGLE-3's llama3 draft architecture runs on Llama-family decoders in TensorRT-LLM.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, ...]:
+    """TensorRT-LLM's default ``eagle3_layers_to_capture`` for a target of ``num_layers`` decoder
+    layers: the outputs of layers {1, L//2 - 1, L - 4} (0-based), as
+    ``Eagle3OneModelSpecMetadata`` in TensorRT-LLM's ``tensorrt_llm/_torch/speculative/eagle3.py``
+    sets ``layers_to_capture`` when the draft config names none (targets deeper than 5 layers).
+    The one copy of this rule: every stage that needs the default calls this."""
+    L = int(num_layers)
+    return (1, L // 2 - 1, L - 4)
 
 
 @dataclass(frozen=True)
@@ -39,9 +49,7 @@ class TargetInfo:
         return asdict(self)
 
     def default_aux_layers(self) -> tuple[int, ...]:
-        """TensorRT-LLM's default eagle3_layers_to_capture: outputs of layers {1, L//2-1, L-4}."""
-        L = self.num_hidden_layers
-        return (1, L // 2 - 1, L - 4)
+        return default_aux_layers(self.num_hidden_layers)
 
 
 def read_target(path: Path) -> TargetInfo:

@@ -13,6 +13,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3_trt.atomic import make_dirs, write_json
+from eagle3_trt.convert.prompts import SHIPPED_PROMPTS, load_prompt_records
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TOKENIZER_DIR = DATA_DIR / "tiny_tokenizer"
 
@@ -48,13 +51,12 @@ class TinyShape:
 
 def corpus_texts() -> list[str]:
     """Text the tiny tokenizer is trained on: the shipped calibration prompts."""
-    lines = (DATA_DIR / "calib_prompts.jsonl").read_text().splitlines()
-    return [t for line in lines for t in json.loads(line)["turns"]]
+    return [t for rec in load_prompt_records(SHIPPED_PROMPTS) for t in rec.turns]
 
 
 def train_tokenizer(texts: list[str], vocab_size: int = 512):
     """Byte-level BPE with Llama-3 special tokens; deterministic for a given corpus."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # only to regenerate the tiny pair
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -72,7 +74,7 @@ def train_tokenizer(texts: list[str], vocab_size: int = 512):
 def write_tokenizer(out: Path, texts: list[str] | None = None, vocab_size: int = 512) -> None:
     """tokenizer.json + tokenizer_config.json (Llama-3 specials and chat template) trained on texts
     (default: the shipped calibration prompts, which regenerates the committed copy)."""
-    out.mkdir(parents=True, exist_ok=True)
+    make_dirs(out)
     train_tokenizer(texts if texts is not None else corpus_texts() * 4, vocab_size).save(str(out / "tokenizer.json"))
     cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -83,7 +85,7 @@ def write_tokenizer(out: Path, texts: list[str] | None = None, vocab_size: int =
         "clean_up_tokenization_spaces": False,
         "chat_template": CHAT_TEMPLATE,
     }
-    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_json(out / "tokenizer_config.json", cfg)
 
 
 def copy_tokenizer(out: Path) -> None:
@@ -93,7 +95,7 @@ def copy_tokenizer(out: Path) -> None:
 
 def token_frequencies(vocab_size: int) -> "list[int]":
     """Counts of each target token id over the corpus (chat-formatted), for the draft vocabulary."""
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # only to regenerate the tiny pair
 
     tok = Tokenizer.from_file(str(TOKENIZER_DIR / "tokenizer.json"))
     counts = [0] * vocab_size
@@ -112,10 +114,10 @@ def draft_vocab(vocab_size: int, draft_vocab_size: int, special_ids: list[int]) 
 
 
 def make_target(out: Path, shape: TinyShape = TinyShape(), seed: int = 0) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import torch  # ~2 s; the shapes and configs of this module are read without it
+    from transformers import LlamaConfig, LlamaForCausalLM  # ~3 s; only to regenerate the tiny pair
 
-    out.mkdir(parents=True, exist_ok=True)
+    make_dirs(out)
     copy_tokenizer(out)
     ids = _special_ids()
     cfg = LlamaConfig(
@@ -144,7 +146,7 @@ def make_target(out: Path, shape: TinyShape = TinyShape(), seed: int = 0) -> Non
 
 def draft_tensors(shape: TinyShape = TinyShape(), seed: int = 1) -> dict:
     """SafeAILab-layout tensors of a random EAGLE-3 head for a target of `shape`."""
-    import torch
+    import torch  # ~2 s; the shapes and configs of this module are read without it
 
     g = torch.Generator().manual_seed(seed)
     H, I = shape.hidden_size, shape.draft_intermediate_size
@@ -205,11 +207,11 @@ def draft_config(shape: TinyShape = TinyShape()) -> dict:
 
 
 def make_draft(out: Path, shape: TinyShape = TinyShape(), seed: int = 1) -> None:
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # imports torch (~2 s); see draft_tensors
 
-    out.mkdir(parents=True, exist_ok=True)
+    make_dirs(out)
     save_file(draft_tensors(shape, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(draft_config(shape), indent=2) + "\n")
+    write_json(out / "config.json", draft_config(shape))
 
 
 def make_pair(out: Path, shape: TinyShape = TinyShape(), seed: int = 0) -> tuple[Path, Path]:

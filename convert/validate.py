@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3_trt.convert.checkpoint_io import tensor_shapes
 from eagle3_trt.convert.draft_format import DraftCheckpoint, expected_shapes
 from eagle3_trt.convert.target import SUPPORTED_DTYPES, TargetInfo
 from eagle3_trt.errors import UserError
@@ -158,7 +159,7 @@ def check_aux_layers(target: TargetInfo, draft: DraftCheckpoint, rep: Validation
 
 
 def check_vocab_map(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationReport) -> None:
-    import torch
+    import torch  # ~2 s to import; the config-only checks (dry run, planner) run without it
 
     c = draft.config
     where = f"{draft.path}:d2t"
@@ -227,8 +228,6 @@ def check_dtypes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationRepo
 def check_target_weights(target: TargetInfo, rep: ValidationReport) -> None:
     """Header-only pass over every target shard: corrupt or truncated files and missing layers fail here,
     before a multi-GB load, with the file named."""
-    from eagle3_trt.convert.checkpoint_io import tensor_shapes
-
     shapes = tensor_shapes(Path(target.path))
     where = Path(target.path)
     emb = shapes.get("model.embed_tokens.weight")

@@ -25,6 +25,7 @@ position p (the hidden state's position), as in EAGLE's reference code.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -32,8 +33,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer
 
-from eagle3_trt.errors import UserError
+from eagle3_trt.convert.dequantize import load_checkpoint_dequantized
+from eagle3_trt.convert.draft_format import DraftCheckpoint, load_draft
+from eagle3_trt.convert.target import default_aux_layers, read_target
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.stats import RequestStats
 from eagle3_trt.core.target import (
@@ -45,6 +49,7 @@ from eagle3_trt.core.target import (
     read_kv_scales,
 )
 from eagle3_trt.core.tree import DraftTree, parse_tree
+from eagle3_trt.errors import UserError
 
 __all__ = ["SamplingParams", "RequestStats", "StepOutput", "RequestResult", "SpeculativeEngine", "process_logits"]
 
@@ -144,15 +149,17 @@ class SpeculativeEngine:
             if len(target.aux_layer_ids) != n_aux:
                 raise UserError("aux_layer_ids", f"{len(target.aux_layer_ids)} aux layers captured but the draft's fc fuses {n_aux}",
                                 "pass the aux layer ids the draft was trained with")
-            self._d2t_ids = (torch.arange(draft.config.draft_vocab_size, device=self.device) + draft.d2t.to(self.device)).long()
+            self.refresh_draft_vocab()
+
+    def refresh_draft_vocab(self) -> None:
+        """Re-read the draft's ``d2t`` (draft id -> target id) after it changed in place (distillation)."""
+        d = self.draft
+        self._d2t_ids = (torch.arange(d.config.draft_vocab_size, device=self.device) + d.d2t.to(self.device)).long()
 
     # ---- loading ----------------------------------------------------------------------------
     @classmethod
     def from_pair(cls, target_dir, draft_dir, device="cpu", dtype=None, max_draft_len=3, aux_layer_ids=None) -> "SpeculativeEngine":
         """A BF16 (or FP16/FP32) Hugging Face target directory and an EAGLE-3 draft directory."""
-        from eagle3_trt.convert.draft_format import load_draft
-        from eagle3_trt.convert.target import read_target
-
         dtype = _default_dtype(device, dtype)
         info = read_target(Path(target_dir))
         ckpt = load_draft(Path(draft_dir))
@@ -164,55 +171,39 @@ class SpeculativeEngine:
                    draft_embed=embed, pad_token_id=_pad_id(Path(target_dir)))
 
     @classmethod
-    def from_bundle(cls, bundle_dir, device="cpu", dtype=None, max_draft_len=None, quantized=True) -> "SpeculativeEngine":
-        """An engine bundle as built: quantized weights dequantized, activations fake-quantized.
+    def from_checkpoints(cls, target_dir, draft_dir, *, max_draft_len: int, aux_layer_ids=None, quantized: bool,
+                         tokenizer_dir=None, max_seq_len: int | None = None, device="cpu", dtype=None) -> "SpeculativeEngine":
+        """A target and a draft checkpoint directory, with K and the aux layers given by the caller.
 
-        ``quantized=False`` runs the BF16 sources named in manifest.json instead (the reference pair).
+        ``quantized=True``: ModelOpt unified checkpoints as exported by the build stage; each dir's
+        own quantization config (hf_quant_config.json / config.json) says what to dequantize, and
+        activations and the FP8 KV cache are fake-quantized as the GPU would compute them.
+        ``quantized=False``: BF16 (or FP16/FP32) Hugging Face checkpoints, run as they are.
+        ``aux_layer_ids`` None: the draft config's, else TensorRT-LLM's default rule.
         """
-        from eagle3_trt.convert.checkpoint_io import read_json
-        from eagle3_trt.convert.dequantize import load_checkpoint_dequantized
-        from eagle3_trt.convert.draft_format import DraftCheckpoint, load_draft
-
-        bundle = Path(bundle_dir)
-        man = read_json(bundle / "manifest.json")
-        k = int(max_draft_len if max_draft_len is not None else man.get("max_draft_len", 3))
-        aux = man.get("aux_layer_ids")
         if not quantized:
-            src = man.get("sources") or {}
-            try:
-                tdir, ddir = Path(src["target"]["path"]), Path(src["draft"]["path"])
-            except (KeyError, TypeError):
-                raise UserError(bundle / "manifest.json", "sources.target.path / sources.draft.path missing",
-                                "pass the BF16 pair explicitly (--reference-bundle) or rebuild the bundle") from None
-            for p in (tdir, ddir):
-                if not p.is_dir():
-                    raise UserError(bundle / "manifest.json", f"BF16 source {p} does not exist on this machine",
-                                    "pass --reference-bundle DIR, or rebuild the bundle here")
-            eng = cls.from_pair(tdir, ddir, device=device, dtype=dtype, max_draft_len=k, aux_layer_ids=aux)
-            eng.max_seq_len = int(man.get("max_seq_len") or eng.max_seq_len)
+            eng = cls.from_pair(target_dir, draft_dir, device=device, dtype=dtype, max_draft_len=max_draft_len, aux_layer_ids=aux_layer_ids)
+            if max_seq_len:
+                eng.max_seq_len = int(max_seq_len)
             return eng
         dtype = _default_dtype(device, dtype)
-        tdir, ddir = bundle / "target", bundle / "draft"
+        tdir, ddir = Path(target_dir), Path(draft_dir)
         cfg, sd, quant = load_checkpoint_dequantized(tdir, dtype=dtype)
-        if aux is None:
-            aux = load_draft(ddir).config.aux_layer_ids
-        if aux is None:
-            L = int(cfg["num_hidden_layers"])
-            aux = (1, L // 2 - 1, L - 4)
-        target = TargetModel.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=aux, quant=quant)
+        meta = load_draft(ddir)
+        aux = aux_layer_ids or meta.config.aux_layer_ids or default_aux_layers(int(cfg["num_hidden_layers"]))
+        target = TargetModel.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=tuple(aux), quant=quant)
         if kv_cache_fp8(tdir):
             target.kv_scales = read_kv_scales(tdir)
         _dcfg, dsd, dquant = load_checkpoint_dequantized(ddir, dtype=dtype)
-        meta = load_draft(ddir)
         dense = {k2: v for k2, v in dsd.items() if not k2.endswith((".input_scale", ".weight_scale", ".weight_scale_2", ".k_scale", ".v_scale"))}
         # A packed NVFP4 fc.weight halves in_features in the raw file; count aux layers on the dense one.
         n_aux = dense["fc.weight"].shape[1] // meta.config.target_hidden_size
         ckpt = DraftCheckpoint(path=ddir, config=replace(meta.config, num_aux_layers=n_aux), tensors=dense, raw_config=meta.raw_config)
         draft, embed = _build_draft(ckpt, dtype, device)
         draft.fake_quant_handles = install_activation_fake_quant(draft, input_scales_of(dquant, dsd), quant_algo_of(dquant))
-        tok_dir = bundle / "tokenizer" if (bundle / "tokenizer").is_dir() else tdir
-        return cls(target, draft, _load_tokenizer(tok_dir), max_draft_len=k, eos_token_ids=_eos_ids(tdir, tok_dir),
-                   max_seq_len=int(man.get("max_seq_len") or cfg.get("max_position_embeddings") or 2048),
+        tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None and Path(tokenizer_dir).is_dir() else tdir
+        return cls(target, draft, _load_tokenizer(tok_dir), max_draft_len=max_draft_len, eos_token_ids=_eos_ids(tdir, tok_dir),
+                   max_seq_len=int(max_seq_len or cfg.get("max_position_embeddings") or 2048),
                    draft_embed=embed, pad_token_id=_pad_id(tdir))
 
     # ---- public API -------------------------------------------------------------------------
@@ -455,9 +446,12 @@ class SpeculativeEngine:
         p = process_logits(logits[k_eff], prm.temperature, prm.top_k, prm.top_p)
         return path, int(torch.multinomial(p, 1, generator=r.gen)), k_eff
 
-    def _draft_embed(self, ids: torch.Tensor) -> torch.Tensor:
+    def draft_embedding(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings the draft reads: its own table when it ships one, else the target's."""
         ids = ids.to(self.device)
         return self.draft_embed(ids) if self.draft_embed is not None else self.target.embed(ids)
+
+    _draft_embed = draft_embedding
 
     def _draft(self, rows: list[_Row], st: "_BatchState", tree: DraftTree, k_eff: list[int]):
         """Commit pending draft inputs (step 1 at every newly accepted position), then draft the tree.
@@ -582,14 +576,10 @@ def _build_draft(ckpt, dtype, device):
 def _load_tokenizer(path: Path):
     if not (path / "tokenizer.json").is_file() and not (path / "tokenizer.model").is_file():
         return None
-    from transformers import AutoTokenizer
-
     return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
 
 
 def _eos_ids(*dirs: Path) -> tuple[int, ...]:
-    import json
-
     ids: list[int] = []
     for d in dirs:
         for name in ("generation_config.json", "config.json"):
@@ -609,8 +599,6 @@ def _eos_ids(*dirs: Path) -> tuple[int, ...]:
 
 
 def _pad_id(path: Path) -> int:
-    import json
-
     f = Path(path) / "config.json"
     if f.is_file():
         v = json.loads(f.read_text()).get("pad_token_id")

@@ -1,8 +1,11 @@
 """Per-request speculative-decoding statistics and their aggregation.
 
-Accounting follows TensorRT-LLM's per-request perf metrics (FACTS §4): every iteration adds the
-number of draft tokens proposed along the draft path to ``draft_tokens`` and the number of them
-the target accepted (and that were emitted) to ``accepted_tokens``. Position k (0-based) is the
+Accounting follows TensorRT-LLM's per-request perf metrics (``SpeculativeDecodingMetrics`` in
+cpp/include/tensorrt_llm/executor/types.h, updated by ``LlmRequest`` in
+cpp/include/tensorrt_llm/batch_manager/llmRequest.h): every iteration adds the number of draft
+tokens proposed along the draft path (at most the longest draft path) to ``draft_tokens`` and the
+number of them the target accepted (and that were emitted) to ``accepted_tokens``;
+acceptanceRate = totalAcceptedDraftTokens / totalDraftTokens. Position k (0-based) is the
 k-th draft token after the last accepted one:
 
 - ``drafted_per_position[k]``: iterations that proposed a token at position k;
@@ -21,7 +24,7 @@ forward, the prefill forward (which produces the first token) included, so K = 0
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 
 def _ratio(a: float, b: float) -> float:
@@ -58,8 +61,6 @@ class RequestStats:
 
     def snapshot(self) -> "RequestStats":
         """An independent copy (the runtime keeps updating its own)."""
-        from dataclasses import replace
-
         return replace(self, drafted_per_position=list(self.drafted_per_position),
                        accepted_per_position=list(self.accepted_per_position),
                        reached_per_position=list(self.reached_per_position), accept_hist=list(self.accept_hist))

@@ -24,25 +24,25 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import json
+import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from eagle3_trt.convert import hf_compat
+from eagle3_trt.convert.checkpoint_io import iter_tensors, read_json, weight_files
+from eagle3_trt.convert.dequantize import load_checkpoint_dequantized
+from eagle3_trt.convert.nvfp4_cpu import E2M1_MAX, E4M3_MAX, nvfp4_fake_quant
 from eagle3_trt.errors import UserError
 
 FP8_MAX = 448.0
 # Tensors a ModelOpt export carries next to the weights; the HF module has no slot for them.
 QUANT_SUFFIXES = (".input_scale", ".weight_scale", ".weight_scale_2", ".k_scale", ".v_scale", ".output_scale")
-
-
-@dataclass(frozen=True)
-class ActivationQuant:
-    """Static activation quantization of one Linear layer, as exported by ModelOpt."""
-
-    algo: str  # "fp8" | "nvfp4"
-    input_scale: float
 
 
 def quant_algo_of(quant: dict | None) -> str | None:
@@ -107,8 +107,6 @@ def install_activation_fake_quant(module: torch.nn.Module, input_scales: dict[st
         if algo == "fp8":
             handles.append(mod.register_forward_pre_hook(lambda m, args, s=s: (_fp8_fake_quant(args[0], s), *args[1:])))
         else:
-            from eagle3_trt.convert.nvfp4_cpu import E2M1_MAX, E4M3_MAX, nvfp4_fake_quant
-
             amax = torch.tensor(s * E2M1_MAX * E4M3_MAX)
             if mod.in_features % 16:
                 continue
@@ -119,17 +117,11 @@ def install_activation_fake_quant(module: torch.nn.Module, input_scales: dict[st
 
 def read_kv_scales(ckpt_dir: Path) -> dict[int, tuple[float, float]]:
     """layer -> (k_scale, v_scale) of an FP8 KV cache, read from the checkpoint's ``*.k_scale`` / ``*.v_scale``."""
-    import re
-
-    from eagle3_trt.convert.checkpoint_io import weight_files
-
     found: dict[int, dict[str, float]] = {}
     pat = re.compile(r"layers\.(\d+)\..*\.([kv])_scale$")
     for f in weight_files(Path(ckpt_dir)):
         if f.suffix != ".safetensors":
             continue
-        from safetensors import safe_open
-
         with safe_open(str(f), framework="pt") as h:
             for k in h.keys():
                 m = pat.search(k)
@@ -139,8 +131,6 @@ def read_kv_scales(ckpt_dir: Path) -> dict[int, tuple[float, float]]:
 
 
 def kv_cache_fp8(ckpt_dir: Path) -> bool:
-    import json
-
     hq = Path(ckpt_dir) / "hf_quant_config.json"
     if not hq.is_file():
         return False
@@ -166,15 +156,13 @@ def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     On CUDA, ``enable_gqa`` with a mask falls back to PyTorch's math kernel, so there the
     expansion (and the fused kernels it allows) stays.
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     def attend(q, k, v, mask):
         if mask is not None and q.device.type == "cpu":
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
                                                                    scale=scaling, enable_gqa=q.shape[1] != k.shape[1])
             return out.transpose(1, 2).contiguous()
-        return sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
-                                      **kwargs)[0]
+        return hf_compat.sdpa_attention(module, q, k, v, mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
+                                        **kwargs)
 
     windows = _COLUMN_WINDOWS.get()
     if attention_mask is None or windows is None:
@@ -203,21 +191,12 @@ def column_windows(windows: Iterable[tuple[int, int, int]]):
 
 def attention_implementation() -> str:
     """The attention the target runs with: GQA-aware SDPA where torch (>= 2.5) and transformers allow."""
-    try:
-        from transformers import AttentionInterface
-
-        torch.nn.functional.scaled_dot_product_attention(*(torch.zeros(1, h, 1, 2) for h in (2, 1, 1)), enable_gqa=True)
-        AttentionInterface.register(GQA_ATTENTION, _sdpa_gqa)
-    except (ImportError, TypeError, RuntimeError, AttributeError):
-        return "sdpa"
-    return GQA_ATTENTION
+    return GQA_ATTENTION if hf_compat.register_attention(GQA_ATTENTION, _sdpa_gqa) else "sdpa"
 
 
 @functools.cache
 def _prealloc_cache_class():
-    from transformers import DynamicCache
-
-    class _Prealloc(DynamicCache):
+    class _Prealloc(hf_compat.dynamic_cache_class()):
         """A DynamicCache whose per-layer K/V live in buffers with room to grow.
 
         ``DynamicCache`` concatenates on every append: a copy of the whole cache per layer and
@@ -269,9 +248,7 @@ def _prealloc_cache_class():
             return self._n[layer_idx or 0] if self._n else 0
 
         def get_mask_sizes(self, query, layer_idx: int = 0, *args, **kwargs) -> tuple[int, int]:
-            # transformers 5 passes the query length, 4.57 the cache positions
-            q = int(query) if isinstance(query, int) else int(query.shape[-1])
-            return self.get_seq_length(layer_idx) + q, 0
+            return self.get_seq_length(layer_idx) + hf_compat.mask_query_length(query), 0
 
         def __len__(self) -> int:
             return len(self._k)
@@ -292,13 +269,14 @@ def _prealloc_cache_class():
     return _Prealloc
 
 
+@functools.cache
 def _fq_cache_class():
-    from transformers import DynamicCache
-
-    class FakeQuantKVCache(DynamicCache):
+    class FakeQuantKVCache(hf_compat.dynamic_cache_class()):
         """DynamicCache whose stored K/V go through the FP8 per-tensor cast the FP8 KV cache applies."""
 
-        kv_scales: dict[int, tuple[float, float]] = {}
+        def __init__(self, kv_scales: dict[int, tuple[float, float]] | None = None):
+            super().__init__()
+            self.kv_scales = dict(kv_scales or {})
 
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
             sc = self.kv_scales.get(layer_idx)
@@ -314,6 +292,8 @@ class TargetModel:
 
     def __init__(self, hf_model, aux_layer_ids: Iterable[int] | None, config: dict):
         self.hf = hf_model.eval()
+        for p in self.hf.parameters():  # frozen: decoding and draft training only read the target
+            p.requires_grad_(False)
         self.config = config
         self.num_layers = int(hf_model.config.num_hidden_layers)
         self._captured: dict[int, torch.Tensor] = {}
@@ -350,9 +330,6 @@ class TargetModel:
     def from_state_dict(cls, config: dict, state_dict: dict[str, torch.Tensor], *, device="cpu",
                         dtype: torch.dtype = torch.float32, aux_layer_ids=None,
                         quant: dict | None = None) -> "TargetModel":
-        from transformers import LlamaConfig, LlamaForCausalLM
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
         cfg = {k: v for k, v in config.items() if k not in ("quantization_config",)}
         hf_cfg = LlamaConfig.from_dict(cfg)
         hf_cfg._attn_implementation = attention_implementation()
@@ -388,14 +365,11 @@ class TargetModel:
 
     @classmethod
     def from_dir(cls, path: Path, *, device="cpu", dtype: torch.dtype = torch.float32, aux_layer_ids=None) -> "TargetModel":
-        """A BF16/FP16/FP32 Hugging Face checkpoint directory."""
-        from eagle3_trt.convert.checkpoint_io import iter_tensors, read_json, weight_files
-
+        """A Hugging Face checkpoint directory: BF16/FP16/FP32, or a ModelOpt FP8/NVFP4 export
+        (weights dequantized, activations fake-quantized: see ``install_activation_fake_quant``)."""
         path = Path(path)
         cfg = read_json(path / "config.json")
         if cfg.get("quantization_config") or (path / "hf_quant_config.json").is_file():
-            from eagle3_trt.convert.dequantize import load_checkpoint_dequantized
-
             cfg, sd, quant = load_checkpoint_dequantized(path, dtype=dtype)
             return cls.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=aux_layer_ids, quant=quant)
         sd = {k: t for f in weight_files(path) for k, t in iter_tensors(f)}
@@ -420,12 +394,8 @@ class TargetModel:
         without a cache (the estimator's drafting runs over stored aux states) are unaffected.
         """
         if self.kv_scales:
-            cache = _fq_cache_class()()
-            cache.kv_scales = dict(self.kv_scales)
-            return cache
-        from transformers import DynamicCache
-
-        return DynamicCache()
+            return _fq_cache_class()(self.kv_scales)
+        return hf_compat.dynamic_cache_class()()
 
     def preallocated_cache(self, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], capacity: int):
         """A cache of ``capacity`` columns holding, per group of rows, per-layer (keys, values)
@@ -441,6 +411,26 @@ class TargetModel:
         ``logits_at`` [B, M] (long): positions within S to compute logits for (all when None).
         Returns (logits [B, M or S, V] in fp32, aux hidden [B, S, n_aux*H] in the model dtype).
         """
+        h, aux = self._run(input_ids, position_ids, allowed, cache)
+        if logits_at is not None:
+            h = torch.gather(h, 1, logits_at.to(self.device)[..., None].expand(-1, -1, h.shape[-1]))
+        return self.hf.lm_head(h).float(), aux
+
+    @torch.no_grad()
+    def teacher_forced(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One causal pass without a cache over right-padded rows [B, S] (what draft training reads).
+
+        Returns (aux hidden [B, S, n_aux*H], the final-norm output [B, S, H]: ``lm_head`` of it
+        is the target's logits). Right padding never changes earlier positions under a causal
+        mask, so padded rows need no other mask.
+        """
+        B, S = input_ids.shape
+        allowed = torch.tril(torch.ones(S, S, dtype=torch.bool))[None].expand(B, S, S)
+        h, aux = self._run(input_ids, torch.arange(S)[None].expand(B, S), allowed, None)
+        return aux, h
+
+    def _run(self, input_ids, position_ids, allowed, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """(final-norm hidden states, concatenated aux states) of one pass."""
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed.to(self.device), torch.finfo(self.dtype).min)
         self._captured.clear()
@@ -448,9 +438,6 @@ class TargetModel:
                             position_ids=position_ids.to(self.device), past_key_values=cache,
                             use_cache=cache is not None)
         h = out.last_hidden_state
-        if logits_at is not None:
-            h = torch.gather(h, 1, logits_at.to(self.device)[..., None].expand(-1, -1, h.shape[-1]))
-        logits = self.hf.lm_head(h).float()
         aux = torch.cat([self._captured[i] for i in self.aux_layer_ids], dim=-1) if self.aux_layer_ids else h[..., :0]
         self._captured.clear()
-        return logits, aux
+        return h, aux

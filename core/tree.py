@@ -11,6 +11,7 @@ nodes are ordered by depth, then by path, so every parent comes before its child
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import torch
@@ -91,21 +92,12 @@ class DraftTree:
                 j = self.parent[j]
         return a
 
-    def path_to(self, node: int) -> list[int]:
-        out = []
-        while node >= 0:
-            out.append(node)
-            node = self.parent[node]
-        return out[::-1]
-
 
 def parse_tree(spec) -> DraftTree | None:
     """None, a DraftTree, or a choices list (possibly as JSON text)."""
     if spec is None or isinstance(spec, DraftTree):
         return spec
     if isinstance(spec, str):
-        import json
-
         try:
             spec = json.loads(spec)
         except json.JSONDecodeError as e:

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from eagle3_trt import __version__
 from eagle3_trt.errors import GateFailed, UserError
@@ -30,31 +32,79 @@ An "engine" here is a directory (TensorRT-LLM removed its TensorRT-engine path, 
 supported EAGLE-3): quantized target + draft checkpoints, llm_api_options.yaml, manifest.json.
 """
 
-# Commands that live next to the code they drive: (module, attribute).
-EXTRA_COMMANDS = [
-    ("eagle3_trt.build.commands", "plan_cmd"),
-    ("eagle3_trt.build.commands", "compile_cmd"),
-    ("eagle3_trt.runtime.commands", "alpha_cmd"),
-    ("eagle3_trt.runtime.commands", "gate_cmd"),
-    ("eagle3_trt.runtime.commands", "recommend_cmd"),
-    ("eagle3_trt.triton_repo.commands", "package_cmd"),
-    ("eagle3_trt.triton_repo.commands", "serve_cmd"),
-    ("eagle3_trt.triton_repo.commands", "stop_cmd"),
-    ("eagle3_trt.clients.commands", "generate_cmd"),
-    ("eagle3_trt.clients.commands", "bench_cmd"),
-    ("eagle3_trt.train.commands", "train_draft_cmd"),
-]
+# Commands that live next to the code they drive: name -> (module, attribute, one-line help).
+# Loaded lazily: a command's module is imported only when that command runs, because importing
+# the stages pulls in torch, transformers and ModelOpt (seconds), and `eagle3-trt --help`,
+# `presets` or a typo should answer at once. The one-line help is written here for the same
+# reason (listing the commands must not import them); tests/test_bundle_contract.py checks it
+# against each command's docstring. A module or attribute that is missing is an error, never a
+# command that silently disappears from the CLI.
+LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "plan": ("eagle3_trt.build.commands", "plan_cmd",
+             "Plan MODEL (a preset) on --gpus N x --gpu from config files alone: memory, TP layout, KV cache, batch sizes, "
+             "and the steps `make engine` will run."),
+    "compile": ("eagle3_trt.build.commands", "compile_cmd",
+                "Load BUNDLE in TensorRT-LLM (EAGLE-3 one-model, CUDA graphs), run a smoke generation and a short acceptance "
+                "measurement, and record results, GPU and versions in its manifest.json."),
+    "alpha": ("eagle3_trt.runtime.commands", "alpha_cmd",
+              "Measure acceptance (alpha) of BUNDLE's quantized pair on your prompts, per category, vs BF16."),
+    "gate": ("eagle3_trt.runtime.commands", "gate_cmd",
+             "Fail (exit 3) when BUNDLE's alpha on the prompts is below --threshold or speculation would slow it down."),
+    "recommend": ("eagle3_trt.runtime.commands", "recommend_cmd",
+                  "Predict speedup per K and batch size from measured acceptance; recommend K and max_concurrency."),
+    "package": ("eagle3_trt.triton_repo.commands", "package_cmd",
+                "Write a Triton model repository (decoupled Python-backend model, llmapi tensor interface) for BUNDLE."),
+    "serve": ("eagle3_trt.triton_repo.commands", "serve_cmd",
+              "Start tritonserver on 127.0.0.1 with REPO, wait until it is ready, print the URLs."),
+    "stop": ("eagle3_trt.triton_repo.commands", "stop_cmd",
+             "Stop the server started by `eagle3-trt serve` (recorded in STATE_DIR/server.json)."),
+    "generate": ("eagle3_trt.clients.commands", "generate_cmd",
+                 "Send PROMPT to the eagle3 model on a Triton server (chat template applied client-side)."),
+    "bench": ("eagle3_trt.clients.commands", "bench_cmd",
+              "Rollout benchmark: TTFT, ITL, throughput, alpha and AL with speculation on vs off; report + gate verdict."),
+    "train-draft": ("eagle3_trt.train.commands", "train_draft_cmd",
+                    "Train (or fine-tune with --init) an EAGLE-3 draft head for TARGET on your prompts."),
+}
 
 
-@click.group(help=PIPELINE, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def load_command(name: str) -> click.Command:
+    """Import the module of a command in LAZY_COMMANDS and return its click command."""
+    module, attr, _ = LAZY_COMMANDS[name]
+    cmd = getattr(importlib.import_module(module), attr)
+    if not isinstance(cmd, click.Command) or cmd.name != name:
+        raise TypeError(f"{module}.{attr} is not the click command {name!r} (eagle3_trt/cli.py LAZY_COMMANDS)")
+    return cmd
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in LAZY_COMMANDS:
+            return load_command(name)
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        limit = formatter.width - 6 - max(len(n) for n in self.list_commands(ctx))
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in LAZY_COMMANDS:
+                text = click.Command(name, help=LAZY_COMMANDS[name][2]).get_short_help_str(limit)
+            else:
+                text = self.commands[name].get_short_help_str(limit)
+            rows.append((name, text))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=_LazyGroup, help=PIPELINE, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="eagle3-trt")
 def cli() -> None:
     pass
 
 
 def _console():
-    from rich.console import Console
-
     return Console(stderr=True, soft_wrap=True)
 
 
@@ -113,7 +163,7 @@ def validate_cmd(target_dir: str, draft_dir: str, max_seq_len: int, as_json: boo
 @click.option("--json", "as_json", is_flag=True, help="print the manifest as JSON on stdout")
 def engine_cmd(model: str, as_json: bool, **kw) -> None:
     """Validate, quantize and export a target + EAGLE-3 draft into an engine bundle."""
-    from eagle3_trt.build.bundle import EngineRequest, build_bundle
+    from eagle3_trt.build.builder import EngineRequest, build_bundle
     from eagle3_trt.build.presets import load_preset
 
     if kw["target_gpu"] is None:
@@ -123,17 +173,14 @@ def engine_cmd(model: str, as_json: bool, **kw) -> None:
     with _progress(con) as progress:
         res = build_bundle(req, progress=progress, log=lambda m: con.print(f"[yellow]{m}[/]"))
     if as_json:
-        click.echo(json.dumps(res.manifest, indent=2))
+        click.echo(json.dumps(res.manifest.to_json(), indent=2))
     _print_summary(con, res)
 
 
 def _detected_gpu() -> str | None:
-    try:
-        mod = importlib.import_module("eagle3_trt.build.compile")
-    except ModuleNotFoundError:
-        return None
-    detect = getattr(mod, "detect_gpu", None)
-    found = detect() if detect else None
+    from eagle3_trt.build.gpu_checks import detect_gpu
+
+    found = detect_gpu()
     return found[0] if found else None
 
 
@@ -141,8 +188,6 @@ class _progress:
     """rich progress for build stages; build_bundle asks for a ticker per stage."""
 
     def __init__(self, console):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
         self.p = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=console, transient=False)
         self.last = None
@@ -166,46 +211,34 @@ class _progress:
 
 
 def _print_summary(con, res) -> None:
-    m = res.manifest
-    q = m["quant"]
+    b = res.opened
+    m = b.manifest
     if res.cache_hit:
-        con.print(f"[green]cache hit[/]: inputs and options unchanged (fingerprint {m['fingerprint'][:12]}); bundle not rebuilt")
+        con.print(f"[green]cache hit[/]: inputs and build options unchanged and every file matches the manifest "
+                  f"(fingerprint {m.fingerprint[:12]}); bundle not rebuilt")
     con.print(f"[bold]bundle[/]: {res.bundle}")
-    con.print(f"  for {m['target_gpu']['name']} (SM{m['target_gpu']['sm']}): target {q['target']}, draft {q['draft']}, KV cache {q['kv_cache']}; K={m['max_draft_len']}, aux layers {m['aux_layer_ids']}")
-    if m.get("dry_run"):
+    tg = b.target_gpu
+    con.print(f"  for {tg.name} (SM{tg.sm}): target {b.quant.target}, draft {b.quant.draft}, KV cache {b.kv_cache}; "
+              f"K={b.k}, aux layers {list(b.aux_layer_ids)}")
+    if m.dry_run:
         con.print("  [yellow]dry run[/]: configs only, no weights were read or written")
-    plan = m.get("plan") or {}
+    plan = m.plan
     if plan:
         con.print(f"  plan: {plan['num_gpus']}x {plan['gpu']}, TP{plan['tp']} x {plan['instances']} instance(s), max batch {plan['max_batch_size']}, KV cache {plan['kv_tokens']} tokens per instance")
-    con.print(f"  validated: {', '.join(m['validation']['checks'])}")
-    for w in res.warnings or m["validation"]["warnings"]:
+    con.print(f"  validated: {', '.join(m.validation.checks)}")
+    for w in res.warnings or m.validation.warnings:
         con.print(f"  [yellow]warning[/]: {w}")
-    cal = m.get("calibration", {})
-    if cal.get("prompts_used"):
-        con.print(f"  calibration: {cal['prompts_used']} prompts, {cal['tokens']} tokens from {cal['file']}")
-    t = m.get("timings", {})
-    con.print(f"  took {t.get('total_s', 0):.1f} s" + ("" if not res.cache_hit else " (original build)"))
-    acc = m.get("acceptance")
+    cal = m.calibration
+    if cal.prompts_used:
+        con.print(f"  calibration: {cal.prompts_used} prompts, {cal.tokens} tokens from {cal.file}")
+    con.print(f"  took {m.timings.get('total_s', 0):.1f} s" + ("" if not res.cache_hit else " (original build)"))
+    acc = m.acceptance
     if acc:
-        con.print(f"  acceptance (K={acc['max_draft_len']}, {acc['prompts']} held-out prompts, greedy, this bundle's weights): "
-                  f"alpha {acc['alpha']:.2f}, acceptance length {acc['acceptance_length']:.2f} tokens per target forward")
-
-
-def _register_extra() -> None:
-    for mod_name, attr in EXTRA_COMMANDS:
-        try:
-            mod = importlib.import_module(mod_name)
-        except ModuleNotFoundError as e:
-            if e.name and mod_name.startswith(e.name):
-                continue  # that part of the toolkit is not present in this build
-            raise
-        cmd = getattr(mod, attr, None)
-        if cmd is not None:
-            cli.add_command(cmd)
+        con.print(f"  acceptance (K={acc.max_draft_len}, {acc.prompts} held-out prompts, greedy, this bundle's weights): "
+                  f"alpha {acc.alpha:.2f}, acceptance length {acc.acceptance_length:.2f} tokens per target forward")
 
 
 def main(argv: list[str] | None = None) -> int:
-    _register_extra()
     try:
         cli.main(args=argv, standalone_mode=False)
     except UserError as e:

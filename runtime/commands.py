@@ -7,9 +7,25 @@ import time
 from pathlib import Path
 
 import click
+import torch
+from rich.console import Console
+from rich.table import Table
 
 from eagle3_trt.atomic import staged_dir
+from eagle3_trt.build import bundle as bundle_format
+from eagle3_trt.build.bundle import Bundle, open_bundle
+from eagle3_trt.build.gpus import get_gpu
+from eagle3_trt.build.planner import kv_bytes_per_token, parse_shape
+from eagle3_trt.build.trtllm_adapter import recommend as recommended_options
+from eagle3_trt.convert.checkpoint_io import read_json
+from eagle3_trt.convert.prompts import load_prompt_records
 from eagle3_trt.errors import GateFailed, UserError
+from eagle3_trt.runtime.alpha_report import compare, render_summary, summary_console
+from eagle3_trt.runtime.cost_model import CostParams, model_cost, predict, recommend
+from eagle3_trt.runtime.diagnostics import diagnose
+from eagle3_trt.runtime.loader import engine_from_bundle
+from eagle3_trt.runtime.measure import measure
+from eagle3_trt.runtime.plots import plot_report
 
 DEFAULT_GATE_THRESHOLD = 0.55
 
@@ -21,56 +37,31 @@ def _weight_bytes(d: Path) -> int:
     return sum(f.stat().st_size for f in Path(d).glob("*.safetensors"))
 
 
-def _kv_bytes_per_token(cfg: dict, layers: int, kv_dtype: str) -> int:
-    heads = int(cfg.get("num_attention_heads") or 1)
-    kvh = int(cfg.get("num_key_value_heads") or heads)
-    hd = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    return 2 * layers * kvh * hd * (1 if kv_dtype in ("fp8", "int8") else 2)
-
-
-def bundle_cost_inputs(bundle: Path, gpu: str | None = None, tp: int | None = None) -> dict:
-    """Keyword arguments for ``cost_model.recommend`` read from a bundle (manifest, configs, file sizes)."""
-    from eagle3_trt.build.gpus import get_gpu
-    from eagle3_trt.convert.checkpoint_io import read_json
-
-    bundle = Path(bundle)
-    man = read_json(bundle / "manifest.json")
-    quant = man.get("quant") or {}
-    gpu_name = gpu or (man.get("target_gpu") or {}).get("name")
-    if not gpu_name:
-        raise UserError(bundle / "manifest.json", "target_gpu.name missing", "pass --gpu h100|h200|b200")
-    if tp is None:
-        tp = int((man.get("plan") or {}).get("tp") or 1)
-        opts = bundle / "llm_api_options.yaml"
-        if opts.is_file():
-            import yaml
-
-            tp = int((yaml.safe_load(opts.read_text()) or {}).get("tensor_parallel_size", tp))
-    tcfg = read_json(bundle / "target" / "config.json")
-    dcfg = read_json(bundle / "draft" / "config.json")
-    kv = quant.get("kv_cache", "auto")
-    kv_dtype = "fp8" if kv == "fp8" else "bf16"
-    tb, db = _weight_bytes(bundle / "target"), _weight_bytes(bundle / "draft")
+def bundle_cost_inputs(bundle: Bundle | Path, gpu: str | None = None, tp: int | None = None) -> dict:
+    """Keyword arguments for ``cost_model.recommend`` read from a bundle (formats, options, configs, file sizes)."""
+    b = bundle if isinstance(bundle, Bundle) else open_bundle(bundle)
+    gpu_name = gpu or b.target_gpu.name
+    tp = b.tensor_parallel_size if tp is None else tp
+    tcfg = read_json(b.target_dir / "config.json")
+    dcfg = read_json(b.draft_dir / "config.json")
+    kv_dtype = "fp8" if b.kv_cache == "fp8" else "bf16"
+    # whole-model bytes (tp=1): the cost model splits them over TP itself
+    ts = parse_shape(tcfg, str(b.target_dir / "config.json"))
+    ds = parse_shape(dcfg, str(b.draft_dir / "config.json"))
+    tb, db = _weight_bytes(b.target_dir), _weight_bytes(b.draft_dir)
     if not tb or not db:
-        raise UserError(bundle, "no weight files in target/ or draft/", "this looks like a --dry-run bundle; build it fully")
+        raise UserError(b.path, "no weight files in target/ or draft/", "this looks like a --dry-run bundle; build it fully")
     return dict(gpu=get_gpu(gpu_name), target_bytes=tb, draft_bytes=db, tp=tp,
-                target_format=quant.get("target", "bf16"), draft_format=quant.get("draft", "bf16"),
-                target_kv_bytes_per_token=_kv_bytes_per_token(tcfg, int(tcfg["num_hidden_layers"]), kv_dtype),
-                draft_kv_bytes_per_token=_kv_bytes_per_token(dcfg, 1, kv_dtype),
+                target_format=b.quant.target, draft_format=b.quant.draft,
+                target_kv_bytes_per_token=kv_bytes_per_token(ts.layers, ts.kv_heads, ts.head_dim, kv_dtype, tp=1),
+                draft_kv_bytes_per_token=kv_bytes_per_token(ds.layers, ds.kv_heads, ds.head_dim, kv_dtype, tp=1),
                 target_layers=int(tcfg["num_hidden_layers"]), hidden=int(tcfg["hidden_size"]))
 
 
 def _device(device: str | None) -> str:
     if device:
         return device
-    import torch
-
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _pair_label(man: dict) -> str:
-    q = man.get("quant") or {}
-    return f"{q.get('target', '?')} target + {q.get('draft', '?')} draft"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,41 +72,36 @@ def run_alpha(bundle: Path, prompts_file: Path, *, reference_bundle: Path | None
               method: str = "estimator", device: str | None = None, batch_size: int = 16, concurrency: int = 1,
               diagnostics: bool = True, progress=None, sweep: tuple[int, ...] = ()) -> dict:
     """Measure the bundle (as built) and optionally a reference pair; returns the report dict."""
-    from eagle3_trt.convert.checkpoint_io import read_json
-    from eagle3_trt.runtime.alpha import compare, diagnose, load_prompts, measure
-    from eagle3_trt.runtime.cost_model import recommend
-    from eagle3_trt.core.engine import SpeculativeEngine
-
     say = progress or (lambda msg: None)
     if sweep and method != "estimator":
         raise UserError("--sweep", "needs the estimator", "drop --method generate (the estimator's counts are identical)")
-    bundle = Path(bundle)
-    man = read_json(bundle / "manifest.json")
-    records = load_prompts(Path(prompts_file), limit)
+    b = open_bundle(Path(bundle))
+    bundle = b.path
+    records = load_prompt_records(Path(prompts_file), limit)
     device = _device(device)
-    k = int(max_draft_len or man.get("max_draft_len") or 3)
+    k = int(max_draft_len or b.k)
     t0 = time.perf_counter()
-    say(f"loading {bundle} ({_pair_label(man)}) on {device}")
-    eng = SpeculativeEngine.from_bundle(bundle, device=device, max_draft_len=k)
+    say(f"loading {bundle} ({b.label}) on {device}")
+    eng = engine_from_bundle(b, device=device, max_draft_len=k)
     load_s = time.perf_counter() - t0
     say(f"measuring {len(records)} prompts ({turns} turns, up to {max_tokens} tokens each)")
-    prim = measure(eng, records, label=_pair_label(man), max_tokens=max_tokens, turns=turns, method=method,
+    prim = measure(eng, records, label=b.label, max_tokens=max_tokens, turns=turns, method=method,
                    batch_size=batch_size, k=k, sweep=sweep)
     diag = diagnose(eng, prim) if diagnostics and prim.results else []
     del eng
 
     ref = None
     ref_note = None
-    quantized = (man.get("quant") or {}).get("target") not in (None, "bf16") or (man.get("quant") or {}).get("draft") not in (None, "bf16")
+    quantized = b.quantized
     if reference_bundle is not None:
-        rman = read_json(Path(reference_bundle) / "manifest.json")
+        rb = open_bundle(Path(reference_bundle))
         say(f"loading reference bundle {reference_bundle}")
-        reng = SpeculativeEngine.from_bundle(Path(reference_bundle), device=device, max_draft_len=k)
-        ref_label = f"reference ({_pair_label(rman)})"
+        reng = engine_from_bundle(rb, device=device, max_draft_len=k)
+        ref_label = f"reference ({rb.label})"
     elif bf16 or (bf16 is None and quantized):
         try:
             say("loading the BF16 source pair named in manifest.json")
-            reng = SpeculativeEngine.from_bundle(bundle, device=device, max_draft_len=k, quantized=False)
+            reng = engine_from_bundle(b, device=device, max_draft_len=k, reference=True)
             ref_label = "bf16 target + bf16 draft"
         except UserError as e:
             if bf16:
@@ -149,7 +135,7 @@ def run_alpha(bundle: Path, prompts_file: Path, *, reference_bundle: Path | None
     ov = prim.overall()
     if ov.draft_tokens:
         try:
-            rec = recommend(ov.cumulative_acceptance, concurrency=concurrency, **bundle_cost_inputs(bundle))
+            rec = recommend(ov.cumulative_acceptance, concurrency=concurrency, **bundle_cost_inputs(b))
             report["recommendation"] = rec.to_dict()
         except UserError as e:
             report["recommendation_error"] = e.line()
@@ -176,8 +162,6 @@ def parse_sweep(text: str | None) -> tuple[int, ...]:
 
 def write_report(report: dict, out: Path) -> Path:
     """report.json, summary.txt, alpha.png into ``out`` (written next to it, then renamed into place)."""
-    from eagle3_trt.runtime.alpha import plot_report, summary_console
-
     out = Path(out)
     with staged_dir(out) as tmp:
         (tmp / "report.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -187,10 +171,6 @@ def write_report(report: dict, out: Path) -> Path:
 
 
 def _print_summary(report: dict) -> None:
-    from rich.console import Console
-
-    from eagle3_trt.runtime.alpha import render_summary
-
     render_summary(report, Console(highlight=False))
 
 
@@ -216,11 +196,8 @@ def alpha_cmd(bundle: str, prompts_file: str, reference_bundle: str | None, bf16
               limit: int | None, turns: str, max_draft_len: int | None, method: str, device: str | None, batch_size: int,
               concurrency: int, sweep: str | None, out: str | None, as_json: bool) -> None:
     """Measure acceptance (alpha) of BUNDLE's quantized pair on your prompts, per category, vs BF16."""
-    from rich.console import Console
-
     err = Console(stderr=True)
-    if not (Path(bundle) / "manifest.json").is_file():
-        raise UserError(bundle, "not an engine bundle (no manifest.json)", "build one with `eagle3-trt engine`")
+    open_bundle(Path(bundle))  # a one-line error before any model is loaded
     report = run_alpha(Path(bundle), Path(prompts_file), reference_bundle=Path(reference_bundle) if reference_bundle else None,
                        bf16=bf16, max_tokens=max_tokens, limit=limit, turns=turns, max_draft_len=max_draft_len,
                        method=method, device=device, batch_size=batch_size, concurrency=concurrency,
@@ -241,23 +218,18 @@ def run_gate(bundle: Path, prompts_file: Path, *, threshold: float = DEFAULT_GAT
              max_tokens: int = 64, limit: int | None = None, turns: str = "first", device: str | None = None,
              batch_size: int = 16) -> dict:
     """alpha of the bundle as built and the predicted speedup at ``concurrency``; 'passed' says if both clear the bar."""
-    from eagle3_trt.convert.checkpoint_io import read_json
-    from eagle3_trt.runtime.alpha import load_prompts, measure
-    from eagle3_trt.runtime.cost_model import CostParams, model_cost, predict
-    from eagle3_trt.core.engine import SpeculativeEngine
-
     if not 0 <= threshold <= 1:
         raise UserError("--threshold", f"{threshold} is not a probability", "use e.g. 0.55")
     if concurrency < 1:
         raise UserError("--concurrency", f"{concurrency}", "concurrency is at least 1")
-    bundle = Path(bundle)
-    man = read_json(bundle / "manifest.json")
-    k = int(man.get("max_draft_len") or 3)
-    records = load_prompts(Path(prompts_file), limit)
-    eng = SpeculativeEngine.from_bundle(bundle, device=_device(device))
-    m = measure(eng, records, label=_pair_label(man), max_tokens=max_tokens, turns=turns, batch_size=batch_size, k=k)
+    b = open_bundle(Path(bundle))
+    bundle = b.path
+    k = b.k
+    records = load_prompt_records(Path(prompts_file), limit)
+    eng = engine_from_bundle(b, device=_device(device))
+    m = measure(eng, records, label=b.label, max_tokens=max_tokens, turns=turns, batch_size=batch_size, k=k)
     ov = m.overall()
-    ci = bundle_cost_inputs(bundle)
+    ci = bundle_cost_inputs(b)
     gpu, tp = ci["gpu"], ci["tp"]
     tcost = model_cost(ci["target_bytes"], ci["target_format"], gpu, tp, kv_bytes_per_token=ci["target_kv_bytes_per_token"],
                        layers=ci["target_layers"], hidden=ci["hidden"])
@@ -289,8 +261,6 @@ def run_gate(bundle: Path, prompts_file: Path, *, threshold: float = DEFAULT_GAT
 def gate_cmd(bundle: str, prompts_file: str, threshold: float, concurrency: int, max_tokens: int, limit: int | None,
              turns: str, device: str | None, as_json: bool) -> None:
     """Fail (exit 3) when BUNDLE's alpha on the prompts is below --threshold or speculation would slow it down."""
-    if not (Path(bundle) / "manifest.json").is_file():
-        raise UserError(bundle, "not an engine bundle (no manifest.json)", "build one with `eagle3-trt engine`")
     res = run_gate(Path(bundle), Path(prompts_file), threshold=threshold, concurrency=concurrency, max_tokens=max_tokens,
                    limit=limit, turns=turns, device=device)
     if as_json:
@@ -309,20 +279,18 @@ def gate_cmd(bundle: str, prompts_file: str, threshold: float, concurrency: int,
 # ---------------------------------------------------------------------------------------------
 # recommend
 # ---------------------------------------------------------------------------------------------
-def write_recommendation_to_bundle(bundle: Path, rec, cumulative: list[float], source: str | None) -> None:
-    """K and max_concurrency into llm_api_options.yaml (TensorRT-LLM's names), the evidence into manifest.json."""
-    from eagle3_trt.build import manifest
-    from eagle3_trt.build.trtllm_adapter import write_recommendation
-
+def write_recommendation_to_bundle(bundle: Path, rec, cumulative: list[float], source: str | None) -> Bundle:
+    """K and max_concurrency into llm_api_options.yaml (TensorRT-LLM's names), the evidence into
+    manifest.json: one ``bundle.update``, so the launchers, the digests and the fingerprint follow."""
     if not rec.speculation_pays:
         raise UserError(f"{bundle}", "speculation is predicted to lose at every batch size; nothing written",
                         "train a domain draft head (eagle3-trt train-draft) or serve without speculation")
-    write_recommendation(bundle, rec.max_draft_len, max_concurrency=rec.max_concurrency)
-    man = manifest.read_manifest(bundle) or {}
-    man["recommendation"] = {"max_draft_len": rec.max_draft_len, "max_concurrency": rec.max_concurrency,
-                             "cumulative_acceptance": cumulative, "measured_on": source, "evidence": rec.evidence,
-                             "table": rec.table}
-    manifest.write_json_atomic(bundle / "manifest.json", man)
+    b = open_bundle(Path(bundle))
+    opts = recommended_options(b.options, rec.max_draft_len, max_concurrency=rec.max_concurrency)
+    evidence = bundle_format.Recommendation(max_draft_len=rec.max_draft_len, max_concurrency=rec.max_concurrency,
+                                            cumulative_acceptance=cumulative, measured_on=source, evidence=rec.evidence,
+                                            table=rec.table)
+    return bundle_format.update(b.path, options=opts, record=evidence)
 
 
 @click.command("recommend")
@@ -342,11 +310,6 @@ def recommend_cmd(bundle: str, report_file: str | None, prompts_file: str | None
                   max_tokens: int, gpu: str | None, tp: int | None, concurrency: int, device: str | None, write: bool,
                   as_json: bool) -> None:
     """Predict speedup per K and batch size from measured acceptance; recommend K and max_concurrency."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from eagle3_trt.runtime.cost_model import recommend
-
     if report_file:
         rep = json.loads(Path(report_file).read_text())
         try:

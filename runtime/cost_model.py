@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from eagle3_trt.build.gpus import get_gpu
 from eagle3_trt.errors import UserError
 
 BYTES_PER_PARAM = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 4.5 / 8}  # NVFP4: 4 bits + E4M3 scale per 16
@@ -174,8 +175,6 @@ def recommend(per_position_acceptance: list[float], gpu, target_bytes: float, dr
     KV bytes per token are whole-model too.
     """
     if isinstance(gpu, str):
-        from eagle3_trt.build.gpus import get_gpu
-
         gpu = get_gpu(gpu)
     c = [float(x) for x in per_position_acceptance]
     if not c:

@@ -48,7 +48,7 @@ def tiny_pair(tiny_pair_session, tmp_path) -> tuple[Path, Path]:
 
 
 def _build(preset: str = "tiny", **kw):
-    from eagle3_trt.build.bundle import EngineRequest, build_bundle
+    from eagle3_trt.build.builder import EngineRequest, build_bundle
     from eagle3_trt.build.presets import load_preset
 
     return build_bundle(EngineRequest(preset=load_preset(preset), **kw))

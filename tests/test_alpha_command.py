@@ -39,15 +39,17 @@ def prompts_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def bundle(tiny_pair_session, prompts_file, tmp_path_factory) -> Path:
-    from eagle3_trt.build.bundle import EngineRequest, build_bundle
+    from eagle3_trt.build.builder import EngineRequest, build_bundle
     from eagle3_trt.build.presets import load_preset
-    from eagle3_trt.runtime.alpha import encode_chat, load_prompts
-    from eagle3_trt.runtime.distill import distill_draft, save_draft
+    from eagle3_trt.convert.prompts import load_prompt_records
+    from eagle3_trt.runtime.measure import encode_chat
+    from eagle3_trt.train.export import save_draft
+    from eagle3_trt.train.trainer import distill_draft
     from eagle3_trt.core.engine import SpeculativeEngine
 
     t, d = tiny_pair_session
     eng = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=3)
-    recs = load_prompts(prompts_file)
+    recs = load_prompt_records(prompts_file)
     prompts = [encode_chat(eng.tokenizer, [{"role": "user", "content": r.turns[0]}]) for r in recs]
     distill_draft(eng, prompts, steps=150, lr=5e-3, gen_tokens=32, batch=6)
     tmp = tmp_path_factory.mktemp("distilled")
@@ -55,6 +57,14 @@ def bundle(tiny_pair_session, prompts_file, tmp_path_factory) -> Path:
     res = build_bundle(EngineRequest(preset=load_preset("tiny"), target=str(t), draft=str(ddir), target_gpu="h100",
                                      calib_samples=4, out=str(tmp / "bundle")))
     return res.bundle
+
+
+def _best_k(rec: dict) -> int:
+    """The K with the highest predicted speedup at the chosen concurrency (the smaller K on a tie),
+    read from the recommendation's own table."""
+    conc = rec["evidence"]["chosen_at_concurrency"]
+    rows = [r for r in rec["table"] if r["batch"] == conc]
+    return max(rows, key=lambda r: (r["speedup"], -r["k"]))["k"]
 
 
 def test_alpha_report_side_by_side(bundle, prompts_file, tmp_path, capsys):
@@ -80,7 +90,8 @@ def test_alpha_report_side_by_side(bundle, prompts_file, tmp_path, capsys):
     assert ref["overall"]["alpha"] > 0.5  # the draft was distilled on the BF16 target's replies
     assert rep["delta"]["overall"]["alpha"] == pytest.approx(prim["overall"]["alpha"] - ref["overall"]["alpha"])
     rec = rep["recommendation"]
-    assert 1 <= rec["max_draft_len"] <= 3 and rec["evidence"]["gpu"]["name"] == "h100"
+    assert rec["max_draft_len"] == _best_k(rec) and rec["evidence"]["gpu"]["name"] == "h100"
+    assert {r["k"] for r in rec["table"]} == {1, 2, 3}  # chosen among the bundle's K=3 positions
     assert rec["evidence"]["target"]["format"] == "fp8"
     assert {c["check"] for c in rep["diagnostics"]} >= {"d2t", "aux_layers", "draft_vocab_coverage"}
 
@@ -149,7 +160,7 @@ def test_recommend_from_report(bundle, prompts_file, tmp_path, capsys):
     capsys.readouterr()
     assert main(["recommend", str(bundle), "--report", str(out / "report.json"), "--gpu", "b200", "--json"]) == 0
     rec = json.loads(capsys.readouterr().out)
-    assert rec["evidence"]["gpu"]["name"] == "b200" and 1 <= rec["max_draft_len"] <= 4
+    assert rec["evidence"]["gpu"]["name"] == "b200" and rec["max_draft_len"] == _best_k(rec)
     assert {r["k"] for r in rec["table"]} == {1, 2, 3, 4}
 
 

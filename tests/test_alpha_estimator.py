@@ -2,7 +2,7 @@
 
 The draft of the embedded tiny pair is distilled onto the tiny target for a few seconds in the
 fixture (a random draft accepts nothing, which would make every comparison vacuous). The target's
-layers are "sharpened" first (see ``distill.sharpen_target``) so that its hidden states carry
+layers are "sharpened" first (see ``train.toy_pair.sharpen_target``) so that its hidden states carry
 context and the draft has to use them: otherwise wrong aux layers could not lower alpha.
 Prompts are half from the distillation set and half unseen.
 """
@@ -15,8 +15,10 @@ import pytest
 import torch
 
 from eagle3_trt.convert.tiny_pair import make_pair
-from eagle3_trt.runtime.alpha import diagnose_sequences, estimate
-from eagle3_trt.runtime.distill import distill_draft, sharpen_target
+from eagle3_trt.runtime.diagnostics import diagnose_sequences
+from eagle3_trt.runtime.estimator import estimate
+from eagle3_trt.train.toy_pair import sharpen_target
+from eagle3_trt.train.trainer import distill_draft
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 from eagle3_trt.core.stats import aggregate
 

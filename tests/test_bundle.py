@@ -8,10 +8,11 @@ import pytest
 import yaml
 from safetensors.torch import load_file, save_file
 
+from eagle3_trt.build.builder import EngineRequest, build_bundle
+from eagle3_trt.build.bundle import open_bundle, verify
 from eagle3_trt.build.llm_options import LlmApiOptions
-from eagle3_trt.errors import UserError
-from eagle3_trt.build.bundle import EngineRequest, build_bundle
 from eagle3_trt.build.presets import load_preset
+from eagle3_trt.errors import UserError
 
 
 def build(preset: str = "tiny", **kw):
@@ -30,14 +31,21 @@ def test_bundle_layout_options_and_manifest(fp8_bundle, tiny_pair_session):
     assert opts["kv_cache_config"]["dtype"] == "fp8" and opts["backend"] == "pytorch"
     assert parsed.cuda_graph_config.max_batch_size == max(parsed.cuda_graph_config.batch_sizes)
     m = json.loads((fp8_bundle / "manifest.json").read_text())
-    assert m["quant"] == {"target": "fp8", "draft": "bf16", "kv_cache": "fp8"}
-    assert m["target_gpu"]["name"] == "h100" and m["aux_layer_ids"] == [1, 3, 4]
+    assert m["schema"] == 2 and m["quant"] == {"target": "fp8", "draft": "bf16"}
+    assert m["target_gpu"]["name"] == "h100"
+    # K, aux layers and the KV dtype live in the options only; the Bundle derives them
+    assert not {"max_draft_len", "aux_layer_ids", "aux_layers_are_default", "max_seq_len"} & set(m)
+    assert not {"max_draft_len", "quant", "kv_cache_dtype"} & set(m["plan"])
+    b = open_bundle(fp8_bundle)
+    assert b.k == 3 and b.aux_layer_ids == (1, 3, 4) and b.kv_cache == "fp8" and b.formats["kv_cache"] == "fp8"
+    assert verify(b) == []
     assert m["sources"]["target"]["files"]["model.safetensors"]["sha256"]
     assert m["calibration"]["sha256"] and m["calibration"]["tokens_sha256"] and m["calibration"]["prompts_used"] == 16
     for pkg in ("torch", "transformers", "nvidia-modelopt", "eagle3-trt"):
         assert m["versions"][pkg]
     assert {"validate_s", "quantize_target_s", "export_target_s", "total_s"} <= set(m["timings"])
-    assert "target/model.safetensors" in m["outputs"]
+    assert "target/model.safetensors" in m["outputs"] and "llm_api_options.yaml" in m["outputs"] and "launch/vllm.sh" in m["outputs"]
+    assert "manifest.json" not in m["outputs"]
     # the exported draft is the normalized SafeAILab layout with its vocab map
     d = load_file(str(fp8_bundle / "draft" / "model.safetensors"))
     assert "midlayer.self_attn.q_proj.weight" in d and d["d2t"].shape == (256,)
@@ -49,7 +57,7 @@ def test_rebuild_is_a_cache_hit_and_force_rebuilds(tiny_pair_session, tmp_path):
     first = build(**kw)
     assert not first.cache_hit
     again = build(**kw)
-    assert again.cache_hit and again.manifest["fingerprint"] == first.manifest["fingerprint"]
+    assert again.cache_hit and again.manifest.fingerprint == first.manifest.fingerprint
     changed = build(**{**kw, "max_draft_len": 2})
     assert not changed.cache_hit
     assert yaml.safe_load((tmp_path / "b" / "llm_api_options.yaml").read_text())["speculative_config"]["max_draft_len"] == 2
@@ -92,7 +100,7 @@ def test_explicit_aux_layers_reach_the_options(tiny_pair, tmp_path):
     res = build(target=str(tiny_pair[0]), draft=str(tiny_pair[1]), out=str(tmp_path / "b"), calib_samples=2, quant="bf16", kv_cache="auto")
     opts = yaml.safe_load((res.bundle / "llm_api_options.yaml").read_text())
     assert opts["speculative_config"]["eagle3_layers_to_capture"] == [0, 2, 6]
-    assert res.manifest["quant"]["target"] == "bf16"
+    assert res.manifest.quant.target == "bf16" and res.opened.aux_layer_ids == (0, 2, 6)
     assert json.loads((res.bundle / "draft" / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 6]
 
 
@@ -101,7 +109,7 @@ def test_dry_run_for_the_70b_preset_writes_options_and_manifest_only(tmp_path, m
     res = build("llama3.3-70b", dry_run=True, target_gpu="h100", out=str(tmp_path / "b"))
     opts = yaml.safe_load((res.bundle / "llm_api_options.yaml").read_text())
     assert opts["speculative_config"]["max_draft_len"] == 4 and "eagle3_layers_to_capture" not in opts["speculative_config"]
-    assert res.manifest["dry_run"] and res.manifest["aux_layer_ids"] == [1, 39, 76]
+    assert res.manifest.dry_run and res.opened.aux_layer_ids == (1, 39, 76) and res.opened.aux_layers_are_default
     assert not list(res.bundle.rglob("*.safetensors"))
 
 

@@ -14,7 +14,6 @@ from eagle3_trt.clients.bench import (
     BenchRun,
     RequestRecord,
     evaluate_gate,
-    load_prompts,
     parse_concurrency,
     percentile,
     summarize,
@@ -151,19 +150,11 @@ def test_gate_verdicts_and_switch_off_point():
     assert worse.verdict == "fail" and worse.switch_off_above is None
 
 
-def test_prompts_and_concurrency_parsing(tmp_path):
-    f = tmp_path / "p.jsonl"
-    f.write_text('{"turns": ["one", "two"]}\n\n{"prompt": "three"}\nplain four\n')
-    assert load_prompts(f) == ["one", "three", "plain four"]
-    f.write_text('{"question": "x"}\n')
-    with pytest.raises(UserError, match=":1"):
-        load_prompts(f)
+def test_concurrency_parsing():
     assert parse_concurrency("16,1,4,4") == [1, 4, 16]
     for bad in ("", "1,x", "0,2"):
         with pytest.raises(UserError, match="--concurrency"):
             parse_concurrency(bad)
-    if (SHARED / "data" / "mt_bench.jsonl").is_file():
-        assert len(load_prompts(SHARED / "data" / "mt_bench.jsonl")) == 80
 
 
 def test_report_files(tmp_path):

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from eagle3_trt.build import compile as comp
-from eagle3_trt.build.bundle import EngineRequest, build_bundle
+from eagle3_trt.build import bundle as fmt
+from eagle3_trt.build.builder import EngineRequest, build_bundle
 from eagle3_trt.build.gpu_checks import check_formats, detect_gpu, gpu_key
 from eagle3_trt.build.presets import load_preset
 from eagle3_trt.cli import main as cli_main
@@ -95,9 +96,9 @@ def test_target_gpu_must_match_the_gpu_present(bundles):
 
     h100 = DetectedGpu("NVIDIA H100 80GB HBM3", "h100", 90, 8, 85_520_809_984)
     with pytest.raises(UserError) as e:
-        comp.choose_gpu("b200", h100, {})
+        comp.choose_gpu("b200", h100, None)
     assert "NVIDIA H100" in e.value.what
-    assert comp.choose_gpu("h200", h100, {}).sm == 90  # same compute capability
+    assert comp.choose_gpu("h200", h100, None).sm == 90  # same compute capability
 
 
 def test_compile_without_tensorrt_llm_says_so(bundles):
@@ -109,11 +110,10 @@ def test_compile_without_tensorrt_llm_says_so(bundles):
 
 
 def test_tensor_parallel_larger_than_visible_gpus_is_refused(fp8_copy):
-    from eagle3_trt.build import trtllm_adapter as ad
     from eagle3_trt.build.gpu_checks import DetectedGpu
 
-    opts = ad.load_options(fp8_copy).model_copy(update={"tensor_parallel_size": 4})
-    ad.write_options(fp8_copy, opts)
+    opts = fmt.open_bundle(fp8_copy).options.model_copy(update={"tensor_parallel_size": 4})
+    fmt.update(fp8_copy, options=opts)
     one = DetectedGpu("NVIDIA H100 80GB HBM3", "h100", 90, 1, 85_520_809_984)
     with pytest.raises(UserError) as e:
         comp.preflight(fp8_copy, None, require_runtime=False, detected=one)
@@ -129,10 +129,11 @@ def test_record_compile_rewrites_manifest_atomically(fp8_copy):
            "acceptance": {"alpha": 0.61, "acceptance_length": 2.9}}
     comp.record_compile(fp8_copy, rec)
     after = json.loads((fp8_copy / "manifest.json").read_text())
-    assert after["compile"] == rec and after["versions"]["tensorrt_llm"] == "1.2.1"
+    assert {k: after["compile"][k] for k in rec} == rec and after["versions"]["tensorrt_llm"] == "1.2.1"
     for k, v in before.items():  # every other field kept as it was
         if k != "versions":
             assert after[k] == v, k
+    assert fmt.verify(fp8_copy) == []  # a record changes no file the digests cover
     assert {k: v for k, v in after["versions"].items() if k != "tensorrt_llm"} == {k: v for k, v in before["versions"].items() if k != "tensorrt_llm"}
     assert [p.name for p in fp8_copy.iterdir() if p.name.startswith(".")] == []
     comp.record_compile(fp8_copy, {"ok": False, "error": "RuntimeError: CUDA out of memory"})  # a failed compile is recorded too
@@ -140,15 +141,17 @@ def test_record_compile_rewrites_manifest_atomically(fp8_copy):
 
 
 def test_manifest_problems_are_user_errors(tmp_path):
-    with pytest.raises(UserError):
-        comp.read_manifest(tmp_path)
+    with pytest.raises(UserError) as e:
+        comp.preflight(tmp_path, "h100", require_runtime=False)
+    assert str(e.value.where).endswith("manifest.json") and "not found" in e.value.what
     (tmp_path / "manifest.json").write_text("{not json")
-    with pytest.raises(UserError):
-        comp.read_manifest(tmp_path)
+    with pytest.raises(UserError) as e:
+        comp.preflight(tmp_path, "h100", require_runtime=False)
+    assert "not valid JSON" in e.value.what
     (tmp_path / "manifest.json").write_text('{"schema": 1}')
     with pytest.raises(UserError) as e:
-        comp.read_manifest(tmp_path)
-    assert "quant" in e.value.what
+        comp.preflight(tmp_path, "h100", require_runtime=False)
+    assert "schema 1" in e.value.what and "--force" in e.value.hint
 
 
 # --- acceptance arithmetic ----------------------------------------------------------------------
@@ -176,7 +179,7 @@ def test_counters_are_read_from_request_output_shape():
 
 
 def test_alpha_prompts_are_available():
-    prompts = comp.load_prompts(16)
+    prompts = comp.load_prompts(comp.SHIPPED_PROMPTS, 16)
     assert len(prompts) == 16 and all(isinstance(p, str) and p for p in prompts)
 
 

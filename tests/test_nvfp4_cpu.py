@@ -1,8 +1,7 @@
-import copy
-
 import torch
 
-from eagle3_trt.convert.nvfp4_cpu import E2M1_MAX, install, nvfp4_fake_quant, round_to_e2m1
+from eagle3_trt.convert import modelopt_compat
+from eagle3_trt.convert.nvfp4_cpu import E2M1_MAX, nvfp4_fake_quant, round_to_e2m1
 
 
 def test_e2m1_grid_and_ties_to_even():
@@ -25,13 +24,21 @@ def test_fake_quant_is_idempotent_and_bounded():
 
 
 def test_nvfp4_forward_after_quantize_runs_on_cpu():
-    import modelopt.torch.quantization as mtq
-
-    install()
+    assert modelopt_compat.install_cpu_workarounds() and modelopt_compat.install_cpu_workarounds()  # idempotent
     net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
     x = torch.randn(8, 64)
     ref = net(x)
-    mtq.quantize(net, copy.deepcopy(mtq.NVFP4_DEFAULT_CFG), forward_loop=lambda m: m(x))
+    modelopt_compat.quantize(net, modelopt_compat.format_config("nvfp4"), lambda m: m(x))
     out = net(x)
     assert out.shape == ref.shape and not torch.equal(out, ref)  # fake quant did something
     assert torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0) > 0.95
+
+
+def test_fp4_capability_probe_is_guarded_on_cpu():
+    # ModelOpt 0.37's fp4_compatible() calls torch.cuda.get_device_capability(0) unguarded; after the
+    # workarounds the NVFP4 exporter's copy of it answers False on a CPU-only torch instead of raising.
+    from modelopt.torch.quantization.qtensor import nvfp4_tensor
+
+    modelopt_compat.install_cpu_workarounds()
+    if not torch.cuda.is_available():
+        assert nvfp4_tensor.fp4_compatible() is False

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eagle3_trt.build import bundle as fmt
 from eagle3_trt.build import other_engines as oe
 from eagle3_trt.build import trtllm_adapter as ad
-from eagle3_trt.build.bundle import EngineRequest, build_bundle
+from eagle3_trt.build.builder import EngineRequest, build_bundle
 from eagle3_trt.build.presets import load_preset
 from eagle3_trt.errors import UserError
 
@@ -31,13 +32,17 @@ with open(os.environ["ARGV_OUT"], "w") as f:
 """
 
 
+def write_recommendation(bundle: Path, k: int, **kw) -> None:
+    """What `recommend --write` does: new options through bundle.update, which re-renders launch/."""
+    fmt.update(bundle, options=ad.recommend(fmt.open_bundle(bundle).options, k, **kw))
+
+
 @pytest.fixture(scope="module")
 def moved_bundle(tmp_path_factory) -> Path:
-    """A bundle built in one place, given launchers, then moved to a path with a space."""
+    """A bundle built in one place, given a recommendation (launchers re-rendered), then moved to a path with a space."""
     root = tmp_path_factory.mktemp("engines")
     b = build_bundle(EngineRequest(preset=load_preset("llama3.1-8b"), out=str(root / "built"), dry_run=True)).bundle
-    ad.write_recommendation(b, 4, max_concurrency=16)
-    oe.write_launchers(b)
+    write_recommendation(b, 4, max_concurrency=16)
     dest = root / "moved here" / "bundle"
     dest.parent.mkdir()
     shutil.move(str(b), dest)
@@ -85,7 +90,7 @@ def test_vllm_launch(moved_bundle, stub_bin, tmp_path):
     assert Path(spec["model"], "config.json").is_file()
     assert opt(argv, "--tokenizer") == str(moved_bundle / "tokenizer")
     assert opt(argv, "--tensor-parallel-size") == "1" and opt(argv, "--kv-cache-dtype") == "fp8"
-    opts = ad.load_options(moved_bundle)
+    opts = fmt.read_options(moved_bundle)
     assert opt(argv, "--max-model-len") == str(opts.max_seq_len) and opt(argv, "--max-num-seqs") == str(opts.max_batch_size)
     assert opt(argv, "--host") == "127.0.0.1" and opt(argv, "--port") == "8000"
     assert argv[-2:] == ["--seed", "7"]  # extra arguments pass through
@@ -101,7 +106,7 @@ def test_sglang_launch(moved_bundle, stub_bin, tmp_path):
     assert opt(argv, "--speculative-draft-model-path") == str(moved_bundle / "draft")
     # A K-token top-1 chain: K draft steps, K+1 tokens verified.
     assert (opt(argv, "--speculative-num-steps"), opt(argv, "--speculative-eagle-topk"), opt(argv, "--speculative-num-draft-tokens")) == ("4", "1", "5")
-    assert opt(argv, "--kv-cache-dtype") == "fp8_e4m3" and opt(argv, "--context-length") == str(ad.load_options(moved_bundle).max_seq_len)
+    assert opt(argv, "--kv-cache-dtype") == "fp8_e4m3" and opt(argv, "--context-length") == str(fmt.read_options(moved_bundle).max_seq_len)
     assert opt(argv, "--host") == "0.0.0.0" and opt(argv, "--port") == "31000"
     assert {a for a in argv if a.startswith("--")} <= oe.SGLANG_OPTIONS
 
@@ -136,11 +141,19 @@ def test_undocumented_options_are_refused():
 def test_rewriting_replaces_the_launch_dir(moved_bundle, tmp_path):
     b = tmp_path / "b"
     shutil.copytree(moved_bundle, b)
-    ad.write_recommendation(b, 2, draft_len_schedule={1: 2, 8: 1, 32: 0})
-    oe.write_launchers(b)
+    write_recommendation(b, 2, draft_len_schedule={1: 2, 8: 1, 32: 0})
     assert "--speculative-num-steps 2" in (b / "launch" / "sglang.sh").read_text()
     assert "above 32 concurrent requests" in (b / "launch" / "README.md").read_text()  # first batch size with K=0
     assert [p.name for p in b.iterdir() if p.name.startswith(".")] == []
+    assert fmt.verify(b) == []  # the new launchers are recorded in the manifest
+
+
+def test_launchers_refuse_a_kv_cache_other_engines_lack(moved_bundle):
+    opts = fmt.read_options(moved_bundle)
+    nvfp4_kv = opts.model_copy(update={"kv_cache_config": opts.kv_cache_config.model_copy(update={"dtype": "nvfp4"})})
+    with pytest.raises(UserError) as e:
+        oe.launcher_files(nvfp4_kv, target_format="nvfp4", draft_format="bf16")
+    assert e.value.where.endswith("kv_cache_config.dtype")
 
 
 def test_real_engine_argument_names_where_installed():

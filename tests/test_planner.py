@@ -1,7 +1,7 @@
 """Planner arithmetic against hand-computed Llama-3.1-8B / Llama-3.3-70B figures, and refusals.
 
 Every expected number below is derived by hand in the comment next to it from the config
-fields (FACTS §6), not from the planner, so a change in the planner's arithmetic fails here.
+fields (the Hugging Face config.json files copied in build/model_configs/), not from the planner, so a change in the planner's arithmetic fails here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from eagle3_trt.build.gpus import get_gpu
+from eagle3_trt.build.gpu_checks import check_formats
+from eagle3_trt.build.gpus import GPUS, KV_MIN_SM, MIN_SM, check_kv_for_gpu, check_quant_for_gpu, get_gpu
 from eagle3_trt.build.planner import (
     MODEL_CONFIG_DIR,
     count_draft,
@@ -63,7 +64,7 @@ def test_70b_parameter_counts():
     assert p.mlp_per_layer == 704_643_072  # 3 * 8192 * 28672
     assert p.linear == 68_451_041_280  # 80 * (150,994,944 + 704,643,072)
     assert p.norms == 1_318_912  # 80 * 2 * 8192 + 8192
-    # 68,451,041,280 + 1,318,912 + 2 * 1,050,673,152 = 70.55e9 (FACTS §6)
+    # 68,451,041,280 + 1,318,912 + 2 * 1,050,673,152 = 70.55e9 (embed_tokens and lm_head 128256*8192 each)
     assert p.total == 70_553_706_496
 
 
@@ -94,11 +95,11 @@ def test_weight_bytes_match_facts_memory_table():
 def test_draft_head_counts():
     d70 = count_draft(D70, parse_shape(T70))
     # fc 8192*3*8192 = 201,326,592; attn (q,k,v read 2H) 16384*8192 + 2*16384*1024 + 8192*8192 = 234,881,024;
-    # mlp 704,643,072; norms 3*8192 + 8192 = 32,768; lm_head 32000*8192 = 262,144,000  -> ≈1.40e9 (FACTS §6)
+    # mlp 704,643,072; norms 3*8192 + 8192 = 32,768; lm_head 32000*8192 = 262,144,000  -> ≈1.40e9 (no embed_tokens: shared with the target)
     assert (d70.fc, d70.attn, d70.mlp, d70.norms, d70.lm_head) == (201_326_592, 234_881_024, 704_643_072, 32_768, 262_144_000)
     assert d70.total == 1_403_027_456 and d70.d2t == 32000
     d8 = count_draft(D8, parse_shape(T8))
-    # 50,331,648 + 67,108,864 + 176,160,768 + 16,384 + 131,072,000 -> ≈0.42e9 (FACTS §6)
+    # 50,331,648 + 67,108,864 + 176,160,768 + 16,384 + 131,072,000 -> ≈0.42e9 (the same terms at H=4096, I=14336)
     assert d8.total == 424_689_664
 
 
@@ -306,3 +307,26 @@ def test_gpu_memory_is_what_nvidia_smi_reports():
     for name, mib, gb in (("h100", 81559, 85.52), ("h200", 143771, 150.75), ("b200", 183359, 192.27)):
         g = get_gpu(name)
         assert g.memory_mib == mib and g.memory_bytes == mib * 1_048_576 and round(g.memory_gb, 2) == gb
+
+
+def test_one_gpu_table_gives_build_and_preflight_the_same_answers():
+    """Build time (gpus.check_*_for_gpu) and bundle preflight (gpu_checks.check_formats) read
+    the same rules: for every known GPU and format both accept or both refuse."""
+    def refused(fn, *a) -> bool:
+        try:
+            fn(*a)
+        except UserError:
+            return True
+        return False
+
+    for gpu in GPUS.values():
+        for kv in KV_MIN_SM:
+            assert refused(check_kv_for_gpu, kv, gpu) == refused(check_formats, {"kv_cache": kv}, gpu.sm, gpu.name), (gpu.name, kv)
+        for q in MIN_SM:
+            assert refused(check_quant_for_gpu, q, gpu) == refused(check_formats, {"target": q}, gpu.sm, gpu.name), (gpu.name, q)
+    # TensorRT-LLM's hardware support matrix: FP8 KV cache on Ampere, FP8 weights from Ada, NVFP4 on Blackwell
+    assert not refused(check_kv_for_gpu, "fp8", get_gpu("a100"))
+    assert refused(check_quant_for_gpu, "fp8", get_gpu("a100")) and not refused(check_quant_for_gpu, "fp8", get_gpu("l40s"))
+    assert refused(check_quant_for_gpu, "nvfp4", get_gpu("h200")) and not refused(check_quant_for_gpu, "nvfp4", get_gpu("b200"))
+    with pytest.raises(UserError, match="nvfp4 KV cache needs Blackwell"):
+        check_kv_for_gpu("nvfp4", get_gpu("h100"))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
+from eagle3_trt.runtime.loader import engine_from_bundle
 
 PROMPT = [0, 2, 331, 266, 3, 204, 204, 57, 74, 299]
 
@@ -23,8 +24,8 @@ def _logits(eng: SpeculativeEngine, ids: list[int]) -> torch.Tensor:
 
 
 def test_fp8_bundle_runs_quantized(fp8_bundle):
-    q = SpeculativeEngine.from_bundle(fp8_bundle)
-    ref = SpeculativeEngine.from_bundle(fp8_bundle, quantized=False)  # the BF16 sources in manifest.json
+    q = engine_from_bundle(fp8_bundle)
+    ref = engine_from_bundle(fp8_bundle, reference=True)  # the BF16 sources in manifest.json
     L = q.target.num_layers
     assert len(q.target.fake_quant_handles) == 7 * L  # q, k, v, o, gate, up, down of every layer
     assert sorted(q.target.kv_scales) == list(range(L))  # FP8 KV cache emulated in every layer
@@ -42,7 +43,7 @@ def test_fp8_bundle_runs_quantized(fp8_bundle):
 @pytest.mark.parametrize("tree", [None, [(0,), (1,), (0, 0)]])
 def test_quantized_bundles_speculate_consistently(fp8_bundle, nvfp4_bundle, tree):
     for b in (fp8_bundle, nvfp4_bundle):
-        eng = SpeculativeEngine.from_bundle(b)
+        eng = engine_from_bundle(b)
         spec = eng.generate([PROMPT, PROMPT[:5]], SamplingParams(max_tokens=16), tree=tree)
         base = eng.generate([PROMPT, PROMPT[:5]], SamplingParams(max_tokens=16), speculate=False)
         assert [r.token_ids for r in spec] == [r.token_ids for r in base]
@@ -50,7 +51,7 @@ def test_quantized_bundles_speculate_consistently(fp8_bundle, nvfp4_bundle, tree
 
 
 def test_nvfp4_bundle_quantizes_target_and_draft(nvfp4_bundle):
-    eng = SpeculativeEngine.from_bundle(nvfp4_bundle)
+    eng = engine_from_bundle(nvfp4_bundle)
     assert len(eng.target.fake_quant_handles) == 7 * eng.target.num_layers
     assert len(eng.draft.fake_quant_handles) > 0  # the draft was quantized too (--quantize-draft)
     outs = list(eng.stream(PROMPT, SamplingParams(max_tokens=8, temperature=0.7, seed=3)))
@@ -69,4 +70,4 @@ def test_bundle_without_bf16_sources_is_a_user_error(fp8_bundle, tmp_path):
     man["sources"]["target"]["path"] = str(tmp_path / "gone")
     (b / "manifest.json").write_text(json.dumps(man))
     with pytest.raises(UserError, match="does not exist"):
-        SpeculativeEngine.from_bundle(b, quantized=False)
+        engine_from_bundle(b, reference=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3_trt.runtime.distill import toy_engine
+from eagle3_trt.train.toy_pair import toy_engine
 from eagle3_trt.core.engine import SamplingParams
 
 V, DV, N_SAMPLES, PROMPT = 16, 12, 4000, [1, 2, 3]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3_trt.runtime.distill import toy_engine
+from eagle3_trt.train.toy_pair import toy_engine
 from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.stats import RequestStats, aggregate
 

@@ -85,14 +85,20 @@ def test_cast_is_elementwise_and_chunked(src, tmp_path, monkeypatch):
     monkeypatch.setattr(st, "CHUNK_BYTES", 40)  # several chunks per tensor, odd element counts per chunk
     d, tensors = src
     cast = lambda n, dt: "float16" if dt in ("bfloat16", "float32") else None  # noqa: E731
-    stream_convert(d, tmp_path / "cast", lambda n: n, cast=cast)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(3)  # not the single thread the cast runs on, so a missing restore shows
+    try:
+        stream_convert(d, tmp_path / "cast", lambda n: n, cast=cast)
+        threads_after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(prev)
+    assert threads_after == 3  # restored after the single-threaded cast
     out = load_dir(tmp_path / "cast")
     for k, v in tensors.items():
         if v.dtype in (torch.bfloat16, torch.float32):
             assert out[k].dtype == torch.float16 and torch.equal(out[k], v.to(torch.float16)), k
         else:
             assert out[k].dtype == v.dtype, k
-    assert torch.get_num_threads() >= 1  # restored after the single-threaded cast
 
 
 def test_transform_whole_tensor_and_shape_promise(src, tmp_path):

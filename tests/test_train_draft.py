@@ -14,8 +14,11 @@ import torch
 from eagle3_trt.convert.draft_format import load_draft
 from eagle3_trt.convert.tiny_pair import make_pair
 from eagle3_trt.core.draft import Eagle3Draft
-from eagle3_trt.train.evaluate import speculative_generate, torch_threads
-from eagle3_trt.train.hidden_states import TargetRunner, load_target
+from eagle3_trt.convert.target import read_target
+from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
+from eagle3_trt.core.target import TargetModel
+from eagle3_trt.train.evaluate import torch_threads
+from eagle3_trt.train.hidden_states import HiddenCache
 from eagle3_trt.train.train_draft import TrainDraftOptions, train_draft
 from eagle3_trt.train.trainer import ttt_mask, ttt_unroll
 
@@ -29,6 +32,17 @@ def write_data(path: Path, n: int = 40, seed: int = 0) -> Path:
             k = rng.randrange(len(WORDS))
             f.write(json.dumps({"text": " ".join(WORDS[(k + j) % len(WORDS)] for j in range(60))}) + "\n")
     return path
+
+
+def hf_greedy(target_dir: Path, prompt: list[int], n: int, stop_ids: tuple[int, ...] = ()) -> list[int]:
+    """The independent reference: transformers' own greedy ``generate``, cut after the first stop token."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, num_beams=1,
+                         eos_token_id=list(stop_ids) or None, pad_token_id=0)[0, len(prompt):].tolist()
+    cut = next((j + 1 for j, t in enumerate(out) if t in stop_ids), len(out))
+    return out[:cut]
 
 
 def pretrain_target(target: Path, data: Path, steps: int = 120) -> None:
@@ -120,17 +134,20 @@ def test_output_is_a_safeailab_head_that_fits(finetuned):
 
 
 def test_speculative_decoding_reproduces_greedy(finetuned):
+    """The trained head served by the runtime's loop gives transformers' own greedy output."""
+    from transformers import AutoTokenizer
+
     root, target, _, _ = finetuned
-    model, tok, _ = load_target(target, "cpu", torch.float32)
-    runner = TargetRunner(model, (1, 3, 4))
-    draft = Eagle3Draft.from_checkpoint(load_draft(root / "head"), torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(target))
+    eng = SpeculativeEngine(TargetModel.from_dir(target, dtype=torch.float32, aux_layer_ids=(1, 3, 4)),
+                            Eagle3Draft.from_checkpoint(load_draft(root / "head"), torch.float32), max_draft_len=3)
     accepted = 0
     with torch_threads(1):
         for words in (WORDS[:6], WORDS[3:12], WORDS[8:11]):
             prompt = [tok.bos_token_id] + tok.encode(" ".join(words), add_special_tokens=False)
-            out, acc = speculative_generate(runner, draft, prompt, 24, 3)
-            assert out == runner.greedy(prompt, 24, ())
-            accepted += sum(acc)
+            res = eng.generate([prompt], SamplingParams(max_tokens=24))[0]
+            assert res.token_ids == hf_greedy(target, prompt, 24)
+            accepted += res.stats.accepted_tokens
     assert accepted > 0  # the comparison covered accepted drafts, not only rejections
 
 
@@ -182,8 +199,6 @@ def test_fresh_head_via_cli_and_resume(tmp_path, monkeypatch):
 def test_generate_trains_on_the_targets_own_continuations(finetuned, tmp_path):
     """--generate on raw text: every training window becomes its opening + the target's greedy
     continuation (checked against plain greedy decoding in the cached training windows)."""
-    from eagle3_trt.train.hidden_states import HiddenCache
-
     _, target, draft, _ = finetuned
     data = write_data(tmp_path / "d.jsonl", n=6, seed=1)
     report = train_draft(TrainDraftOptions(target=target, data=data, out=tmp_path / "o", init=draft, steps=1, seq_len=40,
@@ -191,11 +206,10 @@ def test_generate_trains_on_the_targets_own_continuations(finetuned, tmp_path):
                                            eval_tokens=4, quiet=True, threads=1, keep_work=True))
     assert report["generated_responses"] is True
     batch = next(HiddenCache(tmp_path / "o.work" / "cache_train").iter_all(64))
-    model, _, info = load_target(target, "cpu", torch.float32)
-    runner = TargetRunner(model, (1, 3, 4))
+    info = read_target(target)
     assert batch["input_ids"].shape[0] == report["train_windows"] >= 4
     with torch_threads(1):
         for ids, real in zip(batch["input_ids"].tolist(), batch["real"].tolist()):
             n = sum(real)
             assert n == 40
-            assert ids[16:n] == runner.greedy(ids[:16], 24, tuple(info.eos_token_ids))
+            assert ids[16:n] == hf_greedy(target, ids[:16], 24, tuple(info.eos_token_ids))

@@ -44,25 +44,28 @@ def test_card_states_the_recorded_figure():
 
 
 def test_heldout_acceptance_is_real():
+    from eagle3_trt.core.draft import Eagle3Draft
+    from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
+    from eagle3_trt.core.target import TargetModel
     from eagle3_trt.train.data import Encoder, Record, eval_prompts
-    from eagle3_trt.train.evaluate import measure_acceptance, speculative_generate, torch_threads
-    from eagle3_trt.train.hidden_states import TargetRunner, load_target
+    from eagle3_trt.train.evaluate import measure_acceptance, torch_threads
+    from eagle3_trt.train.hidden_states import target_tokenizer
     from eagle3_trt.train.make_tiny_pair import Recipe, read_corpus
 
     r = Recipe()
     _, held, _ = read_corpus()
-    model, tok, info = load_target(PAIR / "target", "cpu", torch.float32)
+    info = read_target(PAIR / "target")
     ck = load_draft(PAIR / "draft")
-    from eagle3_trt.core.draft import Eagle3Draft
-
+    target = TargetModel.from_dir(PAIR / "target", dtype=torch.float32, aux_layer_ids=ck.config.aux_layer_ids)
     draft = Eagle3Draft.from_checkpoint(ck, torch.float32)
-    runner = TargetRunner(model, tuple(ck.config.aux_layer_ids))
-    enc = Encoder(tok, r.draft_seq, r.eval_prompt_len)
+    enc = Encoder(target_tokenizer(PAIR / "target"), r.draft_seq, r.eval_prompt_len)
     windows = [w for text in held.values() for w in enc.windows(Record(text=text))]
     prompts = eval_prompts(windows, 8, r.eval_prompt_len, r.seed)
     stops = tuple(info.eos_token_ids)
     with torch_threads(1):
-        rep = measure_acceptance(runner, draft, prompts, 48, 3, stops)
-        assert speculative_generate(runner, draft, prompts[0], 48, 3, stops)[0] == runner.greedy(prompts[0], 48, stops)
+        rep = measure_acceptance(target, draft, prompts, 48, 3, stops)
+        eng = SpeculativeEngine(target, draft, max_draft_len=3, eos_token_ids=stops)
+        params = SamplingParams(max_tokens=48)
+        assert eng.generate([prompts[0]], params)[0].token_ids == eng.generate([prompts[0]], params, speculate=False)[0].token_ids
     assert rep.acceptance_length >= 1.5, rep
     assert rep.per_step[0] >= 0.4, rep

@@ -35,7 +35,8 @@ def test_package_writes_a_valid_repository(repo, fp8_bundle):
     assert cfg.backend == "python" and cfg.max_batch_size == 0
     assert cfg.model_transaction_policy.decoupled is True  # in config.pbtxt itself, not auto-complete
     assert [(g.kind, g.count) for g in cfg.instance_group] == [(mc.ModelInstanceGroup.KIND_CPU, 1)]
-    # The llmapi names and types (FACTS §3), spelled out here independently of the interface table.
+    # The llmapi names and types (upstream NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/
+    # tensorrt_llm/config.pbtxt), spelled out here independently of the interface table.
     ins = {t.name: (mc.DataType.Name(t.data_type), list(t.dims), t.optional) for t in cfg.input}
     assert ins["text_input"] == ("TYPE_STRING", [-1], False)
     assert ins["streaming"] == ("TYPE_BOOL", [1], True)
@@ -146,7 +147,7 @@ def test_check_repository_catches_model_yaml_problems(repo):
 
 
 def test_trtllm_kwargs_from_bundle(fp8_bundle):
-    from eagle3_trt.triton_repo.serving import trtllm_kwargs
+    from eagle3_trt.triton_repo.trtllm_serving import trtllm_kwargs
 
     b = Path(fp8_bundle).resolve()
     res = trtllm_kwargs(b, {"kv_cache_config": {"free_gpu_memory_fraction": 0.5}}, speculation=True)

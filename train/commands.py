@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.train.train_draft import TrainDraftOptions, summary_lines, train_draft
 
 
 def _aux(value: str | None) -> tuple[int, ...] | None:
@@ -58,8 +59,6 @@ def train_draft_cmd(target: Path, data: Path, init: Path | None, out: Path, step
     TensorRT-LLM layout head (LlamaForCausalLMEagle3: fc, midlayer.*, norm, lm_head, d2t, t2d)
     with train_report.json, whose held-out acceptance is measured by greedy speculative decoding.
     """
-    from eagle3_trt.train.train_draft import TrainDraftOptions, summary_lines, train_draft
-
     opts = TrainDraftOptions(
         target=target, data=data, out=out, init=init, steps=steps, max_draft_len=max_draft_len, draft_vocab=draft_vocab,
         device=device, resume=resume, generate=generate, gen_tokens=gen_tokens, seq_len=seq_len, batch_size=batch_size,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3_trt.convert import hf_compat
 from eagle3_trt.errors import UserError
 
 FORMAT_HINT = 'expected JSONL lines with "text", "turns" (list of user prompts) or "messages" ([{role, content}]), or a plain .txt file'
@@ -132,13 +133,8 @@ class Encoder:
 
     def chat_ids(self, messages: list[tuple[str, str]], add_generation_prompt: bool) -> list[int]:
         if self.has_template:
-            out = self.tok.apply_chat_template(
-                [{"role": r, "content": c} for r, c in messages],
-                tokenize=True, add_generation_prompt=add_generation_prompt,
-            )
-            if isinstance(out, dict) or hasattr(out, "keys"):  # BatchEncoding in some versions
-                out = out["input_ids"]
-            return list(out)
+            return hf_compat.chat_template_ids(self.tok, [{"role": r, "content": c} for r, c in messages],
+                                               add_generation_prompt)
         text = "\n\n".join(c for _, c in messages) + ("\n\n" if add_generation_prompt else "")
         return self.text_ids(text)
 

@@ -1,11 +1,10 @@
 """Held-out acceptance of a draft head, measured by real greedy speculative decoding.
 
-A linear chain of K drafts per iteration, verified by one target pass, exactly like
-TensorRT-LLM's one-model EAGLE-3 with greedy sampling: the draft's step 1 runs over every newly
-accepted position with the target's aux states (its "real" KV cache); steps 2..K extend a
-scratch copy of that cache with their own outputs, which is discarded after verification.
-The output equals plain greedy decoding of the target (tests check it), so the figure is the
-speed-up the head buys, not an estimate from teacher forcing.
+The decoding is the runtime's own loop (``core.engine.SpeculativeEngine``: TensorRT-LLM's
+one-model EAGLE-3 with greedy sampling, a linear chain of K drafts verified by one target pass),
+so the figure is the speed-up the head buys when served, not an estimate from teacher forcing.
+Its output equals plain greedy decoding of the target; tests/test_engine_cross_check.py checks
+the engine's accept lengths against an independent re-derivation.
 """
 
 from __future__ import annotations
@@ -17,7 +16,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from eagle3_trt.core.draft import Eagle3Draft
-from eagle3_trt.train.hidden_states import TargetRunner
+from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
+from eagle3_trt.core.stats import aggregate
+from eagle3_trt.core.target import TargetModel
 
 
 @dataclass
@@ -25,7 +26,7 @@ class AcceptanceReport:
     max_draft_len: int
     prompts: int
     tokens: int  # generated tokens
-    iterations: int  # target verification passes
+    iterations: int  # verification passes that checked drafts
     acceptance_length: float  # generated tokens per target forward, prefill included (1 = no gain)
     per_step: list[float]  # P(draft k accepted | drafts < k accepted)
     accepted_hist: list[int] = field(default_factory=list)  # iterations by number of accepted drafts
@@ -48,82 +49,41 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-@torch.no_grad()
-def speculative_generate(runner: TargetRunner, draft: Eagle3Draft, prompt: list[int], max_new_tokens: int,
-                         max_draft_len: int, stop_ids: tuple[int, ...] = ()) -> tuple[list[int], list[int]]:
-    """(generated tokens, accepted-draft count per iteration)."""
-    from transformers import DynamicCache
-
-    dev = draft.fc.weight.device
-    dt = draft.fc.weight.dtype
-    embed = runner.embed
-
-    def emb(tokens: list[int]) -> torch.Tensor:
-        return embed(torch.tensor([tokens], device=dev)).to(dt)
-
-    cache = DynamicCache()
-    p, cache = runner.run(torch.tensor([prompt], device=dev), cache, use_cache=True)
-    n = len(prompt)  # positions in the target's cache; `nxt` (the newest token) is not in it yet
-    nxt = int(p.logits[0, -1].argmax())
-    # draft context: position i sees aux_i and the embedding of token i+1
-    h, dlogits, real_kv = draft(emb(list(prompt[1:]) + [nxt]), draft.fuse(p.aux.to(dt)), torch.arange(n, device=dev)[None])
-    out: list[int] = [nxt]
-    accepted: list[int] = []
-    while len(out) < max_new_tokens and nxt not in stop_ids:
-        # draft a chain of K tokens; steps 2..K extend a scratch copy of the real cache
-        d = int(draft.to_target_ids(dlogits[0, -1].argmax()))
-        drafts = [d]
-        hid, kv = h[:, -1:], real_kv
-        for k in range(1, max_draft_len):
-            hid, lg, kv = draft(emb([d]), hid, torch.tensor([[n - 1 + k]], device=dev), past=kv)
-            d = int(draft.to_target_ids(lg[0, -1].argmax()))
-            drafts.append(d)
-        # one target pass over [nxt, d1..dK] verifies all of them
-        p, cache = runner.run(torch.tensor([[nxt] + drafts], device=dev), cache, use_cache=True)
-        greedy = p.logits[0].argmax(-1).tolist()
-        a = 0
-        while a < len(drafts) and drafts[a] == greedy[a]:
-            a += 1
-        accepted.append(a)
-        new = drafts[:a] + [greedy[a]]
-        cache.crop(n + 1 + a)
-        # draft step 1 over the positions that just became real: n..n+a
-        m = 1 + a
-        causal = torch.cat([torch.ones(m, n, dtype=torch.bool, device=dev),
-                            torch.ones(m, m, dtype=torch.bool, device=dev).tril()], dim=1)[None]
-        h, dlogits, real_kv = draft(emb(new), draft.fuse(p.aux[:, :m].to(dt)),
-                                    torch.arange(n, n + m, device=dev)[None], past=real_kv, mask=causal)
-        n += 1 + a
-        out.extend(new)
-        nxt = new[-1]
-        if any(t in stop_ids for t in new):
-            break
-    for i, t in enumerate(out):  # stop where a server would
-        if t in stop_ids:
-            out = out[: i + 1]
-            break
-    return out[:max_new_tokens], accepted
-
-
-def measure_acceptance(runner: TargetRunner, draft: Eagle3Draft, prompts: list[list[int]], max_new_tokens: int,
+def measure_acceptance(target: TargetModel, draft: Eagle3Draft, prompts: list[list[int]], max_new_tokens: int,
                        max_draft_len: int, stop_ids: tuple[int, ...] = (),
                        on_prompt: Callable[[int], None] | None = None) -> AcceptanceReport:
-    hist = [0] * (max_draft_len + 1)
-    tokens = 0
+    """Greedy speculative decoding of each prompt (one request at a time, as a single user sees it)."""
+    engine = SpeculativeEngine(target, draft, None, max_draft_len=max_draft_len, eos_token_ids=stop_ids)
+    params = SamplingParams(max_tokens=max_new_tokens)
+    stats = []
     on_cpu = draft.fc.weight.device.type == "cpu"
     with torch_threads(1 if on_cpu else None):
         for i, pr in enumerate(prompts):
-            out, acc = speculative_generate(runner, draft, pr, max_new_tokens, max_draft_len, stop_ids)
-            tokens += len(out)
-            for a in acc:
-                hist[a] += 1
+            stats.append(engine.generate([pr], params)[0].stats)
             if on_prompt:
                 on_prompt(i + 1)
-    iters = sum(hist)
-    reached = [sum(hist[j:]) for j in range(max_draft_len + 1)]
-    per_step = [reached[k + 1] / reached[k] if reached[k] else 0.0 for k in range(max_draft_len)]
+    agg = aggregate(stats)
+    hist = (agg.accept_hist + [0] * (max_draft_len + 1))[: max_draft_len + 1]
+    per_step = (agg.conditional_acceptance + [0.0] * max_draft_len)[:max_draft_len]
     # generated tokens per target forward, the prefill (which yields the first token) included,
-    # as runtime.stats counts it: K = 0 gives exactly 1
-    al = tokens / (iters + len(prompts)) if prompts else 1.0
-    return AcceptanceReport(max_draft_len=max_draft_len, prompts=len(prompts), tokens=tokens, iterations=iters,
-                            acceptance_length=round(al, 4), per_step=[round(x, 4) for x in per_step], accepted_hist=hist)
+    # as core.stats counts it: K = 0 gives exactly 1
+    al = agg.acceptance_length if prompts else 1.0
+    return AcceptanceReport(max_draft_len=max_draft_len, prompts=len(prompts), tokens=agg.generated_tokens,
+                            iterations=sum(hist), acceptance_length=round(al, 4),
+                            per_step=[round(x, 4) for x in per_step], accepted_hist=hist)
+
+
+def greedy_generate(target: TargetModel, prompts: list[list[int]], max_new_tokens: int, stop_ids: tuple[int, ...],
+                    pad_id: int, batch_size: int = 16,
+                    on_batch: Callable[[int], None] | None = None) -> list[list[int]]:
+    """The target's plain greedy continuations (left-padded batches through the runtime's loop
+    with K = 0); each ends at (and includes) its first stop token."""
+    engine = SpeculativeEngine(target, None, None, eos_token_ids=stop_ids, pad_token_id=pad_id)
+    params = SamplingParams(max_tokens=max_new_tokens)
+    out: list[list[int]] = []
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i : i + batch_size]
+        out += [r.token_ids for r in engine.generate(chunk, params, speculate=False)]
+        if on_batch:
+            on_batch(len(chunk))
+    return out

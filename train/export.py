@@ -9,15 +9,15 @@ model.safetensors: ``fc``, ``midlayer.*``, ``norm``, ``lm_head`` in bf16, ``d2t`
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
-from eagle3_trt.convert.draft_format import DraftConfig, trtllm_config
+from eagle3_trt.atomic import staged_dir
+from eagle3_trt.convert.draft_format import DraftConfig, load_draft, trtllm_config
 from eagle3_trt.convert.target import TargetInfo
+from eagle3_trt.errors import UserError
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.train.draft_vocab import DraftVocab
 
@@ -60,27 +60,22 @@ def draft_tensors(draft: Eagle3Draft, vocab: DraftVocab) -> dict[str, torch.Tens
 
 def export_draft(draft: Eagle3Draft, cfg: DraftConfig, vocab: DraftVocab, out_dir: Path, target_cfg: dict,
                  extra_files: dict[str, str] | None = None, overwrite: bool = False) -> Path:
-    """Write <out_dir> atomically (temp dir beside it, renamed at the end)."""
-    from safetensors.torch import save_file
-
+    """Write <out_dir> atomically (``eagle3_trt.atomic.staged_dir``)."""
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would survive the rename
-    try:
+    if out_dir.exists() and not overwrite:
+        raise UserError(out_dir, "output directory exists", "pass --overwrite or choose another -o")
+    with staged_dir(out_dir) as tmp:
         save_file(draft_tensors(draft, vocab), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         raw = {k: target_cfg[k] for k in ("bos_token_id", "eos_token_id") if k in target_cfg}
         (tmp / "config.json").write_text(json.dumps(trtllm_config(cfg, raw), indent=2) + "\n")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
-        if out_dir.exists():
-            if not overwrite:
-                raise FileExistsError(out_dir)
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return out_dir
+
+
+def save_draft(draft: Eagle3Draft, src_dir: Path, out_dir: Path) -> Path:
+    """Write a draft trained in place (e.g. by ``trainer.distill_draft``) with the config (and
+    bos/eos ids) of the checkpoint it was loaded from, in the SafeAILab layout (replacing ``out_dir``)."""
+    src = load_draft(Path(src_dir))
+    vocab = DraftVocab.from_d2t(draft.d2t.detach().cpu(), src.config.vocab_size)
+    return export_draft(draft, src.config, vocab, Path(out_dir), src.raw_config, overwrite=True)

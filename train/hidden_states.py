@@ -14,16 +14,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
-import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer
 
-from eagle3_trt.convert.target import TargetInfo, read_target
+from eagle3_trt.atomic import staged_dir
+from eagle3_trt.convert.target import TargetInfo
+from eagle3_trt.core.target import TargetModel
 from eagle3_trt.errors import UserError
 
 SHARD_BYTES = 256 << 20
@@ -47,125 +48,16 @@ def check_aux_layers(info: TargetInfo, aux: tuple[int, ...] | None) -> tuple[int
     return tuple(sorted(ids))
 
 
-def load_target(target_dir: Path, device: str, dtype: torch.dtype):
-    """(model, tokenizer, TargetInfo) for a HF target directory; quantized ModelOpt exports are
-    dequantized first so training sees the weights that will serve."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
+def target_tokenizer(target_dir: Path):
+    """The target's tokenizer: in the target directory, or in an engine bundle's tokenizer/ beside it."""
     target_dir = Path(target_dir)
-    info = read_target(target_dir)
     tok_dir = target_dir
     if not (target_dir / "tokenizer.json").is_file() and not (target_dir / "tokenizer.model").is_file():
         if (target_dir.parent / "tokenizer" / "tokenizer.json").is_file():  # an engine bundle's target/
             tok_dir = target_dir.parent / "tokenizer"
         else:
             raise UserError(target_dir, "no tokenizer (tokenizer.json) next to the target", "copy the tokenizer files of the model into the target directory")
-    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), trust_remote_code=False)
-    if info.quantized:
-        from eagle3_trt.convert.dequantize import load_checkpoint_dequantized
-
-        cfg, sd, _ = load_checkpoint_dequantized(target_dir, dtype=dtype)
-        model_type = cfg.pop("model_type")
-        config = AutoConfig.for_model(model_type, **cfg)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        missing, unexpected = model.load_state_dict(sd, strict=False)
-        missing = [k for k in missing if "rotary" not in k]
-        if missing or unexpected:
-            raise UserError(target_dir, f"dequantized weights do not fit the config (missing {missing[:3]}, unexpected {unexpected[:3]})", "pass the BF16 source checkpoint with --target")
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype, trust_remote_code=False)
-    model.to(device).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model, tokenizer, info
-
-
-@dataclass
-class TargetPass:
-    logits: torch.Tensor  # [B, S, V] float
-    aux: torch.Tensor  # [B, S, A*T] (concat of the capture layers' outputs)
-    last: torch.Tensor  # [B, S, T] post final norm
-
-
-class TargetRunner:
-    """Runs the target and captures the aux layers' outputs and the final-norm output by hooks."""
-
-    def __init__(self, model, aux_layer_ids: tuple[int, ...]):
-        self.model = model
-        self.aux_layer_ids = tuple(aux_layer_ids)
-        base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-        self._captured: dict[str, torch.Tensor] = {}
-        self._hooks = []
-        for i in self.aux_layer_ids:
-            self._hooks.append(base.layers[i].register_forward_hook(self._grab(f"aux{i}")))
-        self._hooks.append(base.norm.register_forward_hook(self._grab("last")))
-
-    def _grab(self, name: str):
-        def hook(_mod, _args, out):
-            self._captured[name] = out[0] if isinstance(out, tuple) else out
-        return hook
-
-    @property
-    def embed(self) -> torch.nn.Embedding:
-        return self.model.get_input_embeddings()
-
-    @property
-    def lm_head(self) -> torch.nn.Linear:
-        return self.model.get_output_embeddings()
-
-    @torch.no_grad()
-    def run(self, ids: torch.Tensor, past=None, use_cache: bool = False) -> tuple[TargetPass, object]:
-        self._captured.clear()
-        out = self.model(input_ids=ids, past_key_values=past, use_cache=use_cache)
-        aux = torch.cat([self._captured[f"aux{i}"] for i in self.aux_layer_ids], dim=-1)
-        return TargetPass(logits=out.logits.float(), aux=aux, last=self._captured["last"]), out.past_key_values
-
-    @torch.no_grad()
-    def greedy(self, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...]) -> list[int]:
-        """Plain greedy continuation (the reference speculative decoding must reproduce)."""
-        from transformers import DynamicCache
-
-        dev = self.embed.weight.device
-        cache = DynamicCache()
-        p, cache = self.run(torch.tensor([prompt], device=dev), cache, use_cache=True)
-        out: list[int] = []
-        nxt = int(p.logits[0, -1].argmax())
-        while True:
-            out.append(nxt)
-            if nxt in stop_ids or len(out) >= max_new_tokens:
-                return out
-            p, cache = self.run(torch.tensor([[nxt]], device=dev), cache, use_cache=True)
-            nxt = int(p.logits[0, -1].argmax())
-
-    @torch.no_grad()
-    def greedy_batch(self, prompts: list[list[int]], max_new_tokens: int, stop_ids: tuple[int, ...], pad_id: int,
-                     batch_size: int = 16, on_batch: Callable[[int], None] | None = None) -> list[list[int]]:
-        """Greedy continuations of many prompts, left-padded batches through HF generate; each
-        ends at (and includes) its first stop token."""
-        dev = self.embed.weight.device
-        out: list[list[int]] = []
-        for i in range(0, len(prompts), batch_size):
-            chunk = prompts[i : i + batch_size]
-            width = max(len(p) for p in chunk)
-            ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for r, p in enumerate(chunk):
-                ids[r, width - len(p):] = torch.tensor(p)
-                mask[r, width - len(p):] = 1
-            gen = self.model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=max_new_tokens,
-                                      do_sample=False, num_beams=1, pad_token_id=pad_id,
-                                      eos_token_id=list(stop_ids) or None)
-            for row in gen[:, width:].tolist():
-                cut = next((j + 1 for j, t in enumerate(row) if t in stop_ids), len(row))
-                out.append(row[:cut])
-            if on_batch:
-                on_batch(len(chunk))
-        return out
-
-    def close(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
+    return AutoTokenizer.from_pretrained(str(tok_dir), trust_remote_code=False)
 
 
 def cache_key(target_dir: Path, aux: tuple[int, ...], seq_len: int, windows: list[list[int]]) -> str:
@@ -181,7 +73,7 @@ def cache_key(target_dir: Path, aux: tuple[int, ...], seq_len: int, windows: lis
     return h.hexdigest()[:24]
 
 
-def collect(runner: TargetRunner, windows: list[list[int]], cache_dir: Path, key: str, seq_len: int,
+def collect(target: TargetModel, windows: list[list[int]], cache_dir: Path, key: str, seq_len: int,
             pad_id: int, batch_size: int = 8, on_batch: Callable[[int], None] | None = None) -> "HiddenCache":
     """Teacher-force every window through the target and write shards; reuses a matching cache."""
     cache_dir = Path(cache_dir)
@@ -194,53 +86,42 @@ def collect(runner: TargetRunner, windows: list[list[int]], cache_dir: Path, key
                 return HiddenCache(cache_dir)
         except json.JSONDecodeError:
             pass
-    if cache_dir.exists():
-        shutil.rmtree(cache_dir)
-    tmp = cache_dir.with_name(cache_dir.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    from safetensors.torch import save_file
-
-    dev = runner.embed.weight.device
-    T = runner.embed.weight.shape[1]
-    A = len(runner.aux_layer_ids)
+    T = target.hidden_size
+    A = len(target.aux_layer_ids)
     per_sample = seq_len * (A + 1) * T * 2 + seq_len * 9
     per_shard = max(1, min(len(windows), SHARD_BYTES // per_sample))
     shards: list[int] = []
     buf: dict[str, list[torch.Tensor]] = {"input_ids": [], "real": [], "aux": [], "last": []}
+    with staged_dir(cache_dir) as tmp:
+        def flush() -> None:
+            if not buf["input_ids"]:
+                return
+            tensors = {k: torch.cat(v).contiguous() for k, v in buf.items()}
+            save_file(tensors, str(tmp / f"shard_{len(shards):05d}.safetensors"))
+            shards.append(int(tensors["input_ids"].shape[0]))
+            for v in buf.values():
+                v.clear()
 
-    def flush() -> None:
-        if not buf["input_ids"]:
-            return
-        tensors = {k: torch.cat(v).contiguous() for k, v in buf.items()}
-        save_file(tensors, str(tmp / f"shard_{len(shards):05d}.safetensors"))
-        shards.append(int(tensors["input_ids"].shape[0]))
-        for v in buf.values():
-            v.clear()
-
-    for start in range(0, len(windows), batch_size):
-        chunk = windows[start : start + batch_size]
-        ids = torch.full((len(chunk), seq_len), pad_id, dtype=torch.int64)
-        real = torch.zeros((len(chunk), seq_len), dtype=torch.bool)
-        for r, w in enumerate(chunk):
-            ids[r, : len(w)] = torch.tensor(w[:seq_len])
-            real[r, : len(w)] = True
-        # Right padding never changes earlier positions under a causal mask, so no attention mask.
-        p, _ = runner.run(ids.to(dev))
-        buf["input_ids"].append(ids)
-        buf["real"].append(real)
-        buf["aux"].append(p.aux.to("cpu", torch.bfloat16))
-        buf["last"].append(p.last.to("cpu", torch.bfloat16))
-        if sum(t.shape[0] for t in buf["input_ids"]) >= per_shard:
-            flush()
-        if on_batch:
-            on_batch(len(chunk))
-    flush()
-    meta = {"schema": CACHE_SCHEMA, "key": key, "seq_len": seq_len, "aux_layer_ids": list(runner.aux_layer_ids),
-            "target_hidden_size": T, "shards": shards}
-    (tmp / "manifest.json").write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(tmp, cache_dir)
+        for start in range(0, len(windows), batch_size):
+            chunk = windows[start : start + batch_size]
+            ids = torch.full((len(chunk), seq_len), pad_id, dtype=torch.int64)
+            real = torch.zeros((len(chunk), seq_len), dtype=torch.bool)
+            for r, w in enumerate(chunk):
+                ids[r, : len(w)] = torch.tensor(w[:seq_len])
+                real[r, : len(w)] = True
+            aux, last = target.teacher_forced(ids)
+            buf["input_ids"].append(ids)
+            buf["real"].append(real)
+            buf["aux"].append(aux.to("cpu", torch.bfloat16))
+            buf["last"].append(last.to("cpu", torch.bfloat16))
+            if sum(t.shape[0] for t in buf["input_ids"]) >= per_shard:
+                flush()
+            if on_batch:
+                on_batch(len(chunk))
+        flush()
+        meta = {"schema": CACHE_SCHEMA, "key": key, "seq_len": seq_len, "aux_layer_ids": list(target.aux_layer_ids),
+                "target_hidden_size": T, "shards": shards}
+        (tmp / "manifest.json").write_text(json.dumps(meta, indent=2) + "\n")
     return HiddenCache(cache_dir)
 
 
@@ -261,8 +142,6 @@ class HiddenCache:
 
     def _shard(self, i: int) -> dict[str, torch.Tensor]:
         if i not in self._loaded:
-            from safetensors.torch import load_file
-
             if not self._keep_all:
                 self._loaded.clear()
             self._loaded[i] = load_file(str(self.dir / f"shard_{i:05d}.safetensors"))

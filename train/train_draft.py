@@ -16,17 +16,21 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from eagle3_trt.atomic import make_dirs
 from eagle3_trt.convert.checkpoint_io import read_json
 from eagle3_trt.convert.draft_format import DraftCheckpoint, expected_shapes, load_draft
 from eagle3_trt.convert.target import TargetInfo, read_target
-from eagle3_trt.errors import UserError
 from eagle3_trt.core.draft import Eagle3Draft
+from eagle3_trt.core.target import TargetModel
+from eagle3_trt.errors import UserError
 from eagle3_trt.train import data as data_mod
 from eagle3_trt.train.draft_vocab import DraftVocab, build_draft_vocab, count_tokens, coverage
-from eagle3_trt.train.evaluate import measure_acceptance, torch_threads
+from eagle3_trt.train.evaluate import greedy_generate, measure_acceptance, torch_threads
 from eagle3_trt.train.export import draft_config_for, export_draft
-from eagle3_trt.train.hidden_states import TargetRunner, cache_key, check_aux_layers, collect, load_target
+from eagle3_trt.train.hidden_states import cache_key, check_aux_layers, collect, target_tokenizer
 from eagle3_trt.train.trainer import TargetHead, Trainer, TrainSettings, new_draft, teacher_forced_accuracy
 
 
@@ -121,10 +125,6 @@ class _Bars:
 
     def __enter__(self):
         if not self.quiet:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-            from rich.console import Console
-
             self.p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                               TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
             self.p.__enter__()
@@ -174,8 +174,10 @@ def _train_draft(o: TrainDraftOptions) -> dict:
     timings: dict[str, float] = {}
     with _Bars(o.quiet) as bars:
         t = time.time()
-        model, tokenizer, _ = load_target(Path(o.target), device, dtype)
-        runner = TargetRunner(model, aux)
+        # the target as the runtime runs it: a quantized ModelOpt export is dequantized with its
+        # activations fake-quantized, so training sees the pair that will serve
+        target = TargetModel.from_dir(Path(o.target), device=device, dtype=dtype, aux_layer_ids=aux)
+        tokenizer = target_tokenizer(Path(o.target))
         stop_ids = tuple(info.eos_token_ids)
         enc = data_mod.Encoder(tokenizer, o.seq_len, o.eval_prompt_len)
         train_recs, held_recs = data_mod.split_records(records, o.eval_fraction, o.seed)
@@ -185,7 +187,7 @@ def _train_draft(o: TrainDraftOptions) -> dict:
             adv = bars.task("target responses (chats)", sum(len(r.messages or ()) for r in train_recs if r.prompts_only))
 
             def gen(prompt: list[int]) -> list[int]:
-                out = runner.greedy(prompt, o.gen_tokens, stop_ids)
+                (out,) = greedy_generate(target, [prompt], o.gen_tokens, stop_ids, pad)
                 adv(1)
                 return out
         train_w = [w for r in train_recs for w in enc.windows(r, gen)]
@@ -205,8 +207,8 @@ def _train_draft(o: TrainDraftOptions) -> dict:
             todo = [i for i, w in enumerate(train_w) if w.from_text and len(w.ids) > o.eval_prompt_len]
             adv = bars.task("target continuations (text)", len(todo))
             n_new = max(1, min(o.gen_tokens, o.seq_len - o.eval_prompt_len))
-            conts = runner.greedy_batch([train_w[i].ids[: o.eval_prompt_len] for i in todo], n_new, stop_ids, pad,
-                                        o.batch_size, on_batch=lambda n: adv(n))
+            conts = greedy_generate(target, [train_w[i].ids[: o.eval_prompt_len] for i in todo], n_new, stop_ids, pad,
+                                    o.batch_size, on_batch=lambda n: adv(n))
             for i, c in zip(todo, conts):
                 p = train_w[i].ids[: o.eval_prompt_len]
                 train_w[i] = data_mod.Window(ids=p + c, prompt=p, from_text=False)
@@ -225,20 +227,20 @@ def _train_draft(o: TrainDraftOptions) -> dict:
         t = time.time()
         seq_len = min(o.seq_len, max(len(w.ids) for w in train_w + held_w))
         work = o.work
-        work.mkdir(parents=True, exist_ok=True)
+        make_dirs(work)
         caches = {}
         for name, ws in (("train", train_w), ("heldout", held_w)):
             ids = [w.ids for w in ws]
             key = cache_key(Path(o.target), aux, seq_len, ids)
             adv = bars.task(f"hidden states ({name})", len(ids))
-            caches[name] = collect(runner, ids, work / f"cache_{name}", key, seq_len, pad, o.batch_size, on_batch=lambda n, adv=adv: adv(n))
+            caches[name] = collect(target, ids, work / f"cache_{name}", key, seq_len, pad, o.batch_size, on_batch=lambda n, adv=adv: adv(n))
         timings["hidden_states_s"] = round(time.time() - t, 2)
 
         # -- head --
         head = TargetHead(
-            embed=runner.embed.weight.detach().to(torch.float32 if device == "cpu" else dtype),
-            lm_head=runner.lm_head.weight.detach().to(torch.float32 if device == "cpu" else dtype),
-            norm=runner.model.get_decoder().norm.weight.detach().float(),
+            embed=target.hf.model.embed_tokens.weight.detach().to(torch.float32 if device == "cpu" else dtype),
+            lm_head=target.hf.lm_head.weight.detach().to(torch.float32 if device == "cpu" else dtype),
+            norm=target.hf.model.norm.weight.detach().float(),
         )
         if init is not None:
             cfg = replace(init.config, aux_layer_ids=aux)  # record the layers it was trained on
@@ -252,7 +254,7 @@ def _train_draft(o: TrainDraftOptions) -> dict:
             adv = bars.task(f"acceptance ({label})", len(prompts))
             draft.eval()
             d = draft.to(device, dtype)
-            rep = measure_acceptance(runner, d, prompts, o.eval_tokens, o.max_draft_len, stop_ids, on_prompt=lambda i: adv(1))
+            rep = measure_acceptance(target, d, prompts, o.eval_tokens, o.max_draft_len, stop_ids, on_prompt=lambda i: adv(1))
             tf = teacher_forced_accuracy(d, head, vocab, caches["heldout"], o.max_draft_len, o.batch_size, device, dtype)
             draft.to(torch.float32)
             return {**rep.to_dict(), "teacher_forced_accuracy": [round(x, 4) for x in tf]}
@@ -281,7 +283,6 @@ def _train_draft(o: TrainDraftOptions) -> dict:
         t = time.time()
         after = evaluate("after")
         timings["eval_s"] = round(time.time() - t, 2)
-    runner.close()
 
     report = {
         "schema": 1,

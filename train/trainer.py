@@ -1,6 +1,6 @@
 """EAGLE-3 training-time test (TTT) on the runtime's own draft module, with resumable checkpoints.
 
-The head is ``runtime.eagle3_draft.Eagle3Draft``, i.e. exactly the computation TensorRT-LLM's
+The head is ``core.draft.Eagle3Draft``, i.e. exactly the computation TensorRT-LLM's
 one-model worker runs. ModelOpt's HF EAGLE-3 trainer (``mtsp.convert(model, [("eagle", cfg)])``,
 0.47) is not used: its first draft layer is a transformers ``LlamaDecoderLayer`` whose own
 ``input_layernorm`` runs on the hidden branch *before* the EAGLE-3 pre-hook applies
@@ -14,23 +14,29 @@ Step k feeds the draft's own output of step k-1 from position t-1 (the chain tha
 real features at t-k+1) with the same token embedding and the same label. Its attention sees
 what it would see at inference: step-1 keys up to position t-k+1 (the real context) and, for
 each later step j <= k, the single key of its own chain at position t-(k-j).
+
+Two ways in: ``Trainer`` (``train-draft``: soft labels, the target's distribution recomputed from
+cached hidden states, resumable checkpoints) and ``distill_draft`` (an in-memory engine's draft
+distilled onto its target's greedy replies in seconds, for tests, benchmarks and demos on the
+random tiny pair). Both run the same TTT unroll (``ttt_unroll``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
+from eagle3_trt.atomic import staged_dir
 from eagle3_trt.core.draft import Eagle3Draft
-from eagle3_trt.train.draft_vocab import DraftVocab
+from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
+from eagle3_trt.train.draft_vocab import DraftVocab, build_draft_vocab, count_tokens
 from eagle3_trt.train.hidden_states import HiddenCache
 
 
@@ -170,33 +176,20 @@ class Trainer:
 
     # -- checkpoints (safetensors + json, never pickles) ------------------------------------
     def save(self) -> None:
-        from safetensors.torch import save_file
-
-        tmp = self.ckpt_dir.with_name(self.ckpt_dir.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        save_file({k: v.detach().cpu().contiguous() for k, v in self.draft.state_dict().items()}, str(tmp / "draft.safetensors"))
         opt_t: dict[str, torch.Tensor] = {}
         for name, p in self.params.items():
             st = self.opt.state.get(p)
             if st:
                 for k in ("exp_avg", "exp_avg_sq", "step"):
                     opt_t[f"{name}::{k}"] = torch.as_tensor(st[k]).detach().cpu().contiguous()
-        save_file(opt_t, str(tmp / "optimizer.safetensors"))
         state = {"step": self.step, "run_key": self.run_key, "settings": asdict(self.s), "history": self.history}
-        (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n")
-        old = self.ckpt_dir.with_name(self.ckpt_dir.name + ".old")
-        if self.ckpt_dir.exists():
-            os.replace(self.ckpt_dir, old)
-        os.replace(tmp, self.ckpt_dir)
-        if old.exists():
-            shutil.rmtree(old)
+        with staged_dir(self.ckpt_dir) as tmp:
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.draft.state_dict().items()}, str(tmp / "draft.safetensors"))
+            save_file(opt_t, str(tmp / "optimizer.safetensors"))
+            (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n")
 
     def resume(self) -> bool:
         """Load <ckpt>/ if it belongs to this run (same data, target, settings); True when loaded."""
-        from safetensors.torch import load_file
-
         state_f = self.ckpt_dir / "state.json"
         if not state_f.is_file():
             return False
@@ -259,3 +252,78 @@ def teacher_forced_accuracy(draft: Eagle3Draft, head: TargetHead, vocab: DraftVo
             count[i] += st.count
     draft.train(was)
     return [c / n if n else 0.0 for c, n in zip(correct, count)]
+
+
+def distill_draft(engine: SpeculativeEngine, prompts: list[list[int]], *, steps: int = 300, gen_tokens: int = 48,
+                  unroll: int = 3, lr: float = 3e-3, batch: int = 16, seed: int = 0, remap_vocab: bool = True,
+                  embed_dropout: float = 0.0, hidden_only: bool = False) -> list[float]:
+    """Train ``engine.draft`` in place on ``engine.target``'s greedy continuations of ``prompts``.
+
+    A random (tiny) pair's draft accepts nothing, so every acceptance figure is 0; a few hundred
+    steps of this give a draft that really predicts the target, which tests, benchmarks and
+    demos use to exercise accepted tokens and the alpha tooling with non-zero figures. Not a
+    training recipe for real models (that is ``train-draft``). The TTT unroll is ``ttt_unroll``;
+    labels are the continuation's own (greedy) tokens.
+
+    ``remap_vocab`` points the draft vocabulary at the tokens the continuations use most
+    (``build_draft_vocab``, the stop tokens always kept). ``embed_dropout`` zeroes the
+    token-embedding input of whole positions, which pushes the draft to rely on the target's
+    hidden states; ``hidden_only`` removes the token input altogether (input_layernorm weight
+    fixed at 0), so the draft predicts from the target's aux states and its own hidden state
+    only, as a real draft largely does on a real target. Returns the loss history.
+    """
+    draft, target, dev = engine.draft, engine.target, engine.device
+    res = engine.generate(prompts, SamplingParams(max_tokens=gen_tokens), speculate=False)
+    seqs = [p + r.token_ids for p, r in zip(prompts, res)]
+    if remap_vocab:
+        vocab = build_draft_vocab(count_tokens(r.token_ids for r in res), target.vocab_size,
+                                  draft.config.draft_vocab_size, engine.eos_token_ids)
+        with torch.no_grad():
+            draft.d2t.copy_(vocab.d2t().to(draft.d2t.device))
+        engine.refresh_draft_vocab()
+    t2d = DraftVocab.from_d2t(draft.d2t.cpu(), target.vocab_size).target_to_draft().to(dev)
+
+    N = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), N), engine.pad_token_id, dtype=torch.long)
+    lens = torch.tensor([len(s) for s in seqs])
+    for b, s in enumerate(seqs):
+        ids[b, : len(s)] = torch.tensor(s)
+    aux, _ = target.teacher_forced(ids)
+    ids, S = ids.to(dev), N - 1
+    aux = aux[:, :S]
+    # TTT position t (state of position t, token t+1) predicts token t+2 at every step
+    labels = torch.full((len(seqs), S), -100, dtype=torch.long, device=dev)
+    labels[:, : S - 1] = t2d[ids[:, 2:]]
+    labels[labels < 0] = -100  # outside the draft vocabulary
+    labels[(torch.arange(S, device=dev)[None] + 2) >= lens.to(dev)[:, None]] = -100
+    embeds = engine.draft_embedding(ids[:, 1:]).detach()  # the embedding is the target's, frozen
+
+    g = torch.Generator().manual_seed(seed)
+    was_training = draft.training
+    draft.train()
+    if hidden_only:
+        with torch.no_grad():
+            draft.midlayer.input_layernorm.weight.zero_()
+    params = [p for n, p in draft.named_parameters() if not (hidden_only and n == "midlayer.input_layernorm.weight")]
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    hist = []
+    for _ in range(steps):
+        idx = torch.randperm(len(seqs), generator=g)[:batch]
+        e = embeds[idx]
+        if embed_dropout > 0:
+            keep = (torch.rand(e.shape[:-1], generator=g) >= embed_dropout).to(e.device, e.dtype)
+            e = e * keep[..., None]
+        outs = ttt_unroll(draft, e, aux[idx], unroll)
+        loss = sum(F.cross_entropy(o[:, k:].float().flatten(0, 1), labels[idx][:, k:].flatten(), ignore_index=-100)
+                   * (0.8 ** k) for k, o in enumerate(outs))  # step k+1 starts its chain at position k
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        hist.append(float(loss.detach()))
+    for p in params:
+        p.requires_grad_(False)
+    draft.train(was_training)
+    draft.eval()
+    return hist

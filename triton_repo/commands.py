@@ -9,6 +9,8 @@ from pathlib import Path
 import click
 
 from eagle3_trt.triton_repo.interface import DEFAULT_MODEL_NAME
+from eagle3_trt.triton_repo.package import package_bundle
+from eagle3_trt.triton_repo.server import start_server, stop_recorded, stop_server
 
 
 @click.command("package")
@@ -27,8 +29,6 @@ from eagle3_trt.triton_repo.interface import DEFAULT_MODEL_NAME
 def package_cmd(bundle: Path, out: Path, model_name: str, runtime: str, device: str, torch_threads: int | None, instance_count: int,
                 default_max_tokens: int, with_baseline: bool, bundle_path: str | None, force: bool) -> None:
     """Write a Triton model repository (decoupled Python-backend model, llmapi tensor interface) for BUNDLE."""
-    from eagle3_trt.triton_repo.package import package_bundle
-
     models = package_bundle(
         bundle, out, model_name=model_name, runtime=runtime, device=device, torch_threads=torch_threads, instance_count=instance_count,
         default_max_tokens=default_max_tokens, with_baseline=with_baseline, bundle_path=bundle_path, force=force,
@@ -52,8 +52,6 @@ def package_cmd(bundle: Path, out: Path, model_name: str, runtime: str, device: 
 def serve_cmd(repo: Path, http_port: int, grpc_port: int, metrics_port: int, state_dir: Path, timeout_s: float,
               log_verbose: int, foreground: bool) -> None:
     """Start tritonserver on 127.0.0.1 with REPO, wait until it is ready, print the URLs."""
-    from eagle3_trt.triton_repo.server import start_server, stop_server
-
     t0 = time.monotonic()
     click.echo(f"starting tritonserver with {repo} (model load can take a while; log: {state_dir}/tritonserver.log)", err=True)
     h = start_server(repo, state_dir=state_dir, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
@@ -82,7 +80,5 @@ def serve_cmd(repo: Path, http_port: int, grpc_port: int, metrics_port: int, sta
 @click.option("--timeout", "timeout_s", default=30.0, show_default=True, help="seconds before the server is killed")
 def stop_cmd(state_dir: Path, timeout_s: float) -> None:
     """Stop the server started by `eagle3-trt serve` (recorded in STATE_DIR/server.json)."""
-    from eagle3_trt.triton_repo.server import stop_recorded
-
     h = stop_recorded(state_dir, timeout_s)
     click.echo(f"stopped tritonserver (pid {h.pid})" if h else "no server running")

@@ -1,9 +1,11 @@
 """The model's tensor interface: TensorRT-LLM's Triton ``llmapi`` model plus a few extras.
 
 This table is what a generated (or hand-edited) ``config.pbtxt`` is checked against, and
-what the model reads. Names and types follow upstream's llmapi ``config.pbtxt`` (FACTS §3)
-so that clients written for that model work unchanged; the extras are optional inputs
-upstream clients never send and outputs they never ask for.
+what the model reads. Names and types follow upstream's llmapi ``config.pbtxt``
+(NVIDIA/TensorRT-LLM ``triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt``, listed in
+triton-inference-server/tensorrtllm_backend ``docs/llmapi.md``) so that clients written for that
+model work unchanged; the extras are optional inputs upstream clients never send and outputs
+they never ask for.
 """
 
 from __future__ import annotations

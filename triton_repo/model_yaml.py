@@ -6,7 +6,6 @@ rejected so that a typo fails the model load with the key named instead of being
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -14,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from eagle3_trt.build.bundle import Bundle, open_bundle
 from eagle3_trt.errors import UserError
 
 MODEL_YAML = "model.yaml"
@@ -69,27 +69,14 @@ class BundleInfo:
     max_seq_len: int
     max_draft_len: int
     preset: str
-    manifest: dict
+    bundle: Bundle
 
 
-def read_bundle(path: Path, need_trtllm_options: bool = False) -> BundleInfo:
-    """Minimal checks of an engine bundle: the files serving reads must be there."""
-    path = Path(path)
-    if not path.is_dir():
-        raise UserError(path, "bundle directory not found", "build one with `eagle3-trt engine`")
-    mpath = path / "manifest.json"
-    try:
-        manifest = json.loads(mpath.read_text())
-    except FileNotFoundError:
-        raise UserError(mpath, "missing: not an engine bundle", "build one with `eagle3-trt engine`") from None
-    except json.JSONDecodeError as e:
-        raise UserError(mpath, f"not valid JSON: {e}") from None
-    for key in ("max_seq_len", "max_draft_len"):
-        if not isinstance(manifest.get(key), int) or manifest[key] <= 0:
-            raise UserError(mpath, f"'{key}' missing or not a positive integer")
-    for sub in ("target", "draft", "tokenizer"):
-        if not (path / sub).is_dir():
-            raise UserError(path / sub, "missing from the bundle", "rebuild the bundle with `eagle3-trt engine`")
-    if need_trtllm_options and not (path / "llm_api_options.yaml").is_file():
-        raise UserError(path / "llm_api_options.yaml", "missing; the trtllm runtime builds LLM() from it")
-    return BundleInfo(path, int(manifest["max_seq_len"]), int(manifest["max_draft_len"]), str(manifest.get("preset", "")), manifest)
+def read_bundle(path: Path) -> BundleInfo:
+    """The bundle (opened through build/bundle.open_bundle: manifest and llm_api_options.yaml
+    validated, which both runtimes need) and the directories serving reads."""
+    b = open_bundle(Path(path))
+    for d in (b.target_dir, b.draft_dir, b.tokenizer_dir):
+        if not d.is_dir():
+            raise UserError(d, "missing from the bundle", "rebuild the bundle with `eagle3-trt engine`")
+    return BundleInfo(b.path, b.max_seq_len, b.k, b.manifest.preset, b)

@@ -71,7 +71,7 @@ def package_bundle(
         raise UserError("--name", f"'{model_name}' is not a valid Triton model name", "letters, digits, _ . - (max 64)")
     if instance_count < 1:
         raise UserError("--instances", "must be >= 1")
-    read_bundle(bundle, need_trtllm_options=(runtime == "trtllm"))
+    read_bundle(bundle)
     if out.exists() and not force:
         raise UserError(out, "already exists", "pass --force to replace it")
     if out.exists() and not _looks_like_repository(out):
@@ -127,5 +127,5 @@ def check_repository(repo: Path, check_bundle: bool = True) -> list[str]:
         if cfg.parameters["eagle3_runtime"].string_value != my.runtime:
             raise UserError(cfg_path, "parameters['eagle3_runtime'] differs from model.yaml 'runtime'", "regenerate with `eagle3-trt package`")
         if check_bundle:
-            read_bundle(resolve_bundle(my, my_path), need_trtllm_options=(my.runtime == "trtllm"))
+            read_bundle(resolve_bundle(my, my_path))
     return names

@@ -53,8 +53,8 @@ def render_config(model_name: str, bundle_dir: str, runtime: str, instance_count
 def parse_config_text(text: str, where: str = "config.pbtxt"):
     """Parse into ``tritonclient.grpc.model_config_pb2.ModelConfig`` (raises UserError)."""
     try:
-        from google.protobuf import text_format
-        from tritonclient.grpc import model_config_pb2
+        from google.protobuf import text_format  # local: comes with tritonclient, the optional [triton] extra
+        from tritonclient.grpc import model_config_pb2  # optional [triton] extra, see above
     except ImportError as e:
         raise UserError(where, f"cannot validate a Triton model config without tritonclient ({e})",
                         "pip install 'eagle3-trt[triton]' (or tritonclient[grpc])") from None
@@ -72,7 +72,7 @@ def parse_config_text(text: str, where: str = "config.pbtxt"):
 
 
 def _type_name(value: int) -> str:
-    from tritonclient.grpc import model_config_pb2
+    from tritonclient.grpc import model_config_pb2  # local: the optional [triton] extra (checked in parse_config_text)
 
     return model_config_pb2.DataType.Name(value)
 
@@ -104,7 +104,7 @@ def _check_tensors(where: str, kind: str, actual, expected: tuple[TensorSpec, ..
 
 def validate_config(cfg, where: str = "config.pbtxt", expected_name: str | None = None) -> None:
     """Check a parsed ModelConfig against what the model needs; one UserError listing every problem."""
-    from tritonclient.grpc import model_config_pb2
+    from tritonclient.grpc import model_config_pb2  # local: the optional [triton] extra (checked in parse_config_text)
 
     problems: list[str] = []
     if expected_name is not None and cfg.name != expected_name:

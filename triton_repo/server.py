@@ -6,7 +6,8 @@ Where the server comes from:
     Python backend and per-Python-version backend stubs. The stub is copied into a backend
     directory we own, and ``LD_LIBRARY_PATH`` gets the wheel's ``.libs`` folder and this
     Python's own libdir (otherwise the stub loads the system libpython against our standard
-    library and fails; FACTS §8).
+    library and fails with "'_thread.RLock' object has no attribute '_recursion_count'": seen
+    with nvidia-pytriton 0.7.0 / tritonserver 2.51.0, system Python 3.11.2 vs pyenv 3.11.7).
 
 The server runs in its own session (process group), logs to a file, and leaves a
 ``server.json`` in the state directory so ``eagle3-trt stop`` can find it.
@@ -30,6 +31,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from eagle3_trt.atomic import FILE_MODE, make_dirs, staged_dir, write_json
 from eagle3_trt.errors import UserError
 from eagle3_trt.triton_repo.package import check_repository, package_import_root
 
@@ -78,11 +80,9 @@ def prepare_backend_dir(install: TritonInstall, state_dir: Path) -> Path | None:
     if install.kind != "pytriton":
         return None
     bdir = state_dir / "backends"
-    pdir = bdir / "python"
-    if pdir.exists():
-        shutil.rmtree(pdir)
-    shutil.copytree(install.backend_src, pdir, ignore=shutil.ignore_patterns("__pycache__"))  # type: ignore[arg-type]
-    shutil.copy2(install.stub, pdir / "triton_python_backend_stub")  # type: ignore[arg-type]
+    with staged_dir(bdir / "python") as pdir:
+        shutil.copytree(install.backend_src, pdir, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)  # type: ignore[arg-type]
+        shutil.copy2(install.stub, pdir / "triton_python_backend_stub")  # type: ignore[arg-type]
     return bdir
 
 
@@ -171,10 +171,7 @@ class ServerHandle:
         return f"http://{HOST}:{self.metrics_port}/metrics"
 
     def save(self) -> None:
-        path = Path(self.state_dir) / STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(path)
+        write_json(Path(self.state_dir) / STATE_FILE, asdict(self))
 
     @classmethod
     def load(cls, state_dir: Path) -> ServerHandle:
@@ -238,7 +235,7 @@ def start_server(
     repo = Path(repo).resolve()
     state_dir = Path(state_dir).resolve()
     models = check_repository(repo) if validate else []
-    state_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(state_dir)
     try:
         prev = ServerHandle.load(state_dir)
         if prev.alive():
@@ -276,9 +273,13 @@ def start_server(
         cmd.append(f"--backend-directory={backend_dir}")
     env = server_env(install)
     with open(log_file, "wb") as log:
+        os.chmod(log_file, FILE_MODE)
         log.write((" ".join(cmd) + "\n").encode())
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        # umask 022: the Python backend writes __pycache__ into the repository's model directories and
+        # the backend directory; under a umask of 077 those would be 0700, unreadable to other users.
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                umask=0o022)
     handle = ServerHandle(proc.pid, str(repo), http_port, grpc_port, metrics_port, str(log_file), str(state_dir), models, time.time())
     handle.save()
 

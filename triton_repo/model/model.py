@@ -2,8 +2,8 @@
 #
 # Tensor interface: TensorRT-LLM's Triton llmapi model (see config.pbtxt). model.yaml next to
 # this file selects the runtime (reference | trtllm) and the bundle. The work is done by
-# eagle3_trt.triton_repo.serving; this file is the Triton glue: requests in, responses and
-# Prometheus metrics out.
+# eagle3_trt.triton_repo.job (the request life cycle) and reference_serving / trtllm_serving (the
+# runtimes); this file is the Triton glue: requests in, responses and Prometheus metrics out.
 
 # The Python backend's embedded interpreter starts in the C (ASCII) locale whatever LANG says;
 # torch/transformers imports then fail on non-ASCII source files. Must run before any import.
@@ -243,10 +243,14 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"{yaml_path}: missing or not a mapping; regenerate with `eagle3-trt package`")
         _adopt_path(raw.get("python_path") or [])
 
+        # eagle3_trt is importable only now that model.yaml's python_path is on sys.path (the stub
+        # runs Python isolated, PYTHONPATH ignored). The runtime's module is imported below, once
+        # chosen: a trtllm model does not load the reference engine, a reference model not the
+        # TensorRT-LLM adapter.
         from eagle3_trt.errors import UserError
+        from eagle3_trt.triton_repo.job import Emission
         from eagle3_trt.triton_repo.model_yaml import load_model_yaml, resolve_bundle
         from eagle3_trt.triton_repo.request_params import RequestError, parse_request
-        from eagle3_trt.triton_repo.serving import Emission
 
         self._Emission = Emission
         self._RequestError = RequestError
@@ -271,11 +275,11 @@ class TritonPythonModel:
         )
         t0 = time.monotonic()
         if cfg.runtime == "reference":
-            from eagle3_trt.triton_repo.serving import ReferenceServing
+            from eagle3_trt.triton_repo.reference_serving import ReferenceServing
 
             self.serving = ReferenceServing(bundle, device=cfg.device, torch_threads=cfg.torch_threads, **common)
         else:
-            from eagle3_trt.triton_repo.serving import TrtllmServing
+            from eagle3_trt.triton_repo.trtllm_serving import TrtllmServing
 
             self.serving = TrtllmServing(bundle, overrides=cfg.llm_api_overrides, **common)
         self.metrics = _Metrics(self.model_name, self.serving.max_draft_len if cfg.speculation else 0)

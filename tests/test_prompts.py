@@ -1,0 +1,83 @@
+"""The one prompt loader (convert/prompts.py): every accepted layout, and a file:line UserError for each bad line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3_trt.convert.prompts import SHIPPED_PROMPTS, PromptRecord, load_prompt_records, load_prompts
+from eagle3_trt.errors import UserError
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def _jsonl(tmp_path: Path, *rows, name: str = "p.jsonl") -> Path:
+    f = tmp_path / name
+    f.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return f
+
+
+def test_every_jsonl_layout(tmp_path):
+    f = _jsonl(tmp_path,
+               {"question_id": 81, "category": "writing", "turns": ["one", "two"]},
+               "",
+               {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "three"},
+                             {"role": "assistant", "content": "reply"}, {"role": "user", "content": "four"}]},
+               {"prompt": "five", "text": "not this"},
+               {"id": "x", "text": "six"})
+    recs = load_prompt_records(f)
+    assert recs == [PromptRecord("81", "writing", ("one", "two")),
+                    PromptRecord("3", "all", ("three", "four")),  # no id: the line number
+                    PromptRecord("4", "all", ("five",)),
+                    PromptRecord("x", "all", ("six",))]
+    assert load_prompts(f) == ["one", "three", "five", "six"]
+    assert load_prompts(f, 2) == ["one", "three"]
+
+
+def test_plain_text_keeps_each_line_as_written(tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text('first prompt \n\n{"turns": ["not parsed"]}\n')
+    assert load_prompts(f) == ["first prompt ", '{"turns": ["not parsed"]}']
+
+
+@pytest.mark.parametrize("line, what", [
+    ("plain words", "not valid JSON"),
+    ('["a list"]', "expected a JSON object, got list"),
+    ('{"category": "x"}', 'no "turns", "messages", "prompt" or "text"'),
+    ('{"turns": []}', '"turns" is not a non-empty list'),
+    ('{"turns": ["ok", "  "]}', '"turns" is not a non-empty list'),
+    ('{"turns": "a string"}', '"turns" is not a non-empty list'),
+    ('{"messages": [{"role": "user"}]}', '"messages" is not a list of {role: str, content: str}'),
+    ('{"messages": [{"role": "assistant", "content": "only a reply"}]}', "no non-empty user message"),
+    ('{"prompt": 3}', '"prompt" is not a non-empty string'),
+    ('{"text": ""}', '"text" is not a non-empty string'),
+])
+def test_bad_line_names_file_and_line(tmp_path, line, what):
+    f = _jsonl(tmp_path, {"turns": ["fine"]}, line)
+    with pytest.raises(UserError) as e:
+        load_prompt_records(f)
+    msg = str(e.value)
+    assert f"{f}:2" in msg and what in msg and "\n" not in msg
+
+
+def test_file_level_errors(tmp_path):
+    with pytest.raises(UserError, match="prompt file not found.*--calib"):
+        load_prompts(tmp_path / "missing.jsonl", option="--calib")
+    empty = _jsonl(tmp_path, "", "  ")
+    with pytest.raises(UserError, match="no prompts in the file"):
+        load_prompts(empty)
+    with pytest.raises(UserError, match="asks for 0 prompts"):
+        load_prompts(_jsonl(tmp_path, {"text": "a"}), 0)
+    latin1 = tmp_path / "l.txt"
+    latin1.write_bytes("caf\xe9\n".encode("latin-1"))
+    with pytest.raises(UserError, match="not UTF-8"):
+        load_prompts(latin1)
+
+
+def test_shipped_set_is_mt_bench_layout():
+    recs = load_prompt_records(SHIPPED_PROMPTS)
+    assert len(recs) >= 16 and len({r.category for r in recs}) > 1
+    if (SHARED / "data" / "mt_bench.jsonl").is_file():
+        assert len(load_prompts(SHARED / "data" / "mt_bench.jsonl")) == 80
