@@ -5,12 +5,19 @@
 #               library generation (transformers 4.57.3, ModelOpt 0.37)
 #   make serve  [BUNDLE=engines/tiny-fp8-h100] [REPO=repos/eagle3] [RUNTIME=reference|trtllm]
 #               [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002]: Triton on 127.0.0.1; make stop
+#   make serve-dynamo [BUNDLE=dir] [WORKERS=2] [DYNAMO_PORT=8080]: NVIDIA Dynamo (OpenAI API); make status-dynamo, make stop
 #   make bench-serving [PROMPTS=file] [CONCURRENCY=1,4,16,64]: rollout benchmark against the server
+#   make bench-aiperf  [BUNDLE=dir]: eagle3-trt bench vs NVIDIA AIPerf (own server, C=1,8), side by side
+#   make bench-overhead [BUNDLE=dir] [ROUNDS=5]: ITL through Triton vs the runtime called directly
 PY      ?= python3
 VENV    ?= .venv
 MODEL   ?= tiny
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.eagle3-trt-installed
+# NVIDIA Dynamo (optional extra [dynamo]; make test and make serve-dynamo install it). ai-dynamo goes in with
+# --no-deps: on Python >= 3.11 it requires aisimulate, a stub that downloads from an unreachable host.
+DYNAMO_STAMP := $(VENV)/.eagle3-trt-dynamo
+DYNAMO_VERSION ?= 1.6.1
 TORCH_CPU_VERSION ?= 2.13.0
 
 ENGINE_ARGS := --model $(MODEL) \
@@ -22,7 +29,7 @@ ENGINE_ARGS := --model $(MODEL) \
 
 .PHONY: setup engine test bench clean help
 help:
-	@sed -n '1,9p' Makefile
+	@sed -n '1,12p' Makefile
 
 setup: $(STAMP)
 
@@ -50,7 +57,7 @@ $(STAMP): pyproject.toml Makefile
 engine: $(STAMP)
 	$(BIN)/eagle3-trt engine $(ENGINE_ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(DYNAMO_STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)
@@ -112,7 +119,45 @@ serve: $(STAMP)
 	$(BIN)/eagle3-trt serve $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 stop: $(STAMP)
-	$(BIN)/eagle3-trt stop
+	@rc=0; $(BIN)/eagle3-trt stop || rc=$$?; $(BIN)/eagle3-trt stop-dynamo || rc=$$?; exit $$rc
 
 bench-serving: $(STAMP)
 	$(BIN)/eagle3-trt bench --prompts $(PROMPTS) --concurrency $(CONCURRENCY)
+
+# --- NVIDIA Dynamo: OpenAI frontend + WORKERS reference-runtime workers on 127.0.0.1 (file discovery) ---
+WORKERS     ?= 2
+DYNAMO_PORT ?= 8080
+.PHONY: serve-dynamo status-dynamo
+$(DYNAMO_STAMP): $(STAMP)
+	@echo "setup: installing NVIDIA Dynamo $(DYNAMO_VERSION) (the [dynamo] extra, then ai-dynamo --no-deps)"
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[triton,test,dynamo]'
+	$(BIN)/pip install -q --no-deps 'ai-dynamo==$(DYNAMO_VERSION)'
+	touch $(DYNAMO_STAMP)
+
+serve-dynamo: $(DYNAMO_STAMP)
+	@if [ ! -f "$(BUNDLE)/manifest.json" ] && [ "$(BUNDLE)" = "$(TINY_BUNDLE)" ]; then \
+	  $(BIN)/eagle3-trt engine --model tiny -o $(BUNDLE); \
+	fi
+	$(BIN)/eagle3-trt serve-dynamo $(BUNDLE) --workers $(WORKERS) --http-port $(DYNAMO_PORT) \
+	  $(if $(TORCH_THREADS),--torch-threads $(TORCH_THREADS))
+
+status-dynamo: $(STAMP)
+	$(BIN)/eagle3-trt status-dynamo
+
+# --- Cross-checks (slow, not part of make test) ---
+# AIPerf pins its own rich/pillow/psutil, so it lives in its own environment (also: pip install 'eagle3-trt[bench]').
+AIPERF_VENV ?= .venv-aiperf
+AIPERF_SPEC ?= aiperf==0.13.0
+ROUNDS      ?= 5
+BENCH_BUNDLE_ARG = $(if $(filter-out $(TINY_BUNDLE),$(BUNDLE)),--bundle $(BUNDLE))
+
+.PHONY: bench-aiperf bench-overhead
+$(AIPERF_VENV)/bin/aiperf:
+	$(PY) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/pip install -q '$(AIPERF_SPEC)'
+
+bench-aiperf: $(STAMP) $(AIPERF_VENV)/bin/aiperf
+	$(BIN)/python benchmarks/compare_aiperf.py --aiperf $(AIPERF_VENV)/bin/aiperf --concurrency 1,8 --rounds 2 $(BENCH_BUNDLE_ARG)
+
+bench-overhead: $(STAMP)
+	$(BIN)/python benchmarks/bench_serving_overhead.py --rounds $(ROUNDS) $(BENCH_BUNDLE_ARG)

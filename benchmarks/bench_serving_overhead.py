@@ -5,16 +5,23 @@ Builds the tiny FP8 bundle (or takes --bundle), packages it, starts a real trito
 127.0.0.1 with free ports, then for every prompt and round runs the engine directly in this
 process and the same request through Triton, alternating so that drift on a shared machine
 hits both sides alike. ITL per token = (time of last token - time of first token) / (tokens - 1),
-from the client's clock for Triton and from the engine's yields for the direct run; the
-figures are the median over requests and the best request. Goal from the issue: <= 5 % added ITL at batch 1.
+from the client's clock for Triton and from the engine's yields for the direct run.
 
-    .venv/bin/python benchmarks/bench_serving_overhead.py [--bundle DIR] [--rounds 3] [--max-tokens 48] [--json]
+A round is every prompt once each way (direct, then Triton, request by request). The headline
+is the median over rounds of each round's overhead (median Triton ITL / median direct ITL - 1),
+with the spread over rounds (min, max); at least 5 rounds. Also printed: the median over all
+requests, the best request, the whole request per token, and the delivery delay. Goal from the
+issue: <= 5 % added ITL at batch 1. On a shared machine (2 cores here, other work running) the
+spread over rounds says whether 5 % is resolvable at all.
+
+    .venv/bin/python benchmarks/bench_serving_overhead.py [--bundle DIR] [--rounds 5] [--max-tokens 48] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -92,12 +99,14 @@ def itl(times: list[float], counts: list[int]) -> float | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", type=Path, default=None)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (at least 5)")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--speculate", choices=["on", "off", "both"], default="both")
     ap.add_argument("--threads", type=int, default=1, help="torch threads on both sides (1 is far less noisy on a shared CPU)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.rounds < 5:
+        ap.error("--rounds must be at least 5 (the headline is the median over rounds)")
 
     from eagle3_trt.clients.chat import PromptFormatter
     from eagle3_trt.clients.llm_client import GenerationParams, LLMClient
@@ -128,7 +137,9 @@ def main() -> int:
             via_triton(texts[0], 4, spec)
         for spec in modes:
             d_itl, t_itl, d_lpt, t_lpt, delivery, mismatches = [], [], [], [], [], 0
+            round_pct = []
             for _ in range(args.rounds):
+                start = len(d_itl)
                 for text in texts:
                     t0, times, counts = direct.run(text, args.max_tokens, spec)
                     r = via_triton(text, args.max_tokens, spec)
@@ -144,9 +155,14 @@ def main() -> int:
                     if a is not None and b is not None:
                         d_itl.append(a)
                         t_itl.append(b)
+                if len(d_itl) > start:
+                    round_pct.append((statistics.median(t_itl[start:]) / statistics.median(d_itl[start:]) - 1) * 100)
             dm, tm = statistics.median(d_itl), statistics.median(t_itl)
             rows.append({
                 "speculation": spec, "requests": len(d_itl), "max_tokens": args.max_tokens,
+                "round_overhead_pct": round_pct, "rounds_median_overhead_pct": statistics.median(round_pct),
+                "rounds_min_overhead_pct": min(round_pct), "rounds_max_overhead_pct": max(round_pct),
+                "meets_goal": statistics.median(round_pct) <= 5.0,
                 "direct_itl_ms": dm * 1e3, "triton_itl_ms": tm * 1e3, "added_itl_ms": (tm - dm) * 1e3,
                 "overhead_pct": (tm / dm - 1) * 100,
                 "delivery_ms_median": statistics.median(delivery) * 1e3 if delivery else None,
@@ -164,12 +180,18 @@ def main() -> int:
         direct.close()
     finally:
         stop_server(server)
-    result = {"bundle": str(bundle), "torch_threads": args.threads, "server_load_s": round(load_s, 1), "goal_overhead_pct": 5.0, "rows": rows}
+    result = {"bundle": str(bundle), "torch_threads": args.threads, "cpu_count": os.cpu_count(), "load_average": os.getloadavg(), "server_load_s": round(load_s, 1), "goal_overhead_pct": 5.0, "rows": rows}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(f"bundle {bundle}; server ready in {load_s:.1f} s; {args.rounds} rounds x {len(PROMPTS)} prompts, "
               f"max_tokens {args.max_tokens}, batch 1, greedy, {args.threads} torch thread(s) on both sides")
+        print(f"HEADLINE: overhead = median over {args.rounds} alternating rounds of (median Triton ITL / median direct ITL - 1); spread min..max")
+        for r in rows:
+            print(f"{'on' if r['speculation'] else 'off':>11} {r['rounds_median_overhead_pct']:+.1f}% "
+                  f"(rounds: {', '.join(f'{x:+.1f}' for x in r['round_overhead_pct'])}; min {r['rounds_min_overhead_pct']:+.1f}%, "
+                  f"max {r['rounds_max_overhead_pct']:+.1f}%) -> {'meets' if r['meets_goal'] else 'misses'} the 5 % goal")
+        print(f"machine: {os.cpu_count()} cores, load average {', '.join(f'{x:.1f}' for x in os.getloadavg())} at the end (other work shares it)")
         print("median over requests (and best request, the least disturbed by other load on the machine)")
         print(f"{'speculation':>11} {'direct ITL':>11} {'Triton ITL':>11} {'added':>9} {'overhead':>9} {'paired':>8} {'best: direct':>13} {'Triton':>8} {'overhead':>9}")
         for r in rows:

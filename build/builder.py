@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from eagle3_trt import __version__
-from eagle3_trt.atomic import staged_dir, write_json
+from eagle3_trt.atomic import remove_stale_staging, staged_dir, write_json
 from eagle3_trt.build import bundle as fmt
 from eagle3_trt.build import gpus
 from eagle3_trt.build.llm_options import CudaGraphOptions, Eagle3Options, KvCacheOptions, LlmApiOptions
@@ -35,11 +35,11 @@ from eagle3_trt.build.planner import make_plan as plan_deployment
 from eagle3_trt.build.presets import Preset, resolve_source
 from eagle3_trt.convert import export, quantize
 from eagle3_trt.convert.checkpoint_io import read_json, sha256_file
-from eagle3_trt.convert.draft_format import load_draft
+from eagle3_trt.convert.draft_format import for_max_seq_len, load_draft
 from eagle3_trt.convert.embedded import embedded_pair, heldout_prompts
 from eagle3_trt.convert.prompts import load_prompts
 from eagle3_trt.convert.target import read_target
-from eagle3_trt.convert.validate import ValidationReport, validate_pair
+from eagle3_trt.convert.validate import ValidationReport, check_target_tokenizer, validate_pair
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 from eagle3_trt.errors import UserError
@@ -183,6 +183,8 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
         if draft_quant == "bf16":
             raise UserError("--quantize-draft", "the target format is bf16, nothing to quantize the draft to", "pass --draft-quant fp8|nvfp4")
         gpus.check_quant_for_gpu(draft_quant, gpu, "--draft-quant")
+    if req.max_draft_len is not None and not 1 <= req.max_draft_len <= 16:  # 0 would silently mean the preset's K
+        raise UserError("--max-draft-len", f"{req.max_draft_len}", "draft lengths are 1..16")
     k = req.max_draft_len or preset.max_draft_len
     calib_file = Path(req.calib_file) if req.calib_file else quantize.DEFAULT_CALIB_FILE
     n_calib = req.calib_samples or preset.calibration.num_samples
@@ -192,6 +194,8 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
     s = time.perf_counter()
     target_dir, draft_dir = resolve_pair(req)
     target = read_target(target_dir)
+    quantize.calibration_prompts(calib_file, n_calib, calib_len, target, "--calib-max-length" if req.calib_max_length
+                                 else f"preset {preset.name} calibration.max_length")  # before any weight is loaded
     plan = make_plan(req, target_dir, draft_dir, gpu, quant, kv, k)
     draft = None
     if req.dry_run:
@@ -199,6 +203,7 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
     else:
         draft = load_draft(draft_dir)
         report = validate_pair(target, draft, preset.max_seq_len)
+        draft = for_max_seq_len(draft, preset.max_seq_len)  # the draft's rope table covers the bundle's contexts
     timings["validate_s"] = time.perf_counter() - s
     for w in report.warnings:
         log(f"warning: {w}")
@@ -216,6 +221,9 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
     })
     reason = cache_miss_reason(dest, inputs_fp, req.force)
     if reason is None:
+        # a cache hit writes nothing, so staged_dir's clean-up never runs: a build SIGKILLed
+        # earlier (say a --force rebuild) would leave its staging directory beside the bundle for good
+        remove_stale_staging(dest)
         return BuildResult(dest, True, fmt.open_bundle(dest), report.warnings)
     if dest.exists():
         log(f"rebuilding {dest}: {reason}")
@@ -287,6 +295,8 @@ def measure_embedded_acceptance(bundle: Path, pair_dir: Path, k: int, aux: tuple
 def _validate_config_only(target, draft_dir: Path, max_seq_len: int) -> ValidationReport:
     """Config-level checks for DRY_RUN builds (no weights): vocab, hidden sizes, aux ids, rope."""
     rep = ValidationReport()
+    if (Path(target.path) / "tokenizer.json").is_file():  # config-only presets (build/model_configs) ship none
+        check_target_tokenizer(target, rep)
     cfg_path = draft_dir / "config.json"
     cfg = read_json(cfg_path)
     if cfg.get("vocab_size") != target.vocab_size:

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from eagle3_trt import SOURCE_ROOT, __version__
 from eagle3_trt.atomic import EXEC_MODE, FILE_MODE, staged_dir, write_json, write_text
 from eagle3_trt.build.llm_options import LlmApiOptions, validate_options
+from eagle3_trt.build.dynamo_launch import dynamo_launch_files
 from eagle3_trt.build.other_engines import LAUNCH_DIR, launcher_files
 from eagle3_trt.convert.checkpoint_io import read_json, sha256_file
 from eagle3_trt.convert.target import default_aux_layers
@@ -158,7 +159,7 @@ class Manifest(_Strict):
     calibration: Calibration
     validation: Validation
     versions: dict[str, str | None]
-    git_sha: str | None
+    git_sha: str | None = None  # None outside a git checkout (a wheel install); to_json then leaves it out
     timings: dict[str, float]
     acceptance: Acceptance | None = None
     recommendation: Recommendation | None = None
@@ -396,7 +397,10 @@ def write_manifest(bundle_dir: Path, man: Manifest) -> Path:
 
 def write_launchers(bundle_dir: Path, opts: LlmApiOptions, quant: Quant) -> Path:
     """Render launch/ from the options and formats (replacing any previous one atomically)."""
-    files = launcher_files(opts, target_format=quant.target, draft_format=quant.draft)
+    draft_cfg = Path(bundle_dir) / opts.speculative_config.speculative_model / "config.json"
+    draft_positions = read_json(draft_cfg).get("max_position_embeddings") if draft_cfg.is_file() else None
+    files = {**launcher_files(opts, target_format=quant.target, draft_format=quant.draft, draft_max_positions=draft_positions),
+             **dynamo_launch_files(opts)}
     with staged_dir(Path(bundle_dir) / LAUNCH_DIR) as tmp:
         for name, text in files.items():
             write_text(tmp / name, text, EXEC_MODE if name.endswith(".sh") else FILE_MODE)

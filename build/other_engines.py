@@ -15,21 +15,50 @@ Sources of the option names:
   speculative-decoding docs (``--speculative-algorithm EAGLE3``, ``--speculative-draft-model-path``,
   ``--speculative-num-steps``, ``--speculative-eagle-topk``, ``--speculative-num-draft-tokens``).
 - trtllm-serve: ``tensorrt_llm/commands/serve.py`` (``--extra_llm_api_options`` YAML).
+
+Paths. Every script passes absolute paths, found at launch from the script's own location. For
+trtllm-serve that matters beyond convenience: under ``trtllm-llmapi-launch`` (several nodes) only
+rank 0 runs the command; the other ranks run ``python3 -m tensorrt_llm.llmapi.mgmn_worker_node``
+in their own working directory and load the model from the arguments rank 0 sends them, so a
+path relative to the bundle would not resolve there (NVIDIA/TensorRT-LLM
+tensorrt_llm/llmapi/trtllm-llmapi-launch at 020c89e6). The script therefore writes the options
+file with absolute paths to a temporary file at each launch. That launcher also runs its command
+unquoted (``$task_with_command``), so the path to the script must not contain spaces there.
+
+Releases. ``launch/trtllm-serve.yaml`` is for TensorRT-LLM 1.3 and newer and
+``launch/trtllm-serve-1.2.yaml`` for 1.2.x (``build/trtllm_versions.py`` has the table and its
+sources); the script picks one from the installed version (``TRTLLM_VERSION`` overrides).
+
+Context length. vLLM and SGLang run the draft with its own ``max_position_embeddings``: vLLM
+hits a device-side assert past it when ``--max-model-len`` is larger (vllm-project/vllm issue
+#48894), and SGLang refuses a longer ``--context-length`` unless
+SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN is set (sgl-project/sglang PR #9388; PR #10787 raises
+the draft's limit to the target's in newer releases). Their scripts pass the smaller of the
+bundle's max_seq_len and the draft's max_position_embeddings.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
 import yaml
 
 from eagle3_trt.build import trtllm_adapter as adapter
+from eagle3_trt.build import trtllm_versions as versions
 from eagle3_trt.build.llm_options import LlmApiOptions
 from eagle3_trt.errors import UserError
 
 LAUNCH_DIR = "launch"
 TRTLLM_SERVE_YAML = "trtllm-serve.yaml"
+# One options file per release band (build/trtllm_versions.LAUNCH_BANDS); the last is the default.
+TRTLLM_SERVE_YAMLS = {band: (TRTLLM_SERVE_YAML if band == "current" else f"trtllm-serve-{band}.yaml")
+                      for band, _, _ in versions.LAUNCH_BANDS}
+# Options-file keys holding bundle-relative paths, as yaml.safe_dump writes them (the script
+# makes them absolute with sed, so their values must be plain relative paths).
+_PATH_LINES = ("tokenizer: ", "  speculative_model_dir: ")
+_PLAIN_RELATIVE = re.compile(r"[A-Za-z0-9._-][A-Za-z0-9._/-]*")
 
 VLLM_SERVE_OPTIONS = frozenset({
     "--tokenizer", "--speculative-config", "--tensor-parallel-size", "--pipeline-parallel-size",
@@ -75,10 +104,19 @@ class BundleFacts:
     kv_cache: str  # fp8 | auto
     quant: dict
     max_concurrency: int | None
+    draft_max_positions: int | None = None  # the draft config's max_position_embeddings
+
+    @property
+    def context_len(self) -> int | None:
+        """The context length to give vLLM / SGLang: max_seq_len, capped by the draft's positions."""
+        known = [n for n in (self.max_seq_len, self.draft_max_positions) if n]
+        return min(known) if known else None
 
 
-def bundle_facts(opts: LlmApiOptions, *, target_format: str, draft_format: str) -> BundleFacts:
-    """The facts of a bundle opened with ``build/bundle.open_bundle`` (its options, its manifest's formats)."""
+def bundle_facts(opts: LlmApiOptions, *, target_format: str, draft_format: str,
+                 draft_max_positions: int | None = None) -> BundleFacts:
+    """The facts of a bundle opened with ``build/bundle.open_bundle`` (its options, its manifest's
+    formats, its draft config's max_position_embeddings)."""
     kv = opts.kv_cache_config.dtype
     if kv not in ("fp8", "auto"):
         raise UserError(f"{adapter.OPTIONS_FILE}:kv_cache_config.dtype", f"KV cache {kv!r} has no vLLM/SGLang equivalent here",
@@ -99,6 +137,7 @@ def bundle_facts(opts: LlmApiOptions, *, target_format: str, draft_format: str) 
         kv_cache=kv,
         quant={"target": target_format, "draft": draft_format, "kv_cache": kv},
         max_concurrency=mc,
+        draft_max_positions=draft_max_positions,
     )
 
 
@@ -119,8 +158,8 @@ def vllm_args(f: BundleFacts) -> tuple[list[str], dict]:
         "--max-num-batched-tokens", str(f.max_num_tokens),
         "--kv-cache-dtype", _KV["vllm"][f.kv_cache],
     ]
-    if f.max_seq_len:
-        args += ["--max-model-len", str(f.max_seq_len)]
+    if f.context_len:
+        args += ["--max-model-len", str(f.context_len)]
     return args, spec
 
 
@@ -140,16 +179,20 @@ def sglang_args(f: BundleFacts) -> list[str]:
         "--max-running-requests", str(f.max_batch_size),
         "--kv-cache-dtype", _KV["sglang"][f.kv_cache],
     ]
-    if f.max_seq_len:
-        args += ["--context-length", str(f.max_seq_len)]
+    if f.context_len:
+        args += ["--context-length", str(f.context_len)]
     if f.cuda_graph_max_batch:
         args += ["--cuda-graph-max-bs", str(f.cuda_graph_max_batch)]
     return args
 
 
+OPTIONS_VAR = "$OPTIONS"
+
+
 def trtllm_serve_args() -> list[str]:
-    # Tokenizer, parallelism and limits come from the options file, which overrides trtllm-serve's flags.
-    return ["--extra_llm_api_options", f"{BUNDLE_VAR}/{LAUNCH_DIR}/{TRTLLM_SERVE_YAML}"]
+    # Tokenizer, parallelism and limits come from the options file, which overrides trtllm-serve's
+    # flags; $OPTIONS is the launch-time copy with absolute paths.
+    return ["--extra_llm_api_options", OPTIONS_VAR]
 
 
 def check_options(engine: str, args: list[str], spec: dict | None = None) -> None:
@@ -186,7 +229,7 @@ def _shell_args(args: list[str]) -> str:
     """Quote each argument for bash, keeping $BUNDLE expandable inside double quotes."""
     out = []
     for a in args:
-        if BUNDLE_VAR in a:
+        if BUNDLE_VAR in a or a == OPTIONS_VAR:
             out.append('"' + a.replace('"', '\\"') + '"')
         else:
             out.append(shlex.quote(a))
@@ -227,20 +270,64 @@ def sglang_script(f: BundleFacts) -> str:
     )
 
 
+def trtllm_serve_yamls(opts: LlmApiOptions) -> dict[str, str]:
+    """File name -> text of the trtllm-serve options file of each release band."""
+    base = adapter.serve_yaml(opts)
+    out = {}
+    for band, version, pattern in versions.LAUNCH_BANDS:
+        d = dict(base)
+        spec, notes = versions.spec_for_release(d["speculative_config"], version or None, where=f"{LAUNCH_DIR}/{TRTLLM_SERVE_YAMLS[band]}")
+        d["speculative_config"] = spec
+        text = yaml.safe_dump(d, sort_keys=False)
+        for line in text.splitlines():
+            for key in _PATH_LINES:
+                if line.startswith(key) and not _PLAIN_RELATIVE.fullmatch(line[len(key):]):
+                    raise UserError(f"{adapter.OPTIONS_FILE}:{key.strip(': ')}", f"{line[len(key):]!r} is not a plain path relative to the bundle",
+                                    "bundle paths are relative to the bundle directory (e.g. draft, target)")
+        which = "TensorRT-LLM 1.3 and newer" if band == "current" else f"TensorRT-LLM {pattern.rstrip('.*')}.x"
+        header = (f"# trtllm-serve --extra_llm_api_options file for {which}; paths relative to the bundle directory.\n"
+                  "# launch/trtllm-serve.sh picks the file for the installed release and makes the paths absolute.\n"
+                  + "".join(f"# NOTE: {n}\n" for n in notes))
+        out[TRTLLM_SERVE_YAMLS[band]] = header + text
+    return out
+
+
 def trtllm_serve_script(f: BundleFacts) -> str:
     args = trtllm_serve_args()
     check_options("trtllm-serve", args)
     multi = (
         "# Several nodes: run under the MPI launcher, one task per GPU, e.g.\n"
-        f"#   srun -N 2 --ntasks-per-node 8 --mpi=pmix trtllm-llmapi-launch {LAUNCH_DIR}/trtllm-serve.sh\n"
+        f"#   srun -N 2 --ntasks-per-node 8 --mpi=pmix trtllm-llmapi-launch /abs/path/to/bundle/{LAUNCH_DIR}/trtllm-serve.sh\n"
         if f.tensor_parallel_size > 8 else
         "# Tensor parallelism on one node needs no launcher: trtllm-serve starts its own MPI workers.\n"
     )
+    bands = "".join(
+        f'  {pattern}) SRC="$BUNDLE/{LAUNCH_DIR}/{TRTLLM_SERVE_YAMLS[band]}" ;;\n' for band, _, pattern in versions.LAUNCH_BANDS
+    )
+    paths = " ".join(f'-e "s|^{key}\\(.*\\)$|{key}\'$Q/\\1\'|"' for key in _PATH_LINES)
     return (
         _HEADER.format(title="trtllm-serve (TensorRT-LLM OpenAI server) with EAGLE-3 one-model speculation", port=8000)
         + multi
-        + "# Relative paths in the options file (target, draft) resolve from the bundle directory.\n"
-        + 'cd "$BUNDLE"\n'
+        + "# Under trtllm-llmapi-launch only rank 0 runs this script; the other ranks load the model from the\n"
+        + "# arguments rank 0 sends, in their own working directory. So every path handed to trtllm-serve is\n"
+        + "# absolute: the options file is copied to $TMPDIR with its bundle-relative paths made absolute.\n"
+        + "# trtllm-llmapi-launch splits its command on spaces: call this script by a path without any.\n"
+        + "# The options file depends on the TensorRT-LLM release (TRTLLM_VERSION overrides the detection).\n"
+        + 'if [ -z "${TRTLLM_VERSION:-}" ]; then\n'
+        + '  TRTLLM_VERSION="$(python3 -c \'import importlib.metadata as m; print(m.version("tensorrt_llm"))\' 2>/dev/null || true)"\n'
+        + "fi\n"
+        + 'case "$TRTLLM_VERSION" in\n'
+        + f'  {versions.UNSUPPORTED_PATTERN})\n'
+        + f'    echo "trtllm-serve.sh: TensorRT-LLM $TRTLLM_VERSION is older than {adapter.MIN_SUPPORTED}, the first release that loads this bundle" >&2\n'
+        + "    exit 2 ;;\n"
+        + bands
+        + "esac\n"
+        + 'case "$BUNDLE" in *$\'\\n\'*) echo "trtllm-serve.sh: the bundle path contains a newline" >&2; exit 2 ;; esac\n'
+        + "Q=\"${BUNDLE//\\'/\\'\\'}\"  # YAML single-quoted scalar: ' doubles\n"
+        + "Q=\"$(printf '%s' \"$Q\" | sed -e 's/[\\\\&|]/\\\\&/g')\"  # sed replacement text\n"
+        + 'OPTIONS="$(mktemp --suffix=.yaml "${TMPDIR:-/tmp}/eagle3-trtllm-serve.XXXXXX")"\n'
+        + f'sed {paths} "$SRC" > "$OPTIONS"\n'
+        + 'echo "trtllm-serve.sh: TensorRT-LLM ${TRTLLM_VERSION:-version unknown}: ${SRC#"$BUNDLE/"} with absolute paths in $OPTIONS" >&2\n'
         + f'exec trtllm-serve "$BUNDLE/target" \\\n  {_shell_args(args)} \\\n  --host "$HOST" --port "$PORT" "$@"\n'
     )
 
@@ -248,20 +335,33 @@ def trtllm_serve_script(f: BundleFacts) -> str:
 def launch_readme(f: BundleFacts) -> str:
     k, tp = f.max_draft_len, f.tensor_parallel_size
     conc = (
-        f"TensorRT-LLM turns speculation off above {f.max_concurrency} concurrent requests (max_concurrency); "
-        "vLLM and SGLang have no equivalent flag here, so compare them at or below that concurrency."
+        f"TensorRT-LLM 1.3 and newer turn speculation off above {f.max_concurrency} concurrent requests (max_concurrency); "
+        "1.2.x accepts the option but its one-model EAGLE-3 speculates at every batch size. vLLM and SGLang have no "
+        "equivalent flag here, so compare them at or below that concurrency."
         if f.max_concurrency else
         "The bundle sets no concurrency limit for speculation; all three engines speculate at every batch size."
     )
+    ctx = f.context_len
+    if ctx and f.max_seq_len and ctx < f.max_seq_len:
+        ctx_note = (f"vLLM and SGLang get a context length of {ctx}, the draft's max_position_embeddings, below the bundle's "
+                    f"max_seq_len {f.max_seq_len}: past the draft's positions vLLM hits a device assert (vllm-project/vllm "
+                    "#48894) and SGLang refuses the longer context (sgl-project/sglang #9388). Raise the draft config's "
+                    "max_position_embeddings if its rope supports it.")
+    elif ctx:
+        ctx_note = (f"vLLM and SGLang get a context length of {ctx} (the bundle's max_seq_len, within the draft's "
+                    f"{f.draft_max_positions or 'unknown'} positions).")
+    else:
+        ctx_note = "No context length is passed: the bundle sets no max_seq_len and the draft config has no max_position_embeddings."
     return f"""# Launching this bundle with other engines
 
 Same quantized target (`target/`, {f.quant.get('target', '?')}) and EAGLE-3 draft (`draft/`, {f.quant.get('draft', '?')}),
 K = {k} draft tokens, tensor parallel size {tp}, KV cache {f.kv_cache}. Each script binds
-127.0.0.1 unless HOST is set, and passes extra arguments through.
+127.0.0.1 unless HOST is set, passes extra arguments through, and hands the engine absolute
+paths found from its own location (the bundle can be moved).
 
 | script | engine | speculative options |
 |---|---|---|
-| `trtllm-serve.sh` | TensorRT-LLM `trtllm-serve` | `{TRTLLM_SERVE_YAML}`: Eagle3, max_draft_len {k}, one-model |
+| `trtllm-serve.sh` | TensorRT-LLM `trtllm-serve` | `{TRTLLM_SERVE_YAML}` (1.3 and newer) or `{TRTLLM_SERVE_YAMLS['1.2']}` (1.2.x): Eagle3, max_draft_len {k}, one-model |
 | `vllm.sh` | `vllm serve` | `--speculative-config {{"method": "eagle3", "model": draft, "num_speculative_tokens": {k}}}` |
 | `sglang.sh` | `python -m sglang.launch_server` | `--speculative-algorithm EAGLE3 --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}` |
 
@@ -270,24 +370,35 @@ Notes
   their FP8 / NVFP4 kernels from it; no `--quantization` flag is passed.
 - A linear chain of K tokens in SGLang is K steps at top-1, verified as K+1 tokens.
 - {conc}
+- {ctx_note}
 - The public EAGLE-3 drafts need the chat template: use the chat-completions endpoint
   (`/v1/chat/completions`) of each server, or apply the template yourself.
-- `trtllm-serve.yaml` uses `speculative_model_dir`, which every TensorRT-LLM release from 1.2
+- `trtllm-serve.sh` picks the options file for the installed TensorRT-LLM (`TRTLLM_VERSION=1.2.1`
+  overrides the detection), writes a copy with absolute paths to `$TMPDIR` and passes that copy:
+  under `trtllm-llmapi-launch` the ranks other than 0 load the model in their own working
+  directory, where bundle-relative paths do not resolve. Do not pass `llm_api_options.yaml`
+  itself to trtllm-serve: its `model:` key overrides the positional model, and it is written for
+  the newest release.
+- Both options files use `speculative_model_dir`, which every TensorRT-LLM release from 1.2
   accepts (newer releases call it `speculative_model` and keep the old name as an alias).
+  Differences by release are listed in `build/trtllm_versions.py` of eagle3-trt.
 - Several GPUs: TP comes from the bundle; to run several instances on one node start one server
   per GPU group (`CUDA_VISIBLE_DEVICES=0,1 PORT=8001 launch/vllm.sh`, ...). Several nodes
-  (TensorRT-LLM only): `srun ... trtllm-llmapi-launch launch/trtllm-serve.sh`.
+  (TensorRT-LLM only): `srun ... trtllm-llmapi-launch /abs/path/launch/trtllm-serve.sh`; the
+  path must contain no spaces (trtllm-llmapi-launch splits its command on them) and the bundle
+  must be at the same path on every node.
 """
 
 
-def launcher_files(opts: LlmApiOptions, *, target_format: str, draft_format: str) -> dict[str, str]:
-    """File name -> text of every file in ``launch/`` (scripts are written executable)."""
-    f = bundle_facts(opts, target_format=target_format, draft_format=draft_format)
+def launcher_files(opts: LlmApiOptions, *, target_format: str, draft_format: str,
+                   draft_max_positions: int | None = None) -> dict[str, str]:
+    """File name -> text of every file in ``launch/`` (scripts are written executable).
+    ``draft_max_positions``: the draft config's max_position_embeddings (caps vLLM's and SGLang's context)."""
+    f = bundle_facts(opts, target_format=target_format, draft_format=draft_format, draft_max_positions=draft_max_positions)
     return {
         "vllm.sh": vllm_script(f),
         "sglang.sh": sglang_script(f),
         "trtllm-serve.sh": trtllm_serve_script(f),
-        TRTLLM_SERVE_YAML: "# trtllm-serve --extra_llm_api_options file; paths relative to the bundle directory.\n"
-        + yaml.safe_dump(adapter.serve_yaml(opts), sort_keys=False),
+        **trtllm_serve_yamls(opts),
         "README.md": launch_readme(f),
     }

@@ -76,19 +76,30 @@ class Preset(_Strict):
 
 
 def available() -> list[str]:
+    """The registry: the presets shipped in build/presets/ (a file's stem is its name)."""
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
 def load_preset(name: str) -> Preset:
-    path = PRESET_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise UserError("MODEL", f"unknown preset {name!r}", f"available presets: {', '.join(available())}")
-    return load_preset_file(path)
+    """A registry preset by name. Only names in ``available()`` are looked up: the name is never
+    joined to a path, so ``../../x/evil`` or ``/tmp/p`` cannot load a YAML file from elsewhere
+    (a preset outside the registry is read with ``load_preset_file``, behind its own option)."""
+    names = available()
+    if name not in names:
+        raise UserError("MODEL", f"unknown preset {name!r} (a preset name from the registry, never a path)",
+                        f"available presets: {', '.join(names)}; for a preset file of your own pass --preset-file PATH")
+    return load_preset_file(PRESET_DIR / f"{name}.yaml")
 
 
 def load_preset_file(path: Path) -> Preset:
+    """A preset YAML file anywhere on disk (``engine --preset-file``); checked like a shipped one."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(path, "preset file not found", "pass the path of a YAML preset (see build/presets/tiny.yaml)")
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(path, f"not UTF-8 text ({e.reason} at byte {e.start})", "a preset is a YAML text file") from None
     except yaml.YAMLError as e:
         raise UserError(path, f"not valid YAML: {e}".splitlines()[0], "fix the file's syntax") from None
     if not isinstance(data, dict):

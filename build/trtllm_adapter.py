@@ -34,6 +34,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from eagle3_trt.build import trtllm_versions as versions
 from eagle3_trt.build.llm_options import LlmApiOptions, validate_options
 from eagle3_trt.errors import UserError
 
@@ -314,6 +315,9 @@ def to_llm_kwargs(
                 f"speculative_config.speculative_model_dir (TensorRT-LLM {version or 'version unknown'}: "
                 f"speculative_model assumed from {SPECULATIVE_MODEL_SINCE}; every release accepts the old name)"
             )
+        spec, release_notes = versions.spec_for_release(spec, version, spec_fields, f"{where}:speculative_config")
+        kwargs["speculative_config"] = spec
+        notes += release_notes
         if spec.get("eagle3_one_model", True) is True:
             spec.pop("eagle3_one_model", None)  # the default, and no longer a field in newer releases
         if resolve_paths and key in spec:

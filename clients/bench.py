@@ -8,22 +8,35 @@ after each run, give the server-side alpha, AL and per-position acceptance.
 
 ITL is per token: the gap between two streamed responses divided by the number of tokens
 the later one carries (a speculative step delivers several at once), each token counted.
+
+Greedy identity: with greedy sampling, speculation must not change the text. Request i of a
+level is the same prompt in both arms, so the two texts are compared pair by pair and the
+divergence rate is reported. An FP8 (or NVFP4) bundle can legitimately differ on float
+near-ties, because verification runs K+1 positions in one forward and the batched GEMMs round
+differently from one-token decoding (seen: 1 prompt in 29): the report shows the rate and
+where each pair first differs; it does not fail the gate on it.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
+import platform
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from eagle3_trt import __version__
+from eagle3_trt.build.bundle import open_bundle
 from eagle3_trt.clients.llm_client import GenerationParams, LLMClient, Timed
 from eagle3_trt.clients.prom import SpecCounters, read_counters
 from eagle3_trt.errors import UserError
 
 DEFAULT_ALPHA_THRESHOLD = 0.55
+# Below this many samples a p99 is the largest value or next to it: one outlier sets it.
+MIN_P99_SAMPLES = 100
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -67,6 +80,9 @@ class RequestRecord(Timed):
     draft_tokens: int | None = None
     accepted_tokens: int | None = None
     acceptance_length: float | None = None  # engine definition: tokens per target forward, prefill included
+    request_index: int = -1  # i-th request of its level and arm: the same prompt in both arms
+    text: str = ""
+    served_speculative: bool | None = None  # the server's speculative_decoding output (None: not reported)
 
     def itl_samples(self) -> list[float]:
         """Per-token inter-token latencies (seconds), one per token after the first response."""
@@ -99,6 +115,21 @@ class ArmResult:
     al_metrics: float | None = None
     acceptance_by_position: list[float] = field(default_factory=list)
     drafted_by_position: list[float] = field(default_factory=list)
+    ttft_samples: int = 0
+    itl_samples: int = 0
+    latency_samples: int = 0
+    served_without_speculation: int = 0  # requests of a speculation-on arm the server ran without it
+
+    def thin_p99(self) -> list[str]:
+        """The p99s that rest on fewer than MIN_P99_SAMPLES samples."""
+        return [f"{name} p99 from {n} samples" for name, n in
+                (("TTFT", self.ttft_samples), ("ITL", self.itl_samples), ("latency", self.latency_samples))
+                if 0 < n < MIN_P99_SAMPLES]
+
+    @property
+    def speculation_switched_off(self) -> bool:
+        """A speculation-on arm that the server mostly served without the draft (e.g. above max_concurrency)."""
+        return self.speculative and self.requests > self.errors and self.served_without_speculation * 2 > self.requests - self.errors
 
 
 def summarize(records: list[RequestRecord], concurrency: int, speculative: bool, wall_s: float) -> ArmResult:
@@ -132,7 +163,68 @@ def summarize(records: list[RequestRecord], concurrency: int, speculative: bool,
         output_tokens_per_s=toks / wall_s if wall_s > 0 else 0.0,
         alpha_responses=(acc / draft) if (speculative and draft) else None,
         al_responses=(tok_v / steps) if (speculative and steps) else None,
+        ttft_samples=len(ok),
+        itl_samples=len(itl),
+        latency_samples=len(ok),
+        served_without_speculation=sum(1 for r in ok if speculative and r.served_speculative is False),
     )
+
+
+# ---- greedy identity -----------------------------------------------------------------------------
+def identity_check(records: list[RequestRecord], greedy: bool, examples: int = 5) -> dict:
+    """Compare the text of request i with speculation on and off at each level (same prompt).
+
+    Only meaningful for greedy sampling; sampled runs are reported as not checked."""
+    if not greedy:
+        return {"checked": False, "reason": "sampling is not greedy (--temperature set)", "compared": 0, "diverged": 0, "rate": None,
+                "examples": []}
+    on = {(r.concurrency, r.request_index): r for r in records if r.ok and r.speculative}
+    off = {(r.concurrency, r.request_index): r for r in records if r.ok and not r.speculative}
+    pairs = sorted(set(on) & set(off))
+    diverged = []
+    for key in pairs:
+        a, b = on[key].text, off[key].text
+        if a != b:
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            diverged.append({"concurrency": key[0], "request": key[1], "prompt_index": on[key].prompt_index, "first_difference_at_char": at,
+                             "on": a[max(0, at - 20): at + 40], "off": b[max(0, at - 20): at + 40]})
+    return {"checked": True, "compared": len(pairs), "diverged": len(diverged),
+            "rate": (len(diverged) / len(pairs)) if pairs else None, "examples": diverged[:examples]}
+
+
+# ---- environment ---------------------------------------------------------------------------------
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def describe_environment(client: LLMClient, bundle: str | None = None) -> dict:
+    """What the numbers were measured on: server, model parameters, bundle fingerprint, versions.
+
+    ``bundle``: the bundle directory if it is on this machine (default: the one the server reports)."""
+    env: dict = {"client": {"eagle3_trt": __version__, "tritonclient": _dist_version("tritonclient"), "python": platform.python_version(),
+                            "host": platform.node()}}
+    try:
+        env["server"] = client.server_metadata()
+    except Exception as e:  # noqa: BLE001 - recorded, not fatal: the benchmark itself does not need it
+        env["server"] = {"error": str(e).splitlines()[0]}
+    try:
+        params = client.model_config().get("parameters", {})
+        env["model_parameters"] = {k: (v.get("string_value") or v.get("stringValue")) for k, v in params.items()}
+    except Exception as e:  # noqa: BLE001 - as above
+        env["model_parameters"] = {"error": str(e).splitlines()[0]}
+    bundle = bundle or env.get("model_parameters", {}).get("eagle3_bundle")
+    if bundle:
+        try:
+            b = open_bundle(Path(bundle))
+            env["bundle"] = {"path": str(b.path), "fingerprint": b.manifest.fingerprint, "label": b.label,
+                             "formats": b.formats, "k": b.k, "max_concurrency": b.options.speculative_config.max_concurrency,
+                             "built_with": b.manifest.versions}
+        except Exception as e:  # noqa: BLE001 - a bundle that is not on this machine is not an error
+            env["bundle"] = {"path": str(bundle), "error": str(e).splitlines()[0]}
+    return env
 
 
 # ---- gate --------------------------------------------------------------------------------------
@@ -170,29 +262,43 @@ def evaluate_gate(arms: list[ArmResult], alpha_threshold: float = DEFAULT_ALPHA_
         a_on, a_off = by_c[c].get(True), by_c[c].get(False)
         p_on = a_on.itl_p99_s if a_on else None
         p_off = a_off.itl_p99_s if a_off else None
+        switched_off = bool(a_on and a_on.speculation_switched_off)
         ok = p_on is not None and p_off is not None and p_on <= p_off * (1 + itl_tolerance)
+        thin = (a_on.thin_p99() if a_on else []) + (a_off.thin_p99() if a_off else [])
         rows.append({"concurrency": c, "itl_p99_on_s": p_on, "itl_p99_off_s": p_off,
-                     "ratio": (p_on / p_off) if (p_on and p_off) else None, "itl_ok": ok})
+                     "ratio": (p_on / p_off) if (p_on and p_off) else None,
+                     # None: the server ran the "on" arm without speculation, so there is nothing to judge
+                     "itl_ok": None if switched_off else ok,
+                     "itl_samples_on": a_on.itl_samples if a_on else 0, "itl_samples_off": a_off.itl_samples if a_off else 0,
+                     "thin_p99": [x for x in thin if x.startswith("ITL")]})
+    judged = [r for r in rows if r["itl_ok"] is not None]
+    not_judged = [r["concurrency"] for r in rows if r["itl_ok"] is None]
     switch = None
-    for r in rows:
+    for r in judged:
         if not r["itl_ok"]:
             break
         switch = r["concurrency"]
-    all_ok = bool(rows) and all(r["itl_ok"] for r in rows)
-    top = rows[-1]["concurrency"] if rows else None
+    all_ok = bool(judged) and all(r["itl_ok"] for r in judged)
+    top = judged[-1]["concurrency"] if judged else None
+    off_note = (f"; at concurrency {', '.join(map(str, not_judged))} the server already ran without speculation "
+                "(max_concurrency), which is not part of this verdict") if not_judged else ""
     if alpha_ok and all_ok:
         verdict = "pass"
-        rec = f"keep speculation on at every tested concurrency (up to {top})"
+        rec = f"keep speculation on at every concurrency where it ran (up to {top}){off_note}"
     elif alpha_ok and switch is not None:
         verdict = "pass_with_switch_off"
-        rec = f"speculation on up to concurrency {switch}; switch it off above {switch}"
+        failed = [r["concurrency"] for r in judged if not r["itl_ok"]]
+        rec = (f"speculation on up to concurrency {switch} only; it is slower at {', '.join(map(str, failed))}: "
+               f"switch it off above {switch} (speculative_config.max_concurrency: {switch}){off_note}")
     else:
         verdict = "fail"
         why = []
         if not alpha_ok:
             why.append(f"alpha {alpha:.3f} < {alpha_threshold}" if alpha is not None else "alpha unavailable")
-        if switch is None and rows:
-            why.append(f"P99 ITL with speculation is worse already at concurrency {rows[0]['concurrency']}")
+        if switch is None and judged:
+            why.append(f"P99 ITL with speculation is worse already at concurrency {judged[0]['concurrency']}")
+        if not judged:
+            why.append("no concurrency level ran with speculation")
         rec = "do not enable speculation (" + "; ".join(why) + ")"
     return Gate(alpha, source, alpha_threshold, alpha_ok, itl_tolerance, rows, switch, verdict, rec)
 
@@ -213,6 +319,7 @@ class BenchConfig:
     metrics_url: str | None = None
     baseline_model: str | None = None  # A/B via a second model instead of the request switch
     timeout_s: float = 600.0
+    http: bool = False  # HTTP generate_stream (server-sent events) instead of one gRPC stream per worker
 
     def budget(self, c: int) -> int:
         n = self.requests_per_level if self.requests_per_level else max(c, self.min_requests)
@@ -234,7 +341,7 @@ def run_arm(cfg: BenchConfig, concurrency: int, speculative: bool, on_done: Call
     records: list[RequestRecord] = []
 
     def worker() -> None:
-        client = LLMClient(cfg.url, model=model, timeout_s=cfg.timeout_s)
+        client = LLMClient(cfg.url, model=model, timeout_s=cfg.timeout_s, http=cfg.http)
         try:
             while True:
                 with lock:
@@ -243,9 +350,11 @@ def run_arm(cfg: BenchConfig, concurrency: int, speculative: bool, on_done: Call
                     i = next_i[0]
                     next_i[0] += 1
                 pi = (offset + i) % len(cfg.prompts)
-                rec = RequestRecord(concurrency, speculative, pi, ok=False, t_send=time.perf_counter())
+                rec = RequestRecord(concurrency, speculative, pi, ok=False, t_send=time.perf_counter(), request_index=i)
+                parts: list[str] = []
                 try:
                     for ch in client.stream(cfg.prompts[pi], params, streaming=True):
+                        parts.append(ch.text)
                         rec.chunk_times.append(ch.t)
                         rec.chunk_tokens.append(ch.n_tokens)
                         rec.n_tokens += ch.n_tokens
@@ -257,7 +366,10 @@ def run_arm(cfg: BenchConfig, concurrency: int, speculative: bool, on_done: Call
                             rec.accepted_tokens = _int_or_none(ch.perf.get("total_accepted_draft_tokens"))
                             al = ch.perf.get("acceptance_length")
                             rec.acceptance_length = float(al) if al is not None else None
+                            sd = ch.perf.get("speculative_decoding")
+                            rec.served_speculative = None if sd is None else bool(sd)
                     rec.t_end = time.perf_counter()
+                    rec.text = "".join(parts)
                     rec.t_first = rec.t_first or rec.t_end
                     rec.ok = True
                 except Exception as e:  # recorded, counted as an error, the run goes on
@@ -291,17 +403,21 @@ class BenchRun:
     started_unix: float
     took_s: float
     metrics_available: bool
+    identity: dict = field(default_factory=dict)
+    environment: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
-            "schema": 1,
+            "schema": 2,
             "kind": "eagle3-trt rollout benchmark",
             "started_unix": self.started_unix,
             "took_s": self.took_s,
             "config": self.config,
+            "environment": self.environment,
             "metrics_available": self.metrics_available,
-            "arms": [asdict(a) for a in self.arms],
+            "arms": [asdict(a) | {"thin_p99": a.thin_p99(), "speculation_switched_off": a.speculation_switched_off} for a in self.arms],
             "gate": asdict(self.gate),
+            "greedy_identity": self.identity,
             "requests": [
                 {k: v for k, v in asdict(r).items() if k not in ("chunk_times", "chunk_tokens")}
                 | {"ttft_s": r.ttft_s if r.ok else None, "latency_s": r.latency_s if r.ok else None}
@@ -311,7 +427,8 @@ class BenchRun:
 
 
 def run_bench(cfg: BenchConfig, alpha_threshold: float = DEFAULT_ALPHA_THRESHOLD, itl_tolerance: float = 0.0,
-              progress: Callable[[str, int], Callable[[], None]] | None = None, log: Callable[[str], None] = lambda s: None) -> BenchRun:
+              progress: Callable[[str, int], Callable[[], None]] | None = None, log: Callable[[str], None] = lambda s: None,
+              environment: dict | None = None) -> BenchRun:
     """Every level, speculation on then off; ``progress(label, total)`` returns a per-request tick."""
     started = time.time()
     t_start = time.perf_counter()
@@ -324,7 +441,7 @@ def run_bench(cfg: BenchConfig, alpha_threshold: float = DEFAULT_ALPHA_THRESHOLD
             metrics_ok = False
 
     if cfg.warmup:
-        with LLMClient(cfg.url, model=cfg.model, timeout_s=cfg.timeout_s) as c:
+        with LLMClient(cfg.url, model=cfg.model, timeout_s=cfg.timeout_s, http=cfg.http) as c:
             for i in range(cfg.warmup):
                 c.generate(cfg.prompts[i % len(cfg.prompts)], GenerationParams(max_tokens=min(8, cfg.max_tokens)), stream=True)
 
@@ -356,4 +473,8 @@ def run_bench(cfg: BenchConfig, alpha_threshold: float = DEFAULT_ALPHA_THRESHOLD
     conf = {k: v for k, v in asdict(cfg).items() if k != "prompts"} | {"num_prompts": len(cfg.prompts),
                                                                           "alpha_threshold": alpha_threshold,
                                                                           "itl_tolerance": itl_tolerance}
-    return BenchRun(conf, arms, gate, records, started, time.perf_counter() - t_start, metrics_ok)
+    identity = identity_check(records, greedy=not cfg.temperature)
+    if identity["diverged"]:
+        log(f"greedy text differs with speculation on vs off in {identity['diverged']} of {identity['compared']} requests "
+            "(float near-ties in a quantized bundle can do this; see the report)")
+    return BenchRun(conf, arms, gate, records, started, time.perf_counter() - t_start, metrics_ok, identity, environment or {})

@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from eagle3_trt.clients.bench import BenchConfig, parse_concurrency, run_bench
+from eagle3_trt.clients.bench import BenchConfig, describe_environment, parse_concurrency, run_bench
 from eagle3_trt.clients.chat import PromptFormatter
 from eagle3_trt.clients.llm_client import GenerationParams, LLMClient, Result, ServerError
 from eagle3_trt.clients.report import write_report
@@ -210,6 +210,7 @@ def bench_cmd(url: str | None, model: str, bundle: Path | None, raw: bool, syste
     with LLMClient(url, model=model) as client:
         check_model(client)
         fmt = make_formatter(client, bundle, raw, system)
+        environment = describe_environment(client, str(bundle) if bundle else None)
     if baseline_model:
         with LLMClient(url, model=baseline_model) as client:
             check_model(client)
@@ -235,7 +236,8 @@ def bench_cmd(url: str | None, model: str, bundle: Path | None, raw: bool, syste
                 prog.advance(overall)
             return tick
 
-        run = run_bench(cfg, alpha_threshold, itl_tolerance, progress=progress, log=lambda m: console.print(f"[yellow]{m}"))
+        run = run_bench(cfg, alpha_threshold, itl_tolerance, progress=progress, log=lambda m: console.print(f"[yellow]{m}"),
+                        environment=environment)
     out = out or Path("reports") / time.strftime("bench-%Y%m%d-%H%M%S")
     write_report(run, out)
     g = run.gate
@@ -245,6 +247,13 @@ def bench_cmd(url: str | None, model: str, bundle: Path | None, raw: bool, syste
                    f"{(a.itl_p50_s or 0) * 1000:.1f}/{(a.itl_p99_s or 0) * 1000:.1f} ms  TTFT p50 {(a.ttft_p50_s or 0) * 1000:.0f} ms  "
                    f"{a.output_tokens_per_s:.1f} tok/s" + (f"  alpha {a.alpha_metrics if a.alpha_metrics is not None else a.alpha_responses or 0:.3f}" if a.speculative else "")
                    + (f"  ({a.errors} errors)" if a.errors else ""))
-    click.echo(f"gate: {g.verdict.upper()} - {g.recommendation}")
+    idt = run.identity
+    if idt.get("checked") and idt["compared"]:
+        click.echo(f"greedy text on vs off: {idt['diverged']} of {idt['compared']} differ ({idt['rate']:.1%})")
+    thin = [a for a in run.arms if a.thin_p99()]
+    if thin:
+        click.echo(f"warning: {len(thin)} arm(s) have a p99 from fewer than 100 samples (see summary.md)")
+    headline = {"pass": "PASS", "pass_with_switch_off": f"SPECULATION ONLY UP TO CONCURRENCY {g.switch_off_above}"}.get(g.verdict, "FAIL")
+    click.echo(f"gate: {headline} - {g.recommendation}")
     if fail_on_gate and g.verdict == "fail":
         raise GateFailed(f"gate failed: {g.recommendation}")

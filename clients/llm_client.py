@@ -228,6 +228,15 @@ class LLMClient:
         cfg = self._grpc_client().get_model_config(self.model, as_json=True)
         return cfg.get("config", cfg)
 
+    def server_metadata(self) -> dict:
+        """The server's name, version and extensions (Triton's /v2 metadata)."""
+        if self.http:
+            r = self._http_session().get(f"{self.url}/v2", timeout=30)
+            if r.status_code != 200:
+                raise ServerError(r.text)
+            return r.json()
+        return self._grpc_client().get_server_metadata(as_json=True)
+
     def bundle_path(self) -> str | None:
         """Where the server says the bundle is (useful for the chat template when it is local)."""
         params = self.model_config().get("parameters", {})

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from eagle3_trt.atomic import staged_dir
-from eagle3_trt.clients.bench import BenchRun
+from eagle3_trt.clients.bench import MIN_P99_SAMPLES, BenchRun
 
 PLOTS = ("latency_cdf.png", "itl_vs_concurrency.png", "throughput_vs_concurrency.png", "acceptance_by_position.png")
 
@@ -19,6 +19,83 @@ def _f(v: float | None, nd: int = 3) -> str:
     return "-" if v is None else f"{v:.{nd}f}"
 
 
+def _headline(run: BenchRun) -> str:
+    g = run.gate
+    if g.verdict == "pass":
+        return "PASS"
+    if g.verdict == "pass_with_switch_off":
+        # Not a PASS: speculation loses above this concurrency and must be switched off there.
+        return f"SPECULATION ONLY UP TO CONCURRENCY {g.switch_off_above}"
+    return "FAIL"
+
+
+def _environment_lines(env: dict) -> list[str]:
+    if not env:
+        return ["- environment not recorded"]
+    server = env.get("server", {})
+    params = env.get("model_parameters", {})
+    bundle = env.get("bundle", {})
+    client = env.get("client", {})
+    lines = [
+        f"- server: {server.get('name', '?')} {server.get('version', server.get('error', '?'))}; "
+        f"runtime `{params.get('eagle3_runtime', '?')}`",
+        f"- bundle: `{bundle.get('path', params.get('eagle3_bundle', '?'))}`, fingerprint `{bundle.get('fingerprint', bundle.get('error', 'unknown'))}`"
+        + (f", {bundle.get('label')}, K={bundle.get('k')}, max_concurrency {bundle.get('max_concurrency')}" if "fingerprint" in bundle else ""),
+    ]
+    if bundle.get("built_with"):
+        lines.append("- bundle built with: " + ", ".join(f"{k} {v}" for k, v in bundle["built_with"].items() if v))
+    lines.append("- client: " + ", ".join(f"{k} {v}" for k, v in client.items() if v))
+    return lines
+
+
+def _gate_row(r: dict) -> str:
+    if r["itl_ok"] is None:
+        status = "not judged: the server ran this level without speculation (max_concurrency)"
+    elif r["itl_ok"]:
+        status = "ok"
+    else:
+        status = "**FAIL: speculation is slower here; switch it off**"
+    thin = f" (warning: {', '.join(r['thin_p99'])})" if r.get("thin_p99") else ""
+    return f"  - C={r['concurrency']}: {_ms(r['itl_p99_on_s'])} ms on vs {_ms(r['itl_p99_off_s'])} ms off -> {status}{thin}"
+
+
+def _identity_lines(idt: dict) -> list[str]:
+    if not idt:
+        return []
+    if not idt.get("checked"):
+        return ["## Greedy text, speculation on vs off", "", f"Not checked: {idt.get('reason')}.", ""]
+    lines = ["## Greedy text, speculation on vs off", ""]
+    if not idt["compared"]:
+        return lines + ["No request succeeded in both arms; nothing compared.", ""]
+    lines.append(f"{idt['diverged']} of {idt['compared']} requests differ ({idt['rate']:.1%}). "
+                 + ("Identical everywhere." if not idt["diverged"] else
+                    "A quantized bundle can differ on float near-ties (verification of K+1 positions in one forward rounds "
+                    "differently from one-token decoding); a rate well above a few percent, or a difference early in most "
+                    "texts, points to a bug instead."))
+    for ex in idt.get("examples", []):
+        lines.append(f"- C={ex['concurrency']} request {ex['request']} (prompt {ex['prompt_index']}), first difference at character "
+                     f"{ex['first_difference_at_char']}: on `{ex['on']!r}` vs off `{ex['off']!r}`")
+    return lines + [""]
+
+
+def _samples(run: BenchRun, n: int = 3, chars: int = 300) -> list[str]:
+    recs = sorted((r for r in run.records if r.ok and r.text), key=lambda r: (r.concurrency, r.request_index, not r.speculative))
+    seen, lines = set(), ["## Sample of generated text", ""]
+    for r in recs:
+        key = (r.concurrency, r.request_index)
+        if key in seen:
+            continue
+        seen.add(key)
+        if len(seen) > n:
+            break
+        pair = [x for x in recs if (x.concurrency, x.request_index) == key]
+        for x in pair:
+            text = x.text if len(x.text) <= chars else x.text[:chars] + " ..."
+            lines += [f"C={x.concurrency}, prompt {x.prompt_index}, speculation {'on' if x.speculative else 'off'} "
+                      f"({x.n_tokens} tokens, {x.finish_reason}):", "", "```text", text, "```", ""]
+    return lines if len(lines) > 2 else []
+
+
 def markdown(run: BenchRun) -> str:
     g = run.gate
     cfg = run.config
@@ -29,17 +106,21 @@ def markdown(run: BenchRun) -> str:
         + (f" (baseline model `{cfg['baseline_model']}`)" if cfg.get("baseline_model") else " (speculation off via the `speculative_decoding` request input)")
         + f"; {cfg['num_prompts']} prompts, max_tokens {cfg['max_tokens']}, took {run.took_s:.1f} s.",
         "",
-        f"## Gate: **{g.verdict.upper()}**",
+        *_environment_lines(run.environment),
+        "",
+        f"## Gate: **{_headline(run)}**",
         "",
         f"- alpha = {_f(g.alpha)} (from the {g.alpha_source}); threshold {g.alpha_threshold} -> {'ok' if g.alpha_ok else 'FAIL'}",
         f"- P99 ITL with speculation must not be worse than without (tolerance {g.itl_tolerance:.0%}), per concurrency:",
     ]
-    for r in g.per_concurrency:
-        lines.append(
-            f"  - C={r['concurrency']}: {_ms(r['itl_p99_on_s'])} ms on vs {_ms(r['itl_p99_off_s'])} ms off"
-            f" -> {'ok' if r['itl_ok'] else 'worse'}"
-        )
+    lines += [_gate_row(r) for r in g.per_concurrency]
     lines += [f"- **Recommendation:** {g.recommendation}", ""]
+    thin = [(a, a.thin_p99()) for a in run.arms if a.thin_p99()]
+    if thin:
+        lines += [f"**Warning:** some p99 figures rest on fewer than {MIN_P99_SAMPLES} samples, where the p99 is the largest "
+                  "value or next to it (more requests: `--requests`, or longer outputs: `--max-tokens`):"]
+        lines += [f"- C={a.concurrency} speculation {'on' if a.speculative else 'off'}: {', '.join(t)}" for a, t in thin]
+        lines.append("")
     lines += [
         "## Results",
         "",
@@ -47,8 +128,9 @@ def markdown(run: BenchRun) -> str:
         "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for a in run.arms:
+        spec = ("on (server: off)" if a.speculation_switched_off else "on") if a.speculative else "off"
         lines.append(
-            f"| {a.concurrency} | {'on' if a.speculative else 'off'} | {a.requests} | {a.errors} | {_ms(a.ttft_p50_s)} | {_ms(a.ttft_p99_s)} | "
+            f"| {a.concurrency} | {spec} | {a.requests} | {a.errors} | {_ms(a.ttft_p50_s)} | {_ms(a.ttft_p99_s)} | "
             f"{_ms(a.itl_p50_s)} | {_ms(a.itl_p99_s)} | {_f(a.latency_p50_s, 2)} | {_f(a.latency_p99_s, 2)} | "
             f"{a.output_tokens_per_s:.1f} | {_f(a.alpha_responses)} | {_f(a.al_responses, 2)} | {_f(a.alpha_metrics)} | {_f(a.al_metrics, 2)} |"
         )
@@ -62,6 +144,8 @@ def markdown(run: BenchRun) -> str:
     if pos:
         lines += ["Cumulative acceptance by draft position (metrics endpoint, all speculative runs): "
                   + ", ".join(f"{k + 1}: {v:.3f}" for k, v in enumerate(pos)), ""]
+    lines += _identity_lines(run.identity)
+    lines += _samples(run)
     lines += ["Plots: " + ", ".join(f"[{p}]({p})" for p in PLOTS), ""]
     return "\n".join(lines)
 
@@ -89,6 +173,7 @@ def _save_concurrency_plot(fig, ax, levels: list[int], ylabel: str, title: str, 
     ax.set_xticks(levels, [str(c) for c in levels])
     ax.set_xlabel("concurrency")
     ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)  # a truncated axis exaggerates differences
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()

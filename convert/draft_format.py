@@ -13,12 +13,14 @@ Sources:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from eagle3_trt.convert import rope_params
 from eagle3_trt.convert.checkpoint_io import load_tensors, read_json
 from eagle3_trt.convert.hf_compat import dtype_of, rope_of, with_legacy_fields
+from eagle3_trt.convert.hf_config import Eagle3DraftConfigFields, parse_config
 from eagle3_trt.errors import UserError
 
 FORMATS = ("safeailab", "modelopt", "speculators")
@@ -44,6 +46,23 @@ HEAD_SCHEMA: dict[str, tuple[str, ...]] = {
 }
 OPTIONAL = ("d2t", "t2d", "embed_tokens.weight", "fc.bias")
 
+# The draft-config flags TensorRT-LLM's Eagle3 loader reads (tensorrt_llm/_torch/models/
+# modeling_speculative.py @ 00679c66c3e38f6d2651ad0a5bef0f94d862e36c: Eagle3DraftModel,
+# Eagle3DecoderLayer, Eagle3ForCausalLM.apply_eagle3_fc), where they live and what each does:
+#   eagle_config.return_hidden_post_norm, or top-level norm_output: the hidden state fed back at
+#       draft steps >= 2 is norm(h) instead of the pre-norm h.
+#   eagle_config.norm_before_fc: input_norm = RMSNorm(A*T) over the concatenated aux states before fc.
+#   top-level fc_norm: one RMSNorm(T) per aux chunk before fc; wins over norm_before_fc.
+#   eagle_config.eh_proj_before_attn: h = eh_proj(cat[enorm(embeds), h]) at every step, and the layer
+#       becomes "regular" (no input_layernorm, q/k/v read H, not 2H). eagle_config.eh_proj_bias: its bias.
+#   eagle_config.next_layer_regular: only changes layers after the first of a multi-layer draft
+#       (single-layer drafts: _next_layer_regular = eh_proj_before_attn), so it is carried, not used.
+#   top-level bias: fc has a bias (an fc.bias tensor without it is not loaded).
+# Fields of eagle_config TensorRT-LLM does not read (use_input_layernorm_in_first_layer,
+# use_last_layernorm, parallel_draft_step, ...) are carried in ``extra`` and change nothing.
+NESTED_FLAGS = ("return_hidden_post_norm", "norm_before_fc", "eh_proj_before_attn", "eh_proj_bias")
+TOP_LEVEL_FLAGS = ("norm_output", "fc_norm", "bias")
+
 
 @dataclass(frozen=True)
 class DraftConfig:
@@ -66,9 +85,33 @@ class DraftConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     extra: dict = field(default_factory=dict)
+    # TensorRT-LLM variant flags (see NESTED_FLAGS / TOP_LEVEL_FLAGS above)
+    return_hidden_post_norm: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    eh_proj_before_attn: bool = False
+    eh_proj_bias: bool = False
+    fc_bias: bool = False
+    # the aux-layer order the head was trained with, when it was not ascending (fc's input blocks
+    # were permuted at load into TensorRT-LLM's sorted capture order)
+    aux_layer_ids_as_trained: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def own_embedding(self) -> bool:
+        """TensorRT-LLM gives the draft its own embed_tokens exactly when target_hidden_size differs
+        from hidden_size; otherwise it shares the target's, whatever the checkpoint ships
+        (Eagle3DraftModel.__init__ and Eagle3ForCausalLM.load_weights_from_target_model)."""
+        return self.target_hidden_size != self.hidden_size
+
+    @property
+    def fuse_width(self) -> int:
+        return max(self.num_aux_layers, 1) * self.target_hidden_size
+
+    def rope(self) -> rope_params.RopeParams:
+        return rope_params.from_config(self.rope_theta, self.rope_scaling, self.head_dim, self.max_position_embeddings)
 
 
 @dataclass
@@ -133,23 +176,45 @@ def load_draft(path: Path) -> DraftCheckpoint:
             extra = {"norm_before_residual": True}
         else:
             extra = {}
+        flags: dict[str, bool] = {}
     else:
         base = raw
         eagle_cfg = raw.get("eagle_config") or {}
+        if not isinstance(eagle_cfg, dict):
+            raise UserError(f"{cfg_path}:eagle_config", "is not an object", "eagle_config is a JSON object of EAGLE options")
         aux = eagle_cfg.get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))
-        extra = {k: eagle_cfg[k] for k in ("next_layer_regular", "eh_proj_before_attn", "norm_before_fc", "return_hidden_post_norm") if k in eagle_cfg}
+        extra = {k: eagle_cfg[k] for k in ("next_layer_regular",) if k in eagle_cfg}
+        flags = {k: _flag(eagle_cfg, k, f"{cfg_path}:eagle_config.{k}") for k in NESTED_FLAGS}
+        flags.update({k: _flag(raw, k, f"{cfg_path}:{k}") for k in TOP_LEVEL_FLAGS})
+    if base.get("kv_lora_rank"):
+        raise UserError(f"{cfg_path}:kv_lora_rank", "an MLA (DeepSeek-style) EAGLE-3 head", "the reference runtime implements the Llama-style Eagle3 draft only")
+    if base.get("model_type") == "llama4_text":
+        raise UserError(f"{cfg_path}:model_type", "llama4_text EAGLE-3 heads are not implemented", "use a Llama-style head")
+    for key in ("rotary_dim", "rotary_emb_base", "qk_rope_head_dim", "rotary_pct", "partial_rotary_factor"):
+        v = base.get(key)
+        if v is not None and not (key in ("rotary_pct", "partial_rotary_factor") and v == 1):
+            raise UserError(f"{cfg_path}:{key}", f"{v!r}: partial or custom rotary dimensions", "the reference runtime rotates the whole head_dim, as Llama does")
 
-    num_layers = int(_field(base, "num_hidden_layers", cfg_path, 1))
+    # the same strict schema validate and engine apply to the target: "256" is refused in one line,
+    # not coerced by int() here and met as a different answer elsewhere. pad_token_id is left out:
+    # an EAGLE-3 head never pads, and some heads carry -1 there.
+    fields = parse_config({k: v for k, v in base.items() if k != "pad_token_id"}, cfg_path, Eagle3DraftConfigFields)
+    num_layers = fields.num_hidden_layers
     if num_layers != 1:
         raise UserError(f"{cfg_path}:num_hidden_layers", f"{num_layers} draft decoder layers", "only single-layer EAGLE-3 heads (the published and ModelOpt layout) are supported")
 
     norm = {_rename(k, fmt): v for k, v in tensors.items()}
-    hidden = int(_field(base, "hidden_size", cfg_path))
-    heads = int(_field(base, "num_attention_heads", cfg_path))
-    vocab = int(_field(base, "vocab_size", cfg_path))
+    hidden = fields.hidden_size
+    heads = fields.num_attention_heads
+    vocab = fields.vocab_size
     theta, scaling = rope_of(base)
+    if scaling is not None and not isinstance(scaling, dict):
+        raise UserError(f"{cfg_path}:rope_scaling", f"{scaling!r} is not an object", "rope_scaling is a JSON object or null")
+    if scaling is not None and base.get("original_max_position_embeddings") and rope_params.scaling_kind(scaling) in ("llama3", "yarn", "longrope"):
+        # TensorRT-LLM reads the top-level field first (RopeParams.from_config)
+        scaling = {**scaling, "original_max_position_embeddings": base["original_max_position_embeddings"]}
     fc = norm.get("fc.weight")
-    target_hidden = int(base.get("target_hidden_size") or hidden)
+    target_hidden = fields.target_hidden_size or hidden
     n_aux = (fc.shape[1] // target_hidden) if fc is not None and target_hidden else 0
     dvs = base.get("draft_vocab_size")
     if dvs is None:
@@ -157,14 +222,14 @@ def load_draft(path: Path) -> DraftCheckpoint:
         dvs = lm.shape[0] if lm is not None else vocab
     cfg = DraftConfig(
         hidden_size=hidden,
-        intermediate_size=int(_field(base, "intermediate_size", cfg_path)),
+        intermediate_size=fields.intermediate_size,
         num_attention_heads=heads,
-        num_key_value_heads=int(base.get("num_key_value_heads") or heads),
-        head_dim=int(base.get("head_dim") or hidden // heads),
-        rms_norm_eps=float(base.get("rms_norm_eps", 1e-6)),
+        num_key_value_heads=fields.kv_heads,
+        head_dim=fields.head_size,
+        rms_norm_eps=fields.rms_norm_eps if fields.rms_norm_eps is not None else 1e-6,
         rope_theta=theta,
         rope_scaling=scaling,
-        max_position_embeddings=int(_field(base, "max_position_embeddings", cfg_path, 2048)),
+        max_position_embeddings=fields.max_position_embeddings or 2048,
         vocab_size=vocab,
         draft_vocab_size=int(dvs),
         target_hidden_size=target_hidden,
@@ -172,29 +237,107 @@ def load_draft(path: Path) -> DraftCheckpoint:
         num_aux_layers=n_aux,
         torch_dtype=dtype_of(base),
         source_format=fmt,
-        attention_bias=bool(base.get("attention_bias", False)),
-        mlp_bias=bool(base.get("mlp_bias", False)),
+        attention_bias=fields.attention_bias,
+        mlp_bias=fields.mlp_bias,
         extra=extra,
+        return_hidden_post_norm=flags.get("return_hidden_post_norm", False) or flags.get("norm_output", False),
+        norm_before_fc=flags.get("norm_before_fc", False),
+        fc_norm=flags.get("fc_norm", False),
+        eh_proj_before_attn=flags.get("eh_proj_before_attn", False),
+        eh_proj_bias=flags.get("eh_proj_bias", False),
+        fc_bias=flags.get("bias", False),
     )
+    cfg, norm = _sort_aux_layers(cfg, norm)
     return DraftCheckpoint(path=path, config=cfg, tensors=norm, raw_config=raw)
 
 
+def _flag(cfg: dict, key: str, where: str) -> bool:
+    v = cfg.get(key)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        # TensorRT-LLM tests truthiness: "false" would switch the variant on
+        raise UserError(where, f"{v!r} is not true/false", "write a JSON boolean")
+    return v
+
+
+def _sort_aux_layers(cfg: DraftConfig, tensors: dict) -> tuple[DraftConfig, dict]:
+    """TensorRT-LLM sorts eagle3_layers_to_capture and writes capture i into fc's input block i
+    (Eagle3OneModelSpecMetadata.__post_init__, tensorrt_llm/_torch/speculative/eagle3.py @
+    f933a608045a46426792263617475b359d568043). A head that lists its aux layers in another order gets
+    fc's input blocks (and the per-block input norms) permuted into the sorted order here, so the
+    exported head computes the function it was trained as, and the runtime measures that function."""
+    ids = cfg.aux_layer_ids
+    if ids is None or list(ids) == sorted(ids) or len(set(ids)) != len(ids) or cfg.num_aux_layers != len(ids):
+        return cfg, tensors  # sorted, or malformed: validate names the problem
+    order = sorted(range(len(ids)), key=lambda i: ids[i])
+    T = cfg.target_hidden_size
+    out = dict(tensors)
+
+    def permute_blocks(t, dim):
+        return _cat([t.narrow(dim, i * T, T) for i in order], dim)
+
+    if "fc.weight" in out and out["fc.weight"].shape[1] == len(ids) * T:
+        out["fc.weight"] = permute_blocks(out["fc.weight"], 1)
+    if "input_norm.weight" in out and out["input_norm.weight"].shape[0] == len(ids) * T:
+        out["input_norm.weight"] = permute_blocks(out["input_norm.weight"], 0)
+    norms = {i: out.get(f"fc_norm.{i}.weight") for i in range(len(ids))}
+    if all(v is not None for v in norms.values()):
+        for new, old in enumerate(order):
+            out[f"fc_norm.{new}.weight"] = norms[old]
+    return replace(cfg, aux_layer_ids=tuple(sorted(ids)), aux_layer_ids_as_trained=tuple(ids)), out
+
+
+def _cat(parts, dim):
+    import torch  # ~2 s; config-only callers (dry run, planner) never reach a permutation
+
+    return torch.cat(parts, dim=dim).contiguous()
+
+
 def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor TensorRT-LLM's Eagle3 draft loads for this config, with its shape."""
+    H, T, A = cfg.hidden_size, cfg.target_hidden_size, max(cfg.num_aux_layers, 1)
     dims = {
-        "H": cfg.hidden_size,
-        "2H": 2 * cfg.hidden_size,
-        "T": cfg.target_hidden_size,
-        "AT": max(cfg.num_aux_layers, 1) * cfg.target_hidden_size,
+        "H": H,
+        "2H": H if cfg.eh_proj_before_attn else 2 * H,  # a "regular" layer's q/k/v read H
+        "T": T,
+        "AT": A * T,
         "Q": cfg.num_attention_heads * cfg.head_dim,
         "K": cfg.num_key_value_heads * cfg.head_dim,
         "I": cfg.intermediate_size,
         "D": cfg.draft_vocab_size,
     }
-    return {k: tuple(dims[d] for d in v) for k, v in {**LAYER_SCHEMA, **HEAD_SCHEMA}.items()}
+    out = {k: tuple(dims[d] for d in v) for k, v in {**LAYER_SCHEMA, **HEAD_SCHEMA}.items()}
+    if cfg.eh_proj_before_attn:
+        del out["midlayer.input_layernorm.weight"]
+        out["enorm.weight"] = (H,)
+        out["eh_proj.weight"] = (H, 2 * H)
+        if cfg.eh_proj_bias:
+            out["eh_proj.bias"] = (H,)
+    if cfg.fc_bias:
+        out["fc.bias"] = (H,)
+    if cfg.fc_norm:
+        out.update({f"fc_norm.{i}.weight": (T,) for i in range(A)})
+    elif cfg.norm_before_fc:
+        out["input_norm.weight"] = (A * T,)
+    if cfg.own_embedding:
+        out["embed_tokens.weight"] = (cfg.vocab_size, H)
+    return out
 
 
-def trtllm_config(cfg: DraftConfig, raw: dict) -> dict:
-    """config.json for the exported draft: the flat SafeAILab layout TensorRT-LLM's Eagle3 loader reads."""
+def trtllm_config(cfg: DraftConfig, raw: dict, max_seq_len: int | None = None) -> dict:
+    """config.json for the exported draft: the flat SafeAILab layout TensorRT-LLM's Eagle3 loader reads.
+
+    ``max_seq_len``: the bundle's. TensorRT-LLM, vLLM and SGLang size the draft's rope table by its
+    ``max_position_embeddings`` (vLLM crashes past it: vllm-project/vllm issue 48894; SGLang refuses
+    longer contexts by default: sgl-project/sglang PRs 9388 and 10787), so it is raised to at least
+    ``max_seq_len`` where that leaves the rotary function unchanged (rope_params.MAX_POS_INDEPENDENT,
+    with original_max_position_embeddings written out explicitly).
+    """
+    rp = cfg.rope()
+    max_pos = cfg.max_position_embeddings
+    if max_seq_len is not None and max_seq_len > max_pos and rp.kind in rope_params.MAX_POS_INDEPENDENT:
+        max_pos = int(max_seq_len)
     out = {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
@@ -206,7 +349,7 @@ def trtllm_config(cfg: DraftConfig, raw: dict) -> dict:
         "head_dim": cfg.head_dim,
         "hidden_act": "silu",
         "rms_norm_eps": cfg.rms_norm_eps,
-        "max_position_embeddings": cfg.max_position_embeddings,
+        "max_position_embeddings": max_pos,
         "rope_theta": cfg.rope_theta,
         "vocab_size": cfg.vocab_size,
         "draft_vocab_size": cfg.draft_vocab_size,
@@ -216,15 +359,37 @@ def trtllm_config(cfg: DraftConfig, raw: dict) -> dict:
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
     }
-    if cfg.rope_scaling is not None:
-        out["rope_scaling"] = cfg.rope_scaling
+    scaling = rope_params.export_scaling(rp, cfg.rope_scaling)
+    if scaling is not None:
+        out["rope_scaling"] = scaling
+    if cfg.fc_bias:
+        out["bias"] = True
+    if cfg.fc_norm:
+        out["fc_norm"] = True
     eagle = dict(cfg.extra)
+    for k in NESTED_FLAGS:
+        if getattr(cfg, k):
+            eagle[k] = True
     if cfg.aux_layer_ids is not None:
         eagle["eagle_aux_hidden_state_layer_ids"] = list(cfg.aux_layer_ids)
     if eagle:
         out["eagle_config"] = eagle
     for k in ("bos_token_id", "eos_token_id"):
+        if cfg.source_format == "modelopt":
+            break  # ModelOpt writes its own defaults there, not the target's (validate.check_tokenizers)
         src = raw.get("transformer_layer_config", raw) if cfg.source_format == "speculators" else raw
         if k in src:
             out[k] = src[k]
     return with_legacy_fields(out)
+
+
+def for_max_seq_len(ckpt: DraftCheckpoint, max_seq_len: int) -> DraftCheckpoint:
+    """The checkpoint as a bundle of ``max_seq_len`` ships it: ``max_position_embeddings`` raised to
+    at least ``max_seq_len`` and rope_scaling made explicit, where the rotary function stays the same
+    (see ``trtllm_config``). Tensors are shared, not copied."""
+    cfg = ckpt.config
+    rp = cfg.rope()
+    if max_seq_len <= cfg.max_position_embeddings or rp.kind not in rope_params.MAX_POS_INDEPENDENT:
+        return ckpt
+    new = replace(cfg, max_position_embeddings=int(max_seq_len), rope_scaling=rope_params.export_scaling(rp, cfg.rope_scaling))
+    return DraftCheckpoint(path=ckpt.path, config=new, tensors=ckpt.tensors, raw_config=ckpt.raw_config)

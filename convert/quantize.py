@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
 from eagle3_trt.convert import hf_compat, modelopt_compat
-from eagle3_trt.convert.prompts import SHIPPED_PROMPTS
+from eagle3_trt.convert.prompts import SHIPPED_PROMPTS, load_prompts
+from eagle3_trt.convert.target import TargetInfo
+from eagle3_trt.errors import UserError
 
 DEFAULT_CALIB_FILE = SHIPPED_PROMPTS  # --calib's default
 ALWAYS_EXCLUDED = ("*lm_head*", "*embed_tokens*")
@@ -28,6 +31,26 @@ def quant_cfg(fmt: str, kv_cache: str = "auto", exclude: Sequence[str] = ALWAYS_
         cfg = modelopt_compat.with_fp8_kv_cache(cfg)
     modelopt_compat.disable_quantizers(cfg, exclude)
     return cfg
+
+
+def calibration_prompts(calib_file: Path, num_samples: int, max_length: int, target: TargetInfo,
+                        length_option: str = "--calib-max-length") -> list[str]:
+    """The calibration prompts, checked before the target is loaded (a bad file or length costs
+    nothing then, and minutes of loading after).
+
+    ``max_length`` is capped at the target's ``max_position_embeddings``: past it the model was
+    never trained (calibrating there records activation ranges serving never sees), and the cost
+    of one prompt's attention grows with the square of its length. A 151k-token prompt on the
+    tiny target spent minutes inside one CPU attention kernel; Python runs signal handlers only
+    between such calls, so Ctrl-C and SIGTERM waited for it (measured: no reaction to SIGINT in
+    over 2 minutes). With the cap each call returns in milliseconds and an interrupt raises
+    KeyboardInterrupt at once, between two of them; eagle3_trt.atomic.staged_dir then removes the
+    staging directory."""
+    limit = target.max_position_embeddings
+    if max_length > limit:
+        raise UserError(length_option, f"{max_length} tokens per calibration prompt exceeds the target's max_position_embeddings "
+                        f"({limit}, {Path(target.path) / 'config.json'})", f"pass --calib-max-length {limit} or less")
+    return load_prompts(calib_file, num_samples, option="--calib")
 
 
 def calibration_batches(tokenizer, prompts: list[str], max_length: int) -> list[torch.Tensor]:
@@ -74,7 +97,8 @@ def aux_hidden_states(model, ids: torch.Tensor, layer_ids: Sequence[int]) -> tor
 def quantize_draft(draft, target_model, batches: list[torch.Tensor], layer_ids: Sequence[int], fmt: str,
                    on_step: Callable[[], None] | None = None):
     """PTQ of the EAGLE-3 head, calibrated on the target's own aux states (teacher-forced step 1)."""
-    embed = target_model.get_input_embeddings()
+    # the draft's own table exactly when it has one (target_hidden_size != hidden_size), as TensorRT-LLM
+    embed = getattr(draft, "embed_tokens", None) or target_model.get_input_embeddings()
     device = next(target_model.parameters()).device
     inputs = []
     for ids in batches:
@@ -94,4 +118,6 @@ def quantize_draft(draft, target_model, batches: list[torch.Tensor], layer_ids: 
                 if on_step:
                     on_step()
 
-    return modelopt_compat.quantize(draft, quant_cfg(fmt, "auto", exclude=("*lm_head*",)), forward_loop)
+    # eh_proj is a plain torch nn.Linear in TensorRT-LLM's Eagle3DraftModel (modeling_speculative.py
+    # @ 00679c66): it cannot load quantized weights, so it stays BF16 like lm_head and the embedding.
+    return modelopt_compat.quantize(draft, quant_cfg(fmt, "auto", exclude=("*lm_head*", "*eh_proj*", "*embed_tokens*")), forward_loop)

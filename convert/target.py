@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eagle3_trt.convert.checkpoint_io import read_json
-from eagle3_trt.convert.hf_compat import dtype_of, rope_of
+from eagle3_trt.convert.hf_config import parse_config
 from eagle3_trt.errors import UserError
 
 # EAGLE-3's llama3 draft architecture runs on Llama-family decoders in TensorRT-LLM.
@@ -42,6 +42,7 @@ class TargetInfo:
     torch_dtype: str | None
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None
     tie_word_embeddings: bool
     quantized: bool
 
@@ -53,43 +54,36 @@ class TargetInfo:
 
 
 def read_target(path: Path) -> TargetInfo:
+    """The target's config.json through the toolkit's one config schema (convert/hf_config.py):
+    ``validate`` and ``engine`` both start here, so a field is accepted or refused the same way by both."""
     path = Path(path)
     cfg_path = path / "config.json"
-    cfg = read_json(cfg_path)
-
-    def need(key: str):
-        if cfg.get(key) is None:
-            raise UserError(f"{cfg_path}:{key}", "missing required field", "the target config.json is incomplete; re-download it")
-        return cfg[key]
-
-    model_type = need("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise UserError(f"{cfg_path}:model_type", f"{model_type!r} is not a Llama-family decoder", f"EAGLE-3 llama3 heads run on {', '.join(SUPPORTED_MODEL_TYPES)} targets")
-    if not cfg.get("architectures"):
+    raw = read_json(cfg_path)
+    cfg = parse_config(raw, cfg_path, required=("model_type", "num_hidden_layers", "max_position_embeddings"))
+    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+        raise UserError(f"{cfg_path}:model_type", f"{cfg.model_type!r} is not a Llama-family decoder", f"EAGLE-3 llama3 heads run on {', '.join(SUPPORTED_MODEL_TYPES)} targets")
+    if not cfg.architectures:
         raise UserError(f"{cfg_path}:architectures", "missing", 'set "architectures": ["LlamaForCausalLM"] (ModelOpt export needs it)')
-    heads = int(need("num_attention_heads"))
-    hidden = int(need("hidden_size"))
-    eos = cfg.get("eos_token_id")
-    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-    theta, scaling = rope_of(cfg)
-    quantized = (path / "hf_quant_config.json").is_file() or "quantization_config" in cfg
+    theta, scaling = cfg.rope
+    quantized = (path / "hf_quant_config.json").is_file() or cfg.quantization_config is not None
     return TargetInfo(
         path=str(path),
-        model_type=model_type,
-        architectures=tuple(cfg["architectures"]),
-        num_hidden_layers=int(need("num_hidden_layers")),
-        hidden_size=hidden,
-        intermediate_size=int(need("intermediate_size")),
-        num_attention_heads=heads,
-        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
-        vocab_size=int(need("vocab_size")),
-        max_position_embeddings=int(need("max_position_embeddings")),
+        model_type=cfg.model_type,
+        architectures=tuple(cfg.architectures),
+        num_hidden_layers=cfg.num_hidden_layers,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.head_size,
+        vocab_size=cfg.vocab_size,
+        max_position_embeddings=cfg.max_position_embeddings,
         rope_theta=theta,
         rope_scaling=scaling,
-        torch_dtype=dtype_of(cfg),
-        bos_token_id=cfg.get("bos_token_id"),
-        eos_token_ids=eos_ids,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        torch_dtype=cfg.checkpoint_dtype,
+        bos_token_id=cfg.bos_token_id,
+        eos_token_ids=cfg.eos_ids,
+        pad_token_id=cfg.pad_token_id,
+        tie_word_embeddings=cfg.tie_word_embeddings,
         quantized=quantized,
     )

@@ -12,13 +12,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_trt.convert.checkpoint_io import tensor_shapes
+from eagle3_trt.convert import rope_params
+from eagle3_trt.convert.checkpoint_io import read_json, tensor_shapes
 from eagle3_trt.convert.draft_format import DraftCheckpoint, expected_shapes
+from eagle3_trt.convert.hf_config import GenerationConfigIds, parse_config
 from eagle3_trt.convert.target import SUPPORTED_DTYPES, TargetInfo
 from eagle3_trt.errors import UserError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
-KNOWN_ROPE_TYPES = ("llama3", "linear", "dynamic", "yarn", "longrope", "default")
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -66,13 +67,108 @@ def tokenizer_fingerprint(path: Path) -> dict | None:
             "added_tokens": added, "specials": specials}
 
 
+SPECIAL_ROLES = ("bos", "eos", "pad")
+_SWAPPED_HINT = "the tokenizer files and the config come from different models or revisions; copy all of them from the model repository"
+
+
+def _token_ids(tj: Path) -> dict[str, int]:
+    """token -> id of a tokenizer.json: the model's vocabulary (a dict for BPE/WordPiece, a list of
+    [piece, score] for Unigram) with the added tokens over it, as ``tokenizers`` resolves them."""
+    try:
+        data = json.loads(tj.read_text())
+        vocab = data["model"]["vocab"]
+        ids = dict(vocab) if isinstance(vocab, dict) else {row[0]: i for i, row in enumerate(vocab)}
+        ids.update({t["content"]: t["id"] for t in data.get("added_tokens") or []})
+    except (json.JSONDecodeError, KeyError, TypeError, IndexError, UnicodeDecodeError) as e:
+        raise UserError(tj, f"not a readable Hugging Face tokenizer ({type(e).__name__}: {e})", "re-download the tokenizer files") from None
+    bad = next((t for t, i in ids.items() if not isinstance(i, int) or isinstance(i, bool) or i < 0), None)
+    if bad is not None:
+        raise UserError(tj, f"token {bad!r} has id {ids[bad]!r}, not a non-negative integer", "re-download the tokenizer files")
+    return ids
+
+
+def _special_tokens(tdir: Path) -> dict[str, tuple[str, Path]]:
+    """role -> (token text, file naming it) from tokenizer_config.json and special_tokens_map.json.
+
+    transformers reads both; which one wins differs between its releases, so two files that name
+    different tokens for one role are refused rather than resolved one way here and another at
+    serving time."""
+    out: dict[str, tuple[str, Path]] = {}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        f = tdir / name
+        if not f.is_file():
+            continue
+        try:
+            cfg = json.loads(f.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f, f"not valid JSON ({e})".splitlines()[0], "re-download the tokenizer files") from None
+        if not isinstance(cfg, dict):
+            raise UserError(f, "expected a JSON object", "re-download the tokenizer files")
+        for role in SPECIAL_ROLES:
+            v = cfg.get(f"{role}_token")
+            text = v.get("content") if isinstance(v, dict) else v
+            if text is None:
+                continue
+            if not isinstance(text, str):
+                raise UserError(f"{f}:{role}_token", f"must be a token string, got {text!r}", "re-download the tokenizer files")
+            if role in out and out[role][0] != text:
+                raise UserError(f"{f}:{role}_token", f"{text!r} but {out[role][1].name} says {out[role][0]!r}", _SWAPPED_HINT)
+            out.setdefault(role, (text, f))
+    return out
+
+
+def check_target_tokenizer(target: TargetInfo, rep: ValidationReport) -> None:
+    """The target's tokenizer against the target's own config.json and generation_config.json:
+    every token id inside ``vocab_size``, and the bos/eos/pad tokens the tokenizer names are the
+    ids the configs name. A swapped tokenizer (``<s>`` at id 595 while config.json says
+    ``bos_token_id: 1``) loads and runs; it only produces wrong prompts and stop tokens."""
+    tdir = Path(target.path)
+    tj = tdir / "tokenizer.json"
+    if not tj.is_file():
+        raise UserError(tj, "target has no tokenizer.json", "the bundle ships the target's tokenizer; copy it from the model repository")
+    ids = _token_ids(tj)
+    n, top = len(set(ids.values())), max(ids.values(), default=-1)
+    if n > target.vocab_size or top >= target.vocab_size:
+        raise UserError(f"{tdir / 'config.json'}:vocab_size", f"{target.vocab_size}, but {tj.name} has {n} tokens with ids up to {top}", _SWAPPED_HINT)
+    # what each config declares: (file, field) -> ids
+    declared: dict[str, list[tuple[Path, set[int]]]] = {r: [] for r in SPECIAL_ROLES}
+    cfg_file = tdir / "config.json"
+    for role, v in (("bos", target.bos_token_id), ("eos", target.eos_token_ids), ("pad", target.pad_token_id)):
+        vals = set(v) if isinstance(v, tuple) else ({v} if v is not None else set())
+        if vals:
+            declared[role].append((cfg_file, vals))
+    gen_file = tdir / "generation_config.json"
+    if gen_file.is_file():
+        gen = parse_config(read_json(gen_file), gen_file, GenerationConfigIds)
+        for role, vals in (("bos", {gen.bos_token_id} - {None}), ("eos", set(gen.eos_ids)), ("pad", {gen.pad_token_id} - {None})):
+            if vals:
+                declared[role].append((gen_file, vals))
+    for role in SPECIAL_ROLES:
+        for f, vals in declared[role]:
+            out = sorted(i for i in vals if i >= target.vocab_size)
+            if out:
+                raise UserError(f"{f}:{role}_token_id", f"id {out[0]} is outside the vocabulary 0..{target.vocab_size - 1}", _SWAPPED_HINT)
+    specials = _special_tokens(tdir)
+    for role, (text, f) in specials.items():
+        tid = ids.get(text)
+        if tid is None:
+            raise UserError(f"{f}:{role}_token", f"{text!r} is not a token of {tj.name}", _SWAPPED_HINT)
+        for cf, vals in declared[role]:
+            # eos: config.json and generation_config.json may list several stop ids (Llama 3: end of
+            # text and end of turn); the tokenizer's eos must be one of them. bos/pad: one id each.
+            if tid not in vals:
+                want = sorted(vals) if len(vals) > 1 else next(iter(vals))
+                raise UserError(f"{cf}:{role}_token_id", f"{want}, but the tokenizer's {role}_token {text!r} is id {tid} in {tj.name}", _SWAPPED_HINT)
+    named = ", ".join(f"{r} {specials[r][0]!r}={ids[specials[r][0]]}" for r in SPECIAL_ROLES if r in specials)
+    rep.ok("target_tokenizer", f"{n} tokens within vocab_size {target.vocab_size}; {named or 'no special tokens named'} agree with the configs")
+
+
 def check_tokenizers(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationReport) -> None:
     tdir = Path(target.path)
     tfp = tokenizer_fingerprint(tdir)
     if tfp is None:
         raise UserError(tdir / "tokenizer.json", "target has no tokenizer.json", "the bundle ships the target's tokenizer; copy it from the model repository")
-    if tfp["size"] > target.vocab_size:
-        raise UserError(tdir / "tokenizer.json", f"tokenizer has {tfp['size']} tokens but config vocab_size is {target.vocab_size}", "tokenizer and weights come from different models")
+    # its size against vocab_size: check_target_tokenizer, which runs first
     if draft.config.vocab_size != target.vocab_size:
         raise UserError(
             f"{draft.path / 'config.json'}:vocab_size",
@@ -92,6 +188,11 @@ def check_tokenizers(target: TargetInfo, draft: DraftCheckpoint, rep: Validation
         rep.ok("tokenizer", f"draft and target tokenizers identical ({tfp['size']} tokens)")
     else:
         rep.ok("tokenizer", f"draft ships no tokenizer; draft vocab_size matches the target's {target.vocab_size} tokens")
+    if draft.config.source_format == "modelopt":
+        # ModelOpt's exporter fills bos/eos from its own draft LlamaConfig (defaults 1 and 2) before the
+        # base model's (modelopt/torch/export/plugins/hf_spec_export.py, _get_config_from_draft_or_base),
+        # and TensorRT-LLM never reads a draft's bos/eos: not evidence of another tokenizer here.
+        return
     d_eos = draft.raw_config.get("eos_token_id")
     d_eos_set = set(d_eos if isinstance(d_eos, list) else [d_eos]) - {None}
     if d_eos_set and target.eos_token_ids and not d_eos_set & set(target.eos_token_ids):
@@ -116,8 +217,25 @@ def check_shapes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationRepo
     if "lm_head.weight" not in draft.tensors:
         if c.draft_vocab_size != target.vocab_size:
             raise UserError(f"{draft.path}:lm_head.weight", "missing while draft_vocab_size differs from the target vocab", "the head must ship its own lm_head for a reduced draft vocabulary")
-        want.pop("lm_head.weight")
-        rep.warn("draft has no lm_head; TensorRT-LLM will use the target's")
+        # TensorRT-LLM would borrow the target's lm_head; the reference runtime, the draft quantizer and
+        # the exporter work on the head alone, so refuse here rather than fail later with a traceback
+        raise UserError(f"{draft.path}:lm_head.weight", "missing (TensorRT-LLM would borrow the target's; eagle3-trt measures and exports the head alone)",
+                        "copy the target's lm_head.weight into the draft checkpoint")
+    n_aux = c.num_aux_layers
+    if n_aux == 1 and c.target_hidden_size != c.hidden_size:
+        # Eagle3DraftModel creates fc only for num_capture_layers > 1 (modeling_speculative.py @ 00679c66)
+        raise UserError(f"{draft.path}:fc.weight", "fuses one aux layer of a different width: TensorRT-LLM creates no fc for a single captured layer",
+                        "train the head with two or more aux layers")
+    if c.fuse_width == c.hidden_size:
+        rep.warn("fc.weight is not applied: the concatenated aux width equals hidden_size, and TensorRT-LLM then feeds it to the layer unchanged")
+    if "fc.bias" in draft.tensors and not c.fc_bias:
+        rep.warn("fc.bias is ignored: TensorRT-LLM gives fc a bias only when config.json says \"bias\": true (measured without it)")
+    if "embed_tokens.weight" in draft.tensors and not c.own_embedding:
+        rep.warn("the draft's embed_tokens.weight is ignored: with target_hidden_size == hidden_size TensorRT-LLM uses the target's embedding (measured with the target's)")
+    if c.extra.get("norm_before_residual"):
+        rep.warn("norm_before_residual is not read by TensorRT-LLM: it serves (and eagle3-trt measures) the residual from the un-normed hidden state")
+    if c.aux_layer_ids_as_trained is not None:
+        rep.warn(f"aux layers listed as {list(c.aux_layer_ids_as_trained)}: TensorRT-LLM captures them in sorted order, so fc's input blocks are permuted to match (same function)")
     for name, shape in want.items():
         t = draft.tensors.get(name)
         if t is None:
@@ -128,10 +246,12 @@ def check_shapes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationRepo
     extra = sorted(set(draft.tensors) - known)
     if extra:
         rep.warn(f"draft tensors ignored by TensorRT-LLM: {', '.join(extra[:5])}{' …' if len(extra) > 5 else ''}")
-    rep.ok("shapes", f"draft hidden {c.hidden_size}, target hidden {target.hidden_size}, {len(want)} tensors match the EAGLE-3 schema")
+    variants = [k for k in ("return_hidden_post_norm", "norm_before_fc", "fc_norm", "eh_proj_before_attn", "fc_bias") if getattr(c, k)]
+    rep.ok("shapes", f"draft hidden {c.hidden_size}, target hidden {target.hidden_size}, {len(want)} tensors match the EAGLE-3 schema"
+           + (f"; variants: {', '.join(variants)}" if variants else ""))
 
 
-_OPTIONAL_ALLOWED = ("d2t", "t2d", "embed_tokens.weight", "fc.bias")
+_OPTIONAL_ALLOWED = ("d2t", "t2d", "embed_tokens.weight", "fc.bias")  # warned about above when not loaded
 
 
 def check_aux_layers(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationReport) -> None:
@@ -192,23 +312,29 @@ def check_vocab_map(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationR
 
 
 def check_rope(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int, rep: ValidationReport) -> None:
+    """Rope types as TensorRT-LLM reads them (convert/rope_params.py); what the reference runtime cannot
+    compute the way TensorRT-LLM serves it is refused here, in one line, not met later as a traceback."""
     c = draft.config
-    for who, scaling, file in (("target", target.rope_scaling, Path(target.path) / "config.json"), ("draft", c.rope_scaling, draft.path / "config.json")):
-        if scaling is not None:
-            kind = scaling.get("rope_type", scaling.get("type"))
-            if kind not in KNOWN_ROPE_TYPES:
-                raise UserError(f"{file}:rope_scaling", f"unknown rope type {kind!r}", f"supported: {', '.join(KNOWN_ROPE_TYPES)}")
-    if c.head_dim % 2:
-        raise UserError(f"{draft.path / 'config.json'}:head_dim", f"{c.head_dim} is odd", "rotary embeddings need an even head_dim")
-    if c.rope_theta <= 0 or target.rope_theta <= 0:
-        raise UserError(f"{draft.path / 'config.json'}:rope_theta", "must be positive", "fix the config")
+    tfile, dfile = Path(target.path) / "config.json", draft.path / "config.json"
+    tp = rope_params.from_config(target.rope_theta, target.rope_scaling, target.head_dim, target.max_position_embeddings, where=str(tfile))
+    dp = rope_params.from_config(c.rope_theta, c.rope_scaling, c.head_dim, c.max_position_embeddings, where=str(dfile))
+    rope_params.check_supported(tp, str(tfile), max_seq_len)
+    # the draft's table is raised to max_seq_len at export where that keeps its function (draft_format.for_max_seq_len)
+    rope_params.check_supported(dp, str(dfile), max_seq_len)
+    if tp.kind == "llama3" and not (target.rope_scaling or {}).get("original_max_position_embeddings"):
+        raise UserError(f"{tfile}:rope_scaling", "llama3 rope without original_max_position_embeddings",
+                        "TensorRT-LLM assumes 1024, transformers max_position_embeddings; write the model's value (8192 for Llama 3.1)")
     if c.head_dim != target.head_dim:
         rep.warn(f"draft head_dim {c.head_dim} differs from the target's {target.head_dim} (allowed: the draft has its own attention)")
-    if c.rope_theta != target.rope_theta:
-        rep.warn(f"draft rope_theta {c.rope_theta:g} differs from the target's {target.rope_theta:g}; TensorRT-LLM uses the draft's own (as it was trained)")
+    if not rope_params.same_function(tp, dp):
+        rep.warn(f"draft rope ({rope_params.describe(dp)}) differs from the target's ({rope_params.describe(tp)}); "
+                 "TensorRT-LLM runs the draft with its own rope, and so does the measurement")
     if c.max_position_embeddings < max_seq_len:
-        rep.warn(f"draft max_position_embeddings {c.max_position_embeddings} < max_seq_len {max_seq_len}: acceptance drops on longer contexts")
-    rep.ok("rope", f"draft theta {c.rope_theta:g} scaling {((c.rope_scaling or {}).get('rope_type') or 'none')}; target theta {target.rope_theta:g} scaling {((target.rope_scaling or {}).get('rope_type') or 'none')}")
+        if dp.kind in rope_params.MAX_POS_INDEPENDENT:
+            rep.warn(f"draft max_position_embeddings {c.max_position_embeddings} < max_seq_len {max_seq_len}: the bundle's draft config is raised to {max_seq_len} (same rotary function)")
+        else:
+            rep.warn(f"draft max_position_embeddings {c.max_position_embeddings} < max_seq_len {max_seq_len}: acceptance drops on longer contexts")
+    rep.ok("rope", f"draft {rope_params.describe(dp)}; target {rope_params.describe(tp)}")
 
 
 def check_dtypes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationReport) -> None:
@@ -244,6 +370,7 @@ def check_target_weights(target: TargetInfo, rep: ValidationReport) -> None:
 def validate_pair(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int) -> ValidationReport:
     rep = ValidationReport()
     check_target_weights(target, rep)
+    check_target_tokenizer(target, rep)
     check_dtypes(target, draft, rep)
     check_tokenizers(target, draft, rep)
     check_shapes(target, draft, rep)

@@ -6,6 +6,18 @@ and d2t to map draft ids to target ids. Step 1 feeds fc(concat of the target's a
 states); steps 2..K feed the draft's own pre-norm output back in. Module and parameter names
 match the checkpoint layout (fc, midlayer.*, norm, lm_head) so ModelOpt quantizes and exports
 the same names TensorRT-LLM loads.
+
+The variants TensorRT-LLM's loader honours (tensorrt_llm/_torch/models/modeling_speculative.py @
+00679c66c3e38f6d2651ad0a5bef0f94d862e36c) are computed as there; the config flags are described in
+``convert.draft_format`` (NESTED_FLAGS / TOP_LEVEL_FLAGS):
+
+- ``fuse`` = ``Eagle3ForCausalLM.apply_eagle3_fc``: only when the aux width differs from hidden_size,
+  [fc_norm per chunk | input_norm over the whole width] then fc.
+- ``eh_proj_before_attn``: ``h = eh_proj(cat[enorm(e), h])`` before the layer at every step; the
+  layer is then "regular" (no input_layernorm, H-wide q/k/v input).
+- ``return_hidden_post_norm`` / ``norm_output``: the hidden state returned (and fed back) is
+  ``norm(h)``; logits are ``lm_head`` of it.
+- own ``embed_tokens`` exactly when target_hidden_size != hidden_size.
 """
 
 from __future__ import annotations
@@ -35,9 +47,10 @@ class DraftAttention(nn.Module):
     def __init__(self, c: DraftConfig):
         super().__init__()
         self.h, self.kv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.q_proj = nn.Linear(2 * c.hidden_size, self.h * self.d, bias=c.attention_bias)
-        self.k_proj = nn.Linear(2 * c.hidden_size, self.kv * self.d, bias=c.attention_bias)
-        self.v_proj = nn.Linear(2 * c.hidden_size, self.kv * self.d, bias=c.attention_bias)
+        width = c.hidden_size if c.eh_proj_before_attn else 2 * c.hidden_size  # Eagle3Attention: 2H unless regular
+        self.q_proj = nn.Linear(width, self.h * self.d, bias=c.attention_bias)
+        self.k_proj = nn.Linear(width, self.kv * self.d, bias=c.attention_bias)
+        self.v_proj = nn.Linear(width, self.kv * self.d, bias=c.attention_bias)
         self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=c.attention_bias)
 
     def forward(self, x, cos, sin, past: tuple | None, mask: torch.Tensor | None):
@@ -76,7 +89,10 @@ class DraftMLP(nn.Module):
 class DraftLayer(nn.Module):
     def __init__(self, c: DraftConfig):
         super().__init__()
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        # single-layer draft: TensorRT-LLM's _next_layer_regular is eh_proj_before_attn
+        self.regular = c.eh_proj_before_attn
+        if not self.regular:
+            self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = DraftAttention(c)
@@ -84,7 +100,10 @@ class DraftLayer(nn.Module):
 
     def forward(self, embeds, hidden, cos, sin, past, mask):
         residual = hidden
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        if self.regular:
+            x = self.hidden_norm(hidden)
+        else:
+            x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         attn, kv = self.self_attn(x, cos, sin, past, mask)
         h = residual + attn
         h = h + self.mlp(self.post_attention_layernorm(h))
@@ -92,31 +111,56 @@ class DraftLayer(nn.Module):
 
 
 class Eagle3Draft(nn.Module):
-    def __init__(self, c: DraftConfig, fc_bias: bool = False):
+    def __init__(self, c: DraftConfig, fc_bias: bool | None = None):
         super().__init__()
         self.config = c
-        self.fc = nn.Linear(max(c.num_aux_layers, 1) * c.target_hidden_size, c.hidden_size, bias=fc_bias)
+        A, T, H = max(c.num_aux_layers, 1), c.target_hidden_size, c.hidden_size
+        self.fc = nn.Linear(A * T, H, bias=c.fc_bias if fc_bias is None else fc_bias)
+        if c.fc_norm:  # wins over norm_before_fc (apply_eagle3_fc)
+            self.fc_norm = nn.ModuleList([RMSNorm(T, c.rms_norm_eps) for _ in range(A)])
+        elif c.norm_before_fc:
+            self.input_norm = RMSNorm(A * T, c.rms_norm_eps)
+        if c.eh_proj_before_attn:
+            self.enorm = RMSNorm(H, c.rms_norm_eps)
+            self.eh_proj = nn.Linear(2 * H, H, bias=c.eh_proj_bias)
+        if c.own_embedding:
+            self.embed_tokens = nn.Embedding(c.vocab_size, H)
         self.midlayer = DraftLayer(c)
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.norm = RMSNorm(H, c.rms_norm_eps)
+        self.lm_head = nn.Linear(H, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64), persistent=True)
-        self.register_buffer("rope_freqs", rope.inv_freq(c.head_dim, c.rope_theta, c.rope_scaling), persistent=False)
+        freqs, self.rope_scale = rope.tables(c.rope())
+        self.register_buffer("rope_freqs", freqs, persistent=False)
 
     @classmethod
     def from_checkpoint(cls, ckpt, dtype: torch.dtype = torch.bfloat16, device="cpu") -> "Eagle3Draft":
-        """Build from a normalized DraftCheckpoint (convert.draft_format.load_draft)."""
-        m = cls(ckpt.config, fc_bias="fc.bias" in ckpt.tensors)
-        sd = {k: v for k, v in ckpt.tensors.items() if k not in ("t2d", "embed_tokens.weight")}
-        if "d2t" not in sd:
+        """Build from a normalized DraftCheckpoint (convert.draft_format.load_draft).
+
+        Tensors TensorRT-LLM would not load for this config (an fc.bias without ``bias: true``, an
+        embed_tokens when the hidden sizes match, norms of a variant that is off) are not loaded here either.
+        """
+        m = cls(ckpt.config)
+        wanted = set(m.state_dict())
+        sd = {k: v for k, v in ckpt.tensors.items() if k in wanted}
+        if "d2t" not in sd or ckpt.config.draft_vocab_size == ckpt.config.vocab_size:
+            # TensorRT-LLM creates d2t only for a reduced draft vocabulary; otherwise ids map 1:1
             sd["d2t"] = torch.zeros(ckpt.config.draft_vocab_size, dtype=torch.int64)
         if "lm_head.weight" not in sd:
-            raise ValueError("draft has no lm_head; the reference runtime needs the draft's own head")
+            raise ValueError("draft has no lm_head; validate refuses such heads")
         sd["d2t"] = sd["d2t"].to(torch.int64)
         m.load_state_dict(sd, strict=True)
         return m.to(device=device, dtype=dtype).eval()
 
     def fuse(self, aux_hidden: torch.Tensor) -> torch.Tensor:
-        """[B, S, n_aux*T] concatenated target aux hidden states -> [B, S, H]."""
+        """[B, S, n_aux*T] concatenated target aux hidden states -> [B, S, H]
+        (``Eagle3ForCausalLM.apply_eagle3_fc``: nothing at all when the width already is H)."""
+        if aux_hidden.shape[-1] == self.config.hidden_size:
+            return aux_hidden
+        if hasattr(self, "fc_norm"):
+            chunks = aux_hidden.chunk(len(self.fc_norm), dim=-1)
+            aux_hidden = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks)], dim=-1)
+        elif hasattr(self, "input_norm"):
+            aux_hidden = self.input_norm(aux_hidden)
         return self.fc(aux_hidden)
 
     @property
@@ -136,20 +180,26 @@ class Eagle3Draft(nn.Module):
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor | None, positions: torch.Tensor,
                 past: tuple | None = None, mask: torch.Tensor | None = None, aux: torch.Tensor | None = None,
                 with_logits: bool = True):
-        """One draft pass. Returns (pre-norm hidden [B,S,H], draft logits [B,S,D], (k, v)).
+        """One draft pass. Returns (hidden to feed back [B,S,H], draft logits [B,S,D], (k, v)).
 
-        ``aux`` (concatenated target aux states) is fused through fc when given instead of ``hidden``.
+        The hidden state returned is what TensorRT-LLM feeds to the next draft step: the pre-norm
+        output, or the post-norm one with ``return_hidden_post_norm``/``norm_output``.
+        ``aux`` (concatenated target aux states) is fused (``fuse``) when given instead of ``hidden``.
         ``with_logits=False`` skips the head (logits None) for passes that only build context.
         """
         if aux is not None:
-            hidden = self.fc(aux)
-        cos, sin = rope.cos_sin(positions, self.rope_freqs, embeds.dtype)
+            hidden = self.fuse(aux)
+        if hasattr(self, "eh_proj"):
+            hidden = self.eh_proj(torch.cat([self.enorm(embeds), hidden], dim=-1))
+        cos, sin = rope.cos_sin(positions, self.rope_freqs, embeds.dtype, self.rope_scale)
         h, kv = self.midlayer(embeds, hidden, cos, sin, past, mask)
+        if self.config.return_hidden_post_norm:
+            h = self.norm(h)
         return h, (self.logits(h) if with_logits else None), kv
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits of pre-norm hidden states."""
-        return self.lm_head(self.norm(h))
+        """Draft-vocabulary logits of hidden states as ``forward`` returns them."""
+        return self.lm_head(h if self.config.return_hidden_post_norm else self.norm(h))
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

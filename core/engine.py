@@ -4,8 +4,9 @@ Semantics follow TensorRT-LLM's one-model EAGLE-3 (PyTorch backend):
 
 - The target forward returns the hidden states of the captured aux layers. Draft step 1 runs,
   at every newly accepted position p, on [embedding of token p+1 ; fc(concat of aux states at p)]
-  (the embedding is the target's ``embed_tokens`` unless the draft ships its own); steps 2..K
-  feed the draft's own pre-norm output back in as the hidden state. Draft ids map to target ids
+  (the embedding is the target's ``embed_tokens`` unless the draft has its own: exactly when its
+  target_hidden_size differs from its hidden_size, as in TensorRT-LLM); steps 2..K feed the draft's
+  own output back in as the hidden state (pre-norm, or post-norm for ``return_hidden_post_norm``). Draft ids map to target ids
   through ``d2t``.
 - Verification is ONE target forward over [last accepted token + drafted tokens] (a chain, or a
   static tree with a tree attention mask). Greedy: a draft token is accepted when it equals the
@@ -565,12 +566,10 @@ def _default_dtype(device, dtype):
 
 
 def _build_draft(ckpt, dtype, device):
+    """The draft and the embedding table it reads: its own exactly when TensorRT-LLM gives it one
+    (target_hidden_size != hidden_size, ``DraftConfig.own_embedding``), else None (the target's)."""
     draft = Eagle3Draft.from_checkpoint(ckpt, dtype=dtype, device=device)
-    embed = None
-    if "embed_tokens.weight" in ckpt.tensors:
-        w = ckpt.tensors["embed_tokens.weight"]
-        embed = torch.nn.Embedding.from_pretrained(w.to(device=device, dtype=dtype), freeze=True)
-    return draft, embed
+    return draft, getattr(draft, "embed_tokens", None)
 
 
 def _load_tokenizer(path: Path):

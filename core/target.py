@@ -37,7 +37,9 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from eagle3_trt.convert import hf_compat
 from eagle3_trt.convert.checkpoint_io import iter_tensors, read_json, weight_files
 from eagle3_trt.convert.dequantize import load_checkpoint_dequantized
+from eagle3_trt.convert import rope_params
 from eagle3_trt.convert.nvfp4_cpu import E2M1_MAX, E4M3_MAX, nvfp4_fake_quant
+from eagle3_trt.core import rope
 from eagle3_trt.errors import UserError
 
 FP8_MAX = 448.0
@@ -287,6 +289,22 @@ def _fq_cache_class():
     return FakeQuantKVCache
 
 
+def _trtllm_rope(rotary, cfg: dict) -> None:
+    """Give the target TensorRT-LLM's rotary tables where transformers' function differs from it
+    (yarn, longrope: see core/rope.py's docstring); other types keep transformers' own tables, which
+    equal TensorRT-LLM's to float rounding. ``rope_type = "default"`` stops transformers' per-forward
+    frequency switching (``dynamic_rope_update``) so the tables stay as TensorRT-LLM builds them."""
+    p = rope_params.from_raw_config(cfg)
+    if p.kind not in rope_params.HF_DIFFERS:
+        return
+    inv, scale = rope.tables(p)
+    inv = inv.to(rotary.inv_freq.device)
+    rotary.register_buffer("inv_freq", inv, persistent=False)
+    rotary.original_inv_freq = inv
+    rotary.attention_scaling = scale
+    rotary.rope_type = "default"
+
+
 class TargetModel:
     """HF ``LlamaForCausalLM`` + aux-layer capture, called with explicit masks, positions and cache."""
 
@@ -358,6 +376,7 @@ class TargetModel:
         model.to(device=device)
         for b in model.model.rotary_emb.buffers():  # keep rotary frequencies in fp32 like HF does
             b.data = b.data.float()
+        _trtllm_rope(model.model.rotary_emb, cfg)
         handles = install_activation_fake_quant(model, input_scales_of(quant, scales), quant_algo_of(quant))
         tm = cls(model, aux_layer_ids, cfg)
         tm.fake_quant_handles = handles

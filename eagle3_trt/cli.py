@@ -53,11 +53,17 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "recommend": ("eagle3_trt.runtime.commands", "recommend_cmd",
                   "Predict speedup per K and batch size from measured acceptance; recommend K and max_concurrency."),
     "package": ("eagle3_trt.triton_repo.commands", "package_cmd",
-                "Write a Triton model repository (decoupled Python-backend model, llmapi tensor interface) for BUNDLE."),
+                "Write a Triton model repository (Python-backend model, llmapi tensor interface, upstream model.yaml) for BUNDLE."),
     "serve": ("eagle3_trt.triton_repo.commands", "serve_cmd",
               "Start tritonserver on 127.0.0.1 with REPO, wait until it is ready, print the URLs."),
     "stop": ("eagle3_trt.triton_repo.commands", "stop_cmd",
              "Stop the server started by `eagle3-trt serve` (recorded in STATE_DIR/server.json)."),
+    "serve-dynamo": ("eagle3_trt.dynamo_serving.commands", "serve_dynamo_cmd",
+                     "Start NVIDIA Dynamo's OpenAI frontend and N reference-runtime workers for BUNDLE on 127.0.0.1."),
+    "status-dynamo": ("eagle3_trt.dynamo_serving.commands", "status_dynamo_cmd",
+                      "One line per process started by serve-dynamo; exit 1 when one is dead."),
+    "stop-dynamo": ("eagle3_trt.dynamo_serving.commands", "stop_dynamo_cmd",
+                    "Stop what serve-dynamo started and remove its discovery store."),
     "generate": ("eagle3_trt.clients.commands", "generate_cmd",
                  "Send PROMPT to the eagle3 model on a Triton server (chat template applied client-side)."),
     "bench": ("eagle3_trt.clients.commands", "bench_cmd",
@@ -143,7 +149,9 @@ def validate_cmd(target_dir: str, draft_dir: str, max_seq_len: int, as_json: boo
 
 
 @cli.command("engine")
-@click.option("--model", "model", default="tiny", show_default=True, help="preset name (eagle3-trt presets)")
+@click.option("--model", "model", default=None, help="preset name from the registry (eagle3-trt presets)  [default: tiny]")
+@click.option("--preset-file", default=None, type=click.Path(dir_okay=False),
+              help="a preset YAML file of your own (instead of --model; same fields as build/presets/*.yaml)")
 @click.option("--target", "target", default=None, help="local target checkpoint dir (overrides the preset)")
 @click.option("--draft", "draft", default=None, help="local EAGLE-3 draft dir (overrides the preset)")
 @click.option("--target-gpu", default=None, help="GPU the bundle is for: h100, h200, b200, ... (default: detected GPU, else the preset's)")
@@ -154,21 +162,26 @@ def validate_cmd(target_dir: str, draft_dir: str, max_seq_len: int, as_json: boo
 @click.option("--quantize-draft", is_flag=True, help="quantize the draft head too (default: BF16 draft)")
 @click.option("--draft-quant", type=click.Choice(["fp8", "nvfp4"]), default=None, help="draft format with --quantize-draft (default: the target's)")
 @click.option("--calib", "calib_file", default=None, help="calibration prompts (JSONL with 'turns' or 'text', or .txt); default: shipped set")
-@click.option("--calib-samples", type=int, default=None, help="number of calibration prompts")
-@click.option("--calib-max-length", type=int, default=None, help="tokens per calibration prompt")
+@click.option("--calib-samples", type=click.IntRange(min=1), default=None, help="number of calibration prompts")
+@click.option("--calib-max-length", type=click.IntRange(min=1), default=None,
+              help="tokens per calibration prompt (at most the target's max_position_embeddings)")
 @click.option("--max-draft-len", type=int, default=None, help="draft length K (default: the preset's)")
 @click.option("-o", "--out", default=None, help="bundle dir (default: engines/<preset>-<quant>-<gpu>)")
 @click.option("--force", is_flag=True, help="rebuild even when the inputs are unchanged")
 @click.option("--dry-run", is_flag=True, help="configs only: plan, validate and write options + manifest, no weights")
 @click.option("--json", "as_json", is_flag=True, help="print the manifest as JSON on stdout")
-def engine_cmd(model: str, as_json: bool, **kw) -> None:
+def engine_cmd(model: str | None, preset_file: str | None, as_json: bool, **kw) -> None:
     """Validate, quantize and export a target + EAGLE-3 draft into an engine bundle."""
     from eagle3_trt.build.builder import EngineRequest, build_bundle
-    from eagle3_trt.build.presets import load_preset
+    from eagle3_trt.build.presets import load_preset, load_preset_file
 
+    if model and preset_file:
+        raise UserError("--model/--preset-file", "both given", "pass a registry preset name (--model) or a preset file (--preset-file), not both")
+    # the preset first: a name outside the registry is refused before a GPU is probed or a file read
+    preset = load_preset_file(Path(preset_file)) if preset_file else load_preset(model or "tiny")
     if kw["target_gpu"] is None:
         kw["target_gpu"] = _detected_gpu()
-    req = EngineRequest(preset=load_preset(model), **kw)
+    req = EngineRequest(preset=preset, **kw)
     con = _console()
     with _progress(con) as progress:
         res = build_bundle(req, progress=progress, log=lambda m: con.print(f"[yellow]{m}[/]"))
@@ -247,9 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     except GateFailed as e:
         click.echo(f"gate failed: {e}", err=True)
         return GateFailed.exit_code
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        return 130
+    except click.exceptions.Abort as e:
+        # SIGINT: 130; SIGTERM (eagle3_trt.atomic raises KeyboardInterrupt("signal 15") for it): 143,
+        # the 128 + signal number a shell reports, so `docker stop` and Ctrl-C can be told apart
+        cause = e.__cause__ or e.__context__
+        sig = 15 if isinstance(cause, KeyboardInterrupt) and str(cause).startswith("signal 15") else 2
+        click.echo("interrupted (SIGTERM)" if sig == 15 else "aborted", err=True)
+        return 128 + sig
     except click.ClickException as e:
         e.show()
         return e.exit_code

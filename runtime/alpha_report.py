@@ -77,12 +77,17 @@ def render_summary(report: dict, con: Console) -> None:
             sw.add_row(k, f"{v['alpha']:.3f}", f"{v['acceptance_length']:.2f}", f"{v['predicted_acceptance_length']:.2f}")
         con.print(sw)
     for p in [prim] + ([ref] if ref else []):
-        if not p.get("chat_template", True):
-            con.print(f"[yellow]warning:[/] {p['label']}: the tokenizer has no chat template; prompts were sent raw")
+        raw = p.get("raw_prompts", 0)
+        if raw:
+            con.print(f"note: {p['label']}: {raw} of {len(p['requests'])} prompts measured as raw completion text "
+                      "(no chat template, BOS as the tokenizer adds it)", highlight=False)
+        if not p.get("chat_template", True) and raw < len(p["requests"]):
+            con.print(f"[yellow]warning:[/] {p['label']}: the tokenizer has no chat template; chat prompts were sent "
+                      "as plain text")
         for sk in p.get("skipped", []):
             con.print(f"[yellow]skipped[/] ({p['label']}): {sk}")
     for c in report.get("diagnostics", []):
-        mark = "[green]ok[/]" if c["ok"] else "[red]PROBLEM[/]"
+        mark = "[red]PROBLEM[/]" if not c["ok"] else "[cyan]info[/]" if c.get("info") else "[green]ok[/]"
         con.print(f"{mark} {c['check']}: {c['detail']}", highlight=False)
     rec = report.get("recommendation")
     if rec:

@@ -18,7 +18,7 @@ from eagle3_trt.build.gpus import get_gpu
 from eagle3_trt.build.planner import kv_bytes_per_token, parse_shape
 from eagle3_trt.build.trtllm_adapter import recommend as recommended_options
 from eagle3_trt.convert.checkpoint_io import read_json
-from eagle3_trt.convert.prompts import load_prompt_records
+from eagle3_trt.convert.prompts import load_prompt_records, use_chat_template
 from eagle3_trt.errors import GateFailed, UserError
 from eagle3_trt.runtime.alpha_report import compare, render_summary, summary_console
 from eagle3_trt.runtime.cost_model import CostParams, model_cost, predict, recommend
@@ -70,14 +70,20 @@ def _device(device: str | None) -> str:
 def run_alpha(bundle: Path, prompts_file: Path, *, reference_bundle: Path | None = None, bf16: bool | None = None,
               max_tokens: int = 128, limit: int | None = None, turns: str = "all", max_draft_len: int | None = None,
               method: str = "estimator", device: str | None = None, batch_size: int = 16, concurrency: int = 1,
-              diagnostics: bool = True, progress=None, sweep: tuple[int, ...] = ()) -> dict:
-    """Measure the bundle (as built) and optionally a reference pair; returns the report dict."""
+              diagnostics: bool = True, progress=None, sweep: tuple[int, ...] = (), chat_template: bool | None = None) -> dict:
+    """Measure the bundle (as built) and optionally a reference pair; returns the report dict.
+
+    ``chat_template``: None encodes chat records through the template and raw completion
+    records as they are; False sends every record raw; True templates every record."""
     say = progress or (lambda msg: None)
+    if max_draft_len is not None and not 1 <= max_draft_len <= 16:  # 0 would silently mean the bundle's K
+        raise UserError("--max-draft-len", f"{max_draft_len}", "draft lengths are 1..16")
     if sweep and method != "estimator":
         raise UserError("--sweep", "needs the estimator", "drop --method generate (the estimator's counts are identical)")
     b = open_bundle(Path(bundle))
     bundle = b.path
     records = load_prompt_records(Path(prompts_file), limit)
+    use_chat_template(records, chat_template, source=prompts_file)  # a one-line error before any model is loaded
     device = _device(device)
     k = int(max_draft_len or b.k)
     t0 = time.perf_counter()
@@ -86,7 +92,7 @@ def run_alpha(bundle: Path, prompts_file: Path, *, reference_bundle: Path | None
     load_s = time.perf_counter() - t0
     say(f"measuring {len(records)} prompts ({turns} turns, up to {max_tokens} tokens each)")
     prim = measure(eng, records, label=b.label, max_tokens=max_tokens, turns=turns, method=method,
-                   batch_size=batch_size, k=k, sweep=sweep)
+                   batch_size=batch_size, k=k, sweep=sweep, chat_template=chat_template)
     diag = diagnose(eng, prim) if diagnostics and prim.results else []
     del eng
 
@@ -113,7 +119,7 @@ def run_alpha(bundle: Path, prompts_file: Path, *, reference_bundle: Path | None
     if reng is not None:
         say("measuring the reference pair")
         ref = measure(reng, records, label=ref_label, max_tokens=max_tokens, turns=turns, method=method,
-                      batch_size=batch_size, k=k)
+                      batch_size=batch_size, k=k, chat_template=chat_template)
         del reng
 
     report: dict = {
@@ -122,7 +128,8 @@ def run_alpha(bundle: Path, prompts_file: Path, *, reference_bundle: Path | None
         "bundle": str(bundle),
         "settings": {"prompts": str(prompts_file), "records": len(records), "limit": limit, "turns": turns,
                      "max_tokens": max_tokens, "max_draft_len": k, "method": method, "device": device,
-                     "decoding": "greedy", "batch_size": batch_size, "sweep": list(sweep)},
+                     "decoding": "greedy", "batch_size": batch_size, "sweep": list(sweep),
+                     "chat_template": {None: "per record", True: "always", False: "never"}[chat_template]},
         "pairs": {"bundle": prim.to_dict()},
         "delta": compare(prim, ref),
         "diagnostics": diag,
@@ -135,11 +142,48 @@ def run_alpha(bundle: Path, prompts_file: Path, *, reference_bundle: Path | None
     ov = prim.overall()
     if ov.draft_tokens:
         try:
-            rec = recommend(ov.cumulative_acceptance, concurrency=concurrency, **bundle_cost_inputs(b))
+            rec = recommend(ov.cumulative_acceptance, concurrency=concurrency, **bundle_cost_inputs(b),
+                            measured_by_k={kk: v["cumulative_acceptance"] for kk, v in prim.sweep().items()})
             report["recommendation"] = rec.to_dict()
         except UserError as e:
             report["recommendation_error"] = e.line()
     return report
+
+
+def read_report(path: Path) -> dict:
+    """An alpha report.json, or a one-line UserError."""
+    hint = "pass the report.json written by `eagle3-trt alpha`"
+    if not path.is_file():
+        raise UserError(path, "report not found", hint)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(path, f"not valid JSON ({e})", hint) from None
+    if not isinstance(data, dict):
+        raise UserError(path, "not an alpha report (expected a JSON object)", hint)
+    return data
+
+
+def report_curves(report: dict, where: str | Path) -> tuple[list[float], dict[int, list[float]]]:
+    """(the run's cumulative acceptance, {K: cumulative acceptance measured at K} for every K of its
+    sweep) from an alpha report.json, so ``recommend`` can choose any K the sweep measured."""
+    try:
+        prim = report["pairs"]["bundle"]
+        cum = prim["overall"]["cumulative_acceptance"]
+    except (KeyError, TypeError):
+        raise UserError(where, "not an alpha report (pairs.bundle.overall.cumulative_acceptance missing)",
+                        "pass the report.json written by `eagle3-trt alpha`") from None
+    by_k: dict[int, list[float]] = {}
+    sweep = prim.get("sweep") or {}
+    if not isinstance(sweep, dict):
+        raise UserError(where, "pairs.bundle.sweep is not a K -> measurement map", "pass the report.json written by `eagle3-trt alpha`")
+    for key, v in sweep.items():
+        c = v.get("cumulative_acceptance") if isinstance(v, dict) else None
+        if not str(key).isdigit() or not isinstance(c, list):
+            raise UserError(where, f"sweep entry {key!r} has no per-position acceptance (cumulative_acceptance)",
+                            "re-run `eagle3-trt alpha --sweep ...` with this version")
+        by_k[int(key)] = c
+    return cum, by_k
 
 
 def parse_sweep(text: str | None) -> tuple[int, ...]:
@@ -174,10 +218,18 @@ def _print_summary(report: dict) -> None:
     render_summary(report, Console(highlight=False))
 
 
+CHAT_TEMPLATE_OPTION = click.option(
+    "--chat-template/--no-chat-template", "chat_template", default=None,
+    help="default: chat records (turns/messages) through the bundle's chat template, raw completion records "
+         "({\"text\"}/{\"prompt\"}) as they are; --no-chat-template: every prompt raw, as a /v1/completions request "
+         "(plain-text lines too; chat records are refused); --chat-template: every prompt as a user turn")
+PROMPTS_HELP = ('JSONL: chat records {"turns": [...]} (MT-Bench layout, optional "category") or {"messages": [...]}, '
+                'raw completion records {"text": ...} or {"prompt": ...}; or plain text, one prompt a line')
+
+
 @click.command("alpha")
 @click.argument("bundle", type=click.Path(file_okay=False))
-@click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False),
-              help="JSONL with 'turns' (list of user messages) and optional 'category' (MT-Bench layout)")
+@click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False), help=PROMPTS_HELP)
 @click.option("--reference-bundle", type=click.Path(file_okay=False), default=None, help="compare with this bundle (e.g. a BF16 one)")
 @click.option("--bf16/--no-bf16", "bf16", default=None, help="compare with the BF16 sources in manifest.json (default: when the bundle is quantized and they exist)")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="tokens generated per turn")
@@ -189,19 +241,21 @@ def _print_summary(report: dict) -> None:
 @click.option("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
 @click.option("--batch-size", type=int, default=16, show_default=True)
 @click.option("--concurrency", type=int, default=1, show_default=True, help="batch size the K recommendation optimizes for")
-@click.option("--sweep", default=None, help="also measure these draft lengths, e.g. 1-5 or 1,2,4 (estimator; one continuation serves all)")
+@click.option("--sweep", default=None, help="also measure these draft lengths, e.g. 1-5 or 1,2,4 (estimator; one continuation "
+              "serves all); `recommend --report` may then choose any of them")
+@CHAT_TEMPLATE_OPTION
 @click.option("-o", "--out", default=None, help="report dir (default: reports/alpha-<bundle name>)")
 @click.option("--json", "as_json", is_flag=True, help="print the report JSON on stdout")
 def alpha_cmd(bundle: str, prompts_file: str, reference_bundle: str | None, bf16: bool | None, max_tokens: int,
               limit: int | None, turns: str, max_draft_len: int | None, method: str, device: str | None, batch_size: int,
-              concurrency: int, sweep: str | None, out: str | None, as_json: bool) -> None:
+              concurrency: int, sweep: str | None, chat_template: bool | None, out: str | None, as_json: bool) -> None:
     """Measure acceptance (alpha) of BUNDLE's quantized pair on your prompts, per category, vs BF16."""
     err = Console(stderr=True)
     open_bundle(Path(bundle))  # a one-line error before any model is loaded
     report = run_alpha(Path(bundle), Path(prompts_file), reference_bundle=Path(reference_bundle) if reference_bundle else None,
                        bf16=bf16, max_tokens=max_tokens, limit=limit, turns=turns, max_draft_len=max_draft_len,
                        method=method, device=device, batch_size=batch_size, concurrency=concurrency,
-                       progress=lambda m: err.print(f"[dim]{m}[/]"), sweep=parse_sweep(sweep))
+                       progress=lambda m: err.print(f"[dim]{m}[/]"), sweep=parse_sweep(sweep), chat_template=chat_template)
     dest = Path(out) if out else Path("reports") / f"alpha-{Path(bundle).resolve().name}"
     write_report(report, dest)
     if as_json:
@@ -216,7 +270,7 @@ def alpha_cmd(bundle: str, prompts_file: str, reference_bundle: str | None, bf16
 # ---------------------------------------------------------------------------------------------
 def run_gate(bundle: Path, prompts_file: Path, *, threshold: float = DEFAULT_GATE_THRESHOLD, concurrency: int = 1,
              max_tokens: int = 64, limit: int | None = None, turns: str = "first", device: str | None = None,
-             batch_size: int = 16) -> dict:
+             batch_size: int = 16, chat_template: bool | None = None) -> dict:
     """alpha of the bundle as built and the predicted speedup at ``concurrency``; 'passed' says if both clear the bar."""
     if not 0 <= threshold <= 1:
         raise UserError("--threshold", f"{threshold} is not a probability", "use e.g. 0.55")
@@ -226,8 +280,10 @@ def run_gate(bundle: Path, prompts_file: Path, *, threshold: float = DEFAULT_GAT
     bundle = b.path
     k = b.k
     records = load_prompt_records(Path(prompts_file), limit)
+    use_chat_template(records, chat_template, source=prompts_file)  # before any model is loaded
     eng = engine_from_bundle(b, device=_device(device))
-    m = measure(eng, records, label=b.label, max_tokens=max_tokens, turns=turns, batch_size=batch_size, k=k)
+    m = measure(eng, records, label=b.label, max_tokens=max_tokens, turns=turns, batch_size=batch_size, k=k,
+                chat_template=chat_template)
     ov = m.overall()
     ci = bundle_cost_inputs(b)
     gpu, tp = ci["gpu"], ci["tp"]
@@ -250,19 +306,20 @@ def run_gate(bundle: Path, prompts_file: Path, *, threshold: float = DEFAULT_GAT
 
 @click.command("gate")
 @click.argument("bundle", type=click.Path(file_okay=False))
-@click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False), help="JSONL with 'turns' (and optional 'category')")
+@click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False), help=PROMPTS_HELP)
 @click.option("--threshold", type=float, default=DEFAULT_GATE_THRESHOLD, show_default=True, help="minimum alpha")
 @click.option("--concurrency", type=int, default=1, show_default=True, help="batch size the deployment runs at")
 @click.option("--max-tokens", type=int, default=64, show_default=True)
 @click.option("--limit", type=int, default=None)
 @click.option("--turns", type=click.Choice(["all", "first"]), default="first", show_default=True)
 @click.option("--device", default=None)
+@CHAT_TEMPLATE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON on stdout")
 def gate_cmd(bundle: str, prompts_file: str, threshold: float, concurrency: int, max_tokens: int, limit: int | None,
-             turns: str, device: str | None, as_json: bool) -> None:
+             turns: str, device: str | None, chat_template: bool | None, as_json: bool) -> None:
     """Fail (exit 3) when BUNDLE's alpha on the prompts is below --threshold or speculation would slow it down."""
     res = run_gate(Path(bundle), Path(prompts_file), threshold=threshold, concurrency=concurrency, max_tokens=max_tokens,
-                   limit=limit, turns=turns, device=device)
+                   limit=limit, turns=turns, device=device, chat_template=chat_template)
     if as_json:
         click.echo(json.dumps(res, indent=1))
     else:
@@ -279,7 +336,7 @@ def gate_cmd(bundle: str, prompts_file: str, threshold: float, concurrency: int,
 # ---------------------------------------------------------------------------------------------
 # recommend
 # ---------------------------------------------------------------------------------------------
-def write_recommendation_to_bundle(bundle: Path, rec, cumulative: list[float], source: str | None) -> Bundle:
+def write_recommendation_to_bundle(bundle: Path, rec, source: str | None) -> Bundle:
     """K and max_concurrency into llm_api_options.yaml (TensorRT-LLM's names), the evidence into
     manifest.json: one ``bundle.update``, so the launchers, the digests and the fingerprint follow."""
     if not rec.speculation_pays:
@@ -288,7 +345,7 @@ def write_recommendation_to_bundle(bundle: Path, rec, cumulative: list[float], s
     b = open_bundle(Path(bundle))
     opts = recommended_options(b.options, rec.max_draft_len, max_concurrency=rec.max_concurrency)
     evidence = bundle_format.Recommendation(max_draft_len=rec.max_draft_len, max_concurrency=rec.max_concurrency,
-                                            cumulative_acceptance=cumulative, measured_on=source, evidence=rec.evidence,
+                                            cumulative_acceptance=rec.cumulative_acceptance, measured_on=source, evidence=rec.evidence,
                                             table=rec.table)
     return bundle_format.update(b.path, options=opts, record=evidence)
 
@@ -296,36 +353,40 @@ def write_recommendation_to_bundle(bundle: Path, rec, cumulative: list[float], s
 @click.command("recommend")
 @click.argument("bundle", type=click.Path(file_okay=False))
 @click.option("--report", "report_file", type=click.Path(dir_okay=False), default=None, help="an alpha report.json (else --prompts is measured)")
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None)
-@click.option("--max-draft-len", type=int, default=None, help="largest K to consider when measuring")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None, help=PROMPTS_HELP)
+@click.option("--max-draft-len", type=int, default=None,
+              help="largest K to consider (default: with --report, every K it measured, its --sweep included; with --prompts, the bundle's)")
 @click.option("--limit", type=int, default=None)
 @click.option("--max-tokens", type=int, default=64, show_default=True)
 @click.option("--gpu", default=None, help="GPU to predict for (default: the bundle's)")
 @click.option("--tp", type=int, default=None, help="tensor parallelism (default: the bundle's)")
 @click.option("--concurrency", type=int, default=1, show_default=True, help="batch size K is chosen for")
 @click.option("--device", default=None)
+@CHAT_TEMPLATE_OPTION
 @click.option("--write", is_flag=True, help="write max_draft_len and max_concurrency into the bundle's options, evidence into its manifest")
 @click.option("--json", "as_json", is_flag=True)
 def recommend_cmd(bundle: str, report_file: str | None, prompts_file: str | None, max_draft_len: int | None, limit: int | None,
-                  max_tokens: int, gpu: str | None, tp: int | None, concurrency: int, device: str | None, write: bool,
-                  as_json: bool) -> None:
+                  max_tokens: int, gpu: str | None, tp: int | None, concurrency: int, device: str | None,
+                  chat_template: bool | None, write: bool, as_json: bool) -> None:
     """Predict speedup per K and batch size from measured acceptance; recommend K and max_concurrency."""
+    if max_draft_len is not None and not 1 <= max_draft_len <= 16:
+        raise UserError("--max-draft-len", f"{max_draft_len}", "draft lengths are 1..16")
     if report_file:
-        rep = json.loads(Path(report_file).read_text())
-        try:
-            cum = rep["pairs"]["bundle"]["overall"]["cumulative_acceptance"]
-        except (KeyError, TypeError):
-            raise UserError(report_file, "not an alpha report (pairs.bundle.overall.cumulative_acceptance missing)",
-                            "pass the report.json written by `eagle3-trt alpha`") from None
+        rep = read_report(Path(report_file))
+        cum, by_k = report_curves(rep, report_file)
     elif prompts_file:
+        k = max_draft_len or open_bundle(Path(bundle)).k
+        # every K up to the largest measured directly (one continuation serves all)
         rep = run_alpha(Path(bundle), Path(prompts_file), bf16=False, max_tokens=max_tokens, limit=limit, turns="first",
-                        max_draft_len=max_draft_len, device=device, diagnostics=False)
-        cum = rep["pairs"]["bundle"]["overall"]["cumulative_acceptance"]
+                        max_draft_len=k, device=device, diagnostics=False, sweep=tuple(range(1, k + 1)),
+                        chat_template=chat_template)
+        cum, by_k = report_curves(rep, prompts_file)
     else:
         raise UserError("recommend", "needs --report or --prompts", "measure acceptance first with `eagle3-trt alpha`")
-    rec = recommend(cum, concurrency=concurrency, **bundle_cost_inputs(Path(bundle), gpu=gpu, tp=tp))
+    rec = recommend(cum, concurrency=concurrency, **bundle_cost_inputs(Path(bundle), gpu=gpu, tp=tp), measured_by_k=by_k,
+                    max_k=max_draft_len)
     if write:
-        write_recommendation_to_bundle(Path(bundle), rec, cum, source=report_file or prompts_file)
+        write_recommendation_to_bundle(Path(bundle), rec, source=report_file or prompts_file)
     if as_json:
         click.echo(json.dumps(rec.to_dict(), indent=1))
         return
@@ -340,5 +401,6 @@ def recommend_cmd(bundle: str, report_file: str | None, prompts_file: str | None
         tab.add_row(str(b), *[f"{row[k]:.2f}" for k in ks])
     con.print(tab)
     mc = rec.max_concurrency
-    con.print(f"max_draft_len: {rec.max_draft_len}; max_concurrency: {mc}"
+    con.print(f"max_draft_len: {rec.max_draft_len} (chosen among K=1..{max(ks)}; measured K: "
+              f"{', '.join(map(str, rec.evidence['measured_k']))}); max_concurrency: {mc}"
               + ("" if mc else " (speculation never pays here: build without it)"))

@@ -144,6 +144,7 @@ class Recommendation:
     max_concurrency: int  # speculation off above this batch size; 0 = it never pays
     table: list[dict]
     evidence: dict = field(default_factory=dict)
+    cumulative_acceptance: list[float] = field(default_factory=list)  # the measurement the chosen K was predicted from
 
     @property
     def speculation_pays(self) -> bool:
@@ -151,7 +152,7 @@ class Recommendation:
 
     def to_dict(self) -> dict:
         return {"max_draft_len": self.max_draft_len, "max_concurrency": self.max_concurrency,
-                "table": self.table, "evidence": self.evidence}
+                "cumulative_acceptance": self.cumulative_acceptance, "table": self.table, "evidence": self.evidence}
 
 
 def model_cost(weight_bytes: float, fmt: str, gpu, tp: int, *, params: float | None = None,
@@ -162,34 +163,64 @@ def model_cost(weight_bytes: float, fmt: str, gpu, tp: int, *, params: float | N
     return ModelCost(weight_bytes / tp, n / tp, peak_tflops(gpu, fmt), kv_bytes_per_token / tp, layers, hidden)
 
 
+def _curve(c, where: str) -> list[float]:
+    c = [float(x) for x in c]
+    if not c:
+        raise UserError(where, "no per-position acceptance measured", "run `eagle3-trt alpha` with K >= 1 first")
+    if any(not 0 <= x <= 1 for x in c) or any(b > a + 1e-12 for a, b in zip(c, c[1:])):
+        raise UserError(where, f"per-position acceptance {c} is not a non-increasing list of probabilities",
+                        "pass AggregateStats.cumulative_acceptance (products of the conditional acceptances)")
+    return c
+
+
+def curves_by_k(per_position_acceptance, measured_by_k=None, max_k: int | None = None) -> dict[int, list[float]]:
+    """For every candidate K (1..the largest measured, at most ``max_k``): the cumulative acceptance
+    K is predicted from. A K that was measured (``measured_by_k``: K -> the curve measured at that
+    K, as ``alpha --sweep`` records it) uses its own measurement; any other K the measurement of
+    the next larger measured K (the first K positions of a chain do not depend on the drafts after them)."""
+    curves = {len(c): c for c in [_curve(per_position_acceptance, "cost model")]}
+    for k, c in sorted((measured_by_k or {}).items()):
+        c = _curve(c, f"cost model (K={k})")
+        if len(c) >= int(k):
+            curves[int(k)] = c
+        else:  # runs too short to ever draft K tokens: only the positions that were drafted are measured
+            curves.setdefault(len(c), c)
+    top = max(curves)
+    if max_k is not None:
+        if max_k > top:
+            raise UserError("--max-draft-len", f"K={max_k} was not measured (largest measured K: {top})",
+                            f"measure it: eagle3-trt alpha --sweep 1-{max_k}")
+        top = max_k
+    return {k: curves[min(m for m in curves if m >= k)] for k in range(1, top + 1)}
+
+
 def recommend(per_position_acceptance: list[float], gpu, target_bytes: float, draft_bytes: float, tp: int = 1, *,
               target_format: str = "fp8", draft_format: str = "bf16", target_kv_bytes_per_token: float = 0.0,
               draft_kv_bytes_per_token: float = 0.0, target_layers: int = 0, hidden: int = 0,
               concurrency: int = 1, batches=DEFAULT_BATCHES, min_speedup: float = 1.0,
-              params: CostParams = CostParams()) -> Recommendation:
+              params: CostParams = CostParams(), measured_by_k: dict[int, list[float]] | None = None,
+              max_k: int | None = None) -> Recommendation:
     """Best K at ``concurrency`` and the largest batch size up to which that K still pays.
 
     ``per_position_acceptance``: cumulative acceptance c_k = P(first k+1 drafts accepted), as
-    measured (``AggregateStats.cumulative_acceptance``); K is chosen among 1..len(c).
+    measured (``AggregateStats.cumulative_acceptance``); K is chosen among 1..len(c), or, with
+    ``measured_by_k`` (the curve measured at each K of an ``alpha --sweep``), among 1..the largest
+    measured K, each K predicted from its own measurement (``curves_by_k``); ``max_k`` caps K.
     ``gpu``: a ``build.gpus.GpuSpec`` or its name. Byte counts are whole-model (split over TP here);
     KV bytes per token are whole-model too.
     """
     if isinstance(gpu, str):
         gpu = get_gpu(gpu)
-    c = [float(x) for x in per_position_acceptance]
-    if not c:
-        raise UserError("cost model", "no per-position acceptance measured", "run `eagle3-trt alpha` with K >= 1 first")
-    if any(not 0 <= x <= 1 for x in c) or any(b > a + 1e-12 for a, b in zip(c, c[1:])):
-        raise UserError("cost model", f"per-position acceptance {c} is not a non-increasing list of probabilities",
-                        "pass AggregateStats.cumulative_acceptance (products of the conditional acceptances)")
+    curves = curves_by_k(per_position_acceptance, measured_by_k, max_k)
+    c = curves[max(curves)]
     if tp < 1:
         raise UserError("cost model", f"tp={tp}", "tensor parallelism is at least 1")
     tcost = model_cost(target_bytes, target_format, gpu, tp, kv_bytes_per_token=target_kv_bytes_per_token,
                        layers=target_layers, hidden=hidden)
     dcost = model_cost(draft_bytes, draft_format, gpu, tp, kv_bytes_per_token=draft_kv_bytes_per_token)
     batches = sorted(set(int(b) for b in batches) | {int(concurrency)})
-    ks = range(1, len(c) + 1)
-    grid = {(b, k): predict(c, gpu, tcost, dcost, tp, b, k, params) for b in batches for k in ks}
+    ks = range(1, max(curves) + 1)
+    grid = {(b, k): predict(curves[k], gpu, tcost, dcost, tp, b, k, params) for b in batches for k in ks}
     best_k = max(ks, key=lambda k: (grid[(concurrency, k)].speedup, -k))
     mc, first_bad = 0, None
     for b in batches:
@@ -202,7 +233,7 @@ def recommend(per_position_acceptance: list[float], gpu, target_bytes: float, dr
         lo, hi = mc, first_bad
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if predict(c, gpu, tcost, dcost, tp, mid, best_k, params).speedup >= min_speedup:
+            if predict(curves[best_k], gpu, tcost, dcost, tp, mid, best_k, params).speedup >= min_speedup:
                 lo = mid
             else:
                 hi = mid
@@ -222,8 +253,9 @@ def recommend(per_position_acceptance: list[float], gpu, target_bytes: float, dr
         "draft": {"bytes": draft_bytes, "format": draft_format, "kv_bytes_per_token": draft_kv_bytes_per_token},
         "params": asdict(params),
         "cumulative_acceptance": c,
-        "alpha_by_k": {k: alpha_at(c, k) for k in ks},
-        "expected_tokens_by_k": {k: expected_tokens(c, k) for k in ks},
+        "measured_k": sorted({len(v) for v in curves.values()}),
+        "alpha_by_k": {k: alpha_at(curves[k], k) for k in ks},
+        "expected_tokens_by_k": {k: expected_tokens(curves[k], k) for k in ks},
         "break_even_alpha_by_k_at_batch_1": {k: break_even_alpha(k, grid[(batches[0], k)].overhead) for k in ks},
         "chosen_at_concurrency": concurrency,
         "speedup_at_concurrency": grid[(concurrency, best_k)].speedup,
@@ -232,4 +264,4 @@ def recommend(per_position_acceptance: list[float], gpu, target_bytes: float, dr
         "draft_len_schedule": schedule,
         "max_concurrency_is_lower_bound": first_bad is None and mc > 0,
     }
-    return Recommendation(best_k, mc, [p.to_dict() for p in grid.values()], evidence)
+    return Recommendation(best_k, mc, [p.to_dict() for p in grid.values()], evidence, curves[best_k])

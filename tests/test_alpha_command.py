@@ -13,9 +13,22 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from transformers import AutoTokenizer
 
+from eagle3_trt.build.builder import EngineRequest, build_bundle
+from eagle3_trt.build.bundle import open_bundle
+from eagle3_trt.build.llm_options import LlmApiOptions
+from eagle3_trt.build.presets import load_preset
 from eagle3_trt.cli import main
+from eagle3_trt.convert.prompts import load_prompt_records
+from eagle3_trt.convert.tiny_pair import make_draft
+from eagle3_trt.core.engine import SpeculativeEngine
 from eagle3_trt.errors import UserError
+from eagle3_trt.runtime.commands import run_alpha
+from eagle3_trt.runtime.measure import encode_chat
+from eagle3_trt.train.export import save_draft
+from eagle3_trt.train.trainer import distill_draft
 
 ROOT = Path(__file__).resolve().parents[1]
 MT_BENCH = ROOT.parent / "shared" / "data" / "mt_bench.jsonl"
@@ -39,14 +52,6 @@ def prompts_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def bundle(tiny_pair_session, prompts_file, tmp_path_factory) -> Path:
-    from eagle3_trt.build.builder import EngineRequest, build_bundle
-    from eagle3_trt.build.presets import load_preset
-    from eagle3_trt.convert.prompts import load_prompt_records
-    from eagle3_trt.runtime.measure import encode_chat
-    from eagle3_trt.train.export import save_draft
-    from eagle3_trt.train.trainer import distill_draft
-    from eagle3_trt.core.engine import SpeculativeEngine
-
     t, d = tiny_pair_session
     eng = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=3)
     recs = load_prompt_records(prompts_file)
@@ -97,8 +102,6 @@ def test_alpha_report_side_by_side(bundle, prompts_file, tmp_path, capsys):
 
 
 def test_estimator_and_generation_agree_multi_turn(bundle, prompts_file):
-    from eagle3_trt.runtime.commands import run_alpha
-
     kw = dict(bf16=False, max_tokens=16, limit=3, turns="all", diagnostics=False)
     est = run_alpha(bundle, prompts_file, method="estimator", **kw)["pairs"]["bundle"]
     gen = run_alpha(bundle, prompts_file, method="generate", **kw)["pairs"]["bundle"]
@@ -108,8 +111,6 @@ def test_estimator_and_generation_agree_multi_turn(bundle, prompts_file):
 
 
 def test_alpha_sweep_measures_each_draft_length(bundle, prompts_file, tmp_path, capsys):
-    from eagle3_trt.runtime.commands import run_alpha
-
     out = tmp_path / "rep"
     rc = main(["alpha", str(bundle), "--prompts", str(prompts_file), "--turns", "first", "--max-tokens", "16",
                "--limit", "4", "--no-bf16", "--sweep", "1-2,4", "-o", str(out)])
@@ -144,8 +145,6 @@ def test_gate_pass_and_fail(bundle, prompts_file, tmp_path, capsys):
     # the same bundle with the untrained draft: alpha ~ 0 and speculation predicted to slow it down
     broken = tmp_path / "broken"
     shutil.copytree(bundle, broken)
-    from eagle3_trt.convert.tiny_pair import make_draft
-
     make_draft(broken / "draft")
     assert main(args[:1] + [str(broken)] + args[2:] + ["--json"]) == 3
     res = json.loads(capsys.readouterr().out)
@@ -165,10 +164,6 @@ def test_recommend_from_report(bundle, prompts_file, tmp_path, capsys):
 
 
 def test_recommend_write_updates_options_and_manifest(bundle, prompts_file, tmp_path, capsys):
-    import yaml
-
-    from eagle3_trt.build.llm_options import LlmApiOptions
-
     b = tmp_path / "bundle"
     shutil.copytree(bundle, b)
     out = tmp_path / "rep"
@@ -191,3 +186,38 @@ def test_bad_prompt_file_is_a_user_error(bundle, tmp_path, capsys):
     bad.write_text('{"turns": ["ok"]}\n{"category": "x"}\n')
     assert main(["alpha", str(bundle), "--prompts", str(bad)]) == 2
     assert f"{bad}:2" in capsys.readouterr().err
+
+
+def test_raw_completion_prompts_are_measured_without_the_chat_template(bundle, prompts_file, tmp_path, capsys):
+    tok = AutoTokenizer.from_pretrained(open_bundle(bundle).tokenizer_dir)
+    assert tok.chat_template  # the bundle's tokenizer has one: raw prompts must bypass it
+    texts = ["def fibonacci(n):\n    ", "import numpy as np\n\nx = np.", "SELECT name FROM users WHERE"]
+    raw = tmp_path / "code.jsonl"
+    raw.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    kw = dict(bf16=False, max_tokens=12, turns="first", diagnostics=False)
+    prim = run_alpha(bundle, raw, **kw)["pairs"]["bundle"]
+    assert prim["raw_prompts"] == len(texts)
+    # as a /v1/completions request is encoded: no template, BOS as the tokenizer adds it by default
+    want = [len(tok(t)["input_ids"]) for t in texts]
+    assert [r["prompt_tokens"] for r in prim["requests"]] == want
+    assert want != [len(encode_chat(tok, [{"role": "user", "content": t}])) for t in texts]
+    # --chat-template sends the same records as user turns
+    chat = run_alpha(bundle, raw, chat_template=True, **kw)["pairs"]["bundle"]
+    assert chat["raw_prompts"] == 0 and [r["prompt_tokens"] for r in chat["requests"]] != want
+    # plain-text lines are user turns by default and raw with --no-chat-template (CLI, summary says so)
+    lines = tmp_path / "code.txt"
+    lines.write_text("import os\nclass Stack:\n")
+    out = tmp_path / "rep"
+    assert main(["alpha", str(bundle), "--prompts", str(lines), "--no-chat-template", "--no-bf16", "--turns", "first",
+                 "--max-tokens", "8", "-o", str(out)]) == 0
+    assert "2 of 2 prompts measured as raw completion text" in capsys.readouterr().out
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["settings"]["chat_template"] == "never"
+    assert [r["prompt_tokens"] for r in rep["pairs"]["bundle"]["requests"]] == [len(tok(t)["input_ids"]) for t in ("import os", "class Stack:")]
+
+
+def test_no_chat_template_refuses_chat_records_in_one_line(bundle, prompts_file, capsys):
+    for cmd in (["alpha"], ["gate"], ["recommend"]):
+        assert main(cmd + [str(bundle), "--prompts", str(prompts_file), "--no-chat-template"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "is a chat record" in err and "--no-chat-template" in err and len(err.splitlines()) == 1, err

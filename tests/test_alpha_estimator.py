@@ -10,11 +10,12 @@ Prompts are half from the distillation set and half unseen.
 from __future__ import annotations
 
 import random
+from contextlib import contextmanager
 
 import pytest
 import torch
 
-from eagle3_trt.convert.tiny_pair import make_pair
+from eagle3_trt.convert.tiny_pair import make_draft, make_pair
 from eagle3_trt.runtime.diagnostics import diagnose_sequences
 from eagle3_trt.runtime.estimator import estimate
 from eagle3_trt.train.toy_pair import sharpen_target
@@ -120,31 +121,92 @@ def test_estimator_with_stop_tokens(setup):
         assert _stats_tuple(e) == _stats_tuple(g.stats)
 
 
+def _greedy_seqs(eng, prompts):
+    res = eng.generate(prompts, SamplingParams(max_tokens=32), speculate=False)
+    return [p + r.token_ids for p, r in zip(prompts, res)], [len(p) for p in prompts]
+
+
+def _checks(eng, seqs, lens) -> dict[str, dict]:
+    return {c["check"]: c for c in diagnose_sequences(eng, seqs, lens)}
+
+
+@contextmanager
+def _shuffled_d2t(eng, seed: int = 0):
+    """The same set of target ids, assigned to the wrong draft ids."""
+    d2t = eng.draft.d2t.clone()
+    ids = torch.arange(d2t.numel()) + d2t
+    g = torch.Generator().manual_seed(seed)
+    eng.draft.d2t.copy_(ids[torch.randperm(ids.numel(), generator=g)] - torch.arange(d2t.numel()))
+    eng._d2t_ids = torch.arange(d2t.numel()) + eng.draft.d2t
+    try:
+        yield
+    finally:
+        eng.draft.d2t.copy_(d2t)
+        eng._d2t_ids = ids
+
+
+@contextmanager
+def _flat_head(eng, scale: float):
+    """The draft's lm_head scaled down: the same top-1 everywhere, a much flatter distribution
+    (like a healthy large-vocabulary head: right 71-77% of the time at top-1 probability 0.13)."""
+    w = eng.draft.lm_head.weight.data.clone()
+    eng.draft.lm_head.weight.data.mul_(scale)
+    try:
+        yield
+    finally:
+        eng.draft.lm_head.weight.data.copy_(w)
+
+
 def test_shuffled_d2t_lowers_alpha_and_diagnostics_say_why(setup):
     eng, _ = setup
     prompts = _prompts(13, 12)  # unseen: the draft has to generalize from the target's hidden states
     good = aggregate(estimate(eng, prompts, max_tokens=32).stats).alpha
     assert good > 0.4
-    res = eng.generate(prompts, SamplingParams(max_tokens=32), speculate=False)
-    seqs, lens = [p + r.token_ids for p, r in zip(prompts, res)], [len(p) for p in prompts]
-    healthy = {c["check"]: c for c in diagnose_sequences(eng, seqs, lens)}
-    assert healthy["d2t"]["ok"] and healthy["aux_layers"]["ok"] and healthy["draft_vocab_coverage"]["ok"], healthy
-
-    # 1. shuffled d2t: the same set of target ids, assigned to the wrong draft ids
-    d2t = eng.draft.d2t.clone()
-    ids = torch.arange(d2t.numel()) + d2t
-    g = torch.Generator().manual_seed(0)
-    eng.draft.d2t.copy_(ids[torch.randperm(ids.numel(), generator=g)] - torch.arange(d2t.numel()))
-    eng._d2t_ids = torch.arange(d2t.numel()) + eng.draft.d2t
-    try:
+    seqs, lens = _greedy_seqs(eng, prompts)
+    healthy = _checks(eng, seqs, lens)
+    assert all(c["ok"] for c in healthy.values()), healthy
+    assert healthy["draft_agreement"]["value"] > 0.5 and len(healthy["draft_agreement"]["per_position"]) == 3
+    with _shuffled_d2t(eng):
         shuffled = aggregate(estimate(eng, prompts, max_tokens=32).stats).alpha
-        diag = {c["check"]: c for c in diagnose_sequences(eng, seqs, lens)}
-    finally:
-        eng.draft.d2t.copy_(d2t)
-        eng._d2t_ids = ids
+        diag = _checks(eng, seqs, lens)
     assert shuffled < good / 3, (good, shuffled)
     assert not diag["d2t"]["ok"] and "d2t does not match" in diag["d2t"]["detail"], diag["d2t"]
+    # the agreement flag is up too, and points at the named cause
+    assert not diag["draft_agreement"]["ok"] and "explained by d2t" in diag["draft_agreement"]["detail"]
 
+
+def test_flat_but_agreeing_draft_is_not_flagged_and_a_shuffled_d2t_is_still_named(setup):
+    eng, _ = setup
+    seqs, lens = _greedy_seqs(eng, _prompts(14, 12))
+    healthy = _checks(eng, seqs, lens)
+    with _flat_head(eng, 0.15):
+        flat = _checks(eng, seqs, lens)
+        with _shuffled_d2t(eng, seed=1):
+            flat_shuffled = _checks(eng, seqs, lens)
+    conf = flat["draft_confidence"]
+    assert conf["value"] < 0.13 < healthy["draft_confidence"]["value"], (conf, healthy["draft_confidence"])
+    assert flat["draft_agreement"]["per_position"] == healthy["draft_agreement"]["per_position"]  # same top-1
+    assert flat["draft_agreement"]["value"] > 0.5
+    assert all(c["ok"] for c in flat.values()), flat  # no PROBLEM line for a flat head that agrees
+    assert conf.get("info") and "flat" in conf["detail"]
+    # the d2t verdict does not wait for the confidence (or agreement) verdict
+    assert not flat_shuffled["d2t"]["ok"] and "d2t does not match" in flat_shuffled["d2t"]["detail"], flat_shuffled["d2t"]
+    assert flat_shuffled["d2t"]["oracle"] > flat_shuffled["d2t"]["null_oracle"] + 0.15
+
+
+def test_random_draft_is_flagged_by_agreement_and_not_blamed_on_d2t(setup, tmp_path):
+    eng, _ = setup
+    seqs, lens = _greedy_seqs(eng, _prompts(13, 12))
+    t, d = make_pair(tmp_path / "pair")
+    make_draft(d, seed=3)  # an untrained head, not the one the fixture distilled
+    fresh = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=3)
+    rnd = SpeculativeEngine(eng.target, fresh.draft, eng.tokenizer, max_draft_len=3, eos_token_ids=eng.eos_token_ids,
+                            max_seq_len=eng.max_seq_len, pad_token_id=eng.pad_token_id)
+    diag = _checks(rnd, seqs, lens)
+    assert not diag["draft_agreement"]["ok"] and diag["draft_agreement"]["value"] < 0.05, diag["draft_agreement"]
+    assert "untrained, random" in diag["draft_agreement"]["detail"]
+    # its top-1 is a hash of states that encode the next token: relabeling it does no better than a random read-out
+    assert diag["d2t"]["ok"], diag["d2t"]
 
 
 def test_wrong_aux_layers_lower_alpha_and_diagnostics_say_why(hidden_only):

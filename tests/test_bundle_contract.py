@@ -62,17 +62,28 @@ def test_build_alpha_sweep_recommend_write_rebuild_every_reader_agrees(tmp_path,
     assert not first.cache_hit and set(every_reader_k(b).values()) == {3}
 
     rep = tmp_path / "rep"
+    # measured at the bundle's K=3; the sweep alone measures K=4..6
     assert cli.main(["alpha", str(b), "--prompts", str(PROMPTS), "--limit", "4", "--turns", "first", "--max-tokens", "16",
-                     "--max-draft-len", "4", "--sweep", "1-4", "--no-bf16", "-o", str(rep), "--json"]) == 0
-    capsys.readouterr()
+                     "--sweep", "1-2,4-6", "--no-bf16", "-o", str(rep), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["settings"]["max_draft_len"] == 3 and len(report["pairs"]["bundle"]["overall"]["cumulative_acceptance"]) == 3
+    assert sorted(report["pairs"]["bundle"]["sweep"], key=int) == ["1", "2", "3", "4", "5", "6"]
     assert cli.main(["recommend", str(b), "--report", str(rep / "report.json"), "--write", "--json"]) == 0
     rec = json.loads(capsys.readouterr().out)
     k = rec["max_draft_len"]
-    # The test can only catch a stale reader if the recommendation moves K off the built one.
-    assert k != 3, "the recommendation kept the built K; pick a build K the tiny pair's cost model moves away from"
+    # The test can only catch a stale reader if the recommendation moves K off the built one, and it
+    # shows recommend choosing among every swept K only if it picks one the run at K=3 did not measure.
+    assert k > 3, "the recommendation did not pick a K only the sweep measured; widen the sweep"
+    assert {r["k"] for r in rec["table"]} == set(range(1, 7)) and rec["evidence"]["measured_k"] == [1, 2, 3, 4, 5, 6]
+    assert rec["cumulative_acceptance"] == report["pairs"]["bundle"]["sweep"][str(k)]["cumulative_acceptance"]
+    # a K beyond the sweep is refused in one line, and nothing is written
+    before = (b / fmt.MANIFEST_FILE).read_bytes()
+    assert cli.main(["recommend", str(b), "--report", str(rep / "report.json"), "--max-draft-len", "7", "--write"]) == 2
+    assert "K=7 was not measured" in capsys.readouterr().err and (b / fmt.MANIFEST_FILE).read_bytes() == before
     assert fmt.verify(b) == []  # recommend --write went through bundle.update: digests and fingerprint follow
     man = json.loads((b / fmt.MANIFEST_FILE).read_text())
     assert man["recommendation"]["max_draft_len"] == k and "max_draft_len" not in man
+    assert man["recommendation"]["cumulative_acceptance"] == rec["cumulative_acceptance"] and len(rec["cumulative_acceptance"]) == k
     assert man["fingerprint"] != first.manifest.fingerprint and man["inputs_fingerprint"] == first.manifest.inputs_fingerprint
     readers = every_reader_k(b)
     assert set(readers.values()) == {k}, readers

@@ -1,19 +1,24 @@
 """Client library pieces that need no server: chat template, URL handling, Prometheus parsing,
-benchmark statistics, the gate, and the report files. (End-to-end client tests against a real
-server are in test_triton_server.py.)"""
+benchmark statistics, the gate, greedy identity, and the report files; then the bench command
+end to end against a real tritonserver (nvidia-pytriton's build) serving the tiny FP8 bundle.
+(Other end-to-end client tests are in test_triton_server.py.)"""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from eagle3_trt.clients.bench import (
+    MIN_P99_SAMPLES,
     ArmResult,
     BenchRun,
     RequestRecord,
     evaluate_gate,
+    identity_check,
     parse_concurrency,
     percentile,
     summarize,
@@ -161,19 +166,80 @@ def test_report_files(tmp_path):
     from eagle3_trt.clients.report import PLOTS, write_report
 
     recs = [RequestRecord(c, s, i, ok=True, t_send=0, t_first=0.05, t_end=0.3 + i / 10, chunk_times=[0.05, 0.3],
-                          chunk_tokens=[1, 3], n_tokens=4) for c in (1, 4) for s in (True, False) for i in range(3)]
+                          chunk_tokens=[1, 3], n_tokens=4, request_index=i, text=f"answer {i}" + (" x" if (c, s, i) == (4, True, 2) else ""),
+                          finish_reason="length") for c in (1, 4) for s in (True, False) for i in range(3)]
     arms = [_arm(1, True, 0.01, 0.7), _arm(1, False, 0.02), _arm(4, True, 0.05, 0.7), _arm(4, False, 0.03)]
     arms[0].acceptance_by_position, arms[0].drafted_by_position = [0.8, 0.5, 0.2], [10, 10, 10]
-    run = BenchRun({"url": "u", "model": "eagle3", "num_prompts": 3, "max_tokens": 4}, arms, evaluate_gate(arms), recs, 0.0, 1.0, True)
+    arms[1].itl_samples = 12  # a p99 from 12 samples must be flagged
+    env = {"server": {"name": "triton", "version": "2.51.0"}, "model_parameters": {"eagle3_runtime": "reference"},
+           "bundle": {"path": "/b", "fingerprint": "abc123", "label": "tiny", "k": 3, "max_concurrency": None},
+           "client": {"eagle3_trt": "0.1"}}
+    run = BenchRun({"url": "u", "model": "eagle3", "num_prompts": 3, "max_tokens": 4}, arms, evaluate_gate(arms), recs, 0.0, 1.0, True,
+                   identity_check(recs, greedy=True), env)
     out = write_report(run, tmp_path / "r")
     data = json.loads((out / "bench.json").read_text())
     assert data["gate"]["verdict"] == "pass_with_switch_off" and len(data["requests"]) == 12
+    assert data["greedy_identity"]["compared"] == 6 and data["greedy_identity"]["diverged"] == 1
+    assert data["environment"]["bundle"]["fingerprint"] == "abc123"
     md = (out / "summary.md").read_text()
-    assert "PASS_WITH_SWITCH_OFF" in md and "switch it off above 1" in md and "1: 0.800" in md
+    # The switch-off level is a failure of that level, not part of a PASS.
+    assert "Gate: **SPECULATION ONLY UP TO CONCURRENCY 1**" in md and "PASS" not in md.split("## Results")[0]
+    assert "C=4: 50.0 ms on vs 30.0 ms off -> **FAIL: speculation is slower here; switch it off**" in md
+    assert "switch it off above 1" in md and "1: 0.800" in md
+    assert "C=1 speculation off: ITL p99 from 12 samples" in md and f"fewer than {MIN_P99_SAMPLES} samples" in md
+    assert "1 of 6 requests differ (16.7%)" in md and "first difference at character 8" in md
+    assert "## Sample of generated text" in md and "answer 0" in md
+    assert "triton 2.51.0" in md and "fingerprint `abc123`" in md
     for p in PLOTS:
         assert (out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     write_report(run, out)  # replacing an existing report works and leaves no temp folders
     assert [p.name for p in tmp_path.iterdir()] == ["r"]
+
+
+def test_identity_check():
+    def rec(c, spec, i, text, ok=True):
+        return RequestRecord(c, spec, i % 2, ok=ok, request_index=i, text=text)
+
+    recs = [rec(1, True, 0, "The capital is Paris."), rec(1, False, 0, "The capital is Paris."),
+            rec(1, True, 1, "Two plus two is four."), rec(1, False, 1, "Two plus two is 4."),
+            rec(2, True, 0, "abc"), rec(2, False, 0, "abc", ok=False),  # a failed request is not compared
+            rec(2, True, 1, "same")]  # no partner
+    r = identity_check(recs, greedy=True)
+    assert (r["compared"], r["diverged"]) == (2, 1) and r["rate"] == pytest.approx(0.5)
+    ex = r["examples"][0]
+    assert (ex["concurrency"], ex["request"], ex["first_difference_at_char"]) == (1, 1, 16)
+    assert ex["on"].endswith("four.") and ex["off"].endswith("4.")
+    assert identity_check(recs, greedy=False)["checked"] is False
+
+
+def test_thin_p99_warning_threshold():
+    a = _arm(1, True, 0.01)
+    a.itl_samples, a.ttft_samples = MIN_P99_SAMPLES - 1, MIN_P99_SAMPLES
+    assert a.thin_p99() == [f"ITL p99 from {MIN_P99_SAMPLES - 1} samples"]
+
+
+def test_gate_leaves_levels_the_server_ran_without_speculation_out():
+    off_by_server = _arm(16, True, 0.050, 0.7)
+    off_by_server.served_without_speculation = 4  # all 4 requests came back with speculative_decoding false
+    arms = [_arm(1, True, 0.010, 0.7), _arm(1, False, 0.020), off_by_server, _arm(16, False, 0.050)]
+    g = evaluate_gate(arms)
+    assert [r["itl_ok"] for r in g.per_concurrency] == [True, None]
+    assert g.verdict == "pass" and "up to 1" in g.recommendation and "concurrency 16 the server already ran without speculation" in g.recommendation
+    assert evaluate_gate([off_by_server, _arm(16, False, 0.050)]).verdict == "fail"
+
+
+def test_throughput_and_itl_axes_start_at_zero(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from eagle3_trt.clients.report import _save_concurrency_plot
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 4, 16], [950.0, 990.0, 1000.0], label="x")
+    _save_concurrency_plot(fig, ax, [1, 4, 16], "tokens/s", "t", tmp_path / "p.png")
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 1000.0
 
 
 def test_bench_is_loopback_only_by_default(tmp_path):
@@ -187,3 +253,57 @@ def test_bench_is_loopback_only_by_default(tmp_path):
     p.write_text("hi\n")
     r = CliRunner().invoke(bench_cmd, ["--url", "10.1.2.3:8001", "--prompts", str(p), "--no-chat-template"])
     assert r.exit_code != 0 and "not a loopback address" in str(r.exception)
+
+
+# ---- the bench command against a real server -------------------------------------------------------
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def served(fp8_bundle, tmp_path_factory):
+    import importlib.util
+    import shutil
+
+    if not (shutil.which("tritonserver") or importlib.util.find_spec("pytriton")):
+        pytest.skip("no tritonserver: install nvidia-pytriton or use a Triton container")
+    from eagle3_trt.triton_repo.server import ServerHandle, free_ports
+
+    tmp = tmp_path_factory.mktemp("bench-triton")
+    r = _cli("package", str(fp8_bundle), "-o", str(tmp / "repo"))
+    assert r.returncode == 0, r.stderr
+    http, grpc, metrics = free_ports(3)
+    r = _cli("serve", str(tmp / "repo"), "--state-dir", str(tmp / "state"), "--http-port", str(http), "--grpc-port", str(grpc),
+             "--metrics-port", str(metrics), "--timeout", "240")
+    assert r.returncode == 0, r.stdout + r.stderr
+    yield ServerHandle.load(tmp / "state")
+    _cli("stop", "--state-dir", str(tmp / "state"))
+
+
+@pytest.mark.triton
+def test_bench_report_for_a_go_no_go_decision(served, fp8_bundle, tmp_path):
+    from eagle3_trt.build.bundle import open_bundle
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"turns": [q]}) for q in ("What is the capital of France?", "List three primes.")) + "\n")
+    out = tmp_path / "report"
+    r = _cli("bench", "--url", served.grpc_url, "--metrics-url", served.metrics_url, "--prompts", str(prompts), "--bundle", str(fp8_bundle),
+             "--concurrency", "1,2", "--requests", "2", "--max-tokens", "6", "--warmup", "1", "-o", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads((out / "bench.json").read_text())
+    idt = data["greedy_identity"]
+    # Greedy on a float32 CPU runtime: speculation must not change a single character.
+    assert idt["checked"] and idt["compared"] == 4 and idt["diverged"] == 0, idt
+    assert all(q["text"] for q in data["requests"])
+    env = data["environment"]
+    assert env["bundle"]["fingerprint"] == open_bundle(fp8_bundle).manifest.fingerprint
+    assert env["server"]["name"] == "triton" and env["server"]["version"]
+    assert env["model_parameters"]["eagle3_bundle"] and env["client"]["eagle3_trt"]
+    assert all(a["thin_p99"] for a in data["arms"])  # 2 requests of 6 tokens: every p99 is thin
+    md = (out / "summary.md").read_text()
+    assert "0 of 4 requests differ (0.0%). Identical everywhere." in md and "## Sample of generated text" in md
+    assert "fewer than 100 samples" in md and f"fingerprint `{env['bundle']['fingerprint']}`" in md
+    assert "greedy text on vs off: 0 of 4 differ" in r.stdout and "fewer than 100 samples" in r.stdout

@@ -114,7 +114,32 @@ def test_recommendation_k_and_concurrency():
     if not r_good.evidence["max_concurrency_is_lower_bound"]:
         assert predict(good, gpu, t, d, 1, mc, k).speedup >= 1 > predict(good, gpu, t, d, 1, mc + 1, k).speedup
     assert r_good.evidence["alpha_by_k"][1] == pytest.approx(0.85)
-    assert set(r_good.to_dict()) == {"max_draft_len", "max_concurrency", "table", "evidence"}
+    assert set(r_good.to_dict()) == {"max_draft_len", "max_concurrency", "cumulative_acceptance", "table", "evidence"}
+    assert r_good.cumulative_acceptance == good
+
+
+def test_recommendation_chooses_among_every_swept_k():
+    """With an alpha --sweep, K may be any measured K, each predicted from its own measurement."""
+    gpu = get_gpu("h100")
+    kw = dict(target_format="fp8", target_kv_bytes_per_token=160 * 1024, draft_kv_bytes_per_token=4096,
+              target_layers=80, hidden=8192)
+    run = [0.85, 0.7, 0.58]  # the run's K = 3
+    # the sweep measured K = 1, 3 and 5; the K = 5 chain keeps paying (see the test above: K=5 wins)
+    sweep = {1: [0.84], 3: run, 5: [0.85, 0.7, 0.58, 0.48, 0.4]}
+    only_run = recommend(run, gpu, 72.7e9, 2.8e9, 1, **kw)
+    swept = recommend(run, gpu, 72.7e9, 2.8e9, 1, measured_by_k=sweep, **kw)
+    assert only_run.max_draft_len == 3 and {r["k"] for r in only_run.table} == {1, 2, 3}
+    assert swept.max_draft_len == 5 and {r["k"] for r in swept.table} == {1, 2, 3, 4, 5}
+    assert swept.cumulative_acceptance == sweep[5] and swept.evidence["measured_k"] == [1, 3, 5]
+    # K=1 is predicted from its own measurement (E_1 = 1.84), K=4 from K=5's first four positions
+    assert swept.evidence["expected_tokens_by_k"][1] == pytest.approx(1.84)
+    assert swept.evidence["expected_tokens_by_k"][4] == pytest.approx(1 + 0.85 + 0.7 + 0.58 + 0.48)
+    # a cap within the measured range; one beyond it is a one-line error naming the fix
+    assert recommend(run, gpu, 72.7e9, 2.8e9, 1, measured_by_k=sweep, max_k=4, **kw).max_draft_len == 4
+    with pytest.raises(UserError, match=r"K=6 was not measured \(largest measured K: 5\).*--sweep 1-6"):
+        recommend(run, gpu, 72.7e9, 2.8e9, 1, measured_by_k=sweep, max_k=6, **kw)
+    with pytest.raises(UserError, match="K=5"):
+        recommend(run, gpu, 72.7e9, 2.8e9, 1, measured_by_k={5: [0.5, 0.6]}, **kw)  # not non-increasing
 
 
 def test_never_pays_gives_zero_concurrency():

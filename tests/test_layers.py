@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("convert", "core", "build", "runtime", "train", "triton_repo", "clients")
+FOLDERS = ("convert", "core", "build", "runtime", "train", "triton_repo", "dynamo_serving", "clients")
 
 
 def _layout(dest: Path) -> Path:

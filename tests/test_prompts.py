@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_trt.convert.prompts import SHIPPED_PROMPTS, PromptRecord, load_prompt_records, load_prompts
+from eagle3_trt.convert.prompts import (
+    CHAT,
+    LINE,
+    RAW,
+    SHIPPED_PROMPTS,
+    PromptRecord,
+    load_prompt_records,
+    load_prompts,
+    use_chat_template,
+)
 from eagle3_trt.errors import UserError
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -30,8 +39,9 @@ def test_every_jsonl_layout(tmp_path):
     recs = load_prompt_records(f)
     assert recs == [PromptRecord("81", "writing", ("one", "two")),
                     PromptRecord("3", "all", ("three", "four")),  # no id: the line number
-                    PromptRecord("4", "all", ("five",)),
-                    PromptRecord("x", "all", ("six",))]
+                    PromptRecord("4", "all", ("five",), RAW),  # raw completion text, no chat template
+                    PromptRecord("x", "all", ("six",), RAW)]
+    assert [r.kind for r in recs] == [CHAT, CHAT, RAW, RAW]
     assert load_prompts(f) == ["one", "three", "five", "six"]
     assert load_prompts(f, 2) == ["one", "three"]
 
@@ -40,6 +50,24 @@ def test_plain_text_keeps_each_line_as_written(tmp_path):
     f = tmp_path / "p.txt"
     f.write_text('first prompt \n\n{"turns": ["not parsed"]}\n')
     assert load_prompts(f) == ["first prompt ", '{"turns": ["not parsed"]}']
+    assert {r.kind for r in load_prompt_records(f)} == {LINE}
+
+
+def test_chat_template_per_record_kind(tmp_path):
+    f = _jsonl(tmp_path, {"turns": ["chat"]}, {"text": "def f(x):\n    return"}, {"prompt": "import os"})
+    recs = load_prompt_records(f)
+    assert use_chat_template(recs, None) == [True, False, False]  # by kind: chat templated, raw records as they are
+    assert use_chat_template(recs, True) == [True, True, True]  # --chat-template: every record as a user turn
+    lines = tmp_path / "p.txt"
+    lines.write_text("one\ntwo\n")
+    line_recs = load_prompt_records(lines)
+    assert use_chat_template(line_recs, None) == [True, True] and use_chat_template(line_recs, False) == [False, False]
+    raw_only = load_prompt_records(_jsonl(tmp_path, {"text": "a"}, name="raw.jsonl"))
+    assert use_chat_template(raw_only, False) == [False]
+    # a chat record has no raw form: one line naming the file, the record and the way out
+    with pytest.raises(UserError, match=r"p\.jsonl: record 1 is a chat record .*--no-chat-template cannot send raw") as e:
+        use_chat_template(recs, False, source=f)
+    assert "\n" not in e.value.line() and '{"text": ...}' in e.value.line()
 
 
 @pytest.mark.parametrize("line, what", [

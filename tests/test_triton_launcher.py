@@ -81,7 +81,7 @@ def test_port_in_use_refused(repo, tmp_path):
 def test_broken_repository_fails_fast_with_tritons_error(repo, tmp_path, breakage, triton_says):
     """Our pre-launch check is skipped so that Triton itself meets the broken model."""
     if breakage == "model_yaml":
-        my = repo / "eagle3" / "1" / "model.yaml"
+        my = repo / "eagle3" / "1" / "eagle3.yaml"
         my.write_text(yaml.safe_dump(yaml.safe_load(my.read_text()) | {"unknown_option": 1}))
     else:
         cfg = repo / "eagle3" / "config.pbtxt"

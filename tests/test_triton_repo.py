@@ -30,7 +30,7 @@ def test_package_writes_a_valid_repository(repo, fp8_bundle):
 
     m = repo / "eagle3"
     assert sorted(p.name for p in m.iterdir()) == ["1", "config.pbtxt"]
-    assert sorted(p.name for p in (m / "1").iterdir()) == ["model.py", "model.yaml"]
+    assert sorted(p.name for p in (m / "1").iterdir()) == ["eagle3.yaml", "model.py", "model.yaml"]
     cfg = validate_config_text((m / "config.pbtxt").read_text(), expected_name="eagle3")
     assert cfg.backend == "python" and cfg.max_batch_size == 0
     assert cfg.model_transaction_policy.decoupled is True  # in config.pbtxt itself, not auto-complete
@@ -57,9 +57,13 @@ def test_package_writes_a_valid_repository(repo, fp8_bundle):
     assert outs["total_draft_tokens"] == ("TYPE_INT32", [1])
     for t in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns"):
         assert outs[t] == ("TYPE_INT64", [1])
+    sv = yaml.safe_load((m / "1" / "eagle3.yaml").read_text())
+    assert sv["runtime"] == "reference" and sv["bundle"] == str(Path(fp8_bundle).resolve()) and sv["speculation"] is True
+    assert cfg.parameters["eagle3_bundle"].string_value == sv["bundle"]
     my = yaml.safe_load((m / "1" / "model.yaml").read_text())
-    assert my["runtime"] == "reference" and my["bundle"] == str(Path(fp8_bundle).resolve()) and my["speculation"] is True
-    assert cfg.parameters["eagle3_bundle"].string_value == my["bundle"]
+    assert my["triton_config"] == {"max_batch_size": 0, "decoupled": True, "cancellation_check_period_ms": 50}
+    assert my["model"] == str(Path(fp8_bundle).resolve() / "target")
+    assert my["speculative_config"]["speculative_model_dir"] == str(Path(fp8_bundle).resolve() / "draft")
     assert (m / "1" / "model.py").read_text().lstrip().startswith("# The Triton Python-backend model")
     assert check_repository(repo) == ["eagle3"]
 
@@ -74,11 +78,14 @@ def test_model_py_sets_locale_before_other_imports():
 def test_package_refuses_overwrite_and_replaces_with_force(repo, fp8_bundle):
     with pytest.raises(UserError, match="already exists"):
         package_bundle(fp8_bundle, repo)
-    models = package_bundle(fp8_bundle, repo, force=True, with_baseline=True, model_name="llm", runtime="trtllm")
-    assert [(m.name, m.speculation) for m in models] == [("llm", True), ("llm" + BASELINE_SUFFIX, False)]
+    with pytest.raises(UserError, match="--gpus"):  # two TensorRT-LLM models on the same GPUs
+        package_bundle(fp8_bundle, repo, force=True, with_baseline=True, model_name="llm", runtime="trtllm")
+    models = package_bundle(fp8_bundle, repo, force=True, with_baseline=True, model_name="llm", runtime="trtllm", gpus=2)
+    assert [(m.name, m.speculation, m.gpu_device_ids) for m in models] == [("llm", True, "0"), ("llm" + BASELINE_SUFFIX, False, "1")]
     assert sorted(p.name for p in repo.iterdir()) == ["llm", "llm" + BASELINE_SUFFIX]
-    base = yaml.safe_load((repo / ("llm" + BASELINE_SUFFIX) / "1" / "model.yaml").read_text())
+    base = yaml.safe_load((repo / ("llm" + BASELINE_SUFFIX) / "1" / "eagle3.yaml").read_text())
     assert base["speculation"] is False and base["runtime"] == "trtllm"
+    assert "speculative_config" not in yaml.safe_load((repo / ("llm" + BASELINE_SUFFIX) / "1" / "model.yaml").read_text())
     assert check_repository(repo) == ["llm", "llm" + BASELINE_SUFFIX]
     assert not [p for p in repo.parent.iterdir() if p.name.startswith(".")]  # no temp dirs left behind
 
@@ -111,8 +118,9 @@ GOOD = render_config("eagle3", "/b", "reference")
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda t: t.replace("decoupled: true", "decoupled: false"), "decoupled: true"),
-        (lambda t: t.replace("model_transaction_policy {\n  decoupled: true\n}", ""), "decoupled: true"),
+        (lambda t: t.replace("model_transaction_policy {\n  decoupled: true\n}", ""), "model_transaction_policy"),
+        (lambda t: t.replace("count: 1", "count: 2").replace('"eagle3_runtime"\n    value: { string_value: "reference"',
+                                                              '"eagle3_runtime"\n    value: { string_value: "trtllm"'), "gpu_device_ids"),
         (lambda t: t.replace('name: "sampling_param_max_tokens"\n    data_type: TYPE_INT32',
                              'name: "sampling_param_max_tokens"\n    data_type: TYPE_FP32'), "sampling_param_max_tokens' has data_type TYPE_FP32"),
         (lambda t: t.replace("kind: KIND_CPU", "kind: KIND_GPU"), "KIND_GPU"),
@@ -124,7 +132,7 @@ GOOD = render_config("eagle3", "/b", "reference")
          "'text_input' must be required"),
         (lambda t: t.replace("kind: KIND_CPU", "kind: KIND_GPUS"), "not a valid Triton ModelConfig"),
     ],
-    ids=["not-decoupled", "no-policy", "wrong-dtype", "gpu-kind", "batching", "unknown-field", "missing-input",
+    ids=["no-policy", "trtllm-instances-share-gpus", "wrong-dtype", "gpu-kind", "batching", "unknown-field", "missing-input",
          "name-mismatch", "text-optional", "bad-enum"],
 )
 def test_validation_catches_broken_configs(edit, message):
@@ -135,14 +143,26 @@ def test_validation_catches_broken_configs(edit, message):
     assert message in str(e.value)
 
 
-def test_check_repository_catches_model_yaml_problems(repo):
-    my = repo / "eagle3" / "1" / "model.yaml"
-    d = yaml.safe_load(my.read_text())
-    my.write_text(yaml.safe_dump(d | {"speculative": False}))
+def test_check_repository_catches_yaml_problems(repo):
+    sv = repo / "eagle3" / "1" / "eagle3.yaml"
+    d = yaml.safe_load(sv.read_text())
+    sv.write_text(yaml.safe_dump(d | {"speculative": False}))
     with pytest.raises(UserError, match="speculative: Extra inputs are not permitted"):
         check_repository(repo)
-    my.write_text(yaml.safe_dump(d | {"bundle": "/elsewhere"}))
-    with pytest.raises(UserError, match="differs from model.yaml 'bundle'"):
+    sv.write_text(yaml.safe_dump(d | {"bundle": "/elsewhere"}))
+    with pytest.raises(UserError, match="differs from eagle3.yaml 'bundle'"):
+        check_repository(repo)
+    sv.write_text(yaml.safe_dump(d))
+    my = repo / "eagle3" / "1" / "model.yaml"
+    m = yaml.safe_load(my.read_text())
+    my.write_text(yaml.safe_dump(m | {"max_tokens_per_batch": 4}))  # not an LLM() option
+    with pytest.raises(UserError, match="unknown TensorRT-LLM option"):
+        check_repository(repo)
+    my.write_text(yaml.safe_dump(m | {"triton_config": m["triton_config"] | {"decoupled": False}}))
+    with pytest.raises(UserError, match="config.pbtxt says decoupled: true, model.yaml triton_config says decoupled: false"):
+        check_repository(repo)
+    my.write_text(yaml.safe_dump({k: v for k, v in m.items() if k != "triton_config"}))
+    with pytest.raises(UserError, match="no triton_config"):
         check_repository(repo)
 
 
@@ -209,7 +229,7 @@ def test_request_limits_and_defaults():
 def test_incremental_detokenizer_matches_full_decode(shared_dir):
     from transformers import AutoTokenizer
 
-    from eagle3_trt.triton_repo.detok import IncrementalDetokenizer
+    from eagle3_trt.runtime.detok import IncrementalDetokenizer
 
     tok = AutoTokenizer.from_pretrained(str(shared_dir / "data" / "llama3_tokenizer"))
     text = "Grüße aus Köln 🌍🚀 — naïve café, 東京タワー. <|eot_id|> done"
@@ -222,7 +242,7 @@ def test_incremental_detokenizer_matches_full_decode(shared_dir):
 
 
 def test_stop_matcher_holds_back_partial_stop():
-    from eagle3_trt.triton_repo.detok import StopMatcher
+    from eagle3_trt.runtime.detok import StopMatcher
 
     m = StopMatcher(("END", "\n\n"))
     out = [m.feed(x) for x in ("abc E", "N", "xyz EN", "D tail")]

@@ -45,7 +45,8 @@ def server(fp8_bundle, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("triton")
     repo, state = tmp / "repo", tmp / "state"
-    r = _cli("package", str(fp8_bundle), "-o", str(repo))
+    # The decoupled model (streaming) and its unary twin (HTTP /infer, gRPC ModelInfer): one server start.
+    r = _cli("package", str(fp8_bundle), "-o", str(repo), "--with-unary")
     assert r.returncode == 0, r.stderr
     http, grpc, metrics = free_ports(3)
     r = _cli("serve", str(repo), "--state-dir", str(state), "--http-port", str(http), "--grpc-port", str(grpc),
@@ -53,11 +54,13 @@ def server(fp8_bundle, tmp_path_factory):
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"http://127.0.0.1:{http}" in r.stdout and f"127.0.0.1:{grpc}" in r.stdout
     handle = ServerHandle.load(state)
+    assert handle.shm_prefix.startswith("eagle3_") and list(Path("/dev/shm").glob(handle.shm_prefix + "*"))
     yield handle
     r = _cli("stop", "--state-dir", str(state))
     assert r.returncode == 0 and "stopped" in r.stdout, r.stdout + r.stderr
     assert not handle.alive()
     assert not (state / "server.json").exists()
+    assert not list(Path("/dev/shm").glob(handle.shm_prefix + "*"))  # no shared-memory region left behind
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +181,40 @@ def test_stop_string_cuts_output(server, chat):
     assert cut.text == full.text[: full.text.index(stop)]
 
 
+# ---- unary calls (the non-decoupled twin) ---------------------------------------------------------
+def test_unary_http_infer_grpc_model_infer_and_generate(server, chat):
+    """Triton refuses unary calls on a decoupled model; the unary twin answers them with the same text."""
+    import requests
+    import tritonclient.grpc as tg
+    import tritonclient.http as th
+
+    from eagle3_trt.clients.llm_client import GenerationParams
+
+    text = chat(PROMPTS[0])
+    with _client(server) as c:
+        want = c.generate(text, GenerationParams(max_tokens=6))
+    got = {}
+    for mod, url in ((th, server.http_url[len("http://"):]), (tg, server.grpc_url)):
+        cl = mod.InferenceServerClient(url)
+        t = mod.InferInput("text_input", [1], "BYTES")
+        t.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
+        mt = mod.InferInput("sampling_param_max_tokens", [1], "INT32")
+        mt.set_data_from_numpy(np.array([6], np.int32))
+        ex = mod.InferInput("sampling_param_exclude_input_from_output", [1], "BOOL")
+        ex.set_data_from_numpy(np.array([True]))
+        res = cl.infer("eagle3_unary", [t, mt, ex])
+        got[mod.__name__] = (res.as_numpy("text_output")[0].decode(), int(res.as_numpy("num_output_tokens")[0]))
+        with pytest.raises(Exception, match="decoupled"):
+            cl.infer("eagle3", [t, mt, ex])
+        cl.close()
+    assert got["tritonclient.http"] == got["tritonclient.grpc"] == (want.text, want.n_tokens)
+    r = requests.post(f"{server.http_url}/v2/models/eagle3_unary/generate", timeout=60,
+                      json={"text_input": text, "sampling_param_max_tokens": 6, "sampling_param_exclude_input_from_output": True})
+    assert r.status_code == 200 and r.json()["text_output"] == want.text, r.text
+    r = requests.post(f"{server.http_url}/v2/models/eagle3_unary/generate", timeout=60, json={"text_input": text, "streaming": True})
+    assert r.status_code == 400 and r.json()["error"].startswith("streaming: this model is not decoupled"), r.text
+
+
 # ---- bad input: an error naming the field; the server keeps serving --------------------------------
 def _inputs(*items: tuple[str, np.ndarray, str]):
     import tritonclient.grpc as g
@@ -237,23 +274,30 @@ def test_bad_input_grpc(server, inputs, field):
 
 
 @pytest.mark.parametrize(
-    "payload, field",
+    "payload, status, says",
     [
-        ({"sampling_param_max_tokens": 4}, "text_input"),
-        ({"text_input": "hi", "sampling_param_max_tokens": "many"}, ""),  # Triton's own JSON type error
-        ({"text_input": "   "}, "text_input"),
-        ({"text_input": "hi", "sampling_param_max_tokens": 100000}, "sampling_param_max_tokens"),
-        ({"text_input": "hi", "sampling_param_temperature": -1.0}, "sampling_param_temperature"),
-        ({"text_input": "hi", "sampling_param_top_p": 2.0}, "sampling_param_top_p"),
+        ({"sampling_param_max_tokens": 4}, 400, "text_input"),
+        ({"text_input": "   "}, 400, "text_input: empty prompt"),
+        ({"text_input": ["a", "b"]}, 400, "text_input: exactly one prompt"),
+        ({"text_input": "hi", "sampling_param_max_tokens": 100000}, 400, "sampling_param_max_tokens"),
+        ({"text_input": "hi", "sampling_param_temperature": -1.0}, 400, "sampling_param_temperature"),
+        ({"text_input": "hi", "sampling_param_top_p": 2.0}, 400, "sampling_param_top_p"),
+        ({"text_input": "hi", "max_tokens": 3}, 400, "max_tokens: not an input of this model (did you mean sampling_param_max_tokens?)"),
+        ({"text_input": "hi", "foo": 1}, 400, "foo: not an input"),
+        # Triton's own JSON parser answers before the model runs (the README quotes these):
+        ({"text_input": 5}, 500, "Unable to parse JSON bytes array: attempt to access JSON non-string as string"),
+        ({"text_input": "hi", "sampling_param_max_tokens": 1.5}, 500, "Unable to parse 'data': attempt to access JSON non-signed-integer"),
+        ({"text_input": "hi", "sampling_param_max_tokens": "many"}, 500, "Unable to parse 'data': attempt to access JSON non-signed-integer"),
+        ({"text_input": "hi", "foo": {"a": 1}}, 400, "parameter 'foo' has invalid type"),
     ],
-    ids=["missing-text", "wrong-type", "blank-prompt", "max-tokens-over-limit", "neg-temperature", "top-p-2"],
+    ids=["missing-text", "blank-prompt", "two-prompts", "max-tokens-over-limit", "neg-temperature", "top-p-2", "typo-max_tokens",
+         "unknown-key", "triton-text-number", "triton-max-tokens-float", "triton-max-tokens-string", "triton-object-param"],
 )
-def test_bad_input_http(server, payload, field):
+def test_bad_input_http(server, payload, status, says):
     import requests
 
     r = requests.post(f"{server.http_url}/v2/models/eagle3/generate", json=payload, timeout=60)
-    assert r.status_code >= 400
-    assert "error" in r.json() and field in r.json()["error"], r.text
+    assert r.status_code == status and says in r.json()["error"], r.text
     ok = requests.post(f"{server.http_url}/v2/models/eagle3/generate", json={"text_input": "hi", "sampling_param_max_tokens": 2}, timeout=60)
     assert ok.status_code == 200, ok.text
 

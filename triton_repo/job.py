@@ -1,29 +1,28 @@
-"""What both Triton runtimes share: one request's life cycle and the front that tracks requests.
+"""The serving driver: Triton requests in, ``generate_async`` on an LLM-API object, responses out.
 
 Triton-free on purpose (the model in ``model/model.py`` supplies a ``Sink`` built on
-``triton_python_backend_utils``), so the request life cycle is written once:
+``triton_python_backend_utils``), and runtime-free: ``LlmServing`` drives any object with
+TensorRT-LLM's LLM-API shape (``llm_api.py``): ``tensorrt_llm.LLM`` in production,
+``reference_llm.ReferenceLLM`` in the tests, through the same code.
 
-* ``Job``: one request from arrival to its final response: incremental detokenization, stop
-  strings, streaming or buffered output, perf metrics, the ``RequestSummary`` for metrics.
-* ``Serving``: the front of a runtime: encodes prompts, tracks in-flight jobs by request id
-  (``stop``), checks for client cancellation, reports each finished job.
-
-The runtimes are ``reference_serving.ReferenceServing`` (the toolkit's PyTorch engine) and
-``trtllm_serving.TrtllmServing`` (TensorRT-LLM's LLM API); both produce the same ``Emission``
-objects and the same ``RequestSummary``.
+* ``Job``: one request from arrival to its final response: streaming or buffered output, the
+  prompt echo, per-response token counts, perf metrics, the ``RequestSummary`` for metrics.
+* ``LlmServing``: encodes prompts, builds ``SamplingParams``, runs every request as a coroutine on
+  one asyncio loop thread (as upstream's llmapi model does), tracks in-flight requests by request
+  id (the ``stop`` input), polls client cancellation every ``cancel_period_ms`` and aborts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
-from eagle3_trt.triton_repo.detok import IncrementalDetokenizer, StopMatcher
-from eagle3_trt.triton_repo.request_params import GenRequest
+from eagle3_trt.runtime.llm_api import to_ns
+from eagle3_trt.triton_repo.request_params import GenRequest, RequestError, resolve_max_tokens
 
 
 @dataclass(frozen=True)
@@ -63,12 +62,8 @@ class RequestSummary:
 
 class Sink(Protocol):
     def emit(self, e: Emission) -> None: ...
-    def fail(self, message: str, cancelled: bool = False) -> None: ...
+    def fail(self, message: str, cancelled: bool = False, bad_request: bool = False) -> None: ...
     def is_cancelled(self) -> bool: ...
-
-
-def _now() -> int:
-    return time.monotonic_ns()
 
 
 def prompt_has_bos(tokenizer, prompt: str) -> bool:
@@ -77,98 +72,82 @@ def prompt_has_bos(tokenizer, prompt: str) -> bool:
     return bool(bos) and prompt.startswith(bos)
 
 
-class Job:
-    """One request from arrival to its final response."""
+def derive_positions(step_tokens: list[int], max_draft_len: int) -> tuple[list[int], list[int], list[int]]:
+    """(acceptance lengths, drafted per position, accepted per position) from the tokens each
+    streamed iteration added, for an LLM that reports only totals (TensorRT-LLM): every
+    iteration after the first verified ``max_draft_len`` drafted tokens (a linear chain) and
+    accepted ``n - 1`` of them."""
+    als = [n for n in step_tokens[1:] if n > 0]
+    drafted = [len(als)] * max_draft_len
+    accepted = [sum(1 for n in als if n - 1 > k) for k in range(max_draft_len)]
+    return als, drafted, accepted
 
-    def __init__(self, req: GenRequest, sink: Sink, tokenizer, request_id: str, arrival_ns: int, speculation: bool,
-                 tok_lock=None):
+
+class Job:
+    """One request: turns the LLM's cumulative outputs into Triton responses."""
+
+    def __init__(self, req: GenRequest, sink: Sink, request_id: str, arrival_ns: int, speculation: bool, max_draft_len: int):
         self.req = req
         self.sink = sink
         self.request_id = request_id
-        self.speculation = speculation
         self.arrival_ns = arrival_ns
-        self.first_scheduled_ns = 0
+        self.speculation = speculation
+        self.max_draft_len = max_draft_len
+        self.out: Any = None  # the LLM's RequestOutput
+        self.sent_text = 0  # characters of the LLM's text already sent
+        self.sent_tokens = 0
+        self.sent_any = False
+        self.n_tokens = 0
+        self.step_tokens: list[int] = []  # tokens added by each streamed iteration
         self.first_token_ns = 0
         self.last_token_ns = 0
-        self.detok = IncrementalDetokenizer(tokenizer, lock=tok_lock)
-        self.stops = StopMatcher(req.stop)
-        self.n_tokens = 0
-        self.unsent_tokens = 0
-        self.buffer: list[str] = []  # non-streaming: the whole text
-        self.sent_any = False
-        self.draft_tokens = 0
-        self.accepted_tokens = 0
-        self.target_steps = 0
-        self.step_als: list[int] = []
-        self.drafted_pp: list[int] = []
-        self.accepted_pp: list[int] = []
-        self.cancel_requested = False
+        self.perf_metrics: Any = None
         self.done = False
-        self.next_cancel_check = 0
-        self.max_tokens = 0
-        self.gen: Any = None
+        self.cancelled = False
+        # A stop string can only be cut once it is complete: hold back that much text, so that
+        # nothing sent is later cut away (TensorRT-LLM truncates its text at the match).
+        self.hold = max((len(s) for s in req.stop), default=1) - 1
 
-    # -- output -------------------------------------------------------------
     def _prefix(self) -> str:
         if self.req.exclude_input_from_output or self.sent_any:
             return ""
         return self.req.prompt
 
-    def perf(self) -> PerfSnapshot:
-        rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
-        al = self.n_tokens / self.target_steps if self.target_steps else 0.0
-        return PerfSnapshot(
-            self.arrival_ns,
-            self.first_scheduled_ns,
-            self.first_token_ns,
-            self.last_token_ns,
-            self.draft_tokens,
-            self.accepted_tokens,
-            rate,
-            al,
-            self.speculation,
-        )
-
-    def push(self, new_ids, finished: bool, finish_reason: str | None) -> None:
-        """New tokens from the runtime: detokenize, apply stop strings, send what is ready."""
-        now = _now()
-        if new_ids:
-            if not self.first_token_ns:
-                self.first_token_ns = now
+    def on_output(self, o, finished: bool) -> None:
+        """One update of the LLM's ``outputs[0]`` (cumulative text and token ids)."""
+        now = time.monotonic_ns()
+        n = len(o.token_ids)
+        if n > self.n_tokens:
+            self.first_token_ns = self.first_token_ns or now
             self.last_token_ns = now
-            self.n_tokens += len(new_ids)
-            self.unsent_tokens += len(new_ids)
-        text = self.stops.feed(self.detok.add(new_ids)) if new_ids else ""
-        if self.stops.matched is not None:
-            finished, finish_reason = True, "stop"
+        self.step_tokens.append(max(0, n - self.n_tokens))
+        self.n_tokens = n
+        if getattr(o, "request_perf_metrics", None) is not None:
+            self.perf_metrics = o.request_perf_metrics
+        text = o.text
         if finished:
-            if self.stops.matched is None:
-                text += self.stops.feed(self.detok.flush())
-                text += self.stops.flush()
-            self.finish(text, finish_reason or "stop")
+            self.finish(text[self.sent_text:], str(o.finish_reason or "stop"), o.stop_reason)
         elif self.req.streaming:
-            if text or self.unsent_tokens:
-                self._send(Emission(self._prefix() + text, self.unsent_tokens, False))
-        else:
-            self.buffer.append(text)
+            upto = max(self.sent_text, len(text) - self.hold)
+            if upto > self.sent_text or n > self.sent_tokens:
+                self._send(Emission(self._prefix() + text[self.sent_text:upto], n - self.sent_tokens, False))
+                self.sent_text = upto
 
     def _send(self, e: Emission) -> None:
         self.sent_any = True
-        self.unsent_tokens = 0
+        self.sent_tokens = self.n_tokens
         self.sink.emit(e)
 
-    def finish(self, text: str, finish_reason: str) -> None:
+    def finish(self, text: str, finish_reason: str, stop_reason=None) -> None:
         if self.done:
             return
         self.done = True
-        if not self.req.streaming:
-            text = "".join(self.buffer) + text
-            n = self.n_tokens
-        else:
-            n = self.unsent_tokens
+        n = self.n_tokens - (self.sent_tokens if self.req.streaming else 0)
         perf = self.perf() if self.req.return_perf_metrics else None
-        stop_reason = self.stops.matched if self.req.return_stop_reason else None
-        self._send(Emission(self._prefix() + text, n, True, finish_reason, stop_reason, perf))
+        stop = None
+        if self.req.return_stop_reason and stop_reason is not None:
+            stop = str(stop_reason)
+        self._send(Emission(self._prefix() + text, max(0, n), True, finish_reason, stop, perf))
 
     def fail(self, message: str, cancelled: bool = False) -> None:
         if self.done:
@@ -176,80 +155,220 @@ class Job:
         self.done = True
         self.sink.fail(message, cancelled)
 
-    def summary(self, status: str) -> RequestSummary:
-        return RequestSummary(
-            status,
+    # -- metrics ----------------------------------------------------------------------------
+    def _spec(self):
+        pm = self.perf_metrics
+        return getattr(pm, "speculative_decoding", None) if pm is not None else None
+
+    def target_forwards(self) -> int:
+        pm = self.perf_metrics
+        fw = getattr(pm, "eagle3_target_forwards", None) if pm is not None else None
+        return int(fw) if fw else sum(1 for n in self.step_tokens if n > 0)
+
+    def perf(self) -> PerfSnapshot:
+        pm, spec = self.perf_metrics, self._spec()
+        tm = getattr(pm, "timing_metrics", None)
+        draft = int(getattr(spec, "total_draft_tokens", 0) or 0) if self.speculation else 0
+        acc = int(getattr(spec, "total_accepted_draft_tokens", 0) or 0) if self.speculation else 0
+        fw = self.target_forwards()
+        return PerfSnapshot(
+            to_ns(getattr(tm, "arrival_time", None)) or self.arrival_ns,
+            to_ns(getattr(tm, "first_scheduled_time", None)) or self.arrival_ns,
+            to_ns(getattr(tm, "first_token_time", None)) or self.first_token_ns,
+            to_ns(getattr(tm, "last_token_time", None)) or self.last_token_ns,
+            draft,
+            acc,
+            acc / draft if draft else 0.0,
+            self.n_tokens / fw if fw else 0.0,
             self.speculation,
-            self.n_tokens,
-            self.draft_tokens,
-            self.accepted_tokens,
-            list(self.step_als),
-            list(self.drafted_pp),
-            list(self.accepted_pp),
         )
 
+    def summary(self, status: str) -> RequestSummary:
+        spec = self._spec()
+        draft = int(getattr(spec, "total_draft_tokens", 0) or 0)
+        acc = int(getattr(spec, "total_accepted_draft_tokens", 0) or 0)
+        if not self.speculation:
+            return RequestSummary(status, False, self.n_tokens)
+        if spec is not None and hasattr(spec, "eagle3_acceptance_lengths"):
+            als, dpp, app = (list(spec.eagle3_acceptance_lengths), list(spec.eagle3_drafted_per_position),
+                             list(spec.eagle3_accepted_per_position))
+        else:
+            als, dpp, app = derive_positions(self.step_tokens, self.max_draft_len)
+        return RequestSummary(status, True, self.n_tokens, draft, acc, als, dpp, app)
 
-class Serving:
-    """Common front: checks limits, tracks in-flight jobs by request id for ``stop``."""
 
-    tokenizer: Any
-    max_seq_len: int
-    max_draft_len: int
+class LlmServing:
+    """Drives an LLM-API object (``tensorrt_llm.LLM`` or ``ReferenceLLM``) for the Triton model."""
 
-    def __init__(self, bundle: Path, speculation: bool, default_max_tokens: int, cancel_period_ms: int,
+    def __init__(self, llm, sampling_params_cls, tokenizer, *, max_seq_len: int, max_draft_len: int, speculation: bool,
+                 per_request_speculation: bool, default_max_tokens: int, cancel_period_ms: int, decoupled: bool,
                  on_done: Callable[[RequestSummary], None], log: Callable[[str], None]):
-        self.bundle = Path(bundle)
+        self.llm = llm
+        self.SamplingParams = sampling_params_cls
+        self.tokenizer = tokenizer
+        self.max_seq_len = max_seq_len
+        self.max_draft_len = max_draft_len if speculation else 0
         self.speculation = speculation
+        self.per_request_speculation = per_request_speculation
         self.default_max_tokens = default_max_tokens
-        self.cancel_period_ns = cancel_period_ms * 1_000_000
+        self.cancel_period_s = cancel_period_ms / 1000.0
+        self.decoupled = decoupled
         self.on_done = on_done
         self.log = log
+        self._jobs: set[Job] = set()
         self._by_id: dict[str, set[Job]] = {}
         self._lock = threading.Lock()
-        # HF fast tokenizers are not safe to use from two threads at once ("Already borrowed"):
-        # requests are encoded on Triton's execute thread while the scheduler decodes.
-        self.tok_lock = threading.Lock()
+        # HF fast tokenizers are not safe to use from two threads at once ("Already borrowed").
+        self._tok_lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="eagle3-serving", daemon=True)
+        self._thread.start()
+        self._running = True
+        self._canceller = threading.Thread(target=self._cancellation_loop, name="eagle3-cancel", daemon=True)
+        self._canceller.start()
 
+    # -- requests ---------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:
-        with self.tok_lock:
+        with self._tok_lock:
             return list(self.tokenizer.encode(prompt, add_special_tokens=not prompt_has_bos(self.tokenizer, prompt)))
 
-    def stop_request(self, request_id: str) -> int:
-        """Cancel in-flight requests carrying ``request_id``; returns how many."""
+    def sampling_params(self, req: GenRequest, max_tokens: int):
+        kw: dict[str, Any] = {"max_tokens": max_tokens, "return_perf_metrics": True}
+        for name in ("temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty"):
+            v = getattr(req, name)
+            if v is not None:
+                kw[name] = v
+        if not req.temperature:
+            # No temperature or 0 means greedy here; TensorRT-LLM expresses greedy as top_k=1.
+            kw.pop("temperature", None)
+            kw.pop("top_p", None)
+            kw["top_k"] = 1
+        if req.stop:
+            kw["stop"] = list(req.stop)
+        if not req.speculative and self.speculation:
+            if not self.per_request_speculation:
+                raise RequestError("speculative_decoding", "the trtllm runtime cannot switch speculation off per request; "
+                                   "package with --with-baseline and send to the <name>_nospec model")
+            kw["eagle3_speculative"] = False
+        try:
+            return self.SamplingParams(**kw)
+        except ValueError as e:  # the runtime refuses a value: name the request's field
+            msg = str(e)
+            name = msg.split(":", 1)[0].strip()
+            raise RequestError(f"sampling_param_{name}" if name in kw else "request", msg) from None
+
+    def submit(self, req: GenRequest, sink: Sink, request_id: str, arrival_ns: int) -> None:
+        """Check and start a request; RequestError for bad values (nothing was started)."""
+        if req.streaming and not self.decoupled:
+            # Upstream's wording (llmapi model.py: "Streaming is only supported in decoupled mode.").
+            raise RequestError("streaming", "this model is not decoupled; stream from the decoupled model (generate_stream "
+                               "or a gRPC stream), or set streaming false")
+        ids = self.encode(req.prompt)
+        max_tokens = resolve_max_tokens(req, len(ids), self.max_seq_len, self.default_max_tokens)
+        sp = self.sampling_params(req, max_tokens)
+        speculation = self.speculation and req.speculative
+        job = Job(req, sink, request_id, arrival_ns, speculation, self.max_draft_len)
         with self._lock:
-            jobs = list(self._by_id.get(request_id, ()))
+            self._jobs.add(job)
+            if request_id:
+                self._by_id.setdefault(request_id, set()).add(job)
+        asyncio.run_coroutine_threadsafe(self._run(job, ids, sp), self._loop)
+
+    async def _run(self, job: Job, ids: list[int], sp) -> None:
+        status = "ok"
+        try:
+            # Always streamed from the LLM: per-iteration data for the metrics, and the client's
+            # own streaming flag decides only what is sent.
+            job.out = self.llm.generate_async(ids, sp, streaming=True)
+            if job.done:  # cancelled before it started
+                job.out.abort()
+                status = "cancelled"
+                return
+            async for out in job.out:
+                if job.done:  # cancelled (stop input or client) meanwhile
+                    status = "cancelled"
+                    return
+                job.on_output(out.outputs[0], bool(out.finished))
+                if job.done:
+                    return
+            if not job.done:
+                job.finish("", "stop")
+        except Exception as e:  # noqa: BLE001 - one request's failure must not end the others
+            status = "error"
+            self.log(f"request failed in the runtime: {type(e).__name__}: {e}")
+            job.fail(f"generation failed: {type(e).__name__}: {e}")
+        finally:
+            if job.cancelled:
+                status = "cancelled"
+            self._forget(job)
+            try:
+                self.on_done(job.summary(status))
+            except Exception as e:  # noqa: BLE001 - metrics must never break serving
+                self.log(f"metrics update failed: {e}")
+
+    def _forget(self, job: Job) -> None:
+        with self._lock:
+            self._jobs.discard(job)
+            s = self._by_id.get(job.request_id)
+            if s is not None:
+                s.discard(job)
+                if not s:
+                    del self._by_id[job.request_id]
+
+    # -- cancellation -----------------------------------------------------------------------
+    def _cancel(self, job: Job, message: str) -> None:
+        """From any thread: the job's state is only ever touched on the loop thread."""
+        try:
+            self._loop.call_soon_threadsafe(self._cancel_on_loop, job, message)
+        except RuntimeError:  # loop already closed at shutdown
+            pass
+
+    @staticmethod
+    def _cancel_on_loop(job: Job, message: str) -> None:
+        if job.done:
+            return
+        job.cancelled = True
+        job.fail(message, cancelled=True)
+        if job.out is not None:
+            job.out.abort()
+
+    def stop_request(self, request_id: str) -> int:
+        """Cancel in-flight requests carrying ``request_id`` (upstream's ``stop`` input); how many."""
+        with self._lock:
+            jobs = list(self._by_id.get(request_id, ())) if request_id else []
         for j in jobs:
-            j.cancel_requested = True
+            self._cancel(j, "Request cancelled by client")
         return len(jobs)
 
-    def _track(self, job: Job) -> None:
-        if job.request_id:
+    def _cancellation_loop(self) -> None:
+        """Upstream's cancellation_loop: poll every in-flight request's sender."""
+        while self._running:
+            time.sleep(self.cancel_period_s)
             with self._lock:
-                self._by_id.setdefault(job.request_id, set()).add(job)
+                jobs = list(self._jobs)
+            for j in jobs:
+                if j.done:
+                    continue
+                try:
+                    gone = bool(j.sink.is_cancelled())
+                except Exception:  # noqa: BLE001 - a sender that can no longer answer is gone
+                    gone = True
+                if gone:
+                    self._cancel(j, "Request cancelled by client")
 
-    def _untrack(self, job: Job) -> None:
-        if job.request_id:
-            with self._lock:
-                s = self._by_id.get(job.request_id)
-                if s is not None:
-                    s.discard(job)
-                    if not s:
-                        del self._by_id[job.request_id]
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._jobs)
 
-    def _check_cancel(self, job: Job, now: int) -> bool:
-        if job.cancel_requested:
-            return True
-        if now >= job.next_cancel_check:
-            job.next_cancel_check = now + self.cancel_period_ns
-            try:
-                return bool(job.sink.is_cancelled())
-            except Exception:  # a sender that can no longer answer is gone
-                return True
-        return False
-
-    def _report(self, job: Job, status: str) -> None:
-        self._untrack(job)
+    def shutdown(self) -> None:
+        self._running = False
+        with self._lock:
+            jobs = list(self._jobs)
+        for j in jobs:
+            j.fail("server is shutting down")
         try:
-            self.on_done(job.summary(status))
-        except Exception as e:  # metrics must never break serving
-            self.log(f"metrics update failed: {e}")
+            self.llm.shutdown()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+            self._canceller.join(timeout=5)

@@ -36,7 +36,8 @@ def render_template(text: str, values: dict[str, str], where: str = "config.pbtx
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
 
 
-def render_config(model_name: str, bundle_dir: str, runtime: str, instance_count: int = 1) -> str:
+def render_config(model_name: str, bundle_dir: str, runtime: str, instance_count: int = 1, decoupled: bool = True,
+                  gpu_device_ids: str = "") -> str:
     text = render_template(
         TEMPLATE.read_text(),
         {
@@ -44,6 +45,8 @@ def render_config(model_name: str, bundle_dir: str, runtime: str, instance_count
             "BUNDLE_DIR": bundle_dir,
             "RUNTIME": runtime,
             "INSTANCE_COUNT": str(int(instance_count)),
+            "DECOUPLED": "true" if decoupled else "false",
+            "GPU_DEVICE_IDS": gpu_device_ids,
         },
     )
     validate_config_text(text, where="config.pbtxt", expected_name=model_name)
@@ -113,8 +116,9 @@ def validate_config(cfg, where: str = "config.pbtxt", expected_name: str | None 
         problems.append(f"backend is '{cfg.backend}', expected 'python'")
     if cfg.max_batch_size != 0:
         problems.append(f"max_batch_size is {cfg.max_batch_size}; it must be 0 (one prompt per request)")
-    if not cfg.HasField("model_transaction_policy") or not cfg.model_transaction_policy.decoupled:
-        problems.append("model_transaction_policy { decoupled: true } is required (streaming, and set here, not by auto-complete)")
+    if not cfg.HasField("model_transaction_policy"):
+        problems.append("model_transaction_policy { decoupled: ... } is missing (set it here, equal to model.yaml's "
+                        "triton_config.decoupled: launchers disable auto-complete)")
     if not cfg.instance_group:
         problems.append("instance_group is missing")
     for i, g in enumerate(cfg.instance_group):
@@ -123,6 +127,13 @@ def validate_config(cfg, where: str = "config.pbtxt", expected_name: str | None 
             problems.append(f"instance_group[{i}].kind is {kind}; Python-backend LLM models use KIND_CPU (the runtime picks the GPU)")
         if g.count < 1:
             problems.append(f"instance_group[{i}].count is {g.count}; it must be >= 1")
+    total = sum(g.count for g in cfg.instance_group)
+    gpu_ids = cfg.parameters["gpu_device_ids"].string_value if "gpu_device_ids" in cfg.parameters else ""
+    runtime = cfg.parameters["eagle3_runtime"].string_value if "eagle3_runtime" in cfg.parameters else ""
+    if total > 1 and not gpu_ids and runtime == "trtllm":
+        problems.append(f"{total} instances but parameters['gpu_device_ids'] is empty (each instance needs its own GPUs: package with --gpus)")
+    if gpu_ids and len(gpu_ids.split(";")) < total:
+        problems.append(f"parameters['gpu_device_ids'] '{gpu_ids}' lists fewer GPU sets than the {total} instances")
     for key in ("eagle3_bundle", "eagle3_runtime"):
         if key not in cfg.parameters or not cfg.parameters[key].string_value:
             problems.append(f"parameters['{key}'] is missing")

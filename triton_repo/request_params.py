@@ -1,18 +1,26 @@
 """Turn one Triton request's input tensors into checked generation parameters.
 
 Pure Python/numpy (no Triton import) so the same rules run in the model and can be read in
-one place. Every rejection names the input tensor, so a client sees which field to fix.
-Triton itself already rejects unknown inputs, a missing ``text_input`` and wrong dtypes
-before the model runs; the checks here are about values.
+one place. Every rejection names the input tensor, so a client sees which field to fix, and
+the model sends it as INVALID_ARG (HTTP 400).
+
+Triton itself answers first (before the model runs) for unknown *input tensors* on gRPC/``/infer``,
+a missing required input and a JSON value its parser cannot convert to the declared type; what
+it says then is Triton's (see the README). On HTTP ``/generate``, a JSON key that is not an input
+becomes a request *parameter*: ``check_parameters`` refuses those by name, so a typo such as
+``max_tokens`` for ``sampling_param_max_tokens`` is not silently ignored.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from eagle3_trt.triton_repo.interface import INPUT_BY_NAME
 
 
 class RequestError(ValueError):
@@ -80,6 +88,23 @@ def _text(v) -> str:
     if isinstance(v, bytes):
         return v.decode("utf-8")
     return str(v)
+
+
+def check_parameters(params: dict, known_inputs: tuple[str, ...] | None = None) -> None:
+    """Refuse request parameters: on /generate they are JSON keys that are not inputs (typos).
+
+    Keys starting with ``triton_`` are the client library's own (tritonclient sends
+    ``triton_enable_empty_final_response`` on gRPC streams) and are allowed.
+    """
+    if known_inputs is None:
+        known_inputs = tuple(INPUT_BY_NAME)
+    for key in params:
+        if str(key).startswith("triton_"):
+            continue
+        close = difflib.get_close_matches(str(key), known_inputs, n=1, cutoff=0.6)
+        close = close or [n for n in known_inputs if n.endswith("_" + str(key))][:1]
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise RequestError(str(key), f"not an input of this model{hint}; unknown fields are refused, not ignored")
 
 
 def parse_request(get: Getter) -> GenRequest:

@@ -11,6 +11,12 @@ Where the server comes from:
 
 The server runs in its own session (process group), logs to a file, and leaves a
 ``server.json`` in the state directory so ``eagle3-trt stop`` can find it.
+
+Stopping: SIGTERM, then Triton waits ``--exit-timeout-secs`` (``EXIT_TIMEOUT_S``) for in-flight
+work (an open gRPC stream counts, even one Triton rejected) and unloads the models. ``stop`` waits
+longer than that before it kills the process group, says so when it had to kill (and exits
+non-zero), and in every case removes the Python backend's shared-memory regions of that server
+(``/dev/shm/<shm_prefix>*``), which a killed server leaves behind.
 """
 
 from __future__ import annotations
@@ -38,6 +44,10 @@ from eagle3_trt.triton_repo.package import check_repository, package_import_root
 HOST = "127.0.0.1"
 STATE_FILE = "server.json"
 DEFAULT_STATE_DIR = Path(".serve")
+SHM_DIR = Path("/dev/shm")
+# Triton's own drain time on SIGTERM; `stop` waits STOP_TIMEOUT_S (> this) before it kills.
+EXIT_TIMEOUT_S = 15
+STOP_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -157,6 +167,7 @@ class ServerHandle:
     state_dir: str
     models: list[str] = field(default_factory=list)
     started_at: float = 0.0
+    shm_prefix: str = ""  # the Python backend's shared-memory region names start with this
 
     @property
     def http_url(self) -> str:
@@ -249,6 +260,7 @@ def start_server(
 
     install = find_tritonserver()
     backend_dir = prepare_backend_dir(install, state_dir)
+    shm_prefix = f"eagle3_{uuid.uuid4().hex[:12]}_"
     log_file = state_dir / "tritonserver.log"
     cmd = [
         str(install.executable),
@@ -266,7 +278,8 @@ def start_server(
         "--strict-readiness=true",
         f"--log-verbose={log_verbose}",
         # Two servers on one host must not share the Python backend's shared-memory names.
-        f"--backend-config=python,shm-region-prefix-name=eagle3_{uuid.uuid4().hex[:12]}_",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         *extra_args,
     ]
     if backend_dir is not None:
@@ -280,7 +293,8 @@ def start_server(
         # the backend directory; under a umask of 077 those would be 0700, unreadable to other users.
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
                                 umask=0o022)
-    handle = ServerHandle(proc.pid, str(repo), http_port, grpc_port, metrics_port, str(log_file), str(state_dir), models, time.time())
+    handle = ServerHandle(proc.pid, str(repo), http_port, grpc_port, metrics_port, str(log_file), str(state_dir), models, time.time(),
+                          shm_prefix)
     handle.save()
 
     deadline = time.monotonic() + timeout_s
@@ -312,13 +326,46 @@ def _forget(state_dir: Path) -> None:
         pass
 
 
-def stop_server(handle: ServerHandle, timeout_s: float = 30.0) -> bool:
-    """SIGTERM the server (it unloads models, stubs exit), then SIGKILL its process group if it hangs.
+@dataclass(frozen=True)
+class StopResult:
+    pid: int
+    was_alive: bool
+    killed: bool  # did not exit within the timeout after SIGTERM: its process group got SIGKILL
+    removed_shm: tuple[str, ...]  # shared-memory regions it left behind, now removed
 
-    Returns True when a running server was stopped.
-    """
+    def __bool__(self) -> bool:
+        return self.was_alive
+
+    def lines(self, timeout_s: float) -> list[str]:
+        out = []
+        if self.killed:
+            out.append(f"tritonserver (pid {self.pid}) did not exit within {timeout_s:.0f} s of SIGTERM: killed its process group "
+                       "(in-flight requests were lost; see its log)")
+        if self.removed_shm:
+            out.append(f"removed {len(self.removed_shm)} shared-memory region(s) it left behind: {', '.join(self.removed_shm)}")
+        return out
+
+
+def remove_shm_regions(prefix: str, shm_dir: Path = SHM_DIR) -> tuple[str, ...]:
+    """Delete ``shm_dir/<prefix>*`` (the regions of one server, named by its unique prefix)."""
+    if not prefix.startswith("eagle3_") or len(prefix) < 12:  # never a broad pattern
+        return ()
+    removed = []
+    for p in sorted(Path(shm_dir).glob(prefix + "*")):
+        try:
+            p.unlink()
+            removed.append(str(p))
+        except FileNotFoundError:
+            pass
+    return tuple(removed)
+
+
+def stop_server(handle: ServerHandle, timeout_s: float = STOP_TIMEOUT_S, shm_dir: Path = SHM_DIR) -> StopResult:
+    """SIGTERM the server (it unloads models, stubs exit), then SIGKILL its process group if it
+    hangs; then remove its shared-memory regions. Truthy when a running server was stopped."""
     pid = handle.pid
     was_alive = _pid_alive(pid)
+    killed = False
     if was_alive:
         try:
             os.kill(pid, signal.SIGTERM)
@@ -328,6 +375,7 @@ def stop_server(handle: ServerHandle, timeout_s: float = 30.0) -> bool:
         while _pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         if _pid_alive(pid):
+            killed = True
             try:
                 os.killpg(pid, signal.SIGKILL)  # the group started with the server: stubs included
             except (ProcessLookupError, PermissionError):
@@ -335,14 +383,27 @@ def stop_server(handle: ServerHandle, timeout_s: float = 30.0) -> bool:
             deadline = time.monotonic() + 5
             while _pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
+    # The stubs exit after the server; give them a moment before looking for their regions.
+    deadline = time.monotonic() + 5
+    while _group_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    removed = remove_shm_regions(handle.shm_prefix, shm_dir) if handle.shm_prefix else ()
     _forget(Path(handle.state_dir))
-    return was_alive
+    return StopResult(pid, was_alive, killed, removed)
 
 
-def stop_recorded(state_dir: Path = DEFAULT_STATE_DIR, timeout_s: float = 30.0) -> ServerHandle | None:
-    """Stop the server recorded in ``state_dir``; None when nothing was running."""
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def stop_recorded(state_dir: Path = DEFAULT_STATE_DIR, timeout_s: float = STOP_TIMEOUT_S) -> StopResult | None:
+    """Stop the server recorded in ``state_dir``; None when nothing was recorded there."""
     try:
         handle = ServerHandle.load(state_dir)
     except UserError:
         return None
-    return handle if stop_server(handle, timeout_s) else None
+    return stop_server(handle, timeout_s)

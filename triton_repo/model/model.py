@@ -1,9 +1,11 @@
 # The Triton Python-backend model written into REPO/<name>/1/model.py by `eagle3-trt package`.
 #
-# Tensor interface: TensorRT-LLM's Triton llmapi model (see config.pbtxt). model.yaml next to
-# this file selects the runtime (reference | trtllm) and the bundle. The work is done by
-# eagle3_trt.triton_repo.job (the request life cycle) and reference_serving / trtllm_serving (the
-# runtimes); this file is the Triton glue: requests in, responses and Prometheus metrics out.
+# Tensor interface: TensorRT-LLM's Triton llmapi model (see config.pbtxt). model.yaml next to this
+# file is upstream's (triton_config + the LLM() options); eagle3.yaml selects the runtime
+# (reference | trtllm) and the bundle. The work is done by eagle3_trt.triton_repo.job.LlmServing,
+# which drives an object shaped like tensorrt_llm.LLM: tensorrt_llm.LLM itself (trtllm_serving) or
+# the toolkit's ReferenceLLM (reference_llm). This file is the Triton glue: requests in,
+# responses and Prometheus metrics out, and each instance's GPUs and MPI environment.
 
 # The Python backend's embedded interpreter starts in the C (ASCII) locale whatever LANG says;
 # torch/transformers imports then fail on non-ASCII source files. Must run before any import.
@@ -54,10 +56,14 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 import yaml  # noqa: E402
 
 
+def _model_dir(args) -> Path:
+    return Path(args["model_repository"]) / args["model_version"]
+
+
 def _model_yaml_path(args) -> Path:
-    name = os.environ.get("LLM_CONFIG_PATH", "model.yaml")
-    p = Path(name)
-    return p if p.is_absolute() else Path(args["model_repository"]) / args["model_version"] / p
+    # Upstream's name and override (llmapi model.py: os.environ.get('LLM_CONFIG_PATH', 'model.yaml')).
+    p = Path(os.environ.get("LLM_CONFIG_PATH", "model.yaml"))
+    return p if p.is_absolute() else _model_dir(args) / p
 
 
 def _torch_threads():
@@ -197,8 +203,8 @@ class _Sink:
     def emit(self, e) -> None:
         self.responder.put((self, "emit", e))
 
-    def fail(self, message: str, cancelled: bool = False) -> None:
-        self.responder.put((self, "fail", (message, cancelled)))
+    def fail(self, message: str, cancelled: bool = False, bad_request: bool = False) -> None:
+        self.responder.put((self, "fail", (message, cancelled, bad_request)))
 
     def is_cancelled(self) -> bool:
         return self.dead or bool(self.sender.is_cancelled())
@@ -228,65 +234,101 @@ class _Sink:
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if e.final else 0
         self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=flags)
 
-    def _fail(self, message: str, cancelled: bool) -> None:
-        code = getattr(pb_utils.TritonError, "CANCELLED", None) if cancelled else None
+    def _fail(self, message: str, cancelled: bool, bad_request: bool = False) -> None:
+        # INVALID_ARG is what makes Triton answer HTTP 400 (and gRPC INVALID_ARGUMENT) instead of 500.
+        name = "CANCELLED" if cancelled else "INVALID_ARG" if bad_request else None
+        code = getattr(pb_utils.TritonError, name, None) if name else None
         err = pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
         self.sender.send(pb_utils.InferenceResponse(error=err), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def _request_parameters(request) -> dict:
+    try:
+        return json.loads(request.parameters() or "{}")
+    except Exception:  # noqa: BLE001 - an old backend without parameters(): nothing to check
+        return {}
 
 
 class TritonPythonModel:
     def initialize(self, args):
         self.model_name = args["model_name"]
+        mdir = _model_dir(args)
         yaml_path = _model_yaml_path(args)
-        raw = yaml.safe_load(yaml_path.read_text()) if yaml_path.is_file() else None
+        serving_path = mdir / "eagle3.yaml"
+        raw = yaml.safe_load(serving_path.read_text()) if serving_path.is_file() else None
         if not isinstance(raw, dict):
-            raise pb_utils.TritonModelException(f"{yaml_path}: missing or not a mapping; regenerate with `eagle3-trt package`")
+            raise pb_utils.TritonModelException(f"{serving_path}: missing or not a mapping; regenerate with `eagle3-trt package`")
         _adopt_path(raw.get("python_path") or [])
 
-        # eagle3_trt is importable only now that model.yaml's python_path is on sys.path (the stub
-        # runs Python isolated, PYTHONPATH ignored). The runtime's module is imported below, once
-        # chosen: a trtllm model does not load the reference engine, a reference model not the
-        # TensorRT-LLM adapter.
+        # eagle3_trt is importable only now that eagle3.yaml's python_path is on sys.path (the stub
+        # runs Python isolated, PYTHONPATH ignored). instances is light (no torch, no CUDA): the
+        # instance's GPUs and the MPI clean-up are applied before any runtime module is imported.
         from eagle3_trt.errors import UserError
-        from eagle3_trt.triton_repo.job import Emission
-        from eagle3_trt.triton_repo.model_yaml import load_model_yaml, resolve_bundle
-        from eagle3_trt.triton_repo.request_params import RequestError, parse_request
+        from eagle3_trt.triton_repo.instances import instance_environment
+
+        model_config = json.loads(args["model_config"])
+        params = model_config.get("parameters", {})
+        count = int(model_config.get("instance_group", [{}])[0].get("count", 1))
+        try:
+            env, llm_extra = instance_environment(
+                os.environ, gpu_device_ids=params.get("gpu_device_ids", {}).get("string_value", ""), instance_count=count,
+                model_instance_name=args.get("model_instance_name", ""), require_gpus=raw.get("runtime") == "trtllm")
+        except UserError as e:
+            raise pb_utils.TritonModelException(e.line()) from None
+        for k in [k for k in os.environ if k not in env]:
+            del os.environ[k]
+        os.environ.update(env)
+
+        from eagle3_trt.triton_repo.job import Emission, LlmServing
+        from eagle3_trt.triton_repo.model_yaml import load_model_yaml, load_serving_yaml, read_bundle, resolve_bundle
+        from eagle3_trt.triton_repo.request_params import RequestError, check_parameters, parse_request
 
         self._Emission = Emission
         self._RequestError = RequestError
         self._parse = parse_request
+        self._check_parameters = check_parameters
         try:
-            cfg = load_model_yaml(yaml_path)
+            cfg = load_serving_yaml(serving_path)
+            my = load_model_yaml(yaml_path)
+            info = read_bundle(resolve_bundle(cfg, serving_path))
         except UserError as e:
             raise pb_utils.TritonModelException(e.line()) from None
-        model_config = json.loads(args["model_config"])
-        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
-            raise pb_utils.TritonModelException("config.pbtxt: model_transaction_policy { decoupled: true } is required")
+        decoupled = bool(pb_utils.using_decoupled_model_transaction_policy(model_config))
+        if decoupled != my.triton_config.decoupled:
+            raise pb_utils.TritonModelException(
+                f"config.pbtxt decoupled={decoupled} but {yaml_path} triton_config.decoupled={my.triton_config.decoupled}; "
+                "regenerate with `eagle3-trt package`")
         self.text_dtype = pb_utils.triton_string_to_numpy(pb_utils.get_output_config_by_name(model_config, "text_output")["data_type"])
 
-        bundle = resolve_bundle(cfg, yaml_path)
         self.responder = _Responder()
-        common = dict(
-            speculation=cfg.speculation,
-            default_max_tokens=cfg.default_max_tokens,
-            cancel_period_ms=cfg.cancellation_check_period_ms,
-            on_done=lambda s: self.metrics.done(s),
-            log=lambda m: pb_utils.Logger.log_warn(f"[eagle3] {m}"),
-        )
         t0 = time.monotonic()
+        # The runtime's module is imported once chosen: a trtllm model does not load the reference
+        # engine, a reference model not TensorRT-LLM.
         if cfg.runtime == "reference":
-            from eagle3_trt.triton_repo.reference_serving import ReferenceServing
+            from eagle3_trt.runtime.llm_api import SamplingParams
+            from eagle3_trt.runtime.reference_llm import ReferenceLLM
 
-            self.serving = ReferenceServing(bundle, device=cfg.device, torch_threads=cfg.torch_threads, **common)
+            llm = ReferenceLLM(info.path, device=cfg.device, torch_threads=cfg.torch_threads, speculation=cfg.speculation)
+            sp_cls, tokenizer, per_request = SamplingParams, llm.tokenizer, True
         else:
-            from eagle3_trt.triton_repo.trtllm_serving import TrtllmServing
+            from transformers import AutoTokenizer  # heavy; only the trtllm runtime needs a tokenizer of its own
 
-            self.serving = TrtllmServing(bundle, overrides=cfg.llm_api_overrides, **common)
-        self.metrics = _Metrics(self.model_name, self.serving.max_draft_len if cfg.speculation else 0)
+            from eagle3_trt.triton_repo.trtllm_serving import build_trtllm
+
+            llm, sp_cls = build_trtllm(my.llm_kwargs, llm_extra)
+            tokenizer, per_request = AutoTokenizer.from_pretrained(str(info.bundle.tokenizer_dir)), False
+        self.metrics = _Metrics(self.model_name, info.max_draft_len if cfg.speculation else 0)
+        self.serving = LlmServing(
+            llm, sp_cls, tokenizer, max_seq_len=info.max_seq_len, max_draft_len=info.max_draft_len, speculation=cfg.speculation,
+            per_request_speculation=per_request, default_max_tokens=cfg.default_max_tokens,
+            cancel_period_ms=my.triton_config.cancellation_check_period_ms, decoupled=decoupled,
+            on_done=lambda s: self.metrics.done(s), log=lambda m: pb_utils.Logger.log_warn(f"[eagle3] {m}"),
+        )
         pb_utils.Logger.log_info(
-            f"[eagle3] model '{self.model_name}' ready: runtime={cfg.runtime} bundle={bundle} "
-            f"speculation={cfg.speculation} max_seq_len={self.serving.max_seq_len} "
-            f"max_draft_len={self.serving.max_draft_len} torch_threads={_torch_threads()} ({time.monotonic() - t0:.1f} s)"
+            f"[eagle3] model '{self.model_name}' ready: runtime={cfg.runtime} bundle={info.path} "
+            f"speculation={cfg.speculation} decoupled={decoupled} max_seq_len={info.max_seq_len} "
+            f"max_draft_len={info.max_draft_len} gpus={env.get('CUDA_VISIBLE_DEVICES', '(all visible)')} "
+            f"torch_threads={_torch_threads()} ({time.monotonic() - t0:.1f} s)"
         )
 
     def execute(self, requests):
@@ -299,11 +341,12 @@ class TritonPythonModel:
                 return None if t is None else t.as_numpy()
 
             try:
+                self._check_parameters(_request_parameters(request))
                 req = self._parse(get)
                 if req.stop_request:
                     n = self.serving.stop_request(request.request_id())
                     if n == 0:
-                        sink.fail(f"stop: no request in flight with id '{request.request_id()}'")
+                        sink.fail(f"stop: no request in flight with id '{request.request_id()}'", bad_request=True)
                     else:  # the cancelled request ends with a CANCELLED error; this one succeeds
                         sink.emit(self._Emission("", 0, True, "cancelled"))
                     continue
@@ -315,7 +358,7 @@ class TritonPythonModel:
                     raise
             except self._RequestError as e:
                 self.metrics.rejected()
-                sink.fail(str(e))
+                sink.fail(str(e), bad_request=True)
             except Exception as e:
                 self.metrics.rejected()
                 pb_utils.Logger.log_error(f"[eagle3] request failed: {type(e).__name__}: {e}")

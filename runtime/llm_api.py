@@ -1,0 +1,162 @@
+"""The part of TensorRT-LLM's LLM API the Triton model relies on, and the reference runtime's copy of it.
+
+The Triton model (``model/model.py`` through ``job.LlmServing``) drives exactly one interface,
+the shape of ``tensorrt_llm.LLM``; in production that object *is* ``tensorrt_llm.LLM`` (built in
+``trtllm_serving.py``), in ``make test`` it is ``reference_llm.ReferenceLLM`` over the toolkit's
+PyTorch engine. The same driver code therefore runs behind a real Triton server in CI.
+
+What is relied on (read in NVIDIA/TensorRT-LLM; the 1.2.x release tags themselves could not be read,
+so these are the commits the source index holds):
+
+* ``LLM.generate_async(inputs, sampling_params, streaming=...) -> RequestOutput`` where ``inputs`` is
+  a list of prompt token ids (``PromptInputs``) — tensorrt_llm/llmapi/llm.py @ 4c05a748.
+* ``RequestOutput`` (``GenerationResult``): ``async for`` yields the same object after each
+  response; ``finished``; ``abort()``; ``outputs[0]`` is a ``CompletionOutput`` with ``text``
+  (detokenized, stop strings already cut, ``include_stop_str_in_output`` False),
+  ``token_ids`` (all generated ids so far), ``finish_reason`` ('stop' | 'length' | 'timeout' |
+  'cancelled'), ``stop_reason`` and ``request_perf_metrics`` — tensorrt_llm/executor/result.py
+  @ a678b91a.
+* ``request_perf_metrics`` (``tllm.RequestPerfMetrics``, sent when ``SamplingParams(
+  return_perf_metrics=True)``): ``timing_metrics.{arrival_time, first_scheduled_time,
+  first_token_time, last_token_time}`` (timedeltas on the steady clock), ``kv_cache_metrics.{
+  num_total_allocated_blocks, num_new_allocated_blocks, num_reused_blocks, num_missed_blocks,
+  kv_cache_hit_rate}`` and ``speculative_decoding.{acceptance_rate, total_accepted_draft_tokens,
+  total_draft_tokens}`` — the fields upstream's Triton llmapi model reads
+  (triton_backend/all_models/llmapi/tensorrt_llm/1/model.py @ 044a90d2, ``_create_response``).
+* ``SamplingParams`` keyword names: max_tokens, temperature, top_p, top_k, seed, stop,
+  frequency_penalty, presence_penalty, return_perf_metrics (tensorrt_llm/sampling_params.py).
+* ``LLM.shutdown()``.
+
+Not relied on: ``LLM.generate`` (sync), ``get_stats``, logprobs, LoRA, multimodal inputs.
+
+The reference runtime adds a few fields TensorRT-LLM does not have, all prefixed ``eagle3_`` so the
+driver can tell them apart (it falls back to deriving them from the stream when they are absent):
+``speculative_decoding.eagle3_drafted_per_position`` / ``eagle3_accepted_per_position`` /
+``eagle3_acceptance_lengths`` and ``request_perf_metrics.eagle3_target_forwards``, and the
+``SamplingParams`` field ``eagle3_speculative`` (per-request speculation off, for A/B runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Protocol
+
+
+# ---- the interface the driver uses (structural: tensorrt_llm.LLM satisfies it) -------------------
+class CompletionOutputLike(Protocol):
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: Any
+    request_perf_metrics: Any
+
+
+class RequestOutputLike(Protocol):
+    outputs: list[Any]
+    finished: bool
+
+    def abort(self) -> None: ...
+    def __aiter__(self) -> Any: ...
+
+
+class LlmLike(Protocol):
+    def generate_async(self, inputs: Any, sampling_params: Any = None, streaming: bool = False) -> RequestOutputLike: ...
+    def shutdown(self) -> None: ...
+
+
+# ---- the reference runtime's objects --------------------------------------------------------
+@dataclass
+class SamplingParams:
+    """The subset of ``tensorrt_llm.SamplingParams`` the reference runtime implements; values it
+    cannot honour are refused (ValueError naming the field) instead of being ignored."""
+
+    max_tokens: int = 32
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    return_perf_metrics: bool = False
+    eagle3_speculative: bool = True  # not a TensorRT-LLM field: speculation off for this request
+
+    def __post_init__(self) -> None:
+        if self.frequency_penalty:
+            raise ValueError("frequency_penalty: not supported by the reference runtime (use runtime: trtllm)")
+        if self.presence_penalty:
+            raise ValueError("presence_penalty: not supported by the reference runtime (use runtime: trtllm)")
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def greedy(self) -> bool:
+        # TensorRT-LLM expresses greedy decoding as top_k=1; temperature 0 means the same here.
+        return self.top_k == 1 or self.temperature == 0.0
+
+
+@dataclass
+class TimingMetrics:
+    arrival_time: timedelta = timedelta(0)
+    first_scheduled_time: timedelta = timedelta(0)
+    first_token_time: timedelta = timedelta(0)
+    last_token_time: timedelta = timedelta(0)
+
+
+@dataclass
+class KvCacheMetrics:
+    num_total_allocated_blocks: int = 0
+    num_new_allocated_blocks: int = 0
+    num_reused_blocks: int = 0
+    num_missed_blocks: int = 0
+    kv_cache_hit_rate: float = 0.0
+
+
+@dataclass
+class SpeculativeDecodingMetrics:
+    acceptance_rate: float = 0.0
+    total_accepted_draft_tokens: int = 0
+    total_draft_tokens: int = 0
+    eagle3_drafted_per_position: list[int] = field(default_factory=list)
+    eagle3_accepted_per_position: list[int] = field(default_factory=list)
+    eagle3_acceptance_lengths: list[int] = field(default_factory=list)  # one per verification step
+
+
+@dataclass
+class RequestPerfMetrics:
+    timing_metrics: TimingMetrics = field(default_factory=TimingMetrics)
+    kv_cache_metrics: KvCacheMetrics = field(default_factory=KvCacheMetrics)
+    speculative_decoding: SpeculativeDecodingMetrics = field(default_factory=SpeculativeDecodingMetrics)
+    eagle3_target_forwards: int = 0
+
+
+@dataclass
+class CompletionOutput:
+    index: int = 0
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    request_perf_metrics: RequestPerfMetrics | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+
+def to_ns(v) -> int:
+    """TensorRT-LLM timing metrics are timedeltas (steady clock) or plain seconds; 0 when absent."""
+    if v is None:
+        return 0
+    if hasattr(v, "total_seconds"):
+        return int(round(v.total_seconds() * 1e9))
+    return int(float(v) * 1e9)
+
+
+def ns_to_timedelta(ns: int) -> timedelta:
+    return timedelta(microseconds=ns / 1000)

@@ -1,0 +1,652 @@
+"""The bad-input corpus: every input the toolkit refuses, run through the real command line.
+
+One row per case: how the input is made (a mutated copy of the tiny pair, a bad prompt file, a
+bad option), the command, the expected exit code and a pattern for the one-line message, which
+names the file or field at fault. Every case also checks that nothing is left behind (no bundle,
+no staging directory, no lock file, no report: the case's directory is unchanged) and that no
+traceback is printed.
+
+Each case runs in its own process. Importing torch, transformers and ModelOpt costs seconds per
+process, so the processes are forked from one that has imported the CLI and every command module
+(``_Zygote``): a fork is a fresh process as far as the case can tell (own exit code, stdout,
+stderr, cwd, signal handlers), running ``eagle3_trt.cli.main`` exactly as the ``eagle3-trt``
+console script does. ``BAD_INPUTS_FRESH=1`` runs every case as ``python -m eagle3_trt.cli``
+instead; ``test_fork_and_fresh_process_agree`` does so for a few cases on every run.
+
+``pending="issue 11 <item>"`` marks a case a fix in progress is to make pass: it becomes
+``xfail(strict=True)``, so the fix turns it into an XPASS failure that says to drop the flag.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eagle3_trt.atomic import staged_dir
+from eagle3_trt.build.presets import PRESET_DIR
+from eagle3_trt.convert.tiny_pair import make_pair
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CASE_TIMEOUT_S = 120
+DELETE = object()
+
+# ---------------------------------------------------------------------------------------------
+# Running the CLI: forked from a process that has imported everything once
+# ---------------------------------------------------------------------------------------------
+ZYGOTE = textwrap.dedent(f"""
+    import json, os, signal, sys, traceback
+    from eagle3_trt import cli
+    for name in cli.LAZY_COMMANDS:
+        cli.load_command(name)
+    import eagle3_trt.build.builder, eagle3_trt.convert.validate  # what `engine` and `validate` import when they run
+    print(json.dumps({{"ready": os.getpid()}}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            rc = 1
+            try:
+                signal.alarm({CASE_TIMEOUT_S})  # a case that hangs is killed (exit -14), not the whole run
+                os.chdir(req["cwd"])
+                fd_in = os.open(os.devnull, os.O_RDONLY)
+                fd_out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                fd_err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd_in, 0); os.dup2(fd_out, 1); os.dup2(fd_err, 2)
+                sys.argv = ["eagle3-trt", *req["argv"]]
+                try:
+                    rc = cli.main(req["argv"])  # what the console script does: sys.exit(main())
+                except SystemExit as e:
+                    rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                except BaseException:
+                    traceback.print_exc()  # as the interpreter prints an uncaught exception
+                    rc = 1
+                sys.stdout.flush(); sys.stderr.flush()
+            finally:
+                os._exit(rc)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({{"rc": os.waitstatus_to_exitcode(status)}}), flush=True)
+""")
+
+
+class _Zygote:
+    def __init__(self):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, cwd=REPO_ROOT, env=env)
+        line = self.proc.stdout.readline()
+        if not line.startswith('{"ready"'):
+            self.proc.kill()
+            raise AssertionError(f"CLI process did not start: {line!r}")
+
+    def run(self, argv: list[str], cwd: Path, stdout: Path, stderr: Path) -> int:
+        self.proc.stdin.write(json.dumps({"argv": argv, "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr)}) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())["rc"]
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+
+    @property
+    def last_err_line(self) -> str:
+        lines = [ln for ln in self.err.splitlines() if ln.strip()]
+        return lines[-1] if lines else ""
+
+
+def _fresh(argv: list[str], cwd: Path) -> Result:
+    p = subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *argv], cwd=cwd, capture_output=True, text=True,
+                       timeout=CASE_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return Result(p.returncode, p.stdout, p.stderr)
+
+
+@pytest.fixture(scope="module")
+def cli():
+    """run(argv, cwd) -> Result, in a new process per call."""
+    if os.environ.get("BAD_INPUTS_FRESH"):
+        yield _fresh
+        return
+    z = _Zygote()
+
+    def run(argv: list[str], cwd: Path) -> Result:
+        out, err = cwd.parent / f"{cwd.name}.stdout", cwd.parent / f"{cwd.name}.stderr"
+        rc = z.run(argv, cwd, out, err)
+        res = Result(rc, out.read_text(), err.read_text())
+        out.unlink()
+        err.unlink()
+        return res
+
+    yield run
+    z.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: the tiny pair, copied per case and broken on purpose
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[Path, Path]:
+    return make_pair(tmp_path_factory.mktemp("bad-inputs-pair"))
+
+
+@pytest.fixture(scope="module")
+def dry_bundle(cli, pair, tmp_path_factory) -> Path:
+    """A --dry-run bundle (configs only, built in a fraction of a second): enough for every refusal
+    of `alpha`, `recommend` and `package` that happens before a model is loaded."""
+    d = tmp_path_factory.mktemp("bad-inputs-bundle")
+    res = cli(["engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", str(d / "dry")], d)
+    assert res.rc == 0, res.err
+    return d / "dry"
+
+
+@dataclass
+class Ctx:
+    """What a case's ``make`` gets: its own copy of the pair and a scratch directory."""
+    w: Path  # the case's working directory (also the command's cwd)
+    t: Path  # target copy
+    d: Path  # draft copy
+    bundle: Path  # the shared dry-run bundle (read-only for the cases)
+
+    def fmt(self) -> dict[str, str]:
+        return {"w": str(self.w), "t": str(self.t), "d": str(self.d), "b": str(self.bundle), "out": str(self.w / "out")}
+
+
+def edit_json(path: Path, **changes) -> None:
+    """Set (or, with DELETE, remove) fields; ``a__b`` is the nested field ``a.b``."""
+    data = json.loads(path.read_text())
+    for key, v in changes.items():
+        *parents, last = key.split("__")
+        node = data
+        for p in parents:
+            node = node.setdefault(p, {})
+        if v is DELETE:
+            node.pop(last, None)
+        else:
+            node[last] = v
+    path.write_text(json.dumps(data, indent=2))
+
+
+def edit_tensors(path: Path, fn: Callable[[dict], dict]) -> None:
+    save_file(fn(load_file(str(path))), str(path))
+
+
+def tcfg(**kw) -> Callable[[Ctx], None]:
+    return lambda c: edit_json(c.t / "config.json", **kw)
+
+
+def dcfg(**kw) -> Callable[[Ctx], None]:
+    return lambda c: edit_json(c.d / "config.json", **kw)
+
+
+def dtensors(fn: Callable[[dict], dict]) -> Callable[[Ctx], None]:
+    return lambda c: edit_tensors(c.d / "model.safetensors", fn)
+
+
+def write(rel: str, content: str | bytes) -> Callable[[Ctx], None]:
+    def make(c: Ctx) -> None:
+        p = c.w / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return make
+
+
+def both(*makes: Callable[[Ctx], None]) -> Callable[[Ctx], None]:
+    def make(c: Ctx) -> None:
+        for m in makes:
+            m(c)
+    return make
+
+
+def _draft_vocab(n: int) -> Callable[[dict], dict]:
+    """lm_head and d2t for a draft vocabulary of n tokens (consistent with a config that says so)."""
+    def fn(t: dict) -> dict:
+        out = {**t, "lm_head.weight": torch.zeros(n, t["lm_head.weight"].shape[1], dtype=t["lm_head.weight"].dtype),
+               "d2t": torch.zeros(n, dtype=t["d2t"].dtype)}
+        out.pop("t2d", None)
+        return out
+    return fn
+
+
+def _without(name: str) -> Callable[[dict], dict]:
+    return lambda t: {k: v for k, v in t.items() if k != name}
+
+
+def _with(name: str, fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[dict], dict]:
+    return lambda t: {**t, name: fn(t[name])}
+
+
+def _truncate(rel: str, keep: int = 100) -> Callable[[Ctx], None]:
+    def make(c: Ctx) -> None:
+        p = c.w / rel
+        p.write_bytes(p.read_bytes()[:keep])
+    return make
+
+
+def _remove(rel: str) -> Callable[[Ctx], None]:
+    def make(c: Ctx) -> None:
+        p = c.w / rel
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return make
+
+
+def _pickle_bin(wrap: Callable[[dict], object]) -> Callable[[Ctx], None]:
+    """Replace the draft's safetensors by a pytorch_model.bin holding ``wrap(tensors)``."""
+    def make(c: Ctx) -> None:
+        tensors = load_file(str(c.d / "model.safetensors"))
+        (c.d / "model.safetensors").unlink()
+        torch.save(wrap(tensors), c.d / "pytorch_model.bin")
+    return make
+
+
+class _Evil:
+    """Unpickling this would run a command: torch's weights-only loader must refuse it."""
+
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/eagle3-trt-bad-inputs-pwned",))
+
+
+def _swap_token_ids(tok_a: str, id_b: int) -> Callable[[Ctx], None]:
+    """The target's tokenizer with ``tok_a`` and the token at ``id_b`` trading ids (a tokenizer of another
+    revision); config.json still names the old ids."""
+    def make(c: Ctx) -> None:
+        p = c.t / "tokenizer.json"
+        data = json.loads(p.read_text())
+        vocab = data["model"]["vocab"]
+        id_a = vocab[tok_a] if tok_a in vocab else next(t["id"] for t in data["added_tokens"] if t["content"] == tok_a)
+        tok_b = next(k for k, v in vocab.items() if v == id_b)
+        for t in data["added_tokens"]:
+            if t["content"] == tok_a:
+                t["id"] = id_b
+        if tok_a in vocab:
+            vocab[tok_a] = id_b
+        vocab[tok_b] = id_a
+        p.write_text(json.dumps(data))
+    return make
+
+
+def _draft_tokenizer(mutate: Callable[[dict], None]) -> Callable[[Ctx], None]:
+    """The draft ships a copy of the target's tokenizer, changed by ``mutate``."""
+    def make(c: Ctx) -> None:
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(c.t / f, c.d / f)
+        data = json.loads((c.d / "tokenizer.json").read_text())
+        mutate(data)
+        (c.d / "tokenizer.json").write_text(json.dumps(data))
+    return make
+
+
+def _rename_vocab_entry(data: dict) -> None:
+    vocab = data["model"]["vocab"]
+    k = next(k for k, v in vocab.items() if v == 300)
+    vocab["zz-not-in-the-target"] = vocab.pop(k)
+
+
+def _move_added_token(data: dict) -> None:
+    tok = next(t for t in data["added_tokens"] if t["content"] == "<|eot_id|>")
+    tok["id"] = 5 if tok["id"] != 5 else 4
+
+
+def _evil_preset(c: Ctx) -> None:
+    """A preset file outside the registry, reached through ``--model ../../...``."""
+    (c.w / "evil.yaml").write_text((PRESET_DIR / "tiny.yaml").read_text())
+
+
+def _evil_model_arg(c: Ctx) -> str:
+    return os.path.relpath(c.w / "evil", PRESET_DIR)
+
+
+def _copy_bundle(c: Ctx) -> None:
+    shutil.copytree(c.bundle, c.w / "out")
+
+
+def _stale_staging(c: Ctx) -> None:
+    """What a SIGKILLed build leaves: its staging directory, named with its (now dead) pid."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    (c.w / f".out.tmp-{p.pid}-dead").mkdir()
+    (c.w / f".out.tmp-{p.pid}-dead" / "half.safetensors").write_bytes(b"x" * 100)
+
+
+def _report(c: Ctx, body: dict) -> None:
+    (c.w / "report.json").write_text(json.dumps(body))
+
+
+# ---------------------------------------------------------------------------------------------
+# The corpus
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: tuple[str, ...]  # formatted with Ctx.fmt(): {w} {t} {d} {b} {out}; {model} from model_arg
+    rc: int
+    pattern: str  # regex searched in the last stderr line (refusals) or stdout + stderr (rc 0)
+    make: Callable[[Ctx], None] | None = None
+    pending: str | None = None  # "issue 11 <item>": xfail(strict) until the fix lands
+    absent: tuple[str, ...] = ()  # text that must not appear in stderr (e.g. a stage that must not start)
+    model_arg: Callable[[Ctx], str] | None = None
+    around: str | None = None  # "lock": the test holds the output's lock while the case runs; "tmpfs": a full disk
+    root_only: bool = False
+    changes: tuple[str, ...] = ()  # entries of the case's directory the command is meant to write or remove (prefixes)
+    check: Callable[[Ctx], None] | None = None  # more assertions after the run
+
+
+V = ("validate", "--target", "{t}", "--draft", "{d}")
+E = ("engine", "--model", "tiny", "--target", "{t}", "--draft", "{d}", "--target-gpu", "h100", "-o", "{out}")
+ED = (*E, "--dry-run")
+GOOD_PROMPTS = '{"turns": ["Write a haiku about the sea."]}\n'
+
+CASES: list[Case] = [
+    # ---- files and directories
+    Case("target-dir-missing", ("validate", "--target", "{w}/nope", "--draft", "{d}"), 2, r"/nope: directory does not exist"),
+    Case("target-config-missing", V, 2, r"target/config\.json: file not found", make=_remove("target/config.json")),
+    Case("target-config-truncated", V, 2, r"target/config\.json: not valid JSON", make=_truncate("target/config.json", 40)),
+    Case("target-config-not-object", V, 2, r"target/config\.json: expected a JSON object", make=write("target/config.json", "[1, 2]")),
+    Case("target-field-missing", V, 2, r"target/config\.json:num_hidden_layers: missing", make=tcfg(num_hidden_layers=DELETE)),
+    Case("target-not-llama", V, 2, r"target/config\.json:model_type: 'gpt2' is not a Llama-family decoder", make=tcfg(model_type="gpt2")),
+    Case("target-no-architectures", V, 2, r"target/config\.json:architectures: missing", make=tcfg(architectures=DELETE)),
+    Case("target-already-quantized", V, 2, r"target/hf_quant_config\.json: target is already quantized",
+         make=write("target/hf_quant_config.json", '{"quantization": {"quant_algo": "FP8"}}')),
+    Case("target-dtype-int8", V, 2, r"target/config\.json:(torch_)?dtype: int8 not supported",
+         make=tcfg(torch_dtype="int8", dtype="int8")),
+    Case("target-no-weights", V, 2, r"target: no weight files", make=_remove("target/model.safetensors")),
+    Case("target-weights-truncated", V, 2, r"target/model\.safetensors: corrupt or truncated safetensors",
+         make=_truncate("target/model.safetensors", 5000)),
+    Case("target-shard-missing", V, 2, r"target/model\.safetensors\.index\.json: shards listed but missing: model-00002",
+         make=write("target/model.safetensors.index.json",
+                    '{"weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}')),
+    Case("target-fewer-layers-than-config", V, 2, r"target.*model\.layers\.8\.self_attn\.q_proj\.weight missing",
+         make=tcfg(num_hidden_layers=9)),
+    Case("target-too-shallow-for-eagle3", V, 2, r"default aux layers \[1, 1, 0\] are not distinct", make=tcfg(num_hidden_layers=4)),
+    Case("target-no-tokenizer", V, 2, r"target/tokenizer\.json: target has no tokenizer\.json", make=_remove("target/tokenizer.json")),
+    # ---- issue 11 B: the target's tokenizer against its own config
+    Case("target-tokenizer-swapped-bos", V, 2, r"target/(generation_)?config\.json:bos_token_id: 0, but the tokenizer's bos_token .* is id 300",
+         make=_swap_token_ids("<|begin_of_text|>", 300)),
+    Case("target-config-bos-out-of-vocab", V, 2, r"target/config\.json:bos_token_id: id 9999 is outside the vocabulary",
+         make=tcfg(bos_token_id=9999)),
+    # ---- issue 11 B: one schema for config fields, in validate and engine alike
+    Case("hidden-size-string-validate", V, 2, r"target/config\.json:hidden_size", make=tcfg(hidden_size="64")),
+    Case("hidden-size-string-engine", ED, 2, r"target/config\.json:hidden_size", make=tcfg(hidden_size="64")),
+    Case("hidden-size-words-validate", V, 2, r"target/config\.json:hidden_size", make=tcfg(hidden_size="two-fifty-six")),
+    Case("hidden-size-words-engine", ED, 2, r"target/config\.json:hidden_size", make=tcfg(hidden_size="two-fifty-six")),
+    # ---- draft: layout, config, tensors
+    Case("draft-not-eagle3", V, 2, r"draft: not an EAGLE-3 head",
+         make=dtensors(lambda t: {k.replace("midlayer.", "block."): v for k, v in t.items()})),
+    Case("draft-field-missing", V, 2, r"draft/config\.json:num_attention_heads: missing", make=dcfg(num_attention_heads=DELETE)),
+    Case("draft-two-layers", V, 2, r"draft/config\.json:num_hidden_layers: 2 draft decoder layers", make=dcfg(num_hidden_layers=2)),
+    Case("draft-vocab-mismatch", V, 2, r"draft/config\.json:vocab_size: draft was trained for a vocabulary of 1024", make=dcfg(vocab_size=1024)),
+    Case("draft-target-hidden-mismatch", V, 2, r"draft/config\.json:target_hidden_size: 128 but the target's hidden_size is 64",
+         make=dcfg(target_hidden_size=128)),
+    Case("draft-fc-missing", V, 2, r"draft: tensor fc\.weight missing", make=dtensors(_without("fc.weight"))),
+    Case("draft-fc-odd-width", V, 2, r"draft:fc\.weight: in_features 100 is not a multiple of the target hidden size 64",
+         make=dtensors(_with("fc.weight", lambda w: w[:, :100].contiguous()))),
+    Case("draft-shape-vs-config", V, 2, r"draft:midlayer\.mlp\.\w+_proj\.weight: shape .* expected .* from config\.json",
+         make=dcfg(intermediate_size=256)),
+    Case("draft-tensor-missing", V, 2, r"draft: tensor midlayer\.mlp\.down_proj\.weight missing",
+         make=dtensors(_without("midlayer.mlp.down_proj.weight"))),
+    Case("draft-weight-int8", V, 2, r"draft:midlayer\.mlp\.down_proj\.weight: dtype (torch\.)?int8 not supported",
+         make=dtensors(_with("midlayer.mlp.down_proj.weight", lambda w: w.to(torch.int8)))),
+    Case("draft-bin-pickle-code", V, 2, r"draft/pytorch_model\.bin: refused: not a plain tensor checkpoint",
+         make=_pickle_bin(lambda t: {**t, "x": _Evil()})),
+    Case("draft-bin-not-a-mapping", V, 2, r"draft/pytorch_model\.bin: refused: holds something other than a name -> tensor mapping",
+         make=_pickle_bin(lambda t: list(t.values()))),
+    # ---- aux layers
+    Case("aux-out-of-range", V, 2, r"draft/config\.json:eagle_aux_hidden_state_layer_ids: aux layer ids \[9\] outside the target's layers 0\.\.7",
+         make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[1, 3, 9])),
+    Case("aux-not-distinct", V, 2, r"aux layer ids \[1, 1, 4\] are not distinct", make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[1, 1, 4])),
+    Case("aux-count-vs-fc", V, 2, r"2 aux layers but fc\.weight fuses 3 target hidden states",
+         make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[1, 4])),
+    # ---- draft vocabulary map
+    Case("d2t-missing", V, 2, r"draft:d2t: missing, but draft_vocab_size 256 < vocab_size 512", make=dtensors(_without("d2t"))),
+    Case("d2t-float", V, 2, r"draft:d2t: dtype torch\.float32, expected an integer tensor", make=dtensors(_with("d2t", lambda t: t.float()))),
+    Case("d2t-absolute-ids", V, 2, r"draft:d2t: maps draft ids to target ids in \[\d+, \d+\], outside 0\.\.511",
+         make=dtensors(_with("d2t", lambda t: t + torch.arange(t.numel()) + 300))),
+    Case("d2t-not-injective", V, 2, r"draft:d2t: not injective", make=dtensors(lambda t: {**_without("t2d")(t), "d2t": -torch.arange(t["d2t"].numel(), dtype=t["d2t"].dtype)})),
+    Case("t2d-disagrees", V, 2, r"draft:t2d: disagrees with d2t", make=dtensors(_with("t2d", lambda t: ~t))),
+    Case("draft-vocab-too-big", V, 2, r"draft/config\.json:draft_vocab_size: 600 exceeds the target vocab 512", make=both(dcfg(draft_vocab_size=600), dtensors(_draft_vocab(600)))),
+    # ---- tokenizers and special ids
+    Case("draft-tokenizer-other-vocab", V, 2, r"draft/tokenizer\.json: draft tokenizer vocabulary differs", make=_draft_tokenizer(_rename_vocab_entry)),
+    Case("draft-tokenizer-special-id", V, 2, r"draft/tokenizer\.json: special token '<\|eot_id\|>' is id \d+ in the draft but \d+ in the target",
+         make=_draft_tokenizer(_move_added_token)),
+    Case("draft-eos-foreign", V, 2, r"draft/config\.json:eos_token_id: \[300\] shares no id with the target's", make=dcfg(eos_token_id=300)),
+    Case("draft-bos-foreign", V, 2, r"draft/config\.json:bos_token_id: 7 but the target's is 0", make=dcfg(bos_token_id=7)),
+    # ---- rope (issue 11 A: what the runtime lacks is refused at validate)
+    Case("rope-unknown-type", V, 2, r"draft/config\.json:rope_scaling: .*'fancy'",
+         make=dcfg(rope_scaling={"rope_type": "fancy", "factor": 2.0})),
+    Case("rope-theta-negative", V, 2, r"draft/config\.json:rope_theta", make=dcfg(rope_theta=-1.0)),
+    Case("rope-yarn-draft-warns", V, 0, r"warn .*draft rope .*yarn.* differs from the target's",
+         make=dcfg(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256})),
+    Case("rope-partial-rotary", V, 2, r"draft/config\.json:partial_rotary_factor", make=dcfg(partial_rotary_factor=0.5)),
+    # ---- variant flags (issue 11 A: implemented as TensorRT-LLM does, or refused)
+    Case("flag-not-boolean", V, 2, r"draft/config\.json:eagle_config\.return_hidden_post_norm: 'false' is not true/false",
+         make=dcfg(eagle_config__return_hidden_post_norm="false")),
+    Case("flag-post-norm-honoured", V, 0, r"variants: return_hidden_post_norm",
+         make=dcfg(eagle_config__return_hidden_post_norm=True)),
+    Case("flag-mla-head", V, 2, r"draft/config\.json:kv_lora_rank", make=dcfg(kv_lora_rank=16)),
+    Case("aux-unsorted-permuted", V, 0, r"aux layers listed as \[4, 1, 3\].*permuted",
+         make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[4, 1, 3])),
+    # ---- engine: presets and options
+    Case("preset-unknown", ("engine", "--model", "nope", "--dry-run", "-o", "{out}"), 2, r"MODEL: unknown preset 'nope'"),
+    Case("preset-path-escape", ("engine", "--model", "{model}", "--dry-run", "-o", "{out}"), 2, r"unknown preset",
+         make=_evil_preset, model_arg=_evil_model_arg),
+    Case("gpu-unknown", ("engine", "--model", "tiny", "--target-gpu", "z999", "--dry-run", "-o", "{out}"), 2, r"--target-gpu: unknown GPU 'z999'"),
+    Case("nvfp4-on-hopper", ("engine", "--model", "tiny", "--target-gpu", "h100", "--quant", "nvfp4", "--dry-run", "-o", "{out}"), 2,
+         r"--quant: nvfp4 needs Blackwell.*h100 is hopper"),
+    Case("fp8-on-ampere", ("engine", "--model", "tiny", "--target-gpu", "a100", "--quant", "fp8", "--dry-run", "-o", "{out}"), 2,
+         r"--quant: fp8 needs .*a100 is ampere"),
+    Case("nvfp4-kv-on-hopper", ("engine", "--model", "tiny", "--target-gpu", "h100", "--kv-cache", "nvfp4", "--dry-run", "-o", "{out}"), 2,
+         r"--kv-cache"),
+    Case("engine-k-zero", (*ED, "--max-draft-len", "0"), 2, r"--max-draft-len: 0 \(hint: draft lengths are 1\.\.16\)"),
+    Case("engine-k-too-long", (*ED, "--max-draft-len", "17"), 2, r"--max-draft-len: 17 \(hint: draft lengths are 1\.\.16\)"),
+    Case("quantize-draft-bf16", ("engine", "--model", "tiny", "--target-gpu", "h100", "--quant", "bf16", "--quantize-draft", "--dry-run", "-o", "{out}"), 2,
+         r"--quantize-draft: the target format is bf16"),
+    Case("draft-quant-nvfp4-on-hopper", ("engine", "--model", "tiny", "--target-gpu", "h100", "--quantize-draft", "--draft-quant", "nvfp4", "--dry-run", "-o", "{out}"), 2,
+         r"--draft-quant: nvfp4 needs Blackwell"),
+    Case("embedded-half-override", ("engine", "--model", "tiny", "--target", "{t}", "--target-gpu", "h100", "--dry-run", "-o", "{out}"), 2,
+         r"TARGET/DRAFT: the embedded preset needs both or neither overridden"),
+    Case("output-parent-is-a-file", ("engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", "{w}/afile/out"), 2,
+         r"/afile: is not a directory", make=write("afile", "x")),
+    Case("output-locked-by-another-build", ED, 2, r"/out: another process \(pid \d+\) is writing it right now", around="lock"),
+    # ---- issue 11 C: cache hits re-verify, stale staging directories of killed builds are removed
+    Case("cache-hit-reverifies-digests", ("engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", "{out}"), 0,
+         r"rebuilding .*/out: it does not match its manifest: draft/config\.json: missing",
+         make=both(_copy_bundle, _remove("out/draft/config.json")), changes=("out",),
+         check=lambda c: json.loads((c.w / "out" / "draft" / "config.json").read_text())),
+    Case("stale-staging-removed-on-cache-hit", ("engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", "{out}"), 0,
+         r"cache hit", make=both(_copy_bundle, _stale_staging), changes=(".out.tmp-",)),
+    Case("stale-staging-removed-on-build", ("engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", "{out}"), 0,
+         r"bundle: \S*/out\n", make=_stale_staging, changes=("out", ".out.tmp-")),
+    Case("output-disk-full", ("engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", "{w}/small/out"), 2,
+         r"small/out: no space left on the device while writing it; nothing was written", around="tmpfs", root_only=True),
+    # ---- calibration input (issue 11 B: checked before the target is loaded)
+    Case("calib-missing", (*E, "--calib", "{w}/missing.jsonl"), 2, r"missing\.jsonl: prompt file not found", absent=("load target",)),
+    Case("calib-bad-json", (*E, "--calib", "{w}/bad.jsonl"), 2, r"bad\.jsonl:2: not valid JSON", absent=("load target",),
+         make=write("bad.jsonl", GOOD_PROMPTS + '{"turns": ["unterminated\n')),
+    Case("calib-max-length-over-context", (*E, "--calib-max-length", "200000"), 2, r"--calib-max-length: 200000 .*1024",
+         absent=("load target",)),
+    # ---- bundles given to alpha / recommend / package
+    Case("alpha-bundle-missing", ("alpha", "{w}/nope", "--prompts", "{w}/p.jsonl"), 2, r"/nope: bundle directory not found",
+         make=write("p.jsonl", GOOD_PROMPTS)),
+    Case("alpha-not-a-bundle", ("alpha", "{t}", "--prompts", "{w}/p.jsonl"), 2, r"target/manifest\.json: file not found",
+         make=write("p.jsonl", GOOD_PROMPTS)),
+    Case("alpha-prompts-missing", ("alpha", "{b}", "--prompts", "{w}/none.jsonl"), 2, r"none\.jsonl: prompt file not found"),
+    Case("alpha-prompts-bad-json", ("alpha", "{b}", "--prompts", "{w}/p.jsonl"), 2, r"p\.jsonl:2: not valid JSON",
+         make=write("p.jsonl", GOOD_PROMPTS + "{oops\n")),
+    Case("alpha-prompts-no-turns", ("alpha", "{b}", "--prompts", "{w}/p.jsonl"), 2, r'p\.jsonl:1: no "turns", "messages", "prompt" or "text"',
+         make=write("p.jsonl", '{"question": "where is the text?"}\n')),
+    Case("alpha-prompts-empty", ("alpha", "{b}", "--prompts", "{w}/p.jsonl"), 2, r"p\.jsonl: no prompts in the file", make=write("p.jsonl", "\n")),
+    Case("alpha-prompts-not-utf8", ("alpha", "{b}", "--prompts", "{w}/p.txt"), 2, r"p\.txt: not UTF-8 text", make=write("p.txt", b"caf\xe9\n")),
+    Case("alpha-sweep-backwards", ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--sweep", "5-2"), 2, r"--sweep: '5-2'",
+         make=write("p.jsonl", GOOD_PROMPTS)),
+    Case("alpha-sweep-words", ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--sweep", "three"), 2, r"--sweep: 'three' .* is not a draft length",
+         make=write("p.jsonl", GOOD_PROMPTS)),
+    Case("alpha-k-too-long", ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--max-draft-len", "17"), 2,
+         r"--max-draft-len: 17 \(hint: draft lengths are 1\.\.16\)", make=write("p.jsonl", GOOD_PROMPTS)),
+    Case("alpha-sweep-with-generate", ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--sweep", "1-3", "--method", "generate"), 2,
+         r"--sweep: needs the estimator", make=write("p.jsonl", GOOD_PROMPTS)),
+    Case("alpha-k-zero", ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--max-draft-len", "0"), 2, r"--max-draft-len: 0 \(hint: draft lengths are 1\.\.16\)",
+         make=write("p.jsonl", GOOD_PROMPTS)),
+    Case("alpha-no-chat-template-option", ("alpha", "{w}/nope", "--prompts", "{w}/p.txt", "--no-chat-template"), 2,
+         r"/nope: bundle directory not found", make=write("p.txt", "def add(a, b):\n")),
+    Case("gate-threshold", ("gate", "{b}", "--prompts", "{w}/p.jsonl", "--threshold", "1.5"), 2, r"--threshold: 1\.5 is not a probability",
+         make=write("p.jsonl", GOOD_PROMPTS)),
+    Case("recommend-nothing-measured", ("recommend", "{b}"), 2, r"recommend: needs --report or --prompts"),
+    Case("recommend-report-missing", ("recommend", "{b}", "--report", "{w}/none.json"), 2, r"none\.json: (report|file) not found"),
+    Case("recommend-report-not-json", ("recommend", "{b}", "--report", "{w}/report.json"), 2, r"report\.json: not valid JSON",
+         make=write("report.json", "{not json")),
+    Case("recommend-report-not-alpha", ("recommend", "{b}", "--report", "{w}/report.json"), 2, r"report\.json: not an alpha report",
+         make=lambda c: _report(c, {"pairs": {}})),
+    Case("recommend-dry-run-bundle", ("recommend", "{b}", "--report", "{w}/report.json"), 2, r"dry: no weight files in target/ or draft/",
+         make=lambda c: _report(c, {"pairs": {"bundle": {"overall": {"cumulative_acceptance": [0.8, 0.6, 0.4]}}}})),
+    Case("package-bad-name", ("package", "{b}", "-o", "{out}", "--name", "no spaces!"), 2, r"--name: 'no spaces!' is not a valid Triton model name"),
+    Case("package-zero-instances", ("package", "{b}", "-o", "{out}", "--instances", "0"), 2, r"--instances: must be >= 1"),
+    Case("package-over-a-non-repository", ("package", "{b}", "-o", "{w}/keep", "--force"), 2, r"keep: exists and is not a model repository",
+         make=write("keep/precious.txt", "mine")),
+    Case("serve-no-repository", ("serve", "{w}/nope"), 2, r"nope: model repository not found"),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# The test
+# ---------------------------------------------------------------------------------------------
+PWNED = Path("/tmp/eagle3-trt-bad-inputs-pwned")
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Every entry under root (dot-files included): type, size, mtime."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        # a directory's mtime moves when an entry is created and removed again: its entries are what count
+        out[str(p.relative_to(root))] = (st.st_mode >> 12, st.st_size, st.st_mtime_ns) if p.is_file() else (st.st_mode >> 12, 0, 0)
+    return out
+
+
+@contextmanager
+def _around(case: Case, ctx: Ctx):
+    if case.around == "lock":
+        # another build holds the output: the test enters the atomic writer of the same destination
+        try:
+            with staged_dir(ctx.w / "out"):
+                yield
+                raise _Abandon()  # leave nothing: the staging directory and the lock go with the exception
+        except _Abandon:
+            pass
+    elif case.around == "tmpfs":
+        mnt = ctx.w / "small"
+        mnt.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(mnt)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        try:
+            yield
+            assert list(mnt.iterdir()) == [], "a full disk left files behind"
+        finally:
+            subprocess.run(["umount", "-l", str(mnt)], check=True)
+    else:
+        yield
+
+
+class _Abandon(Exception):
+    pass
+
+
+def _param(c: Case):
+    marks = [pytest.mark.xfail(strict=True, reason=f"pending: {c.pending}")] if c.pending else []
+    return pytest.param(c, id=c.id, marks=marks)
+
+
+def _run_case(case: Case, cli, pair, bundle: Path, tmp_path: Path) -> Result:
+    if case.root_only and os.geteuid() != 0:
+        pytest.skip("needs root (mounts a tmpfs)")
+    w = tmp_path / "w"
+    w.mkdir(parents=True)
+    ctx = Ctx(w, w / "target", w / "draft", bundle)
+    shutil.copytree(pair[0], ctx.t)
+    shutil.copytree(pair[1], ctx.d)
+    if case.make:
+        case.make(ctx)
+    f = ctx.fmt()
+    if case.model_arg:
+        f["model"] = case.model_arg(ctx)
+    argv = [a.format(**f) for a in case.argv]
+    with _around(case, ctx):
+        before = _snapshot(w), _snapshot(bundle.parent)
+        res = cli(argv, w)
+        after = _snapshot(w), _snapshot(bundle.parent)
+    said = f"exit {res.rc}\n--- stdout\n{res.out[-3000:]}\n--- stderr\n{res.err[-3000:]}"
+    assert "Traceback" not in res.err + res.out, said
+    assert res.rc == case.rc, said
+    if case.rc == 0:
+        assert re.search(case.pattern, res.out + res.err), said
+    else:
+        # "error: " from a UserError; "Error: " from click for an option outside its declared choices
+        errors = [ln for ln in res.err.splitlines() if ln.startswith(("error: ", "Error: "))]
+        assert len(errors) == 1 and res.last_err_line == errors[0], said  # one line, the last thing printed
+        assert re.search(case.pattern, errors[0]), f"pattern {case.pattern!r} not in:\n{errors[0]}"
+    for text in case.absent:
+        assert text not in res.err, said
+    # nothing left behind: no bundle, staging directory, lock file, report or cache in the case's
+    # directory (its cwd), and the shared bundle untouched
+    def kept(snap: dict) -> dict:
+        return {k: v for k, v in snap.items() if not (case.changes and k.startswith(case.changes))}
+
+    assert kept(after[0]) == kept(before[0]), f"left behind or changed: {sorted(set(after[0].items()) ^ set(before[0].items()))}"
+    assert not any(p.name.startswith(".") for p in w.iterdir()), "a staging directory or lock file is left"
+    if case.check:
+        case.check(ctx)
+    assert after[1] == before[1], "the shared bundle changed"
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
+    return res
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in CASES])
+def test_bad_input(case, cli, pair, dry_bundle, tmp_path):
+    _run_case(case, cli, pair, dry_bundle, tmp_path)
+    assert not PWNED.exists(), "a pickle ran code"
+
+
+def test_corpus_is_complete():
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids))
+    assert len(CASES) >= 40
+    # every command that takes user files is exercised
+    assert {c.argv[0] for c in CASES} >= {"validate", "engine", "alpha", "gate", "recommend", "package", "serve"}
+
+
+FRESH_IDS = ("target-config-truncated", "nvfp4-on-hopper", "d2t-not-injective")
+
+
+@pytest.mark.parametrize("case_id", FRESH_IDS)
+def test_fork_and_fresh_process_agree(case_id, cli, pair, dry_bundle, tmp_path):
+    """The same case through the installed console script (or python -m eagle3_trt.cli) in a new
+    interpreter: the same exit code and the same line as the forked run."""
+    case = next(c for c in CASES if c.id == case_id)
+    forked = _run_case(case, cli, pair, dry_bundle, tmp_path / "forked")
+    script = Path(sys.executable).with_name("eagle3-trt")
+
+    def fresh(argv, cwd):
+        cmd = [str(script)] if script.is_file() else [sys.executable, "-m", "eagle3_trt.cli"]
+        p = subprocess.run([*cmd, *argv], cwd=cwd, capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
+        return Result(p.returncode, p.stdout, p.stderr)
+
+    new = _run_case(case, fresh, pair, dry_bundle, tmp_path / "fresh")
+    strip = lambda s: s.replace(str(tmp_path / "forked"), "").replace(str(tmp_path / "fresh"), "")  # noqa: E731
+    assert (new.rc, strip(new.last_err_line)) == (forked.rc, strip(forked.last_err_line))

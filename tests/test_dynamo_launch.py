@@ -1,0 +1,129 @@
+"""The Dynamo launchers every bundle carries: shell syntax, a dry run of the worker command, flags that
+agree with the options file, flag names the installed dynamo.trtllm/frontend define, and a
+Kubernetes manifest whose standard objects validate with kubernetes-validate."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eagle3_trt.build import dynamo_launch as dl
+from eagle3_trt.build.bundle import read_options
+
+SCRIPTS = (dl.SCRIPT, dl.DISAGG_SCRIPT)
+
+
+def test_bundle_carries_dynamo_launchers(fp8_bundle):
+    launch = fp8_bundle / "launch"
+    for name in (*SCRIPTS, dl.AGG_YAML, dl.PREFILL_YAML, dl.DECODE_YAML, dl.K8S_MANIFEST):
+        assert (launch / name).is_file(), name
+    for name in SCRIPTS:
+        assert (launch / name).stat().st_mode & stat.S_IXUSR, name
+        r = subprocess.run(["bash", "-n", str(launch / name)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+
+
+def _shim(tmp_path: Path) -> Path:
+    """A PYTHON that records `-m module args...` calls and runs everything else (the path rewrite) for real."""
+    log = tmp_path / "calls.txt"
+    shim = tmp_path / "python-shim"
+    shim.write_text(f'#!/usr/bin/env bash\nif [ "$1" = "-m" ]; then printf "%s\\n" "$*" >> {log}; exit 0; fi\nexec {sys.executable} "$@"\n')
+    shim.chmod(0o755)
+    return shim
+
+
+@pytest.mark.parametrize("role,yaml_name,mode", [("worker", dl.AGG_YAML, None), ("prefill", dl.PREFILL_YAML, "prefill"),
+                                                 ("decode", dl.DECODE_YAML, "decode")])
+def test_worker_dry_run_flags_match_options(fp8_bundle, tmp_path, role, yaml_name, mode):
+    shim = _shim(tmp_path)
+    env = {**os.environ, "PYTHON": str(shim), "ROLE": role, "TMPDIR": str(tmp_path)}
+    r = subprocess.run(["bash", str(fp8_bundle / "launch" / dl.SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    argv = (tmp_path / "calls.txt").read_text().split()
+    assert argv[:2] == ["-m", "dynamo.trtllm"], argv
+    flags = {a: argv[i + 1] for i, a in enumerate(argv) if a.startswith("--")}
+    assert set(flags) <= dl.TRTLLM_WORKER_FLAGS, set(flags) - dl.TRTLLM_WORKER_FLAGS
+    assert flags.get("--disaggregation-mode") == mode
+    assert flags["--model-path"] == str(fp8_bundle.resolve() / "target")
+    # The options copy has absolute paths that exist, and every flag that mirrors an option has its value.
+    extra = yaml.safe_load(Path(flags["--extra-engine-args"]).read_text())
+    assert Path(extra["tokenizer"]).is_absolute() and Path(extra["tokenizer"]).is_dir()
+    assert Path(extra["speculative_config"]["speculative_model_dir"]).is_dir()
+    assert extra["speculative_config"]["decoding_type"] == "Eagle3"
+    opts = read_options(fp8_bundle)
+    assert int(flags["--tensor-parallel-size"]) == extra["tensor_parallel_size"] == opts.tensor_parallel_size
+    assert int(flags["--pipeline-parallel-size"]) == extra["pipeline_parallel_size"]
+    assert int(flags["--max-batch-size"]) == extra["max_batch_size"]
+    assert int(flags["--max-num-tokens"]) == extra["max_num_tokens"]
+    assert int(flags["--max-seq-len"]) == extra["max_seq_len"]
+    assert int(flags["--kv-block-size"]) == extra["kv_cache_config"]["tokens_per_block"]
+    assert float(flags["--free-gpu-memory-fraction"]) == extra["kv_cache_config"]["free_gpu_memory_fraction"]
+    if mode:
+        assert extra["cache_transceiver_config"]["backend"] == "DEFAULT"
+    assert (extra.get("disable_overlap_scheduler") is True) == (mode == "prefill")
+
+
+def test_frontend_role_binds_localhost_by_default(fp8_bundle, tmp_path):
+    shim = _shim(tmp_path)
+    env = {**os.environ, "PYTHON": str(shim), "ROLE": "frontend", "TMPDIR": str(tmp_path)}
+    r = subprocess.run(["bash", str(fp8_bundle / "launch" / dl.SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    argv = (tmp_path / "calls.txt").read_text().split()
+    assert argv[:2] == ["-m", "dynamo.frontend"] and argv[argv.index("--http-host") + 1] == "127.0.0.1"
+    assert {a for a in argv if a.startswith("--")} <= dl.FRONTEND_FLAGS
+
+
+def test_bad_role_is_one_line(fp8_bundle, tmp_path):
+    r = subprocess.run(["bash", str(fp8_bundle / "launch" / dl.SCRIPT)], env={**os.environ, "ROLE": "nope"},
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "ROLE must be" in r.stderr
+
+
+def test_flag_names_exist_in_installed_dynamo():
+    """Every flag the launchers pass is defined by the installed ai-dynamo (read from its source:
+    importing dynamo.trtllm needs TensorRT-LLM)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("dynamo")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("ai-dynamo is not installed")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    # dynamo.trtllm's parser: its own backend_args.py/args.py plus the shared groups under dynamo/common.
+    backend = "".join(f.read_text() for d in ("trtllm", "common") for f in sorted((root / d).rglob("*args*.py")))
+    missing = [f for f in dl.TRTLLM_WORKER_FLAGS if f'"{f}"' not in backend]
+    assert not missing, missing
+    frontend = "".join(f.read_text() for d in ("frontend", "common", "router") if (root / d).is_dir() for f in sorted((root / d).rglob("*args*.py")))
+    missing = [f for f in dl.FRONTEND_FLAGS if f'"{f}"' not in frontend]
+    assert not missing, missing
+
+
+def test_k8s_manifest(fp8_bundle):
+    kv = pytest.importorskip("kubernetes_validate")
+    doc = yaml.safe_load((fp8_bundle / "launch" / dl.K8S_MANIFEST).read_text())
+    assert doc["apiVersion"] == "nvidia.com/v1alpha1" and doc["kind"] == "DynamoGraphDeployment"
+    spec = doc["spec"]
+    # Fields and types as the DynamoGraphDeployment CRD defines them (deploy/cloud/helm/crds/templates/
+    # nvidia.com_dynamographdeployments.yaml in ai-dynamo/dynamo): backendFramework is an enum,
+    # replicas int32, resources.limits.gpu a string.
+    assert spec["backendFramework"] in {"sglang", "vllm", "trtllm"}
+    opts = read_options(fp8_bundle)
+    for name, svc in spec["services"].items():
+        assert isinstance(svc["replicas"], int) and svc["componentType"] in {"frontend", "worker"}, name
+        for side in ("limits", "requests"):
+            if "resources" in svc:
+                assert svc["resources"][side]["gpu"] == str(opts.tensor_parallel_size * opts.pipeline_parallel_size)
+        pod = svc["extraPodSpec"]
+        # The embedded standard objects: the main container and its volumes as a core/v1 Pod.
+        obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"eagle3-{name.lower()}"},
+               "spec": {"containers": [pod["mainContainer"]], "volumes": pod["volumes"]}}
+        kv.validate(obj, kv.latest_version(), strict=True)
+        assert pod["mainContainer"]["command"] == ["bash", f"{dl.BUNDLE_MOUNT}/launch/{dl.SCRIPT}"]
+    bad = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {"containers": [{"name": "m", "image": "i", "ports": [{"containerPort": "http"}]}]}}
+    with pytest.raises(kv.ValidationError):  # the validator can fail
+        kv.validate(bad, kv.latest_version(), strict=True)
