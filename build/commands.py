@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
 from eagle3_trt.build import compile as comp
 from eagle3_trt.build.gpus import GPUS
 from eagle3_trt.build.planner import format_plan, plan_for_preset, plan_steps
+from eagle3_trt.build.presets import load_preset_file
+from eagle3_trt.errors import UserError
 
 
 @click.command("plan")
-@click.argument("model")
+@click.argument("model", required=False)
+@click.option("--preset-file", default=None, type=click.Path(dir_okay=False),
+              help="a preset YAML file of your own instead of MODEL (its checkpoints' config.json files are read)")
 @click.option("--gpu", "gpu", type=click.Choice(sorted(GPUS)), default="h100", show_default=True, help="GPU model of every GPU")
 @click.option("--gpus", "num_gpus", type=int, default=1, show_default=True, help="GPUs on the node")
 @click.option("--quant", type=click.Choice(["fp8", "nvfp4", "bf16"]), default=None, help="target weights (default: the preset's for the GPU generation)")
@@ -21,11 +26,16 @@ from eagle3_trt.build.planner import format_plan, plan_for_preset, plan_steps
 @click.option("--max-seq-len", type=int, default=None, help="tokens per sequence (default: the preset's)")
 @click.option("--max-batch-size", type=int, default=None, help="default: the most full-length sequences that fit, capped at 128")
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
-def plan_cmd(model: str, gpu: str, num_gpus: int, quant: str | None, tp: int | None, pp: int,
+def plan_cmd(model: str | None, preset_file: str | None, gpu: str, num_gpus: int, quant: str | None, tp: int | None, pp: int,
              max_seq_len: int | None, max_batch_size: int | None, as_json: bool) -> None:
-    """Plan MODEL (a preset) on --gpus N x --gpu from config files alone: memory, TP layout,
-    KV cache, batch sizes, and the steps `make engine` will run."""
-    plan = plan_for_preset(model, gpu, num_gpus, quant, tp, max_seq_len=max_seq_len, max_batch_size=max_batch_size, pp=pp)
+    """Plan MODEL (a registry preset) or --preset-file on --gpus N x --gpu from config files alone:
+    memory, TP layout, KV cache, batch sizes, and the steps `make engine` will run."""
+    if bool(model) == bool(preset_file):
+        raise UserError("MODEL/--preset-file", "both given" if model else "neither given",
+                        "pass a registry preset name (eagle3-trt presets) or --preset-file PATH, exactly one")
+    preset = load_preset_file(Path(preset_file)) if preset_file else model
+    assert preset is not None
+    plan = plan_for_preset(preset, gpu, num_gpus, quant, tp, max_seq_len=max_seq_len, max_batch_size=max_batch_size, pp=pp)
     steps = plan_steps(plan)
     if as_json:
         click.echo(json.dumps({**plan.to_dict(), "steps": steps}, indent=2))

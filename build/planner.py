@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eagle3_trt.build.gpus import GpuSpec, check_quant_for_gpu, get_gpu
-from eagle3_trt.build.presets import load_preset
+from eagle3_trt.build.presets import Preset, load_preset, resolve_source
 from eagle3_trt.errors import UserError
 
 KvDtype = Literal["fp8", "bf16"]
@@ -693,7 +693,7 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def plan_for_preset(
-    preset_name: str,
+    preset_name: str | Preset,
     gpu: str,
     gpus: int,
     quant: str | None,
@@ -705,10 +705,19 @@ def plan_for_preset(
     max_batch_size: int | None = None,
     pp: int = 1,
 ) -> Plan:
-    """Plan a preset from build/model_configs/<preset>/ (or explicit config dicts)."""
-    preset = load_preset(preset_name)
+    """Plan a registry preset from build/model_configs/<preset>/, a preset of the user's own
+    (``plan --preset-file``) from its local or cached checkpoints' config.json, or explicit dicts."""
+    own_file = isinstance(preset_name, Preset)
+    preset = preset_name if isinstance(preset_name, Preset) else load_preset(preset_name)
+    preset_name = preset.name
     spec = get_gpu(gpu)
-    if target_cfg is None:
+    if target_cfg is None and own_file and not preset.target.embedded:
+        # a preset of one's own: its checkpoints (local paths, or the HF cache) carry the configs
+        tdir = resolve_source(preset.target, None, "target")
+        ddir = resolve_source(preset.draft, None, "draft")
+        assert tdir is not None and ddir is not None  # not embedded
+        target_cfg, draft_cfg = read_config(tdir / "config.json"), read_config(ddir / "config.json")
+    elif target_cfg is None:
         target_cfg, draft_cfg = _preset_configs(preset_name, bool(preset.target.embedded))
     # Per-generation default; a generation the preset does not name falls back to BF16.
     quant = quant or getattr(preset.quant, spec.generation, "bf16")

@@ -28,6 +28,7 @@ from eagle3_trt.build.planner import (
     read_config,
     target_weight_bytes,
 )
+from eagle3_trt.cli import main
 from eagle3_trt.errors import UserError
 
 T70 = read_config(MODEL_CONFIG_DIR / "llama3.3-70b/target/config.json")
@@ -330,3 +331,21 @@ def test_one_gpu_table_gives_build_and_preflight_the_same_answers():
     assert refused(check_quant_for_gpu, "nvfp4", get_gpu("h200")) and not refused(check_quant_for_gpu, "nvfp4", get_gpu("b200"))
     with pytest.raises(UserError, match="nvfp4 KV cache needs Blackwell"):
         check_kv_for_gpu("nvfp4", get_gpu("h100"))
+
+
+def test_plan_preset_file_reads_its_own_checkpoint_configs(tmp_path, capsys):
+    """`plan --preset-file` plans a preset outside the registry from its checkpoints' config.json;
+    a registry name never doubles as a path, and exactly one of the two is required."""
+    src = MODEL_CONFIG_DIR / "llama3.3-70b"
+    f = tmp_path / "mine.yaml"
+    f.write_text(f"name: mine\ntarget:\n  source: {src / 'target'}\ndraft:\n  source: {src / 'draft'}\nmax_draft_len: 5\n")
+    assert main(["plan", "--preset-file", str(f), "--gpus", "4", "--json"]) == 0
+    mine = json.loads(capsys.readouterr().out)
+    assert main(["plan", "llama3.3-70b", "--gpus", "4", "--json"]) == 0
+    reg = json.loads(capsys.readouterr().out)
+    # same checkpoints -> same memory plan; the preset's own K is the one planned
+    assert mine["target"] == reg["target"] and mine["draft"] == reg["draft"] and mine["tp"] == reg["tp"]
+    assert mine["max_draft_len"] == 5 and reg["max_draft_len"] != 5
+    assert main(["plan", "llama3.3-70b", "--preset-file", str(f)]) == 2
+    assert main(["plan", str(f)]) == 2
+    assert "never a path" in capsys.readouterr().err
