@@ -37,6 +37,7 @@ from eagle3_trt.convert import export, quantize
 from eagle3_trt.convert.checkpoint_io import read_json, sha256_file
 from eagle3_trt.convert.draft_format import for_max_seq_len, load_draft
 from eagle3_trt.convert.embedded import embedded_pair, heldout_prompts
+from eagle3_trt.convert.hf_config import Eagle3DraftConfigFields, parse_config
 from eagle3_trt.convert.prompts import load_prompts
 from eagle3_trt.convert.target import read_target
 from eagle3_trt.convert.validate import ValidationReport, check_target_tokenizer, validate_pair
@@ -127,6 +128,9 @@ def make_plan(req: EngineRequest, target_dir: Path, draft_dir: Path, gpu: gpus.G
     draft_cfg = read_json(draft_dir / "config.json")
     if draft_cfg.get("transformer_layer_config"):  # speculators layout nests the layer config
         draft_cfg = {**draft_cfg["transformer_layer_config"], **{x: draft_cfg[x] for x in ("draft_vocab_size", "target_hidden_size") if x in draft_cfg}}
+    # the one config schema, with the file named: a dry run reads no weights, so this is where a bad
+    # draft field is met (pad_token_id is none of a head's business; load_draft skips it too)
+    parse_config({x: v for x, v in draft_cfg.items() if x != "pad_token_id"}, draft_dir / "config.json", Eagle3DraftConfigFields)
     return plan_deployment(target_cfg, draft_cfg, gpu, req.gpus or req.preset.default_gpus, quant, req.preset.max_seq_len,
                            "fp8" if kv == "fp8" else "bf16", k, tp=req.tp, model=req.preset.name)
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from eagle3_trt.build.gpus import GpuSpec, check_quant_for_gpu, get_gpu
 from eagle3_trt.build.presets import Preset, load_preset, resolve_source
+from eagle3_trt.convert.hf_config import LlamaConfigFields, parse_config
 from eagle3_trt.errors import UserError
 
 KvDtype = Literal["fp8", "bf16"]
@@ -93,29 +94,21 @@ class LlamaShape:
     max_positions: int
 
 
-def _field(cfg: dict[str, Any], key: str, where: str) -> int:
-    value = cfg.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise UserError(where, f"config field {key!r} is missing or not a positive integer ({value!r})", "pass the model's own config.json")
-    return value
-
-
 def parse_shape(cfg: dict[str, Any], where: str = "config.json") -> LlamaShape:
-    heads = _field(cfg, "num_attention_heads", where)
-    hidden = _field(cfg, "hidden_size", where)
-    # Older Llama configs omit head_dim and num_key_value_heads; these are transformers' defaults.
-    head_dim = cfg.get("head_dim") or hidden // heads
-    kv_heads = cfg.get("num_key_value_heads") or heads
+    """The shape of a Llama-family config, read through the one config schema (convert/hf_config.py)
+    that validate and engine use, so a config gets the same answer (or the same one-line error) here."""
+    f = parse_config({k: v for k, v in cfg.items() if k != "pad_token_id"}, where, LlamaConfigFields,
+                     required=("num_hidden_layers",))
     return LlamaShape(
-        hidden=hidden,
-        layers=_field(cfg, "num_hidden_layers", where),
-        heads=heads,
-        kv_heads=int(kv_heads),
-        head_dim=int(head_dim),
-        intermediate=_field(cfg, "intermediate_size", where),
-        vocab=_field(cfg, "vocab_size", where),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_positions=int(cfg.get("max_position_embeddings") or 0),
+        hidden=f.hidden_size,
+        layers=f.num_hidden_layers,
+        heads=f.num_attention_heads,
+        kv_heads=f.kv_heads,
+        head_dim=f.head_size,
+        intermediate=f.intermediate_size,
+        vocab=f.vocab_size,
+        tied_embeddings=f.tie_word_embeddings,
+        max_positions=f.max_position_embeddings or 0,
     )
 
 

@@ -390,6 +390,8 @@ CASES: list[Case] = [
     Case("draft-not-eagle3", V, 2, r"draft: not an EAGLE-3 head",
          make=dtensors(lambda t: {k.replace("midlayer.", "block."): v for k, v in t.items()})),
     Case("draft-field-missing", V, 2, r"draft/config\.json:num_attention_heads: missing", make=dcfg(num_attention_heads=DELETE)),
+    Case("draft-hidden-size-string", V, 2, r"draft/config\.json:hidden_size: must be a valid integer", make=dcfg(hidden_size="64")),
+    Case("draft-hidden-size-string-engine", ED, 2, r"draft/config\.json:hidden_size: must be a valid integer", make=dcfg(hidden_size="64")),
     Case("draft-two-layers", V, 2, r"draft/config\.json:num_hidden_layers: 2 draft decoder layers", make=dcfg(num_hidden_layers=2)),
     Case("draft-vocab-mismatch", V, 2, r"draft/config\.json:vocab_size: draft was trained for a vocabulary of 1024", make=dcfg(vocab_size=1024)),
     Case("draft-target-hidden-mismatch", V, 2, r"draft/config\.json:target_hidden_size: 128 but the target's hidden_size is 64",

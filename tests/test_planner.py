@@ -273,7 +273,11 @@ def test_tied_embeddings_have_no_separate_lm_head():
 def test_missing_config_field_is_a_user_error():
     with pytest.raises(UserError) as e:
         parse_shape({k: v for k, v in T8.items() if k != "hidden_size"}, "target config.json")
-    assert "hidden_size" in e.value.what
+    assert e.value.line().startswith("target config.json:hidden_size: missing required field")
+    # the planner reads configs through the same strict schema as validate and engine
+    with pytest.raises(UserError) as e:
+        parse_shape({**T8, "hidden_size": "4096"}, "target config.json")
+    assert e.value.line().startswith('target config.json:hidden_size: must be a valid integer, got "4096"')
 
 
 # --- output ------------------------------------------------------------------------------
