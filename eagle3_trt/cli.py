@@ -41,7 +41,7 @@ supported EAGLE-3): quantized target + draft checkpoints, llm_api_options.yaml, 
 # command that silently disappears from the CLI.
 LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "plan": ("eagle3_trt.build.commands", "plan_cmd",
-             "Plan MODEL (a preset) on --gpus N x --gpu from config files alone: memory, TP layout, KV cache, batch sizes, "
+             "Plan MODEL (a registry preset) or --preset-file on --gpus N x --gpu from config files alone: memory, TP layout, KV cache, batch sizes, "
              "and the steps `make engine` will run."),
     "compile": ("eagle3_trt.build.commands", "compile_cmd",
                 "Load BUNDLE in TensorRT-LLM (EAGLE-3 one-model, CUDA graphs), run a smoke generation and a short acceptance "
