@@ -264,7 +264,8 @@ def check_aux_layers(target: TargetInfo, draft: DraftCheckpoint, rep: Validation
         where = f"target {target.path} num_hidden_layers={L}"
         rep.aux_layers_are_default = True
         if len(set(ids)) != len(ids):
-            raise UserError(where, f"default aux layers {list(ids)} are not distinct", "EAGLE-3 needs a target with at least 6 decoder layers (TensorRT-LLM's default needs L > 5)")
+            raise UserError(where, f"default aux layers {list(ids)} are not distinct", "TensorRT-LLM's default {1, L/2-1, L-4} is distinct only for L >= 7; for a shallower target list the layers "
+                            "the head was trained on in the draft config.json's eagle_config.eagle_aux_hidden_state_layer_ids")
     else:
         rep.aux_layers_are_default = tuple(sorted(ids)) == tuple(sorted(target.default_aux_layers()))
     bad = [i for i in ids if not 0 <= i < L]

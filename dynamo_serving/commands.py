@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from eagle3_trt.dynamo_serving.launcher import DEFAULT_STATE_DIR, STOP_TIMEOUT_S, start, status, stop_recorded
+from eagle3_trt.dynamo_serving.launcher import DEFAULT_HTTP_PORT, DEFAULT_STATE_DIR, STOP_TIMEOUT_S, start, status, stop_recorded
 
 _STATE = click.option("--state-dir", default=str(DEFAULT_STATE_DIR), show_default=True, type=click.Path(path_type=Path),
                       help="state.json, the logs and the discovery store go here")
@@ -16,7 +16,7 @@ _STATE = click.option("--state-dir", default=str(DEFAULT_STATE_DIR), show_defaul
 @click.command("serve-dynamo")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="reference-runtime workers behind the frontend")
-@click.option("--http-port", default=8000, show_default=True, help="the frontend's OpenAI port (127.0.0.1)")
+@click.option("--http-port", default=DEFAULT_HTTP_PORT, show_default=True, help="the frontend's OpenAI port (127.0.0.1)")
 @click.option("--model-name", default="eagle3", show_default=True, help="the model name clients send")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--torch-threads", type=click.IntRange(min=1), default=None, help="per worker (default: CPU cores / workers)")

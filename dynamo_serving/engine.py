@@ -17,7 +17,7 @@ Per-request speculative statistics go out twice:
     ``dynamo.common.backend.metrics.register_engine_registry``.
 
 Requests the reference runtime cannot honour (n > 1, beam search, guided decoding, penalties,
-min_tokens, ignore_eos, a prompt plus max_tokens over the bundle's max_seq_len) are refused with
+min_tokens, ignore_eos, logprobs, echo, a prompt plus max_tokens over the bundle's max_seq_len) are refused with
 ``InvalidArgument`` naming the field, which the frontend answers as a 4xx; none is ignored.
 """
 
@@ -66,7 +66,7 @@ class SpecMetrics:
         self.draft_tokens = Counter(f"{p}draft_tokens", "draft tokens proposed", registry=self.registry)
         self.accepted = Counter(f"{p}accepted_draft_tokens", "draft tokens accepted by the target", registry=self.registry)
         self.forwards = Counter(f"{p}target_forwards", "target forward passes", registry=self.registry)
-        self.acceptance_length = Histogram(f"{p}request_acceptance_length", "per request: tokens per target forward",
+        self.acceptance_length = Histogram(f"{p}request_acceptance_length", "per request: tokens per target forward (prefill included)",
                                            buckets=(1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0),
                                            registry=self.registry)
 
@@ -87,8 +87,10 @@ def speculative_stats(perf: Any, n_tokens: int, speculative: bool) -> dict[str, 
     drafted = int(getattr(spec, "total_draft_tokens", 0) or 0)
     accepted = int(getattr(spec, "total_accepted_draft_tokens", 0) or 0)
     forwards = int(getattr(perf, "eagle3_target_forwards", 0) or 0)
-    als = list(getattr(spec, "eagle3_acceptance_lengths", []) or [])
-    al = sum(als) / len(als) if als else (n_tokens / forwards if forwards else 0.0)
+    # Tokens per target forward, prefill included: the definition of core/stats.py and of the Triton
+    # model's acceptance_length output, so one request reports one AL on both serving paths (the mean
+    # of the per-step lengths would leave the prefill forward out and read higher).
+    al = n_tokens / forwards if forwards else 0.0
     return {"speculative": bool(speculative and drafted), "draft_tokens": drafted, "accepted_draft_tokens": accepted,
             "acceptance_rate": accepted / drafted if drafted else 0.0, "acceptance_length": round(al, 4),
             "target_forwards": forwards, "completion_tokens": n_tokens}
@@ -160,6 +162,15 @@ class Eagle3ReferenceEngine(LLMEngine):
             raise InvalidArgument("ignore_eos: not supported by the eagle3-trt reference runtime")
         if sc.get("min_tokens"):
             raise InvalidArgument("min_tokens: not supported by the eagle3-trt reference runtime")
+        # The frontend puts OpenAI's logprobs / top_logprobs (and, for completions' echo, prompt_logprobs)
+        # in output_options and builds that part of the answer from what the engine returns; the reference
+        # runtime returns no logprobs, so without this the request would be answered as if they were absent
+        # (seen with Dynamo 1.6.1: logprobs=2 gave none, echo=true gave no prompt text).
+        oo = request.get("output_options") or {}
+        if oo.get("logprobs") is not None:
+            raise InvalidArgument(f"logprobs={oo['logprobs']!r}: not supported by the eagle3-trt reference runtime")
+        if oo.get("prompt_logprobs") is not None:
+            raise InvalidArgument("echo / prompt_logprobs: not supported by the eagle3-trt reference runtime")
         n_prompt = len(request.get("token_ids") or [])
         if n_prompt == 0:
             raise InvalidArgument("the prompt is empty")

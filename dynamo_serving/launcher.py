@@ -35,6 +35,9 @@ from eagle3_trt.errors import UserError
 
 HOST = "127.0.0.1"
 DEFAULT_STATE_DIR = Path(".serve-dynamo")
+# Not Triton's 8000: `eagle3-trt serve` and `serve-dynamo` with their defaults run side by side
+# (the same port as the Makefile's DYNAMO_PORT and the README's curl example).
+DEFAULT_HTTP_PORT = 8080
 STATE_FILE = "state.json"
 DISCOVERY_DIR = "discovery"
 NAMESPACE = "eagle3"
@@ -190,7 +193,7 @@ def _spawn(argv: list[str], env: dict[str, str], log: Path) -> int:
     return p.pid
 
 
-def start(bundle: Path, *, workers: int = 2, state_dir: Path = DEFAULT_STATE_DIR, http_port: int = 8000,
+def start(bundle: Path, *, workers: int = 2, state_dir: Path = DEFAULT_STATE_DIR, http_port: int = DEFAULT_HTTP_PORT,
           model_name: str = "eagle3", torch_threads: int | None = None, device: str = "cpu", speculation: bool = True,
           migration_limit: int = 3, timeout_s: float = 300.0) -> Deployment:
     """Start the frontend and ``workers`` workers; return once every worker is registered and the

@@ -15,6 +15,8 @@ import yaml
 
 from eagle3_trt.build import dynamo_launch as dl
 from eagle3_trt.build.bundle import read_options
+from eagle3_trt.dynamo_serving.commands import serve_dynamo_cmd
+from eagle3_trt.triton_repo.commands import serve_cmd
 
 SCRIPTS = (dl.SCRIPT, dl.DISAGG_SCRIPT)
 
@@ -127,3 +129,15 @@ def test_k8s_manifest(fp8_bundle):
     bad = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {"containers": [{"name": "m", "image": "i", "ports": [{"containerPort": "http"}]}]}}
     with pytest.raises(kv.ValidationError):  # the validator can fail
         kv.validate(bad, kv.latest_version(), strict=True)
+
+
+def _default(cmd, name: str):
+    return next(p.default for p in cmd.params if p.name == name)
+
+
+def test_serve_dynamo_default_port_is_the_makefiles_and_not_tritons():
+    # serve-dynamo defaulted to 8000, Triton's HTTP port, while `make serve-dynamo` and the README use 8080.
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    make_port = next(int(line.split("?=")[1]) for line in makefile.splitlines() if line.startswith("DYNAMO_PORT"))
+    assert _default(serve_dynamo_cmd, "http_port") == make_port
+    assert _default(serve_dynamo_cmd, "http_port") not in {_default(serve_cmd, n) for n in ("http_port", "grpc_port", "metrics_port")}

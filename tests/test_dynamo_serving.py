@@ -26,7 +26,8 @@ pytest.importorskip("dynamo.frontend", reason="ai-dynamo is not installed (make 
 openai = pytest.importorskip("openai")
 
 from eagle3_trt.dynamo_serving.launcher import Deployment, free_port  # noqa: E402
-from eagle3_trt.runtime.llm_api import SamplingParams  # noqa: E402
+from eagle3_trt.dynamo_serving.engine import speculative_stats  # noqa: E402
+from eagle3_trt.runtime.llm_api import RequestPerfMetrics, SamplingParams, SpeculativeDecodingMetrics  # noqa: E402
 from eagle3_trt.runtime.reference_llm import ReferenceLLM  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -131,11 +132,24 @@ def test_speculative_stats_in_response_and_metrics(client, dep, fp8_bundle):
     assert st["completion_tokens"] == r.usage.completion_tokens
     k = 3  # the tiny preset's max_draft_len
     assert 1.0 <= st["acceptance_length"] <= k + 1
+    # The same definition as the Triton model's acceptance_length and core/stats.py: prefill included.
+    assert st["acceptance_length"] == round(st["completion_tokens"] / st["target_forwards"], 4)
     assert st["target_forwards"] < st["completion_tokens"] + 2  # speculation needed no more forwards than tokens
     after = _metrics(dep)
     assert _total(after, "eagle3_draft_tokens_total") - _total(before, "eagle3_draft_tokens_total") == st["draft_tokens"]
     assert _total(after, "eagle3_accepted_draft_tokens_total") - _total(before, "eagle3_accepted_draft_tokens_total") == st["accepted_draft_tokens"]
     assert _total(after, "eagle3_output_tokens_total") - _total(before, "eagle3_output_tokens_total") == st["completion_tokens"]
+
+
+def test_acceptance_length_counts_the_prefill_forward():
+    # A request seen through Triton and Dynamo: 30 tokens from 18 target forwards (prefill + 17
+    # verification steps whose lengths sum to 29). Triton reports 30/18; Dynamo reported 29/17.
+    perf = RequestPerfMetrics(speculative_decoding=SpeculativeDecodingMetrics(
+        total_draft_tokens=49, total_accepted_draft_tokens=12,
+        eagle3_acceptance_lengths=[1, 1, 1, 1, 2, 4, 2, 1, 1, 2, 2, 1, 3, 2, 1, 2, 2]), eagle3_target_forwards=18)
+    st = speculative_stats(perf, 30, True)
+    assert st["acceptance_length"] == round(30 / 18, 4) and st["target_forwards"] == 18
+    assert speculative_stats(RequestPerfMetrics(eagle3_target_forwards=8), 8, False)["acceptance_length"] == 1.0
 
 
 def test_32_concurrent_requests_spread_over_both_workers(client, dep, direct):
@@ -171,12 +185,26 @@ def _post(url: str, body: bytes) -> tuple[int, str]:
     (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 4, "n": 2}), ("400", "n=2")),
     (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 4, "frequency_penalty": 0.5}), ("400", "frequency_penalty")),
     (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 100_000}), ("400", "max_seq_len")),
-], ids=["unknown-model", "negative-max-tokens", "100k-char-prompt", "malformed-json", "n2", "penalty", "max-tokens-over-context"])
+    # Answered 200 without logprobs / without the prompt text before they were refused.
+    (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 4, "logprobs": 2}), ("400", "logprobs=2")),
+    (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 4, "echo": True}), ("400", "echo")),
+], ids=["unknown-model", "negative-max-tokens", "100k-char-prompt", "malformed-json", "n2", "penalty", "max-tokens-over-context",
+        "logprobs", "echo"])
 def test_bad_requests_get_a_clear_4xx(dep, body, expect):
     code, text = _post(f"{dep.url}/completions", body.encode())
     assert str(code) == expect[0] and expect[1].lower() in text.lower(), (code, text[:300])
     code, _ = _post(f"{dep.url}/completions", json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 2}).encode())
     assert code == 200  # the frontend is still up
+
+
+def test_chat_logprobs_refused(dep):
+    body = {"model": "eagle3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "logprobs": True, "top_logprobs": 2}
+    code, text = _post(f"{dep.url}/chat/completions", json.dumps(body).encode())
+    assert code == 400 and "logprobs" in text, (code, text[:300])
+    body.pop("top_logprobs")
+    body["logprobs"] = False  # asking for none is fine
+    code, text = _post(f"{dep.url}/chat/completions", json.dumps(body).encode())
+    assert code == 200, (code, text[:300])
 
 
 def test_start_failures_are_one_line(dep, fp8_bundle, tmp_path):
