@@ -4,7 +4,9 @@
 #   make test   the test suite (what CI runs); make test-compat: the same on TensorRT-LLM 1.2's
 #               library generation (transformers 4.57.3, ModelOpt 0.37)
 #   make serve  [BUNDLE=engines/tiny-fp8-h100] [REPO=repos/eagle3] [RUNTIME=reference|trtllm]
-#               [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002]: Triton on 127.0.0.1; make stop
+#               [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002] [UNARY=1|only]: Triton on 127.0.0.1;
+#               UNARY=1 adds a non-decoupled <name>_unary twin (HTTP /infer, gRPC ModelInfer), UNARY=only
+#               makes the one model non-decoupled (upstream llmapi's default); make stop
 #   make serve-dynamo [BUNDLE=dir] [WORKERS=2] [DYNAMO_PORT=8080]: NVIDIA Dynamo (OpenAI API); make status-dynamo, make stop
 #   make bench-serving [PROMPTS=file] [CONCURRENCY=1,4,16,64]: rollout benchmark against the server
 #   make bench-aiperf  [BUNDLE=dir]: eagle3-trt bench vs NVIDIA AIPerf (own server, C=1,8), side by side
@@ -115,7 +117,8 @@ serve: $(STAMP)
 	  fi; \
 	fi
 	$(BIN)/eagle3-trt package $(BUNDLE) -o $(REPO) --force --runtime $(RUNTIME) \
-	  $(if $(TORCH_THREADS),--torch-threads $(TORCH_THREADS))
+	  $(if $(TORCH_THREADS),--torch-threads $(TORCH_THREADS)) \
+	  $(if $(filter 1,$(UNARY)),--with-unary) $(if $(filter only,$(UNARY)),--no-decoupled)
 	$(BIN)/eagle3-trt serve $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 stop: $(STAMP)
