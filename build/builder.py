@@ -40,7 +40,7 @@ from eagle3_trt.convert.embedded import embedded_pair, heldout_prompts
 from eagle3_trt.convert.hf_config import Eagle3DraftConfigFields, parse_config
 from eagle3_trt.convert.prompts import load_prompts
 from eagle3_trt.convert.target import read_target
-from eagle3_trt.convert.validate import ValidationReport, check_target_tokenizer, validate_pair
+from eagle3_trt.convert.validate import ValidationReport, check_target_family, check_target_tokenizer, validate_pair
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 from eagle3_trt.errors import UserError
@@ -299,6 +299,7 @@ def measure_embedded_acceptance(bundle: Path, pair_dir: Path, k: int, aux: tuple
 def _validate_config_only(target, draft_dir: Path, max_seq_len: int) -> ValidationReport:
     """Config-level checks for DRY_RUN builds (no weights): vocab, hidden sizes, aux ids, rope."""
     rep = ValidationReport()
+    check_target_family(target, rep)
     if (Path(target.path) / "tokenizer.json").is_file():  # config-only presets (build/model_configs) ship none
         check_target_tokenizer(target, rep)
     cfg_path = draft_dir / "config.json"

@@ -40,7 +40,7 @@ from eagle3_trt.build.llm_options import LlmApiOptions, validate_options
 from eagle3_trt.build.dynamo_launch import dynamo_launch_files
 from eagle3_trt.build.other_engines import LAUNCH_DIR, launcher_files
 from eagle3_trt.convert.checkpoint_io import read_json, sha256_file
-from eagle3_trt.convert.target import default_aux_layers
+from eagle3_trt.convert.families import default_aux_layers_of
 from eagle3_trt.errors import UserError
 
 SCHEMA = 2
@@ -321,7 +321,7 @@ class Bundle:
         ids = self.options.speculative_config.eagle3_layers_to_capture
         if ids is not None:
             return tuple(ids)
-        return default_aux_layers(int(self.target_config["num_hidden_layers"]))
+        return default_aux_layers_of(self.target_config)
 
     @property
     def kv_cache(self) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from eagle3_trt.build.gpus import GpuSpec, check_quant_for_gpu, get_gpu
 from eagle3_trt.build.presets import Preset, load_preset, resolve_source
+from eagle3_trt.convert.families import LLAMA, family_of_config
 from eagle3_trt.convert.hf_config import LlamaConfigFields, parse_config
 from eagle3_trt.errors import UserError
 
@@ -81,7 +82,7 @@ KIB = 1024
 
 @dataclass(frozen=True)
 class LlamaShape:
-    """The fields of a Llama-family config.json that size a model."""
+    """The fields of a decoder's config.json that size a model (any family of convert/families.py)."""
 
     hidden: int
     layers: int
@@ -92,23 +93,31 @@ class LlamaShape:
     vocab: int
     tied_embeddings: bool
     max_positions: int
+    norms_per_layer: int  # RMSNorm weights per decoder layer (the family's: Qwen3 adds q/k norms)
+    family: str = "llama"
 
 
 def parse_shape(cfg: dict[str, Any], where: str = "config.json") -> LlamaShape:
-    """The shape of a Llama-family config, read through the one config schema (convert/hf_config.py)
-    that validate and engine use, so a config gets the same answer (or the same one-line error) here."""
+    """The shape of a config, read through the one config schema (convert/hf_config.py) that validate
+    and engine use, so a config gets the same answer (or the same one-line error) here. The family
+    (convert/families.py) gives head_dim's default and the norms; a config without model_type is an
+    EAGLE-3 head's layer, which is Llama-style whatever the target."""
     f = parse_config({k: v for k, v in cfg.items() if k != "pad_token_id"}, where, LlamaConfigFields,
                      required=("num_hidden_layers",))
+    fam = family_of_config(cfg, where) if cfg.get("model_type") else LLAMA
+    head_dim = f.head_dim or fam.head_dim(cfg)
     return LlamaShape(
         hidden=f.hidden_size,
         layers=f.num_hidden_layers,
         heads=f.num_attention_heads,
         kv_heads=f.kv_heads,
-        head_dim=f.head_size,
+        head_dim=head_dim,
         intermediate=f.intermediate_size,
         vocab=f.vocab_size,
         tied_embeddings=f.tie_word_embeddings,
         max_positions=f.max_position_embeddings or 0,
+        norms_per_layer=fam.norm_params_per_layer(f.hidden_size, head_dim),
+        family=fam.name,
     )
 
 
@@ -122,7 +131,7 @@ class TargetParams:
     lm_head: int  # 0 when tied to the embedding
     attn_per_layer: int  # q, k, v, o
     mlp_per_layer: int  # gate, up, down
-    norms_per_layer: int  # input and post-attention RMSNorm
+    norms_per_layer: int  # input and post-attention RMSNorm (+ per-head q/k norms in Qwen3)
     final_norm: int
     layers: int
     linear: int  # all attention + MLP weights: the part that gets quantized
@@ -137,13 +146,13 @@ def count_target(s: LlamaShape) -> TargetParams:
     embed = s.vocab * s.hidden
     lm_head = 0 if s.tied_embeddings else embed
     linear = s.layers * (attn + mlp)
-    norms = s.layers * 2 * s.hidden + s.hidden
+    norms = s.layers * s.norms_per_layer + s.hidden
     return TargetParams(
         embed=embed,
         lm_head=lm_head,
         attn_per_layer=attn,
         mlp_per_layer=mlp,
-        norms_per_layer=2 * s.hidden,
+        norms_per_layer=s.norms_per_layer,
         final_norm=s.hidden,
         layers=s.layers,
         linear=linear,

@@ -33,8 +33,12 @@ def read_json(path: Path) -> dict:
     if not path.is_file():
         raise UserError(path, "file not found", "is this a Hugging Face checkpoint directory?")
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        if isinstance(e, json.JSONDecodeError) and text.startswith("\ufeff"):
+            # transformers reads config.json with a plain json.loads too, so TensorRT-LLM would fail on it later
+            raise UserError(path, "starts with a UTF-8 byte-order mark", "save it as UTF-8 without a BOM (transformers cannot read it either)") from None
         raise UserError(path, f"not valid JSON ({e})", "the file is corrupt or truncated; re-download it") from None
     if not isinstance(data, dict):
         raise UserError(path, "expected a JSON object", "re-download the checkpoint")

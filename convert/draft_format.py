@@ -176,7 +176,11 @@ def load_draft(path: Path) -> DraftCheckpoint:
             extra = {"norm_before_residual": True}
         else:
             extra = {}
-        flags: dict[str, bool] = {}
+        # speculators trains these top-level flags with TensorRT-LLM's meaning and tensor names
+        # (vllm-project/speculators 0.9.0 models/eagle3/core.py: input_norm over the concatenated aux
+        # states, fc_norm.{i} per chunk, norm_output feeds the post-norm state back), so they are
+        # carried, not dropped: dropping them would serve and measure another function.
+        flags = {k: _flag(raw, k, f"{cfg_path}:{k}") for k in ("norm_before_fc", "fc_norm", "norm_output")}
     else:
         base = raw
         eagle_cfg = raw.get("eagle_config") or {}

@@ -30,8 +30,10 @@ def embedded_pair(name: str) -> tuple[Path, Path]:
     shipped = shipped_pair(name)
     if shipped:
         return shipped
-    if name != "tiny":
-        raise UserError(f"embedded:{name}", "no such embedded model pair", "the embedded pair is 'tiny'")
+    if name != "tiny":  # only the Llama pair has a random stand-in made from a seed
+        names = sorted({p.parent.name for root in (PACKAGE_ROOT / "models", PACKAGE_ROOT.parent / "models")
+                        for p in root.glob("*/target/config.json")} | {"tiny"})
+        raise UserError(f"embedded:{name}", "no such embedded model pair", f"embedded pairs: {', '.join(names)}")
     out = cache_dir() / "models" / "tiny-random-seed0"
     target, draft = out / "target", out / "draft"
     if not ((target / "model.safetensors").is_file() and (draft / "model.safetensors").is_file()):

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from eagle3_trt.convert import hf_compat, modelopt_compat
+from eagle3_trt.convert.families import family_of
 from eagle3_trt.convert.prompts import SHIPPED_PROMPTS, load_prompts
 from eagle3_trt.convert.target import TargetInfo
 from eagle3_trt.errors import UserError
@@ -83,7 +84,8 @@ def quantize_target(model, batches: list[torch.Tensor], fmt: str, kv_cache: str,
                 if on_step:
                     on_step()
 
-    return modelopt_compat.quantize(model, quant_cfg(fmt, kv_cache), forward_loop)
+    exclude = ALWAYS_EXCLUDED + family_of(model.config.model_type, "target config.json:model_type").quant_exclude
+    return modelopt_compat.quantize(model, quant_cfg(fmt, kv_cache, exclude), forward_loop)
 
 
 def aux_hidden_states(model, ids: torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:

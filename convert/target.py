@@ -6,22 +6,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eagle3_trt.convert.checkpoint_io import read_json
+from eagle3_trt.convert.families import Family, family_of
 from eagle3_trt.convert.hf_config import parse_config
 from eagle3_trt.errors import UserError
 
-# EAGLE-3's llama3 draft architecture runs on Llama-family decoders in TensorRT-LLM.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
-
-
-def default_aux_layers(num_layers: int) -> tuple[int, ...]:
-    """TensorRT-LLM's default ``eagle3_layers_to_capture`` for a target of ``num_layers`` decoder
-    layers: the outputs of layers {1, L//2 - 1, L - 4} (0-based), as
-    ``Eagle3OneModelSpecMetadata`` in TensorRT-LLM's ``tensorrt_llm/_torch/speculative/eagle3.py``
-    sets ``layers_to_capture`` when the draft config names none (targets deeper than 5 layers).
-    The one copy of this rule: every stage that needs the default calls this."""
-    L = int(num_layers)
-    return (1, L // 2 - 1, L - 4)
 
 
 @dataclass(frozen=True)
@@ -45,12 +34,18 @@ class TargetInfo:
     pad_token_id: int | None
     tie_word_embeddings: bool
     quantized: bool
+    family: str = "llama"  # convert/families.py's entry for model_type
 
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def family_spec(self) -> Family:
+        return family_of(self.model_type)
+
     def default_aux_layers(self) -> tuple[int, ...]:
-        return default_aux_layers(self.num_hidden_layers)
+        """TensorRT-LLM's default capture for this target (its family's rule, convert/families.py)."""
+        return self.family_spec.default_aux_layers(self.num_hidden_layers)
 
 
 def read_target(path: Path) -> TargetInfo:
@@ -60,10 +55,13 @@ def read_target(path: Path) -> TargetInfo:
     cfg_path = path / "config.json"
     raw = read_json(cfg_path)
     cfg = parse_config(raw, cfg_path, required=("model_type", "num_hidden_layers", "max_position_embeddings"))
-    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
-        raise UserError(f"{cfg_path}:model_type", f"{cfg.model_type!r} is not a Llama-family decoder", f"EAGLE-3 llama3 heads run on {', '.join(SUPPORTED_MODEL_TYPES)} targets")
+    family = family_of(cfg.model_type, f"{cfg_path}:model_type")
     if not cfg.architectures:
-        raise UserError(f"{cfg_path}:architectures", "missing", 'set "architectures": ["LlamaForCausalLM"] (ModelOpt export needs it)')
+        raise UserError(f"{cfg_path}:architectures", "missing", f'set "architectures": ["{family.architectures[0]}"] (ModelOpt export needs it)')
+    if cfg.architectures[0] not in family.architectures:
+        # TensorRT-LLM picks its model class by architectures[0] (register_auto_model), transformers by model_type
+        raise UserError(f"{cfg_path}:architectures", f"{cfg.architectures[0]!r} is not a {family.name} class (model_type {cfg.model_type!r})",
+                        f"a {family.name} checkpoint names one of {', '.join(family.architectures)}; the config mixes two models")
     theta, scaling = cfg.rope
     quantized = (path / "hf_quant_config.json").is_file() or cfg.quantization_config is not None
     return TargetInfo(
@@ -75,7 +73,7 @@ def read_target(path: Path) -> TargetInfo:
         intermediate_size=cfg.intermediate_size,
         num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.kv_heads,
-        head_dim=cfg.head_size,
+        head_dim=family.head_dim(raw),
         vocab_size=cfg.vocab_size,
         max_position_embeddings=cfg.max_position_embeddings,
         rope_theta=theta,
@@ -86,4 +84,5 @@ def read_target(path: Path) -> TargetInfo:
         pad_token_id=cfg.pad_token_id,
         tie_word_embeddings=cfg.tie_word_embeddings,
         quantized=quantized,
+        family=family.name,
     )

@@ -357,19 +357,74 @@ def check_target_weights(target: TargetInfo, rep: ValidationReport) -> None:
     before a multi-GB load, with the file named."""
     shapes = tensor_shapes(Path(target.path))
     where = Path(target.path)
+    family = target.family_spec
     emb = shapes.get("model.embed_tokens.weight")
     if emb is None:
-        raise UserError(where, "no model.embed_tokens.weight in the weight files", "is this a Hugging Face Llama checkpoint?")
+        raise UserError(where, "no model.embed_tokens.weight in the weight files", f"is this a Hugging Face {family.hf_class} checkpoint?")
     if tuple(emb[0]) != (target.vocab_size, target.hidden_size):
         raise UserError(f"{where}:model.embed_tokens.weight", f"shape {tuple(emb[0])}, config says ({target.vocab_size}, {target.hidden_size})", "config.json and weights come from different models")
-    last = f"model.layers.{target.num_hidden_layers - 1}.self_attn.q_proj.weight"
+    prefix = f"model.layers.{target.num_hidden_layers - 1}."
+    last = f"{prefix}self_attn.q_proj.weight"
     if last not in shapes:
         raise UserError(where, f"{last} missing: fewer layers than num_hidden_layers={target.num_hidden_layers}", "the checkpoint is incomplete")
-    rep.ok("target_weights", f"{len(shapes)} tensors readable, {target.num_hidden_layers} layers present")
+    # q_proj writes heads x head_dim, which need not be hidden_size (Qwen3-32B: 64 x 128 = 8192 over a
+    # hidden size of 5120); a config whose head_dim is wrong loads only to fail in the first forward
+    q_rows = target.num_attention_heads * target.head_dim
+    if shapes[last][0][0] != q_rows:
+        raise UserError(f"{where}:{last}", f"{shapes[last][0][0]} output rows, config says num_attention_heads x head_dim = "
+                        f"{target.num_attention_heads} x {target.head_dim} = {q_rows}", "config.json (its head_dim) and the weights disagree")
+    for name in family.layer_norm_tensors:  # Qwen3's per-head q/k RMSNorm weights: [head_dim]
+        got = shapes.get(prefix + name)
+        if got is None:
+            raise UserError(where, f"{prefix + name} missing: a {family.name} decoder layer has it", "the checkpoint is incomplete or not a " + family.name + " model")
+        if tuple(got[0]) != (target.head_dim,):
+            raise UserError(f"{where}:{prefix + name}", f"shape {tuple(got[0])}, expected ({target.head_dim},) (head_dim)", "config.json (its head_dim) and the weights disagree")
+    # every decoder layer's projections and norms against config.json, from the headers: a header that
+    # lies about a shape (or a layer of another size) otherwise passes here and fails inside
+    # transformers' from_pretrained at `engine` with a traceback
+    H, I, q_out, kv_out = target.hidden_size, target.intermediate_size, q_rows, target.num_key_value_heads * target.head_dim
+    per_layer = {"self_attn.q_proj.weight": (q_out, H), "self_attn.k_proj.weight": (kv_out, H), "self_attn.v_proj.weight": (kv_out, H),
+                 "self_attn.o_proj.weight": (H, q_out), "mlp.gate_proj.weight": (I, H), "mlp.up_proj.weight": (I, H),
+                 "mlp.down_proj.weight": (H, I), "input_layernorm.weight": (H,), "post_attention_layernorm.weight": (H,)}
+    want = {f"model.layers.{i}.{n}": s for i in range(target.num_hidden_layers) for n, s in per_layer.items()}
+    want["model.norm.weight"] = (H,)
+    if "lm_head.weight" in shapes:
+        want["lm_head.weight"] = (target.vocab_size, H)
+    for name, shape in want.items():
+        got = shapes.get(name)
+        if got is None:
+            raise UserError(where, f"{name} missing", "the checkpoint is incomplete")
+        if tuple(got[0]) != shape:
+            raise UserError(f"{where}:{name}", f"shape {tuple(got[0])}, config.json implies {shape}", "config.json and the weights disagree (or the safetensors header is corrupt)")
+    if not target.tie_word_embeddings and "lm_head.weight" not in shapes:
+        raise UserError(where, "lm_head.weight missing and tie_word_embeddings is false", "the checkpoint is incomplete (a tied model says \"tie_word_embeddings\": true)")
+    tied = " (lm_head tied to the embedding)" if target.tie_word_embeddings else ""
+    extra = f"; {family.name}: {', '.join(n.split('.')[-2] for n in family.layer_norm_tensors)} [{target.head_dim}]" if family.layer_norm_tensors else ""
+    rep.ok("target_weights", f"{len(shapes)} tensors readable, {target.num_hidden_layers} layers present{tied}{extra}")
+
+
+def check_target_family(target: TargetInfo, rep: ValidationReport) -> None:
+    """The target's family (convert/families.py) and what it implies, reported; flags the family's
+    TensorRT-LLM model does not implement are refused (config only: the dry run runs this too)."""
+    fam = target.family_spec
+    cfg_file = Path(target.path) / "config.json"
+    raw = read_json(cfg_file)
+    for flag, why in fam.unsupported_flags.items():
+        if raw.get(flag):
+            raise UserError(f"{cfg_file}:{flag}", f"{raw[flag]!r}: {why}", f"a {fam.name} target is served with {flag} off; set it to false")
+    quirks = [f"head_dim {target.head_dim}" + ("" if target.head_dim * target.num_attention_heads == target.hidden_size
+                                                else f" (heads x head_dim = {target.head_dim * target.num_attention_heads} != hidden {target.hidden_size})")]
+    if fam.qk_norm:
+        quirks.append("per-head q/k RMSNorm")
+    quirks.append("lm_head tied to the embedding" if target.tie_word_embeddings else "own lm_head")
+    quirks.append(f"rope theta {target.rope_theta:g}")
+    quirks.append(f"TensorRT-LLM default aux layers {list(target.default_aux_layers())}")
+    rep.ok("target_family", f"{fam.name} ({target.architectures[0]}; {fam.trtllm_source}): {', '.join(quirks)}")
 
 
 def validate_pair(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int) -> ValidationReport:
     rep = ValidationReport()
+    check_target_family(target, rep)
     check_target_weights(target, rep)
     check_target_tokenizer(target, rep)
     check_dtypes(target, draft, rep)

@@ -38,7 +38,8 @@ from transformers import AutoTokenizer
 
 from eagle3_trt.convert.dequantize import load_checkpoint_dequantized
 from eagle3_trt.convert.draft_format import DraftCheckpoint, load_draft
-from eagle3_trt.convert.target import default_aux_layers, read_target
+from eagle3_trt.convert.families import default_aux_layers_of
+from eagle3_trt.convert.target import read_target
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.stats import RequestStats
 from eagle3_trt.core.target import (
@@ -191,7 +192,7 @@ class SpeculativeEngine:
         tdir, ddir = Path(target_dir), Path(draft_dir)
         cfg, sd, quant = load_checkpoint_dequantized(tdir, dtype=dtype)
         meta = load_draft(ddir)
-        aux = aux_layer_ids or meta.config.aux_layer_ids or default_aux_layers(int(cfg["num_hidden_layers"]))
+        aux = aux_layer_ids or meta.config.aux_layer_ids or default_aux_layers_of(cfg)
         target = TargetModel.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=tuple(aux), quant=quant)
         if kv_cache_fp8(tdir):
             target.kv_scales = read_kv_scales(tdir)

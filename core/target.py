@@ -1,6 +1,7 @@
-"""The target model for the reference runtime: a Hugging Face Llama that also returns aux hidden states.
+"""The target model for the reference runtime: a Hugging Face decoder that also returns aux hidden states.
 
-The model is the stock ``LlamaForCausalLM`` built from the checkpoint's config (so it computes
+The model is the stock transformers class of the target's family (``LlamaForCausalLM``,
+``Qwen3ForCausalLM``, ...: convert/families.py) built from the checkpoint's config (so it computes
 exactly what transformers computes), driven through ``model.model`` with an explicit 4-D additive
 attention mask and explicit position ids. That one calling convention covers everything the
 runtime needs on both transformers generations it meets (4.57 in TensorRT-LLM containers, 5.x
@@ -30,13 +31,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+import transformers
 from safetensors import safe_open
-from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from eagle3_trt.convert import hf_compat
 from eagle3_trt.convert.checkpoint_io import iter_tensors, read_json, weight_files
 from eagle3_trt.convert.dequantize import load_checkpoint_dequantized
+from eagle3_trt.convert.families import family_of_config
 from eagle3_trt.convert import rope_params
 from eagle3_trt.convert.nvfp4_cpu import E2M1_MAX, E4M3_MAX, nvfp4_fake_quant
 from eagle3_trt.core import rope
@@ -306,9 +307,13 @@ def _trtllm_rope(rotary, cfg: dict) -> None:
 
 
 class TargetModel:
-    """HF ``LlamaForCausalLM`` + aux-layer capture, called with explicit masks, positions and cache."""
+    """The family's HF causal LM + aux-layer capture, called with explicit masks, positions and cache.
+
+    Everything below ``from_state_dict`` is family-generic: every family in convert/families.py is a
+    transformers decoder with ``model.layers`` whose outputs are TensorRT-LLM's capture points."""
 
     def __init__(self, hf_model, aux_layer_ids: Iterable[int] | None, config: dict):
+        self.family = family_of_config(config, "target config")
         self.hf = hf_model.eval()
         for p in self.hf.parameters():  # frozen: decoding and draft training only read the target
             p.requires_grad_(False)
@@ -349,13 +354,14 @@ class TargetModel:
                         dtype: torch.dtype = torch.float32, aux_layer_ids=None,
                         quant: dict | None = None) -> "TargetModel":
         cfg = {k: v for k, v in config.items() if k not in ("quantization_config",)}
-        hf_cfg = LlamaConfig.from_dict(cfg)
+        family = family_of_config(cfg, "target config")
+        hf_cfg = getattr(transformers, family.hf_config_class).from_dict(cfg)
         hf_cfg._attn_implementation = attention_implementation()
         weights, scales = split_quant_tensors(state_dict)
         # Build on the meta device (no random init of billions of weights), then assign the
         # checkpoint tensors; the rotary buffers are not in the checkpoint and are rebuilt.
         with torch.device("meta"):
-            model = LlamaForCausalLM(hf_cfg)
+            model = getattr(transformers, family.hf_class)(hf_cfg)
         if "lm_head.weight" not in weights:
             if not hf_cfg.tie_word_embeddings:
                 raise UserError("target", "checkpoint has no lm_head.weight and tie_word_embeddings is false",
@@ -365,11 +371,11 @@ class TargetModel:
         missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
         missing = [k for k in missing if "rotary_emb" not in k]
         if missing or unexpected:
-            raise UserError("target", f"weights do not match a Llama of this config (missing {missing[:3]}, unexpected {unexpected[:3]})",
+            raise UserError("target", f"weights do not match a {family.hf_class} of this config (missing {missing[:3]}, unexpected {unexpected[:3]})",
                             "the target checkpoint and its config.json disagree")
         if hf_cfg.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
-        model.model.rotary_emb = LlamaRotaryEmbedding(config=hf_cfg, device=device)
+        model.model.rotary_emb = type(model.model.rotary_emb)(config=hf_cfg, device=device)
         left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
         if left:
             raise RuntimeError(f"tensors left on the meta device after loading: {left[:5]}")

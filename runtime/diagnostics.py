@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle3_trt.convert.target import default_aux_layers
 from eagle3_trt.runtime.estimator import teacher_forced_drafts
 from eagle3_trt.runtime.measure import Measurement
 
@@ -188,7 +187,7 @@ def diagnose_sequences(engine, seqs: list[list[int]], prompt_lens: list[int]) ->
     # Would other aux layers explain the draft better? (off-by-one conventions, order, non-default layers)
     cur = tuple(engine.target.aux_layer_ids)
     L = engine.target.num_layers
-    alts = {"TensorRT-LLM default": default_aux_layers(L), "ids - 1": tuple(i - 1 for i in cur),
+    alts = {"TensorRT-LLM default": engine.target.family.default_aux_layers(L), "ids - 1": tuple(i - 1 for i in cur),
             "ids + 1": tuple(i + 1 for i in cur), "ascending order": tuple(sorted(cur))}
     scores = {}
     ce = run.cross_entropy

@@ -247,6 +247,28 @@ def _remove(rel: str) -> Callable[[Ctx], None]:
     return make
 
 
+def _bom(rel: str) -> Callable[[Ctx], None]:
+    """Prefix a UTF-8 byte-order mark, as some Windows editors save JSON."""
+    def make(c: Ctx) -> None:
+        p = c.w / rel
+        p.write_bytes(b"\xef\xbb\xbf" + p.read_bytes())
+    return make
+
+
+def _header_lies(rel: str, tensor: str) -> Callable[[Ctx], None]:
+    """Reverse one tensor's shape in a safetensors header: same byte count, so the file still opens."""
+    def make(c: Ctx) -> None:
+        p = c.w / rel
+        b = p.read_bytes()
+        n = int.from_bytes(b[:8], "little")
+        header = json.loads(b[8:8 + n])
+        header[tensor]["shape"] = header[tensor]["shape"][::-1]
+        hb = json.dumps(header).encode()
+        hb += b" " * (-len(hb) % 8)
+        p.write_bytes(len(hb).to_bytes(8, "little") + hb + b[8 + n:])
+    return make
+
+
 def _pickle_bin(wrap: Callable[[dict], object]) -> Callable[[Ctx], None]:
     """Replace the draft's safetensors by a pytorch_model.bin holding ``wrap(tensors)``."""
     def make(c: Ctx) -> None:
@@ -359,8 +381,13 @@ CASES: list[Case] = [
     Case("target-config-missing", V, 2, r"target/config\.json: file not found", make=_remove("target/config.json")),
     Case("target-config-truncated", V, 2, r"target/config\.json: not valid JSON", make=_truncate("target/config.json", 40)),
     Case("target-config-not-object", V, 2, r"target/config\.json: expected a JSON object", make=write("target/config.json", "[1, 2]")),
+    Case("target-config-bom", V, 2, r"target/config\.json: starts with a UTF-8 byte-order mark \(hint: save it as UTF-8 without a BOM", make=_bom("target/config.json")),
+    Case("draft-config-trailing-comma", V, 2, r"draft/config\.json: not valid JSON \(Expecting property name",
+         make=lambda c: (c.d / "config.json").write_text((c.d / "config.json").read_text().rstrip().rstrip("}").rstrip() + ",\n}")),
+    Case("target-header-lies-about-shape", V, 2, r"target:model\.layers\.0\.mlp\.gate_proj\.weight: shape \(\d+, \d+\), config\.json implies",
+         make=_header_lies("target/model.safetensors", "model.layers.0.mlp.gate_proj.weight")),
     Case("target-field-missing", V, 2, r"target/config\.json:num_hidden_layers: missing", make=tcfg(num_hidden_layers=DELETE)),
-    Case("target-not-llama", V, 2, r"target/config\.json:model_type: 'gpt2' is not a Llama-family decoder", make=tcfg(model_type="gpt2")),
+    Case("target-not-llama", V, 2, r"target/config\.json:model_type: 'gpt2' is not a target family eagle3-trt knows", make=tcfg(model_type="gpt2")),
     Case("target-no-architectures", V, 2, r"target/config\.json:architectures: missing", make=tcfg(architectures=DELETE)),
     Case("target-already-quantized", V, 2, r"target/hf_quant_config\.json: target is already quantized",
          make=write("target/hf_quant_config.json", '{"quantization": {"quant_algo": "FP8"}}')),

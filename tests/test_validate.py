@@ -45,7 +45,7 @@ def fails(pair, *needles):
 
 def test_good_pair_passes_every_check(tiny_pair):
     rep = run(tiny_pair)
-    assert [c["check"] for c in rep.checks] == ["target_weights", "target_tokenizer", "dtypes", "tokenizer", "shapes", "aux_layers", "vocab_map", "rope"]
+    assert [c["check"] for c in rep.checks] == ["target_family", "target_weights", "target_tokenizer", "dtypes", "tokenizer", "shapes", "aux_layers", "vocab_map", "rope"]
     assert rep.aux_layer_ids == (1, 3, 4) and rep.aux_layers_are_default
 
 
@@ -131,9 +131,10 @@ def test_explicit_non_default_aux_layers_are_recorded(tiny_pair):
     assert rep.aux_layer_ids == (0, 2, 6) and not rep.aux_layers_are_default
 
 
-def test_target_too_shallow_for_default_aux_layers(tiny_pair):
-    edit_cfg(tiny_pair[0], num_hidden_layers=5)
-    fails(tiny_pair, "num_hidden_layers=5", "not distinct", "at least 6")
+@pytest.mark.parametrize("layers", [5, 6])  # 6: {1, 2, 2}, which TensorRT-LLM's L > 5 guard lets through
+def test_target_too_shallow_for_default_aux_layers(tiny_pair, layers):
+    edit_cfg(tiny_pair[0], num_hidden_layers=layers)
+    fails(tiny_pair, f"num_hidden_layers={layers}", "not distinct", "only for L >= 7", "eagle_aux_hidden_state_layer_ids")
 
 
 def test_hidden_size_mismatch(tiny_pair):

@@ -1,7 +1,12 @@
-"""Make the embedded tiny pair (models/tiny/): a small Llama trained on the Python standard
-library's source and an EAGLE-3 head trained for it with `train-draft`'s own code path.
+"""Make the embedded tiny pairs (models/tiny/, models/tiny-qwen3/): a small target trained on the
+Python standard library's source and an EAGLE-3 head trained for it with `train-draft`'s own code path.
 
     python -m eagle3_trt.train.make_tiny_pair -o models/tiny [--overwrite]
+    python -m eagle3_trt.train.make_tiny_pair --family qwen3 -o models/tiny-qwen3 [--overwrite]
+
+The target's architecture is its family's transformers class (convert/families.py): a Llama for
+``tiny``; a Qwen3 (per-head q/k norms, head_dim not hidden/heads, tied embeddings) for ``tiny-qwen3``,
+whose recipe is short enough (< 2 min on 2 cores) to be re-made at will.
 
 Reproducible: fixed seeds, a fixed sorted file list, fixed step counts (the time budget is set
 by steps, not by a clock). The standard library differs slightly between Python versions, so
@@ -28,12 +33,13 @@ from pathlib import Path
 
 import click
 import torch
+import transformers
 from safetensors import safe_open
 from tokenizers import Tokenizer
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle3_trt.atomic import staged_dir
 from eagle3_trt.convert.draft_format import load_draft
+from eagle3_trt.convert.families import family_of
 from eagle3_trt.convert.target import read_target
 from eagle3_trt.convert.tiny_pair import write_tokenizer
 from eagle3_trt.core.draft import Eagle3Draft
@@ -69,6 +75,8 @@ HELDOUT_FILES = ("csv", "fractions", "gettext", "heapq", "pprint", "queue", "shl
 @dataclass(frozen=True)
 class Recipe:
     seed: int = 0
+    model_type: str = "llama"  # the target's family (convert/families.py)
+    tie_word_embeddings: bool = False
     vocab_size: int = 2048
     hidden_size: int = 192
     num_hidden_layers: int = 8
@@ -100,6 +108,18 @@ class Recipe:
     threads: int = 1
 
 
+# tiny-qwen3: a Qwen3 with the family's quirks (q/k norms; 4 heads x head_dim 48 = 192 over a hidden
+# size of 128; tied embeddings, as Qwen3-0.6B/1.7B/4B have), trained in < 2 min on one core (one torch thread: two threads on a shared 2-core box ran 10-50x slower).
+QWEN3_RECIPE = Recipe(
+    model_type="qwen3", tie_word_embeddings=True, vocab_size=1024, hidden_size=128, num_hidden_layers=8,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=48, intermediate_size=384, rope_theta=1000000.0,
+    max_position_embeddings=1024, target_steps=160, target_batch=8, target_seq=128, target_lr=4e-3,
+    draft_steps=120, draft_batch=8, draft_seq=128, draft_vocab=512, draft_lr=2e-3, draft_pieces=160,
+    draft_piece_chars=600, draft_gen_tokens=96, eval_prompts=16, eval_prompt_len=48, eval_tokens=48, threads=1,
+)
+RECIPES = {"llama": Recipe(), "qwen3": QWEN3_RECIPE}
+
+
 def stdlib_dir() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
@@ -129,14 +149,15 @@ def _special_ids(tok_dir: Path) -> dict[str, int]:
 
 
 def target_config(r: Recipe, ids: dict[str, int]):
-    return LlamaConfig(
+    family = family_of(r.model_type, "recipe model_type")
+    return getattr(transformers, family.hf_config_class)(
         vocab_size=r.vocab_size, hidden_size=r.hidden_size, intermediate_size=r.intermediate_size,
         num_hidden_layers=r.num_hidden_layers, num_attention_heads=r.num_attention_heads,
         num_key_value_heads=r.num_key_value_heads, head_dim=r.head_dim,
         max_position_embeddings=r.max_position_embeddings, rope_theta=r.rope_theta, rms_norm_eps=1e-5,
-        tie_word_embeddings=False, bos_token_id=ids["<|begin_of_text|>"],
+        tie_word_embeddings=r.tie_word_embeddings, bos_token_id=ids["<|begin_of_text|>"],
         eos_token_id=[ids["<|end_of_text|>"], ids["<|eot_id|>"]], pad_token_id=ids["<|finetune_right_pad_id|>"],
-        architectures=["LlamaForCausalLM"], torch_dtype="bfloat16",
+        architectures=[family.hf_class], torch_dtype="bfloat16",
     )
 
 
@@ -156,7 +177,8 @@ def train_target(r: Recipe, tok_dir: Path, train_texts: list[str], held_texts: l
     stream = token_stream(tok_dir, train_texts)
     held = token_stream(tok_dir, held_texts)
     torch.manual_seed(r.seed)
-    model = LlamaForCausalLM(target_config(r, ids)).float().train()
+    cfg = target_config(r, ids)
+    model = getattr(transformers, family_of(r.model_type).hf_class)(cfg).float().train()
     opt = torch.optim.AdamW(model.parameters(), lr=r.target_lr, betas=(0.9, 0.95), weight_decay=0.1)
     g = torch.Generator().manual_seed(r.seed)
     warm = max(1, r.target_steps // 20)
@@ -220,6 +242,13 @@ def draft_jsonl(train: dict[str, str], pieces: int, piece_chars: int, path: Path
         for c in chosen:
             f.write(json.dumps({"text": c}) + "\n")
     return len(chosen)
+
+
+def heldout_prompt_ids(pair: Path, r: Recipe, held: dict[str, str]) -> list[list[int]]:
+    """The held-out prompts (token ids) the acceptance is measured on: eval_prompts windows of the held-out files."""
+    enc = Encoder(target_tokenizer(pair / "target"), r.draft_seq, r.eval_prompt_len)
+    windows = [w for text in held.values() for w in enc.windows(Record(text=text))]
+    return [list(map(int, p)) for p in eval_prompts(windows, r.eval_prompts, r.eval_prompt_len, r.seed)]
 
 
 def measure_committed(pair: Path, r: Recipe, held: dict[str, str]) -> dict:
@@ -290,7 +319,7 @@ def make(out: Path, r: Recipe = Recipe(), overwrite: bool = False, log=print) ->
         timings["draft_s"] = round(time.time() - t, 1)
         log(f"draft: {timings['draft_s']} s, train-split acceptance {report['after']['acceptance_length']}")
         # the report names paths of this machine's temp dir; record what they were instead
-        report["target"] = "models/tiny/target"
+        report["target"] = f"models/{out.name}/target"
         report["data"] = f"draft_train.jsonl: {n_pieces} pieces of the training files (see MODEL_CARD.md)"
         (pair / "draft" / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
         t = time.time()
@@ -298,6 +327,7 @@ def make(out: Path, r: Recipe = Recipe(), overwrite: bool = False, log=print) ->
         timings["measure_s"] = round(time.time() - t, 1)
         timings["total_s"] = round(time.time() - t0, 1)
         facts = {
+            "name": out.name,
             "recipe": asdict(r),
             "python": platform.python_version(),
             "torch": torch.__version__,
@@ -313,6 +343,11 @@ def make(out: Path, r: Recipe = Recipe(), overwrite: bool = False, log=print) ->
         }
         (pair / "MODEL_CARD.md").write_text(model_card(facts))
         (pair / "tiny_pair.json").write_text(json.dumps(facts, indent=2) + "\n")
+        # what `make engine` measures a bundle of this pair on (convert/embedded.py heldout_prompts)
+        about = (f"Held-out prompts for the embedded {out.name} pair: token ids of {r.eval_prompt_len}-token windows from Python "
+                 f"standard-library modules neither model was trained on ({', '.join(held)}; PSF License). "
+                 "`make engine` measures the built bundle's acceptance on them.")
+        (pair / "heldout_prompts.json").write_text(json.dumps({"about": about, "prompts": heldout_prompt_ids(pair, r, held)}) + "\n")
         shutil.rmtree(work)
     return facts
 
@@ -329,9 +364,16 @@ def model_card(f: dict) -> str:
                    if acc.get("matches_greedy_first_4_prompts") else "")
     t = f["timings"]
     mb = 1 << 20
+    family = family_of(r.get("model_type", "llama"))
+    aux = ", ".join(map(str, family.default_aux_layers(r["num_hidden_layers"])))
+    quirks = (f"; per-head q/k RMSNorm, {r['num_attention_heads']} heads x head_dim {r['head_dim']} over hidden {r['hidden_size']}"
+              if family.qk_norm else "") + ("; lm_head tied to the embedding" if r.get("tie_word_embeddings") else "")
+    raw_note = (" (training on the raw text instead gave 2.03 at K=3 in an earlier run)" if family.name == "llama" else
+                f". This target is trained only briefly (held-out loss {f['target']['heldout_loss']} nats/token): its greedy "
+                "output repeats a few frequent tokens, which is why a head trained for a minute predicts most of it")
     return f"""# Embedded tiny EAGLE-3 pair
 
-A small Llama-architecture target trained on Python standard-library source, and an EAGLE-3 draft
+A small {family.name} target (`{family.hf_class}`) trained on Python standard-library source, and an EAGLE-3 draft
 head trained for it with `eagle3-trt train-draft`'s code path. It exists so that every stage
 (quantization, acceptance measurement, serving, benchmarks) runs on a CPU with a real, measured
 acceptance rate. It is not a useful code model: its greedy continuations are often repetitive
@@ -354,12 +396,12 @@ checked against an independent re-derivation in `tests/test_engine_cross_check.p
 
 | | target (`target/`) | draft (`draft/`) |
 |---|---|---|
-| class | `LlamaForCausalLM` | `LlamaForCausalLMEagle3` (SafeAILab layout: fc, midlayer.*, norm, lm_head, d2t, t2d) |
+| class | `{family.hf_class}`{quirks} | `LlamaForCausalLMEagle3` (SafeAILab layout: fc, midlayer.*, norm, lm_head, d2t, t2d) |
 | layers | {r['num_hidden_layers']} | 1 (+ fc over 3 aux layers) |
 | hidden / intermediate | {r['hidden_size']} / {r['intermediate_size']} | {r['hidden_size']} / {r['intermediate_size']} |
 | heads / KV heads / head_dim | {r['num_attention_heads']} / {r['num_key_value_heads']} / {r['head_dim']} | same |
 | vocabulary | {r['vocab_size']} (byte-level BPE, Llama-3 special tokens + chat template) | {r['draft_vocab']} most frequent target ids (d2t/t2d) |
-| aux capture layers | outputs of layers 1, 3, 4 (TensorRT-LLM default for 8 layers) | |
+| aux capture layers | outputs of layers {aux} (TensorRT-LLM default for {r['num_hidden_layers']} layers) | |
 | RoPE | theta {r['rope_theta']:.0f}, max positions {r['max_position_embeddings']} | same |
 | parameters | {f['target']['params']:,} | {f['draft']['params']:,} |
 | size on disk (bf16 safetensors + tokenizer/config) | {f['sizes']['target_bytes'] / mb:.1f} MiB | {f['sizes']['draft_bytes'] / mb:.1f} MiB |
@@ -374,7 +416,7 @@ Held out from both models: {', '.join(f['corpus']['heldout_files'])}
 ({f['target']['heldout_tokens']:,} tokens). Missing on this Python: {', '.join(f['corpus']['missing_files']) or 'none'}.
 The draft's data: {f['corpus']['draft_pieces']} pieces of ~{r['draft_piece_chars']} characters spread evenly over the training files;
 with `--generate` the target continued the first {r['eval_prompt_len']} tokens of each by {r['draft_gen_tokens']} greedy tokens, so the
-head learned the target's own output (training on the raw text instead gave 2.03 at K=3 in an earlier run).
+head learned the target's own output{raw_note}.
 
 ## Training budget
 
@@ -395,7 +437,7 @@ torch {f['torch']}.
 
 ## Reproduce
 
-    python -m eagle3_trt.train.make_tiny_pair -o models/tiny --overwrite
+    python -m eagle3_trt.train.make_tiny_pair{'' if family.name == 'llama' else ' --family ' + family.name} -o models/{f.get('name', 'tiny')} --overwrite
 
 Seeds, file list and step counts are fixed; another Python version's standard library differs
 slightly, so the committed weights are the reference. All figures above are in `tiny_pair.json`.
@@ -422,13 +464,15 @@ def remeasure_pair(out: Path) -> dict:
 @click.option("--target-steps", type=int, default=None, help="Override the recipe (for quick experiments).")
 @click.option("--draft-steps", type=int, default=None, help="Override the recipe (for quick experiments).")
 @click.option("--remeasure", is_flag=True, help="Only measure the existing pair in OUTPUT again and rewrite its card.")
-def main(out: Path, overwrite: bool, target_steps: int | None, draft_steps: int | None, remeasure: bool) -> None:
+@click.option("--family", type=click.Choice(sorted(RECIPES)), default="llama", show_default=True,
+              help="The target's family and its recipe (qwen3: models/tiny-qwen3).")
+def main(out: Path, overwrite: bool, target_steps: int | None, draft_steps: int | None, remeasure: bool, family: str) -> None:
     if remeasure:
         facts = remeasure_pair(out)
         acc = facts["acceptance_heldout"]
         click.echo(json.dumps({k: v["acceptance_length"] if isinstance(v, dict) else v for k, v in acc.items()}, indent=1))
         return
-    r = Recipe()
+    r = RECIPES[family]
     over = {k: v for k, v in (("target_steps", target_steps), ("draft_steps", draft_steps)) if v is not None}
     if over:
         r = Recipe(**{**asdict(r), **over})

@@ -1,0 +1,137 @@
+"""The one table of target families: what differs between Llama, Qwen3, ... for every stage.
+
+Each stage asks this table instead of branching on ``model_type``: reading and validating a
+target (convert/target.py, convert/validate.py), the reference runtime's model class
+(core/target.py), the planner's parameter counts (build/planner.py) and ModelOpt's exclusions
+(convert/quantize.py). Adding a family (gpt-oss, Llama 4, DeepSeek) means one more ``Family``
+entry in ``FAMILIES`` plus its tests; a field a new family needs (MoE expert counts, sliding
+windows, an already-quantized checkpoint format) is added to ``Family`` with a default that
+keeps the existing entries as they are.
+
+Every entry names the TensorRT-LLM source it follows. Facts common to all entries today:
+
+- Aux layers: TensorRT-LLM has no per-architecture default for EAGLE-3 capture; with no
+  ``eagle3_layers_to_capture`` every target gets {1, L//2 - 1, L - 4}
+  (``Eagle3OneModelSpecMetadata.__post_init__``, tensorrt_llm/_torch/speculative/eagle3.py @
+  f933a608045a46426792263617475b359d568043, the same in 001e6700). Id i is the output of decoder
+  layer i: Llama and Qwen3 decoder layers both call ``spec_metadata.maybe_capture_hidden_states(
+  self.layer_idx, hidden_states, residual)`` after their MLP (modeling_llama.py; modeling_qwen3.py
+  @ 010bb95fbad3c678792a9edf659970299a1a320b).
+- The draft: an EAGLE-3 head is a Llama-style layer whatever the target (``Eagle3DraftModel``,
+  modeling_speculative.py @ 00679c66c3e38f6d2651ad0a5bef0f94d862e36c; public Qwen3 heads ship
+  ``"model_type": "llama"``, e.g. Tencent/AngelSlim configs/qwen3-8b-eagle3.json @ 1c786f25).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from eagle3_trt.errors import UserError
+
+
+def trtllm_default_aux_layers(num_layers: int) -> tuple[int, ...]:
+    """TensorRT-LLM's default ``eagle3_layers_to_capture`` for a target of ``num_layers`` decoder
+    layers: the outputs of layers {1, L//2 - 1, L - 4} (0-based), as ``Eagle3OneModelSpecMetadata``
+    in TensorRT-LLM's ``tensorrt_llm/_torch/speculative/eagle3.py`` sets ``layers_to_capture`` when
+    the draft config names none (targets deeper than 5 layers)."""
+    L = int(num_layers)
+    return (1, L // 2 - 1, L - 4)
+
+
+# aux-layer default rules by name (a family names one; a new rule is one more entry)
+AUX_RULES = {"trtllm_default": trtllm_default_aux_layers}
+
+
+class Family(BaseModel):
+    """One target family's differences from a plain Llama decoder, as data."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    model_types: tuple[str, ...] = Field(description="config.json model_type values of this family")
+    architectures: tuple[str, ...] = Field(description="config.json architectures[0] values (TensorRT-LLM's registered classes)")
+    hf_class: str = Field(description="the transformers class the reference runtime and ModelOpt build")
+    hf_config_class: str = Field(description="its transformers config class")
+    aux_rule: Literal["trtllm_default"] = "trtllm_default"
+    # per-head RMSNorm on q and k before rope (weights [head_dim] named self_attn.q_norm / k_norm)
+    qk_norm: bool = False
+    # head_dim when config.json omits it: None = hidden_size // num_attention_heads (Llama);
+    # transformers' Qwen3Config defaults to 128 whatever the hidden size (4.57.3 and 5.x, checked)
+    default_head_dim: int | None = None
+    # Tensors of the last decoder layer a complete checkpoint has (besides q_proj), each with the
+    # shape config.json implies: "head_dim" -> (head_dim,)
+    layer_norm_tensors: tuple[str, ...] = ()
+    # ModelOpt quantizer patterns to disable beyond the ones every family gets (lm_head, embeddings)
+    quant_exclude: tuple[str, ...] = ()
+    # config.json flags this family's TensorRT-LLM model does not implement: refused when truthy (flag -> why)
+    unsupported_flags: dict[str, str] = {}
+    trtllm_source: str = Field(description="the TensorRT-LLM model file this entry was checked against")
+
+    def default_aux_layers(self, num_layers: int) -> tuple[int, ...]:
+        return AUX_RULES[self.aux_rule](num_layers)
+
+    def head_dim(self, cfg: dict[str, Any]) -> int:
+        """head_dim of a config dict as transformers' config class of this family reads it."""
+        if cfg.get("head_dim"):
+            return int(cfg["head_dim"])
+        if self.default_head_dim is not None:
+            return self.default_head_dim
+        return int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])
+
+    def norm_params_per_layer(self, hidden: int, head_dim: int) -> int:
+        """RMSNorm weights of one decoder layer: input and post-attention norms (+ q/k norms)."""
+        return 2 * hidden + (2 * head_dim if self.qk_norm else 0)
+
+
+LLAMA = Family(
+    name="llama",
+    # Mistral (dense, no sliding window in use) is served by TensorRT-LLM's Llama path and computed
+    # here by LlamaForCausalLM, as before this table existed.
+    model_types=("llama", "mistral"),
+    architectures=("LlamaForCausalLM", "MistralForCausalLM"),
+    hf_class="LlamaForCausalLM",
+    hf_config_class="LlamaConfig",
+    trtllm_source="tensorrt_llm/_torch/models/modeling_llama.py",
+)
+
+QWEN3 = Family(
+    name="qwen3",
+    model_types=("qwen3",),
+    architectures=("Qwen3ForCausalLM",),
+    hf_class="Qwen3ForCausalLM",
+    hf_config_class="Qwen3Config",
+    # QKNormRoPEAttention: RMSNorm over each head of q and k, then rope (modeling_qwen3.py @ 010bb95f)
+    qk_norm=True,
+    default_head_dim=128,
+    layer_norm_tensors=("self_attn.q_norm.weight", "self_attn.k_norm.weight"),
+    unsupported_flags={"use_sliding_window": "TensorRT-LLM's Qwen3 attention has no sliding window (QKNormRoPEAttention "
+                                             "in modeling_qwen3.py @ 010bb95f), while transformers would apply one"},
+    # q_norm/k_norm are RMSNorm modules, not Linear: ModelOpt puts no quantizer on them, so they stay
+    # BF16 (checked on an FP8 and an NVFP4 export of a Qwen3 target, ModelOpt 0.37 and 0.47)
+    trtllm_source="tensorrt_llm/_torch/models/modeling_qwen3.py @ 010bb95fbad3c678792a9edf659970299a1a320b",
+)
+
+FAMILIES: tuple[Family, ...] = (LLAMA, QWEN3)
+
+
+def known_families() -> str:
+    return ", ".join(f"{f.name} (model_type {'/'.join(f.model_types)})" for f in FAMILIES)
+
+
+def family_of(model_type: str | None, where: str = "config.json:model_type") -> Family:
+    """The family of a config.json's ``model_type``; an unknown one is refused by name."""
+    for f in FAMILIES:
+        if model_type in f.model_types:
+            return f
+    raise UserError(where, f"{model_type!r} is not a target family eagle3-trt knows", f"known families: {known_families()}")
+
+
+def family_of_config(cfg: dict[str, Any], where: str = "config.json") -> Family:
+    return family_of(cfg.get("model_type"), f"{where}:model_type")
+
+
+def default_aux_layers_of(cfg: dict[str, Any], where: str = "config.json") -> tuple[int, ...]:
+    """The default aux layers of a target config dict (its family's rule over its layer count)."""
+    return family_of_config(cfg, where).default_aux_layers(int(cfg["num_hidden_layers"]))
