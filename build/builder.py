@@ -35,7 +35,7 @@ from eagle3_trt.build.planner import make_plan as plan_deployment
 from eagle3_trt.build.presets import Preset, resolve_source
 from eagle3_trt.convert import export, quantize
 from eagle3_trt.convert.checkpoint_io import read_json, sha256_file
-from eagle3_trt.convert.draft_format import for_max_seq_len, load_draft
+from eagle3_trt.convert.draft_format import for_max_seq_len, load_draft, read_draft_config
 from eagle3_trt.convert.embedded import embedded_pair, heldout_prompts
 from eagle3_trt.convert.hf_config import Eagle3DraftConfigFields, parse_config
 from eagle3_trt.convert.prompts import load_prompts
@@ -141,11 +141,14 @@ def llm_options(req: EngineRequest, kv: str, k: int, aux: tuple[int, ...], aux_d
         model="target",
         tokenizer="target",
         tensor_parallel_size=plan.tp,
+        moe_expert_parallel_size=plan.moe_ep or None,
         max_batch_size=plan.max_batch_size,
         max_num_tokens=plan.max_num_tokens,
         enable_chunked_prefill=plan.enable_chunked_prefill,
         max_seq_len=req.preset.max_seq_len,
-        kv_cache_config=KvCacheOptions(dtype="fp8" if kv == "fp8" else "auto"),
+        # the family's KV settings (gpt-oss: TensorRT-LLM's guide's 0.8 and no block reuse; others the defaults)
+        kv_cache_config=KvCacheOptions(dtype="fp8" if kv == "fp8" else "auto", free_gpu_memory_fraction=plan.free_gpu_memory_fraction,
+                                       enable_block_reuse=plan.kv_block_reuse),
         cuda_graph_config=CudaGraphOptions(batch_sizes=batches, max_batch_size=max(batches), enable_padding=plan.cuda_graph_padding),
         speculative_config=Eagle3Options(
             max_draft_len=k,
@@ -206,7 +209,7 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
         report = _validate_config_only(target, draft_dir, preset.max_seq_len)
     else:
         draft = load_draft(draft_dir)
-        report = validate_pair(target, draft, preset.max_seq_len)
+        report = validate_pair(target, draft, preset.max_seq_len, quant=quant)
         draft = for_max_seq_len(draft, preset.max_seq_len)  # the draft's rope table covers the bundle's contexts
     timings["validate_s"] = time.perf_counter() - s
     for w in report.warnings:
@@ -255,7 +258,7 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
             preset=preset.name,
             dry_run=req.dry_run,
             target_gpu=fmt.TargetGpu(name=gpu.name, generation=gpu.generation, sm=gpu.sm),
-            quant=fmt.Quant(target=quant, draft=draft_quant),
+            quant=fmt.Quant(target=quant, draft=draft_quant, target_native=plan.target.native_format if quant == "native" else None),
             plan={k_: v for k_, v in plan.to_dict().items() if k_ not in _PLAN_FACTS_STORED_ELSEWHERE},
             sources=fmt.Sources(
                 target=fmt.Source(path=str(target_dir.resolve()), source=preset.target.source, revision=preset.target.revision, files=digests["target"]),
@@ -303,25 +306,26 @@ def _validate_config_only(target, draft_dir: Path, max_seq_len: int) -> Validati
     if (Path(target.path) / "tokenizer.json").is_file():  # config-only presets (build/model_configs) ship none
         check_target_tokenizer(target, rep)
     cfg_path = draft_dir / "config.json"
-    cfg = read_json(cfg_path)
-    if cfg.get("vocab_size") != target.vocab_size:
-        raise UserError(f"{cfg_path}:vocab_size", f"{cfg.get('vocab_size')} but the target has {target.vocab_size}", "this head belongs to another target")
-    th = cfg.get("target_hidden_size") or cfg.get("hidden_size")
+    # the loader's own config parsing (layouts, speculators' nesting and aux-id convention, the
+    # strict schema), so a dry run accepts and refuses exactly the heads a real build does
+    dc = read_draft_config(draft_dir)
+    if dc.vocab_size != target.vocab_size:
+        raise UserError(f"{cfg_path}:vocab_size", f"{dc.vocab_size} but the target has {target.vocab_size}", "this head belongs to another target")
+    th = dc.target_hidden_size
     if th != target.hidden_size:
-        raise UserError(f"{cfg_path}:hidden_size", f"{th} but the target's hidden_size is {target.hidden_size}", "this head belongs to another target")
-    dvs = cfg.get("draft_vocab_size", cfg.get("vocab_size"))
+        raise UserError(f"{cfg_path}:target_hidden_size", f"{th} but the target's hidden_size is {target.hidden_size}", "this head belongs to another target")
+    dvs = dc.draft_vocab_size
     if dvs > target.vocab_size:
         raise UserError(f"{cfg_path}:draft_vocab_size", f"{dvs} exceeds the target vocab {target.vocab_size}", "this head belongs to another target")
     rep.ok("config", f"vocab {target.vocab_size}, draft vocab {dvs}, hidden {th} (weights not checked: dry run)")
-    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     default = target.default_aux_layers()
-    ids = tuple(ids) if ids else default
+    ids = dc.aux_layer_ids if dc.aux_layer_ids else default
     if any(not 0 <= i < target.num_hidden_layers for i in ids) or len(set(ids)) != len(ids):
         raise UserError(f"{cfg_path}:eagle_aux_hidden_state_layer_ids", f"{list(ids)} invalid for {target.num_hidden_layers} layers", "ids must be distinct target layers")
-    rep.aux_layer_ids, rep.aux_layers_are_default = ids, tuple(sorted(ids)) == tuple(sorted(default))
+    rep.aux_layer_ids, rep.aux_layers_are_default = tuple(ids), tuple(sorted(ids)) == tuple(sorted(default))
     rep.ok("aux_layers", f"captures outputs of target layers {list(ids)} of {target.num_hidden_layers}")
-    if cfg.get("max_position_embeddings", max_seq_len) < max_seq_len:
-        rep.warn(f"draft max_position_embeddings {cfg['max_position_embeddings']} < max_seq_len {max_seq_len}: acceptance drops on longer contexts")
+    if dc.max_position_embeddings < max_seq_len:
+        rep.warn(f"draft max_position_embeddings {dc.max_position_embeddings} < max_seq_len {max_seq_len}: acceptance drops on longer contexts")
     rep.warn("dry run: weights, d2t and tensor shapes were not checked")
     return rep
 
@@ -352,7 +356,7 @@ def _quantize_and_export_inner(target_dir, draft, report, tmp: Path, quant: str,
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir), trust_remote_code=False)
     model = None  # only ModelOpt calibration needs the target loaded; a BF16 target is streamed (export_target_bf16)
-    if quant != "bf16" or draft_quant != "bf16":
+    if quant not in ("bf16", "native") or draft_quant != "bf16":
         model = AutoModelForCausalLM.from_pretrained(
             str(target_dir), dtype=torch.bfloat16, trust_remote_code=False, low_cpu_mem_usage=True,
             **({"device_map": "auto"} if device == "cuda" else {}),
@@ -365,7 +369,7 @@ def _quantize_and_export_inner(target_dir, draft, report, tmp: Path, quant: str,
     info = {"prompts_used": len(batches), "tokens": int(sum(b.numel() for b in batches)), "tokens_sha256": quantize.calibration_hash(batches)}
 
     s = time.perf_counter()
-    if quant != "bf16":
+    if quant not in ("bf16", "native"):
         tick = progress(f"calibrate + quantize target ({quant}, KV {kv})", len(batches))
         quantize.quantize_target(model, batches, quant, kv, on_step=tick)
     timings["quantize_target_s"] = time.perf_counter() - s
@@ -384,7 +388,9 @@ def _quantize_and_export_inner(target_dir, draft, report, tmp: Path, quant: str,
 
     s = time.perf_counter()
     tick = progress("export target (unified HF checkpoint)", None)
-    if quant == "bf16":
+    if quant == "native":
+        export.export_target_native(Path(target_dir), tmp / "target")
+    elif quant == "bf16":
         export.export_target_bf16(Path(target_dir), tmp / "target")
     else:
         export.export_target(model, tmp / "target", Path(target_dir))

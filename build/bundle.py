@@ -52,7 +52,8 @@ REBUILD_HINT = "rebuild with eagle3-trt engine --force"
 VERSIONED_PACKAGES = ("torch", "transformers", "nvidia-modelopt", "safetensors", "tokenizers", "tensorrt_llm", "tensorrt-llm")
 _OPTIONS_HEADER = "# TensorRT-LLM LLM-API options (EAGLE-3 one-model). Paths are relative to this bundle.\n"
 
-WeightFormat = Literal["fp8", "nvfp4", "bf16"]
+# "native": the target kept as shipped (already quantized, e.g. gpt-oss MXFP4 experts); Quant.target_native says which
+WeightFormat = Literal["fp8", "nvfp4", "bf16", "native"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,6 +92,7 @@ class Quant(_Strict):
 
     target: WeightFormat
     draft: WeightFormat
+    target_native: str | None = Field(None, description="with target native: the shipped format (quantization_config.quant_method)")
 
 
 class Calibration(_Strict):

@@ -20,7 +20,7 @@ from eagle3_trt.errors import UserError
               help="a preset YAML file of your own instead of MODEL (its checkpoints' config.json files are read)")
 @click.option("--gpu", "gpu", type=click.Choice(sorted(GPUS)), default="h100", show_default=True, help="GPU model of every GPU")
 @click.option("--gpus", "num_gpus", type=int, default=1, show_default=True, help="GPUs on the node")
-@click.option("--quant", type=click.Choice(["fp8", "nvfp4", "bf16"]), default=None, help="target weights (default: the preset's for the GPU generation)")
+@click.option("--quant", type=click.Choice(["fp8", "nvfp4", "bf16", "native"]), default=None, help="target weights (default: the preset's for the GPU generation; native keeps an already-quantized target as shipped)")
 @click.option("--tp", type=int, default=None, help="tensor parallel size (default: the smallest that fits)")
 @click.option("--pp", type=int, default=1, show_default=True, help="pipeline parallel size (not with speculation)")
 @click.option("--max-seq-len", type=int, default=None, help="tokens per sequence (default: the preset's)")

@@ -58,9 +58,12 @@ GPUS: dict[str, GpuSpec] = {
 # the matrix marks "FP8 KV Cache" Y for Ampere), the NVFP4 KV cache on Blackwell SM100/103 only
 # (newer releases' matrix). BF16 needs Ampere (SM80) or newer.
 # ---------------------------------------------------------------------------------------------
-MIN_SM = {"bf16": 80, "fp8": 89, "nvfp4": 100}  # per weight format
+# "native" keeps a target's shipped format; the one such format today is gpt-oss's MXFP4 experts, which
+# TensorRT-LLM runs on Hopper (W4A16_MXFP4) and Blackwell (its gpt-oss deployment guide covers
+# H100/H200 and B200/GB200, docs/source/deployment-guide/ quick-start recipe for gpt-oss)
+MIN_SM = {"bf16": 80, "fp8": 89, "nvfp4": 100, "native": 90}  # per weight format
 KV_MIN_SM = {"auto": 0, "bf16": 0, "fp8": 80, "nvfp4": 100}  # per KV-cache format ("auto" = the model dtype)
-GENERATION_NAMES = {0: "any GPU", 80: "Ampere (SM80) or newer", 89: "Ada (SM89), Hopper (SM90) or Blackwell",
+GENERATION_NAMES = {0: "any GPU", 80: "Ampere (SM80) or newer", 89: "Ada (SM89), Hopper (SM90) or Blackwell", 90: "Hopper (SM90) or Blackwell",
                     100: "Blackwell (SM100 or newer)"}
 # Closest known board per compute capability read from a real device (sm_120 is consumer Blackwell).
 GPU_BY_SM = {80: "a100", 89: "l40s", 90: "h100", 100: "b200", 103: "b200", 120: "b200"}

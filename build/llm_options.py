@@ -76,6 +76,8 @@ class LlmApiOptions(_Strict):
     dtype: str = "auto"
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
+    # MoE targets: experts split over this many of the tensor_parallel_size GPUs (the rest is moe_tp)
+    moe_expert_parallel_size: int | None = Field(None, ge=1)
     max_batch_size: int = Field(64, ge=1)
     max_num_tokens: int = Field(8192, ge=1)
     max_seq_len: int | None = Field(None, ge=1)
@@ -90,6 +92,12 @@ class LlmApiOptions(_Strict):
     def _no_pp_with_spec(self) -> "LlmApiOptions":
         if self.pipeline_parallel_size > 1:
             raise ValueError("pipeline parallelism is not supported with speculative decoding in TensorRT-LLM")
+        return self
+
+    @model_validator(mode="after")
+    def _ep_divides_tp(self) -> "LlmApiOptions":
+        if self.moe_expert_parallel_size is not None and self.tensor_parallel_size % self.moe_expert_parallel_size:
+            raise ValueError("moe_expert_parallel_size must divide tensor_parallel_size (TensorRT-LLM: moe_tp x moe_ep = tp)")
         return self
 
     def to_yaml_dict(self) -> dict:

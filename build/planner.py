@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from eagle3_trt.build.gpus import GpuSpec, check_quant_for_gpu, get_gpu
 from eagle3_trt.build.presets import Preset, load_preset, resolve_source
-from eagle3_trt.convert.families import LLAMA, family_of_config
+from eagle3_trt.convert.families import EAGLE3_DEFAULT_NUM_AUX, LLAMA, family_named, family_of_config
 from eagle3_trt.convert.hf_config import LlamaConfigFields, parse_config
 from eagle3_trt.errors import UserError
 
@@ -38,7 +38,9 @@ MODEL_CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
 # Bytes per weight of the quantized Linear layers. NVFP4 packs two e2m1 values per byte and adds
 # one e4m3 scale per 16 weights: 4 + 8/16 = 4.5 bits. FP8 and NVFP4 also carry per-tensor
 # scales (weight_scale_2, input_scale), a few bytes per Linear, ignored here.
-LINEAR_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16}
+LINEAR_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16,
+                                  # MXFP4 (OCP MX): two e2m1 values per byte, one e8m0 scale per 32 weights
+                                  "mxfp4": 0.5 + 1 / 32}
 # ModelOpt leaves embeddings, lm_head and norms in BF16 (its default disabled quantizers).
 BF16_BYTES = 2
 KV_BYTES: dict[str, int] = {"bf16": 2, "fp8": 1}
@@ -57,9 +59,8 @@ MAX_BATCH_CAP = 128
 # A TP layout "fits" only if it holds at least this many sequences of max_seq_len tokens at
 # once: one full-length sequence would make the KV budget the bottleneck for any real traffic.
 MIN_FULL_SEQUENCES = 4
-# One-model EAGLE-3 captures three target layers by default ({1, L/2-1, L-4} when
-# eagle3_layers_to_capture is None) [NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/eagle3.py].
-EAGLE3_CAPTURED_LAYERS = 3
+# One-model EAGLE-3 captures three target layers by default (convert/families.py)
+EAGLE3_CAPTURED_LAYERS = EAGLE3_DEFAULT_NUM_AUX
 
 # Reserve outside weights and KV cache, per GPU. These are estimates, chosen on the high side
 # because a plan that overestimates free memory fails at load time on the user's box.
@@ -95,6 +96,16 @@ class LlamaShape:
     max_positions: int
     norms_per_layer: int  # RMSNorm weights per decoder layer (the family's: Qwen3 adds q/k norms)
     family: str = "llama"
+    # mixture of experts (0 = dense MLP): experts per layer and experts each token runs through
+    experts: int = 0
+    active_experts: int = 0
+    # layers with sliding-window attention (layer_types "sliding_attention") and their window
+    window_layers: int = 0
+    sliding_window: int = 0
+    attn_bias: bool = False  # q/k/v/o biases (gpt-oss)
+    sinks: bool = False  # one attention-sink logit per query head per layer (gpt-oss)
+    quant_method: str | None = None  # config.json quantization_config.quant_method of a shipped-quantized target
+    native_formats: tuple[str, ...] = ()  # the family's formats TensorRT-LLM loads as shipped
 
 
 def parse_shape(cfg: dict[str, Any], where: str = "config.json") -> LlamaShape:
@@ -106,6 +117,11 @@ def parse_shape(cfg: dict[str, Any], where: str = "config.json") -> LlamaShape:
                      required=("num_hidden_layers",))
     fam = family_of_config(cfg, where) if cfg.get("model_type") else LLAMA
     head_dim = f.head_dim or fam.head_dim(cfg)
+    experts = int(getattr(f, fam.moe_experts_field) or 0) if fam.moe_experts_field else 0
+    active = int(getattr(f, fam.moe_active_field) or 0) if fam.moe_active_field and experts else 0
+    if experts and not active:
+        raise UserError(f"{where}:{fam.moe_active_field}", "missing for a mixture-of-experts target", "copy the checkpoint's config.json as published")
+    window_layers = sum(t == "sliding_attention" for t in f.layer_types or ()) if f.sliding_window else 0
     return LlamaShape(
         hidden=f.hidden_size,
         layers=f.num_hidden_layers,
@@ -118,6 +134,14 @@ def parse_shape(cfg: dict[str, Any], where: str = "config.json") -> LlamaShape:
         max_positions=f.max_position_embeddings or 0,
         norms_per_layer=fam.norm_params_per_layer(f.hidden_size, head_dim),
         family=fam.name,
+        experts=experts,
+        active_experts=active,
+        window_layers=window_layers,
+        sliding_window=f.sliding_window or 0 if window_layers else 0,
+        attn_bias=f.attention_bias,
+        sinks=fam.attention_sinks,
+        quant_method=(f.quantization_config or {}).get("quant_method"),
+        native_formats=fam.native_quant_methods,
     )
 
 
@@ -137,27 +161,62 @@ class TargetParams:
     linear: int  # all attention + MLP weights: the part that gets quantized
     norms: int
     total: int
+    # MoE: the experts' matrices per layer (inside mlp_per_layer; the part an MXFP4 checkpoint ships in MXFP4)
+    expert_weights_per_layer: int = 0
+    # biases, the router and attention sinks per layer (inside attn/mlp_per_layer): kept BF16 by every format
+    bf16_per_layer: int = 0
+    experts: int = 0
+    active_experts: int = 0
+    # parameters a token runs through, without the embedding table (a lookup): OpenAI's "active" count
+    active: int = 0
+    native_format: str | None = None  # the shipped format of an already-quantized target (--quant native)
 
 
 def count_target(s: LlamaShape) -> TargetParams:
     q_out, kv_out = s.heads * s.head_dim, s.kv_heads * s.head_dim
     attn = s.hidden * q_out + 2 * s.hidden * kv_out + q_out * s.hidden
     mlp = 3 * s.hidden * s.intermediate
+    bf16 = 0
+    expert_weights = 0
+    if s.attn_bias:
+        bf16 += q_out + 2 * kv_out + s.hidden
+    if s.sinks:
+        bf16 += s.heads
+    if s.experts:
+        # each expert: fused gate/up [2I, H] + down [H, I] with biases 2I and H; the router [E, H] + bias E
+        # (transformers' GptOssExperts / GptOssTopKRouter, TensorRT-LLM's MLPBlock: gate Linear(bias=True))
+        expert_weights = s.experts * 3 * s.hidden * s.intermediate
+        bf16 += s.experts * (2 * s.intermediate + s.hidden) + s.experts * s.hidden + s.experts
+        mlp = expert_weights
+    attn_all = attn + (q_out + 2 * kv_out + s.hidden if s.attn_bias else 0) + (s.heads if s.sinks else 0)
+    mlp_all = attn + mlp + bf16 - attn_all
     embed = s.vocab * s.hidden
     lm_head = 0 if s.tied_embeddings else embed
     linear = s.layers * (attn + mlp)
     norms = s.layers * s.norms_per_layer + s.hidden
+    total = s.layers * (attn_all + mlp_all) + norms + embed + lm_head
+    per_expert = 3 * s.hidden * s.intermediate + 2 * s.intermediate + s.hidden
+    inactive = s.layers * (s.experts - s.active_experts) * per_expert if s.experts else 0
+    native = s.quant_method if s.quant_method in s.native_formats else None
+    if native is not None and native not in LINEAR_BYTES:
+        raise UserError("config.json:quantization_config.quant_method", f"{native!r} has no byte size in the planner", "add it to LINEAR_BYTES")
     return TargetParams(
         embed=embed,
         lm_head=lm_head,
-        attn_per_layer=attn,
-        mlp_per_layer=mlp,
+        attn_per_layer=attn_all,
+        mlp_per_layer=mlp_all,
         norms_per_layer=s.norms_per_layer,
         final_norm=s.hidden,
         layers=s.layers,
         linear=linear,
         norms=norms,
-        total=linear + norms + embed + lm_head,
+        total=total,
+        expert_weights_per_layer=expert_weights,
+        bf16_per_layer=bf16,
+        experts=s.experts,
+        active_experts=s.active_experts,
+        active=total - inactive - (embed if lm_head else 0),
+        native_format=native,
     )
 
 
@@ -215,7 +274,21 @@ def count_draft(cfg: dict[str, Any], target: LlamaShape, where: str = "draft con
 def target_weight_bytes(p: TargetParams, quant: str, tp: int = 1, pp: int = 1) -> int:
     """Target weight bytes on the most loaded GPU (all GPUs together at tp=pp=1)."""
     layers = math.ceil(p.layers / pp)
-    linear = layers * (p.attn_per_layer + p.mlp_per_layer) * LINEAR_BYTES[quant] / tp
+    if p.bf16_per_layer or p.expert_weights_per_layer or quant == "native":
+        # "native": the experts stay in the checkpoint's format, everything else as shipped (BF16);
+        # a format ModelOpt writes covers attention and experts; biases, router and sinks stay BF16.
+        # Experts are split over TP x EP = tp GPUs (moe_tp_size * moe_ep_size = tp_size in TensorRT-LLM's
+        # Mapping), so an expert's bytes per GPU do not depend on how tp is split between the two.
+        if quant == "native" and p.native_format is None:
+            raise UserError("--quant", "native keeps an already-quantized target as shipped, but this target is not quantized",
+                            "use --quant bf16, fp8 or nvfp4")
+        expert_b = LINEAR_BYTES[p.native_format if quant == "native" else quant]  # type: ignore[index]
+        other_b = BF16_BYTES if quant == "native" else LINEAR_BYTES[quant]
+        quantizable = p.attn_per_layer + p.mlp_per_layer - p.bf16_per_layer
+        per_layer = p.expert_weights_per_layer * expert_b + (quantizable - p.expert_weights_per_layer) * other_b + p.bf16_per_layer * BF16_BYTES
+        linear = layers * per_layer / tp
+    else:
+        linear = layers * (p.attn_per_layer + p.mlp_per_layer) * LINEAR_BYTES[quant] / tp
     # With pp > 1 the embedding and lm_head sit on different stages; the worst holds one.
     vocab_params = p.embed + p.lm_head if pp == 1 else max(p.embed, p.lm_head)
     vocab = vocab_params * BF16_BYTES / tp
@@ -255,7 +328,8 @@ def _activation_bytes(s: LlamaShape, tp: int, max_num_tokens: int) -> int:
     # not, which is the safety margin): residual and normed hidden (full H after all-reduce),
     # fused qkv output, attention output, fused gate/up output and the activated product.
     q_out, kv_out = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    per_token = 2 * s.hidden + (q_out + 2 * kv_out) // tp + q_out // tp + 3 * s.intermediate // tp
+    # a MoE layer holds each token's gate/up/down activations once per expert it is routed to
+    per_token = 2 * s.hidden + (q_out + 2 * kv_out) // tp + q_out // tp + 3 * s.intermediate * max(1, s.active_experts) // tp
     return per_token * BF16_BYTES * max_num_tokens
 
 
@@ -321,6 +395,15 @@ class Plan:
     target_checkpoint_bytes: int  # the BF16 source checkpoint, all shards
     quantized_target_bytes: int  # exported target, all shards (unsharded total)
     notes: tuple[str, ...]
+    # MoE layout (0 for a dense target): moe_ep_size x moe_tp_size = tp, experts held per GPU
+    moe_ep: int = 0
+    moe_tp: int = 0
+    experts_per_gpu: int = 0
+    expert_bytes_per_gpu: int = 0  # inside target_weight_bytes_per_gpu
+    # sliding-window layers: their KV per token and the tokens each keeps per sequence
+    kv_bytes_per_token_window: int = 0
+    window_tokens_per_sequence: int = 0
+    kv_block_reuse: bool = True
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -344,6 +427,17 @@ class _Budget:
     kv_cache: int
     kv_tokens: int
     sequences: int
+    kv_window: int = 0  # per token, sliding-window layers
+    window_tokens: int = 0  # tokens of KV each sliding-window layer keeps per sequence
+
+
+def window_tokens_per_sequence(sliding_window: int, max_seq_len: int, max_draft_len: int) -> int:
+    """KV tokens a sliding-window layer keeps for one sequence: the window plus the K draft tokens
+    being verified, in whole blocks, plus one block because the window starts mid-block; never more
+    than the full sequence. (TensorRT-LLM sizes one KV pool per attention window, max_attention_window
+    per layer; this is the per-sequence share of the window pool.)"""
+    full = math.ceil((max_seq_len + max_draft_len) / TOKENS_PER_BLOCK)
+    return min(full, math.ceil((sliding_window + max_draft_len) / TOKENS_PER_BLOCK) + 1) * TOKENS_PER_BLOCK
 
 
 def _budget(
@@ -359,22 +453,33 @@ def _budget(
     max_draft_len: int,
     max_num_tokens: int,
     max_batch_size: int,
+    free_fraction: float = FREE_GPU_MEMORY_FRACTION,
 ) -> _Budget:
     weights = target_weight_bytes(p, quant, tp, pp)
     draft_bytes = _draft_weight_bytes(draft)
-    kv_t = kv_bytes_per_token(math.ceil(s.layers / pp), s.kv_heads, s.head_dim, kv_dtype, tp)
+    kv_t = kv_bytes_per_token(math.ceil(s.layers / pp) - s.window_layers, s.kv_heads, s.head_dim, kv_dtype, tp)
+    kv_w = kv_bytes_per_token(s.window_layers, s.kv_heads, s.head_dim, kv_dtype, tp) if s.window_layers else 0
     # The draft's layer lives in the same KV pool and takes the target's KV format: its kv_cache_quant_algo
     # is overwritten with the target's [SpecDecOneEngineForCausalLM.__init__, NVIDIA/TensorRT-LLM
     # tensorrt_llm/_torch/models/modeling_speculative.py].
     kv_d = kv_bytes_per_token(draft.layers, draft.kv_heads, draft.head_dim, kv_dtype, tp) if draft else 0
     reserve = _reserve(s, draft, tp, pp, max_num_tokens, max_batch_size, max_draft_len, len(graph_batch_sizes(max_batch_size)))
     free = gpu.memory_bytes - weights - draft_bytes - reserve.total
-    kv_cache = max(0, int(free * FREE_GPU_MEMORY_FRACTION))
+    kv_cache = max(0, int(free * free_fraction))
     block = (kv_t + kv_d) * TOKENS_PER_BLOCK
     blocks = kv_cache // block
     # Each sequence also holds its K draft tokens' KV while they are verified.
     blocks_per_seq = math.ceil((max_seq_len + max_draft_len) / TOKENS_PER_BLOCK)
-    return _Budget(weights, draft_bytes, kv_t, kv_d, reserve, kv_cache, blocks * TOKENS_PER_BLOCK, blocks // blocks_per_seq)
+    if not kv_w:
+        return _Budget(weights, draft_bytes, kv_t, kv_d, reserve, kv_cache, blocks * TOKENS_PER_BLOCK, blocks // blocks_per_seq)
+    # sliding-window layers keep only their window per sequence: a sequence of max_seq_len costs the
+    # full layers' (and the draft's) KV for every token plus the window layers' KV for its window
+    win = window_tokens_per_sequence(s.sliding_window, max_seq_len, max_draft_len)
+    per_seq = block * blocks_per_seq + kv_w * win
+    sequences = kv_cache // per_seq
+    # tokens of max_seq_len-long sequences the cache holds, in whole blocks
+    tokens = kv_cache * blocks_per_seq // per_seq * TOKENS_PER_BLOCK
+    return _Budget(weights, draft_bytes, kv_t, kv_d, reserve, kv_cache, tokens, sequences, kv_w, win)
 
 
 def graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
@@ -394,6 +499,7 @@ def _check_inputs(
     max_draft_len: int, tp: int | None, pp: int, speculative: bool, max_batch_size: int | None,
 ) -> None:
     check_quant_for_gpu(quant, gpu)
+    check_quant_for_target(s, quant)
     if kv_dtype not in KV_BYTES:
         raise UserError("--kv-cache-dtype", f"unknown KV cache format {kv_dtype!r}", "choose fp8 or bf16")
     if num_gpus < 1:
@@ -422,6 +528,21 @@ def _check_inputs(
         )
     if tp is not None:
         _check_tp(s, tp, pp, num_gpus)
+
+
+def check_quant_for_target(s: LlamaShape, quant: str, where: str = "--quant") -> None:
+    """An already-quantized target is kept as shipped (``native``) or refused: ModelOpt would re-quantize
+    its dequantized weights, and TensorRT-LLM loads the shipped format directly. ``native`` on a target
+    that ships unquantized has nothing to keep."""
+    if s.quant_method is not None and quant != "native":
+        if s.quant_method in s.native_formats:
+            raise UserError(where, f"{quant} on a target that ships {s.quant_method.upper()} weights (quantization_config.quant_method "
+                            f"{s.quant_method!r}): re-quantizing would compound two roundings", "use --quant native to keep its weights as shipped")
+        raise UserError(where, f"the target is already quantized ({s.quant_method!r}), a format eagle3-trt does not keep as shipped",
+                        "pass the BF16/FP16 checkpoint; eagle3-trt quantizes it with ModelOpt")
+    if quant == "native" and s.quant_method not in s.native_formats:
+        what = "not quantized" if s.quant_method is None else f"in {s.quant_method!r}, which TensorRT-LLM's {s.family} model does not load as shipped"
+        raise UserError(where, f"native keeps an already-quantized target as shipped, but this target is {what}", "use --quant bf16, fp8 or nvfp4")
 
 
 def _check_tp(s: LlamaShape, tp: int, pp: int, num_gpus: int) -> None:
@@ -469,9 +590,11 @@ def make_plan(
     _check_inputs(s, gpu, num_gpus, quant, kv_cache_dtype, max_seq_len, max_draft_len, tp, pp, speculative, max_batch_size)
     p = count_target(s)
 
+    fam = family_named(s.family)
+
     def budget(t: int, mbs: int) -> _Budget:
         mnt = max(DEFAULT_MAX_NUM_TOKENS, mbs * (k + 1))
-        return _budget(gpu, s, p, draft, quant, kv_cache_dtype, t, pp, max_seq_len, k, mnt, mbs)
+        return _budget(gpu, s, p, draft, quant, kv_cache_dtype, t, pp, max_seq_len, k, mnt, mbs, fam.kv_free_gpu_memory_fraction)
 
     # Pass 1 sizes the reserve for the largest batch we would allow, so a layout that passes
     # here still fits once the batch size (and with it the CUDA-graph count) is settled.
@@ -487,6 +610,12 @@ def make_plan(
     final = budget(t, mbs)  # reserve only shrinks from pass 1, so the KV budget only grows
     max_num_tokens = max(DEFAULT_MAX_NUM_TOKENS, mbs * (k + 1))
     instances = num_gpus // (t * pp)
+    ep = moe_ep_size(s, t)
+    expert_bytes = 0
+    if s.experts:
+        eb = LINEAR_BYTES[p.native_format if quant == "native" else quant]  # type: ignore[index]
+        # each GPU holds experts/ep experts, each split moe_tp = tp/ep ways
+        expert_bytes = int(round(math.ceil(s.layers / pp) * (s.experts // ep) * (p.expert_weights_per_layer // s.experts) * eb / (t // ep)))
     return Plan(
         model=model,
         gpu=gpu.name,
@@ -508,7 +637,7 @@ def make_plan(
         kv_bytes_per_token_target=final.kv_target,
         kv_bytes_per_token_draft=final.kv_draft,
         reserve=final.reserve,
-        free_gpu_memory_fraction=FREE_GPU_MEMORY_FRACTION,
+        free_gpu_memory_fraction=fam.kv_free_gpu_memory_fraction,
         kv_cache_bytes_per_gpu=final.kv_cache,
         kv_tokens=final.kv_tokens,
         sequences_at_max_seq_len=final.sequences,
@@ -517,10 +646,28 @@ def make_plan(
         enable_chunked_prefill=max_seq_len > max_num_tokens,
         cuda_graph_batch_sizes=graph_batch_sizes(mbs),
         cuda_graph_padding=True,
-        target_checkpoint_bytes=p.total * BF16_BYTES,
+        # a natively quantized target (gpt-oss MXFP4) is read as shipped, not as BF16
+        target_checkpoint_bytes=target_weight_bytes(p, "native") if p.native_format else p.total * BF16_BYTES,
         quantized_target_bytes=target_weight_bytes(p, quant),
-        notes=tuple(_notes(s, draft, gpu, num_gpus, t, pp, instances, max_seq_len, tp is None, quant, kv_cache_dtype)),
+        notes=tuple(_notes(s, draft, gpu, num_gpus, t, pp, instances, max_seq_len, tp is None, quant, kv_cache_dtype, p)),
+        moe_ep=ep,
+        moe_tp=t // ep if ep else 0,
+        experts_per_gpu=s.experts // ep if ep else 0,
+        expert_bytes_per_gpu=expert_bytes,
+        kv_bytes_per_token_window=final.kv_window,
+        window_tokens_per_sequence=final.window_tokens,
+        kv_block_reuse=fam.kv_block_reuse,
     )
+
+
+def moe_ep_size(s: LlamaShape, tp: int) -> int:
+    """moe_expert_parallel_size for a MoE target at ``tp`` (its family's table; 0 for a dense target)."""
+    if not s.experts:
+        return 0
+    ep = family_named(s.family).moe_ep_for_tp.get(tp, tp)
+    while ep > 1 and (s.experts % ep or tp % ep):
+        ep //= 2
+    return ep
 
 
 def _device_ids(instances: int, per_instance: int) -> str:
@@ -564,9 +711,17 @@ def _fit_hint(
 
 def _notes(
     s: LlamaShape, draft: DraftParams | None, gpu: GpuSpec, num_gpus: int, tp: int, pp: int,
-    instances: int, max_seq_len: int, tp_chosen: bool, quant: str, kv_dtype: str,
+    instances: int, max_seq_len: int, tp_chosen: bool, quant: str, kv_dtype: str, p: TargetParams | None = None,
 ) -> list[str]:
     notes = []
+    if s.experts and p is not None:
+        notes.append(f"MoE: {s.experts} experts per layer, {s.active_experts} per token: {_bparams(p.active)} active params per token "
+                     f"(without the embedding table) of {_bparams(p.total)}")
+    if quant == "native" and p is not None:
+        notes.append(f"--quant native: experts kept in the shipped {p.native_format} format, attention/router/embedding/lm_head BF16 as shipped")
+    if s.window_layers:
+        notes.append(f"{s.window_layers} of {s.layers} layers use a {s.sliding_window}-token sliding window: each keeps KV for its "
+                     f"window (in whole blocks, with the draft tokens) per sequence, not for {max_seq_len} tokens")
     if quant == "bf16" and kv_dtype == "fp8":
         notes.append("FP8 KV cache with BF16 weights: no calibration step, so KV scales are 1.0 (fp8_cast)")
     if tp_chosen:
@@ -605,8 +760,12 @@ def format_plan(plan: Plan) -> str:
         f"  layout      TP{plan.tp} x PP{plan.pp}, {plan.instances} instance(s) on GPUs {plan.gpu_device_ids}",
         f"  target      {_bparams(p.total)} params (embed {_bparams(p.embed)}, lm_head {_bparams(p.lm_head)}, "
         f"{p.layers} layers x {_bparams(p.attn_per_layer + p.mlp_per_layer)}); {_gb(plan.quantized_target_bytes)} at {plan.quant} "
-        f"(embed/lm_head/norms BF16), {_gb(plan.target_checkpoint_bytes)} BF16 source",
+        f"(embed/lm_head/norms BF16), {_gb(plan.target_checkpoint_bytes)} {(p.native_format or 'bf16').upper()} source",
     ]
+    if plan.moe_ep:
+        lines.append(f"  MoE         {p.experts} experts x {p.expert_weights_per_layer // p.experts / 1e6:.2f} M weights per layer, "
+                     f"{p.active_experts} active ({_bparams(p.active)} active params); EP{plan.moe_ep} x MoE-TP{plan.moe_tp}: "
+                     f"{plan.experts_per_gpu} experts per GPU, {_gb(plan.expert_bytes_per_gpu)} expert weights per GPU")
     if plan.draft:
         lines.append(f"  draft       {_bparams(plan.draft.total)} params, {_gb(plan.draft_weight_bytes_per_gpu)} BF16 per GPU (replicated)")
     lines += [
@@ -614,7 +773,10 @@ def format_plan(plan: Plan) -> str:
         f"  reserve     runtime {_gb(r.runtime)}, NCCL {_gb(r.nccl)}, activations {_gb(r.activations)}, "
         f"EAGLE-3 hidden {_gb(r.eagle3_hidden)}, logits {_gb(r.logits)}, CUDA graphs {_gb(r.cuda_graphs)}",
         f"  KV cache    {plan.kv_bytes_per_token / KIB:g} KiB/token/GPU (target {plan.kv_bytes_per_token_target / KIB:g} + draft "
-        f"{plan.kv_bytes_per_token_draft / KIB:g}); {plan.free_gpu_memory_fraction:g} of the rest = {_gb(plan.kv_cache_bytes_per_gpu)} "
+        f"{plan.kv_bytes_per_token_draft / KIB:g})"
+        + (f" + window layers {plan.kv_bytes_per_token_window / KIB:g} KiB/token for {plan.window_tokens_per_sequence} tokens per sequence"
+           if plan.kv_bytes_per_token_window else "")
+        + f"; {plan.free_gpu_memory_fraction:g} of the rest = {_gb(plan.kv_cache_bytes_per_gpu)} "
         f"-> {plan.kv_tokens:,} tokens = {plan.sequences_at_max_seq_len} sequences of {plan.max_seq_len} per instance",
         f"  runtime     max_batch_size {plan.max_batch_size}, max_num_tokens {plan.max_num_tokens}, "
         f"chunked prefill {'on' if plan.enable_chunked_prefill else 'off'}, CUDA graphs {list(plan.cuda_graph_batch_sizes)} (padding on)",
@@ -652,8 +814,8 @@ def plan_steps(plan: Plan, calib_samples: int = 512, calib_len: int = 512) -> li
     draft_bytes = plan.draft_weight_bytes_per_gpu
     src = plan.target_checkpoint_bytes + draft_bytes
     steps = [f"validate target and draft (configs, tokenizer, safetensors headers, hash {_gb(src)}): {_duration(src / DISK_BYTES_PER_S)}"]
-    if plan.quant == "bf16":
-        steps.append("quantize: skipped (bf16 keeps the source weights)")
+    if plan.quant in ("bf16", "native"):
+        steps.append(f"quantize: skipped ({plan.quant} keeps the source weights)")
     else:
         tokens = calib_samples * calib_len
         flops = 2 * plan.target.total * tokens

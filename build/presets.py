@@ -16,7 +16,8 @@ from eagle3_trt.errors import UserError
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
-QuantFormat = Literal["fp8", "nvfp4", "bf16"]
+# "native": keep an already-quantized target (gpt-oss's MXFP4 experts) as shipped
+QuantFormat = Literal["fp8", "nvfp4", "bf16", "native"]
 
 
 class _Strict(BaseModel):

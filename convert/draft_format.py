@@ -19,6 +19,7 @@ from typing import Any
 
 from eagle3_trt.convert import rope_params
 from eagle3_trt.convert.checkpoint_io import load_tensors, read_json
+from eagle3_trt.convert.families import EAGLE3_DEFAULT_NUM_AUX
 from eagle3_trt.convert.hf_compat import dtype_of, rope_of, with_legacy_fields
 from eagle3_trt.convert.hf_config import Eagle3DraftConfigFields, parse_config
 from eagle3_trt.errors import UserError
@@ -127,8 +128,7 @@ class DraftCheckpoint:
 
 
 def detect_format(cfg: dict, names: set[str]) -> str:
-    archs = cfg.get("architectures") or []
-    if cfg.get("speculators_model_type") == "eagle3" or "Eagle3Speculator" in archs:
+    if _is_speculators(cfg):
         return "speculators"
     if any(n.startswith("midlayer.") for n in names):
         return "safeailab"
@@ -161,7 +161,34 @@ def load_draft(path: Path) -> DraftCheckpoint:
     raw = read_json(path / "config.json")
     tensors = load_tensors(path)
     fmt = detect_format(raw, set(tensors))
-    cfg_path = path / "config.json"
+    norm = {_rename(k, fmt): v for k, v in tensors.items()}
+    cfg = draft_config(raw, path / "config.json", fmt, norm)
+    cfg, norm = _sort_aux_layers(cfg, norm)
+    return DraftCheckpoint(path=path, config=cfg, tensors=norm, raw_config=raw)
+
+
+def read_draft_config(path: Path) -> DraftConfig:
+    """A head's config alone, for dry runs that read no weights: the same parsing as ``load_draft``
+    (speculators' nested layer config and vLLM aux ids included), with the two facts weights would
+    give taken from the config: the aux count (listed ids, else TensorRT-LLM's default three) and the
+    draft vocabulary (``draft_vocab_size``, else ``vocab_size``). Aux ids come out sorted, as
+    ``load_draft`` serves them (fc's blocks are permuted there)."""
+    path = Path(path)
+    raw = read_json(path / "config.json")
+    fmt = "speculators" if _is_speculators(raw) else ("modelopt" if "eagle_config" in raw else "safeailab")
+    cfg = draft_config(raw, path / "config.json", fmt, None)
+    if cfg.aux_layer_ids is not None and list(cfg.aux_layer_ids) != sorted(cfg.aux_layer_ids):
+        cfg = replace(cfg, aux_layer_ids=tuple(sorted(cfg.aux_layer_ids)), aux_layer_ids_as_trained=cfg.aux_layer_ids)
+    return cfg
+
+
+def _is_speculators(raw: dict) -> bool:
+    return raw.get("speculators_model_type") == "eagle3" or "Eagle3Speculator" in (raw.get("architectures") or [])
+
+
+def draft_config(raw: dict, cfg_path: Path, fmt: str, tensors: dict | None) -> DraftConfig:
+    """The normalized DraftConfig of a head's config.json in layout ``fmt``; ``tensors`` (renamed to
+    the SafeAILab names) supply the aux count and draft vocabulary where present, None for config-only."""
     if fmt == "speculators":
         layer_cfg = raw.get("transformer_layer_config")
         if not isinstance(layer_cfg, dict):
@@ -207,7 +234,7 @@ def load_draft(path: Path) -> DraftCheckpoint:
     if num_layers != 1:
         raise UserError(f"{cfg_path}:num_hidden_layers", f"{num_layers} draft decoder layers", "only single-layer EAGLE-3 heads (the published and ModelOpt layout) are supported")
 
-    norm = {_rename(k, fmt): v for k, v in tensors.items()}
+    norm = tensors if tensors is not None else {}
     hidden = fields.hidden_size
     heads = fields.num_attention_heads
     vocab = fields.vocab_size
@@ -219,12 +246,15 @@ def load_draft(path: Path) -> DraftCheckpoint:
         scaling = {**scaling, "original_max_position_embeddings": base["original_max_position_embeddings"]}
     fc = norm.get("fc.weight")
     target_hidden = fields.target_hidden_size or hidden
-    n_aux = (fc.shape[1] // target_hidden) if fc is not None and target_hidden else 0
-    dvs = base.get("draft_vocab_size")
+    if tensors is None:
+        n_aux = len(aux) if aux is not None else EAGLE3_DEFAULT_NUM_AUX
+    else:
+        n_aux = (fc.shape[1] // target_hidden) if fc is not None and target_hidden else 0
+    dvs = fields.draft_vocab_size
     if dvs is None:
         lm = norm.get("lm_head.weight")
         dvs = lm.shape[0] if lm is not None else vocab
-    cfg = DraftConfig(
+    return DraftConfig(
         hidden_size=hidden,
         intermediate_size=fields.intermediate_size,
         num_attention_heads=heads,
@@ -251,8 +281,6 @@ def load_draft(path: Path) -> DraftCheckpoint:
         eh_proj_bias=flags.get("eh_proj_bias", False),
         fc_bias=flags.get("bias", False),
     )
-    cfg, norm = _sort_aux_layers(cfg, norm)
-    return DraftCheckpoint(path=path, config=cfg, tensors=norm, raw_config=raw)
 
 
 def _flag(cfg: dict, key: str, where: str) -> bool:

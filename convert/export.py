@@ -60,6 +60,14 @@ def export_target_bf16(source_dir: Path, out_dir: Path) -> None:
     copy_tokenizer(Path(source_dir), Path(out_dir))
 
 
+def export_target_native(source_dir: Path, out_dir: Path) -> None:
+    """An already-quantized target kept as shipped (``--quant native``, e.g. gpt-oss's MXFP4 experts):
+    every tensor streamed unchanged, the config as it is (TensorRT-LLM reads its quantization_config)."""
+    stream_convert(Path(source_dir), Path(out_dir), lambda name: name, cast=lambda name, dtype: None)
+    write_json(Path(out_dir) / "config.json", read_json(Path(source_dir) / "config.json"))
+    copy_tokenizer(Path(source_dir), Path(out_dir))
+
+
 def export_draft_bf16(ckpt: DraftCheckpoint, out_dir: Path) -> None:
     """Normalized tensors as BF16 safetensors (d2t/t2d keep their integer/bool dtypes)."""
     make_dirs(out_dir)

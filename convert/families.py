@@ -3,7 +3,7 @@
 Each stage asks this table instead of branching on ``model_type``: reading and validating a
 target (convert/target.py, convert/validate.py), the reference runtime's model class
 (core/target.py), the planner's parameter counts (build/planner.py) and ModelOpt's exclusions
-(convert/quantize.py). Adding a family (gpt-oss, Llama 4, DeepSeek) means one more ``Family``
+(convert/quantize.py). Adding a family (Llama 4, DeepSeek) means one more ``Family``
 entry in ``FAMILIES`` plus its tests; a field a new family needs (MoE expert counts, sliding
 windows, an already-quantized checkpoint format) is added to ``Family`` with a default that
 keeps the existing entries as they are.
@@ -40,6 +40,9 @@ def trtllm_default_aux_layers(num_layers: int) -> tuple[int, ...]:
     return (1, L // 2 - 1, L - 4)
 
 
+# how many target layers TensorRT-LLM captures when the draft config lists none (the rule above)
+EAGLE3_DEFAULT_NUM_AUX = 3
+
 # aux-layer default rules by name (a family names one; a new rule is one more entry)
 AUX_RULES = {"trtllm_default": trtllm_default_aux_layers}
 
@@ -67,6 +70,23 @@ class Family(BaseModel):
     quant_exclude: tuple[str, ...] = ()
     # config.json flags this family's TensorRT-LLM model does not implement: refused when truthy (flag -> why)
     unsupported_flags: dict[str, str] = {}
+    # Mixture of experts: config.json fields of the expert count and of the experts each token uses
+    # (0 experts = a dense MLP); the planner counts total vs active parameters from them
+    moe_experts_field: str | None = None
+    moe_active_field: str | None = None
+    # quantization_config.quant_method values a checkpoint of this family ships in and TensorRT-LLM
+    # loads as shipped (``--quant native``); ModelOpt re-quantization of such a target is refused
+    native_quant_methods: tuple[str, ...] = ()
+    # learned per-head attention-sink logits (one fp32 scalar per query head per layer)
+    attention_sinks: bool = False
+    # transformers attention the reference runtime must use (None: the runtime's GQA SDPA); a family whose
+    # attention SDPA cannot express (gpt-oss's sinks) names transformers' own implementation
+    attn_implementation: str | None = None
+    # TensorRT-LLM KV-cache settings the family's deployment guide uses (planner constants)
+    kv_free_gpu_memory_fraction: float = 0.9  # TensorRT-LLM's KvCacheConfig default
+    kv_block_reuse: bool = True  # TensorRT-LLM's KvCacheConfig default
+    # MoE expert parallelism for a TP size (moe_expert_parallel_size; the rest of tp is moe_tp_size)
+    moe_ep_for_tp: dict[int, int] = {}
     trtllm_source: str = Field(description="the TensorRT-LLM model file this entry was checked against")
 
     def default_aux_layers(self, num_layers: int) -> tuple[int, ...]:
@@ -113,7 +133,46 @@ QWEN3 = Family(
     trtllm_source="tensorrt_llm/_torch/models/modeling_qwen3.py @ 010bb95fbad3c678792a9edf659970299a1a320b",
 )
 
-FAMILIES: tuple[Family, ...] = (LLAMA, QWEN3)
+GPT_OSS = Family(
+    name="gpt-oss",
+    model_types=("gpt_oss",),
+    architectures=("GptOssForCausalLM",),
+    hf_class="GptOssForCausalLM",
+    hf_config_class="GptOssConfig",
+    # TransformerBlock.forward_normal/forward_tp call spec_metadata.maybe_capture_hidden_states(
+    # self.layer_idx, x, residual) after the MoE block, as Llama does, and the file sets no capture
+    # default of its own: the generic {1, L//2-1, L-4} applies ([1, 17, 32] for 120b, [1, 11, 20] for
+    # 20b). AttentionBlock: sliding_window only on even layers (layer_idx % 2 == 0), sinks of
+    # num_attention_heads // tp fp32 values per layer, q/k/v/o with bias; MLPBlock: router Linear
+    # with bias + create_moe over num_local_experts with top-k num_experts_per_tok, biased experts;
+    # pipeline parallelism asserted off (modeling_gpt_oss.py @ 050b6cb92871a4ed73486c5e5a573d4198d1a6d9)
+    default_head_dim=64,  # transformers' GptOssConfig default (hidden 2880 is not 64 heads x 64)
+    moe_experts_field="num_local_experts",
+    moe_active_field="num_experts_per_tok",
+    # openai/gpt-oss-{20b,120b} ship MoE experts in MXFP4 (quantization_config.quant_method "mxfp4",
+    # attention, router, embedding and lm_head in BF16: modules_to_not_convert); TensorRT-LLM loads the
+    # *_blocks/*_scales tensors directly (GptOssForCausalLM.load_hf_weights, same file and commit)
+    native_quant_methods=("mxfp4",),
+    attention_sinks=True,
+    # transformers refuses SDPA for GptOss (sinks join the softmax); its eager attention adds them
+    # (GptOssAttention / eager_attention_forward, transformers 5.x and 4.57)
+    attn_implementation="eager",
+    # TensorRT-LLM's "Running GPT-OSS-120B with Eagle3 Speculative Decoding on GB200/B200" guide
+    # (docs/source/blogs/tech_blog/blog11_GPT_OSS_Eagle3.md @ 2772a81b730f15d1bd0f8fe2163e3e50c98d99c7):
+    # kv_cache_config {enable_block_reuse: false, free_gpu_memory_fraction: 0.8}, Eagle max_draft_len 3,
+    # trtllm-serve --tp_size 8 --ep_size 4 (8 GPUs); other TP sizes: EP = TP up to 4 (an assumption:
+    # the expert bytes per GPU are the same for any split of TP into moe_tp x moe_ep)
+    kv_free_gpu_memory_fraction=0.8,
+    kv_block_reuse=False,
+    moe_ep_for_tp={1: 1, 2: 2, 4: 4, 8: 4, 16: 4},
+    trtllm_source="tensorrt_llm/_torch/models/modeling_gpt_oss.py @ 050b6cb92871a4ed73486c5e5a573d4198d1a6d9",
+)
+
+FAMILIES: tuple[Family, ...] = (LLAMA, QWEN3, GPT_OSS)
+
+
+def family_named(name: str) -> Family:
+    return next(f for f in FAMILIES if f.name == name)
 
 
 def known_families() -> str:

@@ -59,6 +59,11 @@ class LlamaConfigFields(BaseModel):
     attention_bias: bool = False
     mlp_bias: bool = False
     quantization_config: dict[str, Any] | None = None
+    # mixture of experts and per-layer attention kinds (gpt-oss; convert/families.py names the fields)
+    num_local_experts: int | None = Field(None, gt=0)
+    num_experts_per_tok: int | None = Field(None, gt=0)
+    sliding_window: int | None = Field(None, gt=0)
+    layer_types: list[str] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "LlamaConfigFields":
@@ -68,6 +73,10 @@ class LlamaConfigFields(BaseModel):
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
                              f"{self.num_attention_heads} and head_dim is not given", "hidden_size")
+        if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"{len(self.layer_types)} entries for {self.num_hidden_layers} layers", "layer_types")
+        if self.num_experts_per_tok and self.num_local_experts and self.num_experts_per_tok > self.num_local_experts:
+            raise ValueError(f"{self.num_experts_per_tok} experts per token of {self.num_local_experts}", "num_experts_per_tok")
         ids = self.eos_token_id if isinstance(self.eos_token_id, list) else [self.eos_token_id]
         if any(i is not None and i < 0 for i in ids):
             raise ValueError(f"{self.eos_token_id} holds a negative id", "eos_token_id")

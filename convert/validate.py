@@ -338,8 +338,13 @@ def check_rope(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int, rep
     rep.ok("rope", f"draft {rope_params.describe(dp)}; target {rope_params.describe(tp)}")
 
 
-def check_dtypes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationReport) -> None:
-    if target.quantized:
+def check_dtypes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationReport, quant: str | None = None) -> None:
+    if target.quantized and quant == "native":
+        method = (read_json(Path(target.path) / "config.json").get("quantization_config") or {}).get("quant_method")
+        if method not in target.family_spec.native_quant_methods:
+            raise UserError(Path(target.path) / "config.json", f"--quant native: quant_method {method!r} is not a format {target.family} ships in",
+                            "pass the BF16/FP16 checkpoint and --quant fp8, nvfp4 or bf16")
+    elif target.quantized:
         raise UserError(Path(target.path) / "hf_quant_config.json", "target is already quantized", "pass the BF16/FP16 checkpoint; eagle3-trt quantizes it with ModelOpt")
     if target.torch_dtype is not None and target.torch_dtype not in SUPPORTED_DTYPES:
         raise UserError(f"{Path(target.path) / 'config.json'}:torch_dtype", f"{target.torch_dtype} not supported", f"use one of {', '.join(SUPPORTED_DTYPES)}")
@@ -422,12 +427,12 @@ def check_target_family(target: TargetInfo, rep: ValidationReport) -> None:
     rep.ok("target_family", f"{fam.name} ({target.architectures[0]}; {fam.trtllm_source}): {', '.join(quirks)}")
 
 
-def validate_pair(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int) -> ValidationReport:
+def validate_pair(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int, quant: str | None = None) -> ValidationReport:
     rep = ValidationReport()
     check_target_family(target, rep)
     check_target_weights(target, rep)
     check_target_tokenizer(target, rep)
-    check_dtypes(target, draft, rep)
+    check_dtypes(target, draft, rep, quant)
     check_tokenizers(target, draft, rep)
     check_shapes(target, draft, rep)
     check_aux_layers(target, draft, rep)

@@ -327,6 +327,9 @@ class TargetModel:
         p = next(self.hf.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.kv_scales: dict[int, tuple[float, float]] = {}  # FP8 KV cache emulation (see new_cache)
+        # sliding-window layers (gpt-oss: layer_types "sliding_attention", window sliding_window)
+        types = getattr(hf_model.config, "layer_types", None) or ()
+        self.sliding_window = int(getattr(hf_model.config, "sliding_window", 0) or 0) if "sliding_attention" in types else 0
         self.fake_quant_handles: list = []  # activation fake-quant hooks of a quantized checkpoint
 
     @property
@@ -356,7 +359,7 @@ class TargetModel:
         cfg = {k: v for k, v in config.items() if k not in ("quantization_config",)}
         family = family_of_config(cfg, "target config")
         hf_cfg = getattr(transformers, family.hf_config_class).from_dict(cfg)
-        hf_cfg._attn_implementation = attention_implementation()
+        hf_cfg._attn_implementation = family.attn_implementation or attention_implementation()
         weights, scales = split_quant_tensors(state_dict)
         # Build on the meta device (no random init of billions of weights), then assign the
         # checkpoint tensors; the rotary buffers are not in the checkpoint and are rebuilt.
@@ -456,10 +459,22 @@ class TargetModel:
 
     def _run(self, input_ids, position_ids, allowed, cache) -> tuple[torch.Tensor, torch.Tensor]:
         """(final-norm hidden states, concatenated aux states) of one pass."""
+        allowed = allowed.to(self.device)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~allowed.to(self.device), torch.finfo(self.dtype).min)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        attn_mask = mask[:, None]
+        if self.sliding_window:
+            # transformers takes an explicit 4D mask as it is, for every layer kind, so the window is
+            # applied here. A query's allowed columns are its ancestors, whose positions run 0..p in
+            # column order (the cache appends in position order, draft tokens after their parents):
+            # keys with p - p_k < W (transformers' sliding_window_overlay, TensorRT-LLM's
+            # attention_window_size) are its last W allowed columns
+            later = allowed.flip(-1).cumsum(-1).flip(-1)
+            win = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+            win.masked_fill_(~(allowed & (later <= self.sliding_window)), torch.finfo(self.dtype).min)
+            attn_mask = {"full_attention": attn_mask, "sliding_attention": win[:, None]}
         self._captured.clear()
-        out = self.hf.model(input_ids=input_ids.to(self.device), attention_mask=mask[:, None],
+        out = self.hf.model(input_ids=input_ids.to(self.device), attention_mask=attn_mask,
                             position_ids=position_ids.to(self.device), past_key_values=cache,
                             use_cache=cache is not None)
         h = out.last_hidden_state

@@ -157,7 +157,7 @@ def validate_cmd(target_dir: str, draft_dir: str, max_seq_len: int, as_json: boo
 @click.option("--target-gpu", default=None, help="GPU the bundle is for: h100, h200, b200, ... (default: detected GPU, else the preset's)")
 @click.option("--gpus", type=int, default=None, help="GPUs to plan for (default: the preset's)")
 @click.option("--tp", type=int, default=None, help="tensor-parallel size (default: the planner's choice)")
-@click.option("--quant", type=click.Choice(["fp8", "nvfp4", "bf16"]), default=None, help="target format (default: the preset's for the GPU generation)")
+@click.option("--quant", type=click.Choice(["fp8", "nvfp4", "bf16", "native"]), default=None, help="target format (default: the preset's for the GPU generation; native keeps an already-quantized target as shipped)")
 @click.option("--kv-cache", type=click.Choice(["fp8", "auto"]), default=None, help="KV cache format (default: the preset's)")
 @click.option("--quantize-draft", is_flag=True, help="quantize the draft head too (default: BF16 draft)")
 @click.option("--draft-quant", type=click.Choice(["fp8", "nvfp4"]), default=None, help="draft format with --quantize-draft (default: the target's)")
@@ -166,6 +166,8 @@ def validate_cmd(target_dir: str, draft_dir: str, max_seq_len: int, as_json: boo
 @click.option("--calib-max-length", type=click.IntRange(min=1), default=None,
               help="tokens per calibration prompt (at most the target's max_position_embeddings)")
 @click.option("--max-draft-len", type=int, default=None, help="draft length K (default: the preset's)")
+@click.option("--max-seq-len", type=click.IntRange(min=1), default=None,
+              help="tokens per sequence the bundle serves (default: the preset's; at most the target's max_position_embeddings)")
 @click.option("-o", "--out", default=None, help="bundle dir (default: engines/<preset>-<quant>-<gpu>)")
 @click.option("--force", is_flag=True, help="rebuild even when the inputs are unchanged")
 @click.option("--dry-run", is_flag=True, help="configs only: plan, validate and write options + manifest, no weights")
@@ -179,6 +181,10 @@ def engine_cmd(model: str | None, preset_file: str | None, as_json: bool, **kw) 
         raise UserError("--model/--preset-file", "both given", "pass a registry preset name (--model) or a preset file (--preset-file), not both")
     # the preset first: a name outside the registry is refused before a GPU is probed or a file read
     preset = load_preset_file(Path(preset_file)) if preset_file else load_preset(model or "tiny")
+    if (max_seq_len := kw.pop("max_seq_len")) is not None:
+        # the one fact the preset holds that a build may override; everything downstream (plan,
+        # validation, options, fingerprint) reads it from the preset
+        preset = preset.model_copy(update={"max_seq_len": max_seq_len})
     if kw["target_gpu"] is None:
         kw["target_gpu"] = _detected_gpu()
     req = EngineRequest(preset=preset, **kw)

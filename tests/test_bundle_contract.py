@@ -170,7 +170,7 @@ def _edit_manifest(b: Path, change) -> None:
     (lambda m: m.update(max_draft_len=3), "manifest.json:max_draft_len", "Extra inputs are not permitted"),
     (lambda m: m["quant"].update(kv_cache="fp8"), "manifest.json:quant.kv_cache", "Extra inputs are not permitted"),
     (lambda m: m["target_gpu"].update(sm="ninety"), "manifest.json:target_gpu.sm", "valid integer"),
-    (lambda m: m["quant"].update(target="int4"), "manifest.json:quant.target", "'fp8', 'nvfp4' or 'bf16'"),
+    (lambda m: m["quant"].update(target="int4"), "manifest.json:quant.target", "'fp8', 'nvfp4', 'bf16' or 'native'"),
     (lambda m: m.pop("sources"), "manifest.json:sources", "Field required"),
     (lambda m: m.update(schema=1), "manifest.json:schema", "schema 1"),
 ])

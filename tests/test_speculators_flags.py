@@ -68,3 +68,21 @@ def test_speculators_flag_must_be_boolean(tiny_pair, capsys):
     rc = main(["validate", "--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1])])
     _, err = capsys.readouterr()
     assert rc == 2 and "config.json:norm_output" in err and "Traceback" not in err
+
+
+def test_dry_run_reads_a_speculators_head_like_a_real_build(tiny_pair, tmp_path, capsys):
+    """The dry run parses the head's config with the loader's own code (nested layer config, vLLM
+    aux ids one above TensorRT-LLM's, unsorted ids served sorted): it used to read the top level by
+    hand and refuse every speculators head ("vocab_size: None")."""
+    _to_speculators(tiny_pair[1])
+    c = json.loads((tiny_pair[1] / "config.json").read_text())
+    c["eagle_aux_hidden_state_layer_ids"] = [5, 2, 7]  # vLLM ids: inputs of layers 5, 2, 7
+    (tiny_pair[1] / "config.json").write_text(json.dumps(c))
+    outs = {}
+    for mode in ("--dry-run", None):
+        out = tmp_path / f"b{mode is None}"
+        argv = ["engine", "--model", "tiny", "--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1]), "-o", str(out)]
+        assert main(argv + ([mode] if mode else [])) == 0, capsys.readouterr().err
+        outs[mode] = (out / "llm_api_options.yaml").read_text()
+    for text in outs.values():
+        assert "eagle3_layers_to_capture:\n  - 1\n  - 4\n  - 6\n" in text.replace("    ", "  ")
