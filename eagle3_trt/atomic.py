@@ -385,6 +385,25 @@ def _cannot_write(dest: Path, e: OSError) -> UserError | None:
     return None
 
 
+def check_writable(dest: Path) -> None:
+    """Refuse, before any long work, a destination ``staged_dir``/``write_*`` could not write: its
+    nearest existing ancestor must be a directory this process may create entries in. Nothing is
+    created (a probe directory would be a half-written trace if the work is then interrupted)."""
+    dest = Path(dest).absolute()
+    p = dest.parent
+    while not os.path.lexists(p):
+        p = p.parent
+    if not p.is_dir():
+        raise UserError(dest, f"{p} is not a directory", "pass an output path whose parent is a directory")
+    if not os.access(p, os.W_OK | os.X_OK):
+        try:
+            ro = os.statvfs(p).f_flag & os.ST_RDONLY
+        except OSError:
+            ro = False
+        why = "read-only file system" if ro else "permission denied"
+        raise UserError(dest, f"cannot write in {p} ({why})", "pass an output path you can write to")
+
+
 # ---------------------------------------------------------------- lock
 
 

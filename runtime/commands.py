@@ -11,7 +11,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from eagle3_trt.atomic import staged_dir
+from eagle3_trt.atomic import check_writable, staged_dir
 from eagle3_trt.build import bundle as bundle_format
 from eagle3_trt.build.bundle import Bundle, open_bundle
 from eagle3_trt.build.gpus import get_gpu
@@ -252,11 +252,12 @@ def alpha_cmd(bundle: str, prompts_file: str, reference_bundle: str | None, bf16
     """Measure acceptance (alpha) of BUNDLE's quantized pair on your prompts, per category, vs BF16."""
     err = Console(stderr=True)
     open_bundle(Path(bundle))  # a one-line error before any model is loaded
+    dest = Path(out) if out else Path("reports") / f"alpha-{Path(bundle).resolve().name}"
+    check_writable(dest)  # not after an hour of measuring a 70B pair
     report = run_alpha(Path(bundle), Path(prompts_file), reference_bundle=Path(reference_bundle) if reference_bundle else None,
                        bf16=bf16, max_tokens=max_tokens, limit=limit, turns=turns, max_draft_len=max_draft_len,
                        method=method, device=device, batch_size=batch_size, concurrency=concurrency,
                        progress=lambda m: err.print(f"[dim]{m}[/]"), sweep=parse_sweep(sweep), chat_template=chat_template)
-    dest = Path(out) if out else Path("reports") / f"alpha-{Path(bundle).resolve().name}"
     write_report(report, dest)
     if as_json:
         click.echo(json.dumps(report, indent=1))

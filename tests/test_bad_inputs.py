@@ -515,6 +515,10 @@ CASES: list[Case] = [
          make=write("p.jsonl", GOOD_PROMPTS)),
     Case("alpha-not-a-bundle", ("alpha", "{t}", "--prompts", "{w}/p.jsonl"), 2, r"target/manifest\.json: file not found",
          make=write("p.jsonl", GOOD_PROMPTS)),
+    # the output is checked before the measurement (here on a dry-run bundle, which the measurement
+    # itself would refuse: the output error coming first shows the order)
+    Case("alpha-out-under-a-file", ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "-o", "{w}/f/report"), 2,
+         r"f/report: .*/f is not a directory", make=lambda c: (write("f", "x")(c), write("p.jsonl", GOOD_PROMPTS)(c))),
     Case("alpha-prompts-missing", ("alpha", "{b}", "--prompts", "{w}/none.jsonl"), 2, r"none\.jsonl: prompt file not found"),
     Case("alpha-prompts-bad-json", ("alpha", "{b}", "--prompts", "{w}/p.jsonl"), 2, r"p\.jsonl:2: not valid JSON",
          make=write("p.jsonl", GOOD_PROMPTS + "{oops\n")),
