@@ -32,8 +32,8 @@ from pathlib import Path
 
 from eagle3_trt.atomic import make_dirs, write_json
 from eagle3_trt.errors import UserError
+from eagle3_trt.procs import HOST, group_alive, pid_alive, port_is_free
 
-HOST = "127.0.0.1"
 DEFAULT_STATE_DIR = Path(".serve-dynamo")
 # Not Triton's 8000: `eagle3-trt serve` and `serve-dynamo` with their defaults run side by side
 # (the same port as the Makefile's DYNAMO_PORT and the README's curl example).
@@ -84,37 +84,6 @@ class Deployment:
             return cls(**{**d, "frontend": Proc(**d["frontend"]), "workers": [Proc(**w) for w in d["workers"]]})
         except (ValueError, KeyError, TypeError) as e:
             raise UserError(p, f"unreadable ({e})", f"remove {state_dir} after checking no Dynamo process is left") from None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)  # our own child: reap it if it exited
-        if done:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, parent not reaping) is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return True
-
-
-def port_is_free(port: int) -> bool:
-    """Nothing listens on HOST:port (SO_REUSEADDR, as the servers set it: a TIME_WAIT left by a
-    previous run does not count)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
 
 
 # Dynamo 1.6.1 parses DYN_SYSTEM_PORT as an i16 ("invalid value unsigned int `32937`, expected i16
@@ -293,16 +262,6 @@ class StopResult:
     killed: list[str]
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stop(dep: Deployment, timeout_s: float = STOP_TIMEOUT_S) -> StopResult:
     """SIGTERM every process group (workers first, so the frontend sees them leave), SIGKILL what is
     left after ``timeout_s``; then remove the discovery store and the state file."""
@@ -316,7 +275,7 @@ def stop(dep: Deployment, timeout_s: float = STOP_TIMEOUT_S) -> StopResult:
     end = time.monotonic() + timeout_s
     pending = list(order)
     while pending and time.monotonic() < end:
-        pending = [p for p in pending if p.alive() or _group_alive(p.pid)]
+        pending = [p for p in pending if p.alive() or group_alive(p.pid)]
         if pending:
             time.sleep(0.2)
     for p in order:
@@ -329,7 +288,7 @@ def stop(dep: Deployment, timeout_s: float = STOP_TIMEOUT_S) -> StopResult:
         else:
             res.stopped.append(p.role)
     deadline = time.monotonic() + 10
-    while any(p.alive() or _group_alive(p.pid) for p in pending) and time.monotonic() < deadline:
+    while any(p.alive() or group_alive(p.pid) for p in pending) and time.monotonic() < deadline:
         time.sleep(0.1)
     shutil.rmtree(dep.discovery_dir, ignore_errors=True)
     (Path(dep.state_dir) / STATE_FILE).unlink(missing_ok=True)

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.procs import pid_alive
 
 DIR_MODE = 0o755
 FILE_MODE = 0o644
@@ -179,16 +180,6 @@ def _signals_held() -> Iterator[None]:
 # ---------------------------------------------------------------- file system helpers
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    return True
-
-
 def _remove(p: Path) -> None:
     if p.is_dir() and not p.is_symlink():
         shutil.rmtree(p, ignore_errors=True)
@@ -216,7 +207,7 @@ def remove_stale_staging(dest: Path) -> list[Path]:
             if not e.name.startswith(prefix):
                 continue
             pid = e.name[len(prefix):].split("-", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 p = Path(e.path)
                 _remove(p)
                 removed.append(p)

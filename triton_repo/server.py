@@ -39,9 +39,9 @@ from pathlib import Path
 
 from eagle3_trt.atomic import FILE_MODE, make_dirs, staged_dir, write_json
 from eagle3_trt.errors import UserError
+from eagle3_trt.procs import HOST, group_alive, pid_alive, port_is_free
 from eagle3_trt.triton_repo.package import check_repository, package_import_root
 
-HOST = "127.0.0.1"
 STATE_FILE = "server.json"
 DEFAULT_STATE_DIR = Path(".serve")
 SHM_DIR = Path("/dev/shm")
@@ -132,16 +132,6 @@ def _venv_includes_system_site() -> bool:
     return False
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
 def free_ports(n: int) -> list[int]:
     socks, ports = [], []
     try:
@@ -193,22 +183,7 @@ class ServerHandle:
             raise UserError(path, "no server recorded here", "start one with `eagle3-trt serve REPO`") from None
 
     def alive(self) -> bool:
-        return _pid_alive(self.pid)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours still answers kill(0): reap it if it is ours.
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        return True
+        return pid_alive(self.pid)
 
 
 def log_errors(log_file: Path, tail: int = 25) -> str:
@@ -364,7 +339,7 @@ def stop_server(handle: ServerHandle, timeout_s: float = STOP_TIMEOUT_S, shm_dir
     """SIGTERM the server (it unloads models, stubs exit), then SIGKILL its process group if it
     hangs; then remove its shared-memory regions. Truthy when a running server was stopped."""
     pid = handle.pid
-    was_alive = _pid_alive(pid)
+    was_alive = pid_alive(pid)
     killed = False
     if was_alive:
         try:
@@ -372,32 +347,24 @@ def stop_server(handle: ServerHandle, timeout_s: float = STOP_TIMEOUT_S, shm_dir
         except ProcessLookupError:
             pass
         deadline = time.monotonic() + timeout_s
-        while _pid_alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _pid_alive(pid):
+        if pid_alive(pid):
             killed = True
             try:
                 os.killpg(pid, signal.SIGKILL)  # the group started with the server: stubs included
             except (ProcessLookupError, PermissionError):
                 pass
             deadline = time.monotonic() + 5
-            while _pid_alive(pid) and time.monotonic() < deadline:
+            while pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
     # The stubs exit after the server; give them a moment before looking for their regions.
     deadline = time.monotonic() + 5
-    while _group_alive(pid) and time.monotonic() < deadline:
+    while group_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     removed = remove_shm_regions(handle.shm_prefix, shm_dir) if handle.shm_prefix else ()
     _forget(Path(handle.state_dir))
     return StopResult(pid, was_alive, killed, removed)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
 
 
 def stop_recorded(state_dir: Path = DEFAULT_STATE_DIR, timeout_s: float = STOP_TIMEOUT_S) -> StopResult | None:
