@@ -1,15 +1,19 @@
 """The Dynamo launchers every bundle carries: shell syntax, a dry run of the worker command, flags that
 agree with the options file, flag names the installed dynamo.trtllm/frontend define, and a
-Kubernetes manifest whose standard objects validate with kubernetes-validate."""
+Kubernetes manifest that validates against the DynamoGraphDeployment CRD's schema (vendored in
+tests/data/dynamo, see SOURCE.md there) and whose standard objects validate with kubernetes-validate."""
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -19,6 +23,8 @@ from eagle3_trt.dynamo_serving.commands import serve_dynamo_cmd
 from eagle3_trt.triton_repo.commands import serve_cmd
 
 SCRIPTS = (dl.SCRIPT, dl.DISAGG_SCRIPT)
+# The v1alpha1 openAPIV3Schema of ai-dynamo/dynamo's DynamoGraphDeployment CRD, descriptions stripped.
+DGD_SCHEMA = Path(__file__).resolve().parent / "data" / "dynamo" / "dynamographdeployment.schema.json"
 
 
 def test_bundle_carries_dynamo_launchers(fp8_bundle):
@@ -110,9 +116,7 @@ def test_k8s_manifest(fp8_bundle):
     doc = yaml.safe_load((fp8_bundle / "launch" / dl.K8S_MANIFEST).read_text())
     assert doc["apiVersion"] == "nvidia.com/v1alpha1" and doc["kind"] == "DynamoGraphDeployment"
     spec = doc["spec"]
-    # Fields and types as the DynamoGraphDeployment CRD defines them (deploy/cloud/helm/crds/templates/
-    # nvidia.com_dynamographdeployments.yaml in ai-dynamo/dynamo): backendFramework is an enum,
-    # replicas int32, resources.limits.gpu a string.
+    # The values this bundle needs (the CRD schema itself is checked in test_k8s_manifest_matches_dynamo_crd_schema).
     assert spec["backendFramework"] in {"sglang", "vllm", "trtllm"}
     opts = read_options(fp8_bundle)
     for name, svc in spec["services"].items():
@@ -141,3 +145,89 @@ def test_serve_dynamo_default_port_is_the_makefiles_and_not_tritons():
     make_port = next(int(line.split("?=")[1]) for line in makefile.splitlines() if line.startswith("DYNAMO_PORT"))
     assert _default(serve_dynamo_cmd, "http_port") == make_port
     assert _default(serve_dynamo_cmd, "http_port") not in {_default(serve_cmd, n) for n in ("http_port", "grpc_port", "metrics_port")}
+
+
+# --- The DynamoGraphDeployment against the CRD's own schema -------------------------------------------------------
+
+def _as_json_schema(node):
+    """The CRD's structural schema as plain JSON Schema (draft 4, which OpenAPI v3 schemas follow), with
+    the Kubernetes extensions jsonschema does not know spelled out: x-kubernetes-int-or-string accepts
+    an integer or a string, nullable accepts null. Unknown keywords (x-kubernetes-validations CEL rules,
+    list/map types) are ignored by jsonschema and by this check."""
+    if isinstance(node, list):
+        return [_as_json_schema(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: (_as_json_schema(v) if k in ("items", "additionalProperties", "not", "anyOf", "allOf", "oneOf")
+               else {n: _as_json_schema(x) for n, x in v.items()} if k == "properties" else v) for k, v in node.items()}
+    if out.get("x-kubernetes-int-or-string"):
+        out["type"] = ["integer", "string"]
+    if out.get("nullable") and "type" in out:
+        out["type"] = [*([out["type"]] if isinstance(out["type"], str) else out["type"]), "null"]
+    return out
+
+
+def _undeclared(obj, schema, path="") -> list[str]:
+    """Paths in obj that the schema does not declare. The API server prunes such fields silently instead
+    of rejecting them, so a misspelled field would pass JSON Schema validation and then vanish."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if isinstance(obj, list):
+        return [p for i, x in enumerate(obj) for p in _undeclared(x, schema.get("items", {}), f"{path}[{i}]")]
+    if not isinstance(obj, dict):
+        return []
+    props, extra = schema.get("properties", {}), schema.get("additionalProperties", False)
+    bad = []
+    for key, value in obj.items():
+        sub = props.get(key, extra)
+        if sub is False:
+            bad.append(f"{path}.{key}")
+        elif isinstance(sub, dict):
+            bad += _undeclared(value, sub, f"{path}.{key}")
+    return bad
+
+
+# metadata is `type: object` in every CRD schema; the API server checks it as ObjectMeta.
+_OBJECT_META = {"name", "namespace", "labels", "annotations"}
+
+
+def _dgd_problems(doc: dict) -> list[str]:
+    schema = json.loads(DGD_SCHEMA.read_text())
+    validator = jsonschema.Draft4Validator(_as_json_schema(schema))
+    problems = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+    problems += [f".metadata.{k}: not ObjectMeta" for k in set(doc.get("metadata", {})) - _OBJECT_META]
+    return problems + _undeclared({k: v for k, v in doc.items() if k != "metadata"}, schema)
+
+
+def test_k8s_manifest_matches_dynamo_crd_schema(fp8_bundle):
+    docs = list(yaml.safe_load_all((fp8_bundle / "launch" / dl.K8S_MANIFEST).read_text()))
+    (doc,) = [d for d in docs if d.get("kind") == "DynamoGraphDeployment"]
+    assert doc["apiVersion"] == "nvidia.com/v1alpha1"  # the version the vendored schema is
+    assert _dgd_problems(doc) == []
+
+
+@pytest.mark.parametrize("mutate,expect", [
+    (lambda s: s["services"]["TRTLLMWorker"].update(replica=s["services"]["TRTLLMWorker"].pop("replicas")),
+     ".spec.services.TRTLLMWorker.replica"),                                    # misspelled: would be pruned
+    (lambda s: s["services"]["Frontend"]["extraPodSpec"]["mainContainer"].update(volumeMount=[]),
+     ".spec.services.Frontend.extraPodSpec.mainContainer.volumeMount"),         # misspelled, deep in the PodSpec
+    (lambda s: s["services"]["TRTLLMWorker"].update(replicas="1"), "is not of type 'integer'"),
+    (lambda s: s.update(backendFramework="tensorrt"), "is not one of"),
+    (lambda s: s["services"]["TRTLLMWorker"]["resources"]["limits"].update(gpu=1), "is not of type 'string'"),
+    (lambda s: s["services"]["Frontend"]["extraPodSpec"]["mainContainer"]["ports"][0].pop("containerPort"),
+     "'containerPort' is a required property"),
+    (lambda s: s["services"]["Frontend"]["extraPodSpec"]["mainContainer"].update(resources={"limits": {"cpu": [2]}}),
+     "is not of type 'integer', 'string'"),                                     # Quantity: int-or-string
+])
+def test_dgd_schema_check_can_fail(fp8_bundle, mutate, expect):
+    doc = yaml.safe_load((fp8_bundle / "launch" / dl.K8S_MANIFEST).read_text())
+    bad = copy.deepcopy(doc)
+    mutate(bad["spec"])
+    problems = _dgd_problems(bad)
+    assert any(expect in p for p in problems), problems
+
+
+def test_int_or_string_fields_take_both():
+    ok = {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment", "metadata": {"name": "x"},
+          "spec": {"services": {"W": {"extraPodSpec": {"mainContainer": {"name": "main", "resources": {"limits": {"cpu": 2, "memory": "1Gi"}}}}}}}}
+    assert _dgd_problems(ok) == []
