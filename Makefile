@@ -8,8 +8,9 @@
 #               UNARY=1 adds a non-decoupled <name>_unary twin (HTTP /infer, gRPC ModelInfer), UNARY=only
 #               makes the one model non-decoupled (upstream llmapi's default); make stop
 #   make serve-dynamo [BUNDLE=dir] [WORKERS=2] [DYNAMO_PORT=8080]: NVIDIA Dynamo (OpenAI API); make status-dynamo, make stop
-#   make bench-serving [PROMPTS=file] [CONCURRENCY=1,4,16,64]: rollout benchmark against the server
-#   make bench-aiperf  [BUNDLE=dir]: eagle3-trt bench vs NVIDIA AIPerf (own server, C=1,8), side by side
+#   make bench-serving [PROMPTS=file] [CONCURRENCY=1,4,16,64] [OPENAI_URL=http://127.0.0.1:8080/v1]: rollout benchmark
+#     against Triton, or with OPENAI_URL against an OpenAI endpoint (the Dynamo frontend of make serve-dynamo)
+#   make bench-aiperf  [BUNDLE=dir] [DYNAMO=1]: eagle3-trt bench vs NVIDIA AIPerf (own Triton, or Dynamo with 2 workers; C=1,8)
 #   make bench-overhead [BUNDLE=dir] [ROUNDS=5]: ITL through Triton vs the runtime called directly
 PY      ?= python3
 VENV    ?= .venv
@@ -125,7 +126,7 @@ stop: $(STAMP)
 	@rc=0; $(BIN)/eagle3-trt stop || rc=$$?; $(BIN)/eagle3-trt stop-dynamo || rc=$$?; exit $$rc
 
 bench-serving: $(STAMP)
-	$(BIN)/eagle3-trt bench --prompts $(PROMPTS) --concurrency $(CONCURRENCY)
+	$(BIN)/eagle3-trt bench --prompts $(PROMPTS) --concurrency $(CONCURRENCY) $(if $(OPENAI_URL),--openai-url $(OPENAI_URL))
 
 # --- NVIDIA Dynamo: OpenAI frontend + WORKERS reference-runtime workers on 127.0.0.1 (file discovery) ---
 WORKERS     ?= 2
@@ -159,8 +160,9 @@ $(AIPERF_VENV)/bin/aiperf:
 	$(PY) -m venv $(AIPERF_VENV)
 	$(AIPERF_VENV)/bin/pip install -q '$(AIPERF_SPEC)'
 
-bench-aiperf: $(STAMP) $(AIPERF_VENV)/bin/aiperf
-	$(BIN)/python benchmarks/compare_aiperf.py --aiperf $(AIPERF_VENV)/bin/aiperf --concurrency 1,8 --rounds 2 $(BENCH_BUNDLE_ARG)
+bench-aiperf: $(STAMP) $(AIPERF_VENV)/bin/aiperf $(if $(filter 1,$(DYNAMO)),$(DYNAMO_STAMP))
+	$(BIN)/python benchmarks/compare_aiperf.py --aiperf $(AIPERF_VENV)/bin/aiperf --concurrency 1,8 --rounds 2 $(BENCH_BUNDLE_ARG) \
+	  $(if $(filter 1,$(DYNAMO)),--dynamo)
 
 bench-overhead: $(STAMP)
 	$(BIN)/python benchmarks/bench_serving_overhead.py --rounds $(ROUNDS) $(BENCH_BUNDLE_ARG)

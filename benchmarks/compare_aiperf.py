@@ -19,8 +19,18 @@ Both sides are put on AIPerf's definitions so that the comparison is like for li
 Without --url it builds the tiny FP8 bundle (or takes --bundle), packages it and starts a real
 tritonserver on 127.0.0.1 with free ports, as benchmarks/bench_serving_overhead.py does.
 
+Dynamo mode (``--dynamo``): the same against NVIDIA Dynamo's OpenAI frontend (``eagle3-trt
+serve-dynamo``; started here with ``--workers`` workers unless ``--openai-url`` names a running one):
+the bench's speculation-on arm through ``OpenAIClient`` (``/v1/chat/completions``, the frontend
+applies the chat template) against AIPerf's ``chat`` endpoint type with the same raw prompts,
+``max_tokens`` and greedy sampling. AIPerf cannot read ``nvext``, so acceptance length is taken for
+both sides from the workers' Prometheus counters around each run (output tokens / target forwards,
+prefill included: the definition of the responses' ``acceptance_length``), and for the bench also
+from its responses.
+
     .venv/bin/python benchmarks/compare_aiperf.py [--bundle DIR] [--concurrency 1,8] [--requests 16] \
         [--max-tokens 48] [--rounds 1] [--aiperf .venv-aiperf/bin/aiperf] [--json out.json]
+    .venv/bin/python benchmarks/compare_aiperf.py --dynamo [--workers 2] [--openai-url URL --dynamo-state-dir DIR] ...
 """
 
 from __future__ import annotations
@@ -42,7 +52,11 @@ from eagle3_trt.build.builder import EngineRequest, build_bundle  # noqa: E402 -
 from eagle3_trt.build.presets import load_preset  # noqa: E402
 from eagle3_trt.clients.bench import BenchConfig, run_arm  # noqa: E402
 from eagle3_trt.clients.chat import PromptFormatter  # noqa: E402
+from eagle3_trt.clients.prom import scrape  # noqa: E402
 from eagle3_trt.convert.prompts import load_prompts  # noqa: E402
+from eagle3_trt.dynamo_serving.launcher import Deployment, free_port  # noqa: E402
+from eagle3_trt.dynamo_serving.launcher import start as start_dynamo  # noqa: E402
+from eagle3_trt.dynamo_serving.launcher import stop as stop_dynamo  # noqa: E402
 from eagle3_trt.triton_repo.package import package_bundle  # noqa: E402
 from eagle3_trt.triton_repo.server import free_ports, start_server, stop_server  # noqa: E402
 
@@ -61,11 +75,15 @@ def median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def bench_side(url: str, model: str, prompts: list[str], c: int, n: int, max_tokens: int, http: bool = False) -> dict:
+def bench_side(url: str, model: str, prompts: list[str], c: int, n: int, max_tokens: int, http: bool = False,
+               endpoint: str = "triton") -> dict:
     cfg = BenchConfig(url=url, model=model, prompts=prompts, concurrency=[c], max_tokens=max_tokens,
-                      requests_per_level=n, max_requests=n, warmup=0, http=http)
+                      requests_per_level=n, max_requests=n, warmup=0, http=http, endpoint=endpoint)
     recs, wall = run_arm(cfg, c, True)
     ok = [r for r in recs if r.ok]
+    # Acceptance length over the run, tokens per target forward (prefill included): forwards = n / AL per request.
+    fwd = sum(round(r.n_tokens / r.acceptance_length) for r in ok if r.acceptance_length)
+    al = sum(r.n_tokens for r in ok if r.acceptance_length) / fwd if fwd else None
     itl_req = [(r.latency_s - r.ttft_s) / (r.n_tokens - 1) for r in ok if r.n_tokens > 1]
     per_token = sorted(x for r in ok for x in r.itl_samples())
     tokens = sum(r.n_tokens for r in ok)
@@ -73,7 +91,51 @@ def bench_side(url: str, model: str, prompts: list[str], c: int, n: int, max_tok
             "ttft_mean_ms": mean([r.ttft_s * 1e3 for r in ok]), "ttft_p50_ms": median([r.ttft_s * 1e3 for r in ok]),
             "itl_mean_ms": mean([x * 1e3 for x in itl_req]), "itl_p50_ms": median([x * 1e3 for x in itl_req]),
             "itl_per_token_p50_ms": median([x * 1e3 for x in per_token]),
-            "output_tokens_per_s": tokens / wall if wall > 0 else None}
+            "output_tokens_per_s": tokens / wall if wall > 0 else None, "al_responses": al}
+
+
+# ---- Dynamo / OpenAI mode ------------------------------------------------------------------------
+def worker_counters(dep: Deployment) -> dict[str, float]:
+    """The eagle3_* counters summed over the deployment's workers (their /metrics)."""
+    out: dict[str, float] = {}
+    for w in dep.workers:
+        for (name, _labels), v in scrape(f"http://127.0.0.1:{w.port}/metrics").items():
+            if name in ("eagle3_output_tokens_total", "eagle3_target_forwards_total", "eagle3_draft_tokens_total",
+                        "eagle3_accepted_draft_tokens_total"):
+                out[name] = out.get(name, 0.0) + v
+    return out
+
+
+def with_metrics_al(dep: Deployment, fn) -> dict:
+    """Run ``fn()`` and add the acceptance length the workers' counters saw during it."""
+    before = worker_counters(dep)
+    res = fn()
+    after = worker_counters(dep)
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    fwd = d.get("eagle3_target_forwards_total", 0.0)
+    res["al_metrics"] = d.get("eagle3_output_tokens_total", 0.0) / fwd if fwd else None
+    res["server_output_tokens"] = d.get("eagle3_output_tokens_total")
+    return res
+
+
+def aiperf_chat_side(aiperf: str, base_url: str, model: str, tokenizer: Path, prompts_file: Path, max_tokens: int, c: int, n: int,
+                     out: Path, reuse: str = "never") -> dict:
+    """AIPerf's OpenAI ``chat`` endpoint type (messages; the frontend applies the chat template).
+
+    ``reuse`` is AIPerf's --connection-reuse-strategy. Its default, ``pooled``, against Dynamo 1.6.1's
+    frontend on loopback delays the first byte of every response on a reused connection by 20-30 ms
+    and delivers the events in 2-3 bursts (AIPerf's own per-request ``http_req_waiting`` and
+    ``http_req_chunks_received``; seen here at C=1 with 16-token answers: TTFT 43-52 ms against 19-29 ms on a fresh
+    connection, ITL 0.5-1 ms against 2.7 ms), the pattern of Nagle's algorithm meeting delayed ACKs on
+    a keep-alive socket; the bench's HTTP client (Python's http.client sends headers and body in one
+    write) does not see it. ``never`` (a new connection per request) measures the server instead."""
+    extra = json.dumps({"max_tokens": max_tokens, "temperature": 0})
+    cmd = [aiperf, "profile", "--model", model, "--url", base_url, "--endpoint-type", "chat", "--streaming",
+           "--extra-inputs", extra, "--input-file", str(prompts_file), "--custom-dataset-type", "single_turn",
+           "--dataset-sampling-strategy", "sequential", "--tokenizer", str(tokenizer), "--concurrency", str(c),
+           "--request-count", str(n), "--output-artifact-dir", str(out), "--ui-type", "none", "--no-auto-plot",
+           "--workers-max", str(max(1, min(c, 4))), "--connection-reuse-strategy", reuse]
+    return _run_aiperf(cmd, out)
 
 
 def aiperf_side(aiperf: str, http_url: str, model: str, tokenizer: Path, prompts_file: Path, template_file: Path, c: int, n: int,
@@ -84,6 +146,10 @@ def aiperf_side(aiperf: str, http_url: str, model: str, tokenizer: Path, prompts
            "--input-file", str(prompts_file), "--custom-dataset-type", "single_turn", "--dataset-sampling-strategy", "sequential",
            "--tokenizer", str(tokenizer), "--concurrency", str(c), "--request-count", str(n),
            "--output-artifact-dir", str(out), "--ui-type", "none", "--no-auto-plot", "--workers-max", str(max(1, min(c, 4)))]
+    return _run_aiperf(cmd, out)
+
+
+def _run_aiperf(cmd: list[str], out: Path) -> dict:
     t0 = time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     took = time.monotonic() - t0
@@ -139,6 +205,71 @@ def table(c: int, g: dict, h: dict, a: dict) -> str:
     return "\n".join(lines)
 
 
+ROWS_OPENAI = (("TTFT mean (ms)", "ttft_mean_ms"), ("TTFT p50 (ms)", "ttft_p50_ms"), ("ITL mean (ms)", "itl_mean_ms"),
+               ("ITL p50 (ms)", "itl_p50_ms"), ("output tok/s", "output_tokens_per_s"), ("output tokens", "output_tokens"),
+               ("AL, worker metrics", "al_metrics"), ("AL, responses", "al_responses"), ("requests (errors)", "requests"))
+
+
+def table_openai(c: int, b: dict, a: dict) -> str:
+    """bench over the OpenAI endpoint vs AIPerf's chat endpoint, same frontend."""
+    lines = [f"concurrency {c}", f"  {'':30s} {'bench':>9s} {'AIPerf':>9s} {'bench/AIPerf':>13s}"]
+    for label, k in ROWS_OPENAI:
+        if k == "requests":
+            cells = [f"{d.get(k) or 0:.0f} ({d.get('errors') or 0:.0f})" for d in (b, a)]
+            lines.append(f"  {label:30s} {cells[0]:>9s} {cells[1]:>9s}")
+            continue
+        x, y = b.get(k), a.get(k)
+        lines.append(f"  {label:30s} {'-' if x is None else f'{x:.2f}':>9s} {'-' if y is None else f'{y:.2f}':>9s} {_diff(x, y):>13s}")
+    return "\n".join(lines)
+
+
+def main_dynamo(args, aiperf: str, tmp: Path) -> int:
+    bundle = args.bundle
+    dep = None
+    started = False
+    if args.openai_url is None:
+        bundle = bundle or build_bundle(EngineRequest(preset=load_preset("tiny"), target_gpu="h100", out=str(tmp / "bundle"))).bundle
+        dep = start_dynamo(bundle, workers=args.workers, state_dir=tmp / "dynamo", http_port=free_port(), torch_threads=args.threads,
+                           model_name=args.model)
+        started = True
+    else:
+        dep = Deployment.load(args.dynamo_state_dir)
+        if dep is None or dep.url.rstrip("/") != args.openai_url.rstrip("/"):
+            print(f"--openai-url: no serve-dynamo deployment at {args.openai_url} recorded in {args.dynamo_state_dir} "
+                  "(its workers' metrics give the acceptance length)", file=sys.stderr)
+            return 2
+        bundle = bundle or Path(dep.bundle)
+    results = []
+    try:
+        prompts = load_prompts(args.prompts)[: args.num_prompts]
+        prompts_file = tmp / "prompts.jsonl"
+        prompts_file.write_text("".join(json.dumps({"text": p}) + "\n" for p in prompts))
+        tokenizer = Path(bundle) / "tokenizer"
+        base = dep.url[: -len("/v1")]
+        bench_side(dep.url, args.model, prompts, 1, 2, 8, endpoint="openai")  # warm-up
+        for c in [int(x) for x in args.concurrency.split(",")]:
+            n = max(args.requests, c)
+            b_rounds, a_rounds = [], []
+            for i in range(args.rounds):  # alternate, so drift on a shared machine hits both alike
+                b_rounds.append(with_metrics_al(dep, lambda: bench_side(dep.url, args.model, prompts, c, n, args.max_tokens, endpoint="openai")))
+                a_rounds.append(with_metrics_al(dep, lambda: aiperf_chat_side(aiperf, base, args.model, tokenizer, prompts_file,
+                                                                              args.max_tokens, c, n, tmp / f"aiperf-c{c}-r{i}",
+                                                                              args.aiperf_connection_reuse)))
+            b, a = combine(b_rounds), combine(a_rounds)
+            results.append({"concurrency": c, "requests": n, "bench_openai": b, "aiperf_chat": a,
+                            "rounds": {"bench_openai": b_rounds, "aiperf_chat": a_rounds}})
+            print(table_openai(c, b, a), flush=True)
+    finally:
+        if started:
+            stop_dynamo(dep)
+    out = {"server": "dynamo", "workers": len(dep.workers), "bundle": str(bundle), "max_tokens": args.max_tokens, "rounds": args.rounds,
+           "prompts": len(prompts), "results": results}
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    print("goal: TTFT, ITL, throughput and AL within 10 %; see README 'Serving with Dynamo'")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", type=Path, default=None)
@@ -154,6 +285,12 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the served reference runtime")
     ap.add_argument("--aiperf", default=str(ROOT / ".venv-aiperf" / "bin" / "aiperf"))
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--dynamo", action="store_true", help="against NVIDIA Dynamo's OpenAI frontend instead of Triton")
+    ap.add_argument("--openai-url", default=None, help="--dynamo: a running serve-dynamo frontend (http://host:port/v1)")
+    ap.add_argument("--dynamo-state-dir", type=Path, default=Path(".serve-dynamo"), help="--dynamo with --openai-url: its state dir")
+    ap.add_argument("--workers", type=int, default=2, help="--dynamo without --openai-url: workers to start")
+    ap.add_argument("--aiperf-connection-reuse", default="never", choices=["never", "pooled"],
+                    help="--dynamo: AIPerf's --connection-reuse-strategy (see aiperf_chat_side for why never)")
     args = ap.parse_args()
 
     aiperf = args.aiperf if Path(args.aiperf).exists() else shutil.which("aiperf")
@@ -161,6 +298,8 @@ def main() -> int:
         print("aiperf not found: `make bench-aiperf` installs it into .venv-aiperf (pip install 'eagle3-trt[bench]')", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="e3-aiperf-"))
+    if args.dynamo:
+        return main_dynamo(args, aiperf, tmp)
     server = None
     bundle = args.bundle
     if args.url is None:

@@ -1,8 +1,9 @@
 """The rollout benchmark: speculation on vs off against one server, per concurrency level.
 
 For each concurrency C (in order) and each arm (speculation on, then off), C worker threads
-each hold one gRPC stream and send streaming requests until the level's request budget is
-spent. Client-side timestamps give TTFT, ITL and latency; the final response's perf
+each hold one connection (a gRPC stream to Triton, or an HTTP session to an OpenAI-compatible
+endpoint such as NVIDIA Dynamo's frontend: ``open_client``) and send streaming requests until
+the level's request budget is spent. Client-side timestamps give TTFT, ITL and latency; the final response's perf
 outputs give alpha and AL per request; the model's Prometheus counters, read before and
 after each run, give the server-side alpha, AL and per-position acceptance.
 
@@ -31,6 +32,7 @@ from pathlib import Path
 from eagle3_trt import __version__
 from eagle3_trt.build.bundle import open_bundle
 from eagle3_trt.clients.llm_client import GenerationParams, LLMClient, Timed
+from eagle3_trt.clients.openai_client import OpenAIClient
 from eagle3_trt.clients.prom import SpecCounters, read_counters
 from eagle3_trt.errors import UserError
 
@@ -200,12 +202,13 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def describe_environment(client: LLMClient, bundle: str | None = None) -> dict:
+def describe_environment(client: LLMClient | OpenAIClient, bundle: str | None = None) -> dict:
     """What the numbers were measured on: server, model parameters, bundle fingerprint, versions.
 
     ``bundle``: the bundle directory if it is on this machine (default: the one the server reports)."""
     env: dict = {"client": {"eagle3_trt": __version__, "tritonclient": _dist_version("tritonclient"), "python": platform.python_version(),
-                            "host": platform.node()}}
+                            "host": platform.node()},
+                 "server_kind": client.server_kind}
     try:
         env["server"] = client.server_metadata()
     except Exception as e:  # noqa: BLE001 - recorded, not fatal: the benchmark itself does not need it
@@ -320,10 +323,26 @@ class BenchConfig:
     baseline_model: str | None = None  # A/B via a second model instead of the request switch
     timeout_s: float = 600.0
     http: bool = False  # HTTP generate_stream (server-sent events) instead of one gRPC stream per worker
+    # "triton": the eagle3 model on Triton (url = host:port); "openai": an OpenAI-compatible endpoint,
+    # NVIDIA Dynamo's frontend (url = http://host:port/v1), speculation off per request by annotation
+    endpoint: str = "triton"
+    chat: bool = True  # openai: /v1/chat/completions with the server's chat template; False: /v1/completions, raw text
+    system: str | None = None  # openai + chat: system message
+    bundle: str | None = None  # openai: the served bundle's path, when known (for the report)
 
     def budget(self, c: int) -> int:
         n = self.requests_per_level if self.requests_per_level else max(c, self.min_requests)
         return max(1, min(n, self.max_requests))
+
+
+def open_client(cfg: BenchConfig, model: str | None = None) -> LLMClient | OpenAIClient:
+    """The client for ``cfg.endpoint``: both have the same stream/generate interface and Chunk fields."""
+    model = model or cfg.model
+    if cfg.endpoint == "openai":
+        return OpenAIClient(cfg.url, model=model, timeout_s=cfg.timeout_s, chat=cfg.chat, system=cfg.system, bundle=cfg.bundle)
+    if cfg.endpoint != "triton":
+        raise UserError("endpoint", f"'{cfg.endpoint}' is not one of triton, openai")
+    return LLMClient(cfg.url, model=model, timeout_s=cfg.timeout_s, http=cfg.http)
 
 
 def run_arm(cfg: BenchConfig, concurrency: int, speculative: bool, on_done: Callable[[], None] = lambda: None,
@@ -341,7 +360,7 @@ def run_arm(cfg: BenchConfig, concurrency: int, speculative: bool, on_done: Call
     records: list[RequestRecord] = []
 
     def worker() -> None:
-        client = LLMClient(cfg.url, model=model, timeout_s=cfg.timeout_s, http=cfg.http)
+        client = open_client(cfg, model)
         try:
             while True:
                 with lock:
@@ -441,7 +460,7 @@ def run_bench(cfg: BenchConfig, alpha_threshold: float = DEFAULT_ALPHA_THRESHOLD
             metrics_ok = False
 
     if cfg.warmup:
-        with LLMClient(cfg.url, model=cfg.model, timeout_s=cfg.timeout_s, http=cfg.http) as c:
+        with open_client(cfg) as c:
             for i in range(cfg.warmup):
                 c.generate(cfg.prompts[i % len(cfg.prompts)], GenerationParams(max_tokens=min(8, cfg.max_tokens)), stream=True)
 

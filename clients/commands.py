@@ -14,11 +14,14 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from eagle3_trt.clients.bench import BenchConfig, describe_environment, parse_concurrency, run_bench
+from eagle3_trt.clients.bench import BenchConfig, describe_environment, open_client, parse_concurrency, run_bench
 from eagle3_trt.clients.chat import PromptFormatter
 from eagle3_trt.clients.llm_client import GenerationParams, LLMClient, Result, ServerError
+from eagle3_trt.clients.openai_client import normalize_openai_url
 from eagle3_trt.clients.report import write_report
 from eagle3_trt.convert.prompts import load_prompts
+from eagle3_trt.dynamo_serving.launcher import DEFAULT_STATE_DIR as DYNAMO_STATE_DIR
+from eagle3_trt.dynamo_serving.launcher import Deployment
 from eagle3_trt.errors import GateFailed, UserError
 
 STATE_FILE = Path(".serve") / "server.json"
@@ -61,14 +64,25 @@ def is_loopback(url: str) -> bool:
             return False
 
 
+def dynamo_bundle(openai_url: str, state_dir: Path = DYNAMO_STATE_DIR) -> str | None:
+    """The bundle `eagle3-trt serve-dynamo` serves at ``openai_url`` (from its state file), if it recorded one."""
+    try:
+        dep = Deployment.load(state_dir)
+    except UserError:
+        return None
+    return dep.bundle if dep is not None and normalize_openai_url(dep.url) == normalize_openai_url(openai_url) else None
+
+
 def check_model(client) -> None:
     """Fail early, with the reason, when the server or the model is not there."""
     try:
         client.model_config()
     except Exception as e:
         msg = str(e.message() if hasattr(e, "message") else e).splitlines()[0]
-        raise UserError("--url", f"model '{client.model}' at {client.url} is not reachable: {msg}",
-                        "is the server running (`eagle3-trt serve REPO`) and the model name right (--model)?") from None
+        dynamo = client.server_kind == "dynamo"
+        raise UserError("--openai-url" if dynamo else "--url", f"model '{client.model}' at {client.url} is not reachable: {msg}",
+                        f"is the server running (`eagle3-trt {'serve-dynamo BUNDLE' if dynamo else 'serve REPO'}`) "
+                        "and the model name right (--model)?") from None
 
 
 def make_formatter(client, bundle: Path | None, raw: bool, system: str | None):
@@ -194,30 +208,54 @@ def generate_cmd(prompt: str, url: str | None, model: str, bundle: Path | None, 
 @click.option("-o", "--out", "out", type=click.Path(path_type=Path), default=None, help="report folder (default reports/bench-<time>)")
 @click.option("--fail-on-gate", is_flag=True, help="exit with code 3 when the gate fails")
 @click.option("--allow-remote", is_flag=True, help="allow a server that is not on this machine (default: loopback only)")
+@click.option("--openai-url", default=None,
+              help="bench an OpenAI-compatible endpoint instead of Triton: NVIDIA Dynamo's frontend "
+                   "(`eagle3-trt serve-dynamo`), e.g. http://127.0.0.1:8080/v1; the chat template is applied by the server "
+                   "(--no-chat-template: raw text to /v1/completions)")
 def bench_cmd(url: str | None, model: str, bundle: Path | None, raw: bool, system: str | None, state_dir: Path, prompts_file: Path,
               concurrency: str, requests_per_level: int | None, max_requests: int, max_tokens: int, temperature: float | None,
               metrics_url: str | None, baseline_model: str | None, alpha_threshold: float, itl_tolerance: float, warmup: int,
-              out: Path | None, fail_on_gate: bool, allow_remote: bool) -> None:
-    """Rollout benchmark: TTFT, ITL, throughput, alpha and AL with speculation on vs off; report + gate verdict."""
+              out: Path | None, fail_on_gate: bool, allow_remote: bool, openai_url: str | None) -> None:
+    """Rollout benchmark: TTFT, ITL, throughput, alpha and AL with speculation on vs off; report + gate verdict.
+
+    Against Triton (--url, default) or an OpenAI endpoint (--openai-url: Dynamo); one loop, one report."""
     levels = parse_concurrency(concurrency)
-    url, metrics_url = resolve_urls(url, False, metrics_url, state_dir)
+    if openai_url is not None:
+        if url is not None:
+            raise UserError("--openai-url", "give --url (Triton) or --openai-url (OpenAI / Dynamo), not both")
+        if metrics_url is not None:
+            raise UserError("--metrics-url", "is read with Triton's metric names; with --openai-url alpha and AL come from the "
+                            "responses (nvext.engine_data.eagle3)", "drop --metrics-url")
+        url = normalize_openai_url(openai_url)
+        # --state-dir (hidden) names Triton's state by default; for Dynamo it may name serve-dynamo's
+        served_bundle = str(bundle.resolve()) if bundle else dynamo_bundle(url, DYNAMO_STATE_DIR if state_dir == Path(".serve") else state_dir)
+    else:
+        url, metrics_url = resolve_urls(url, False, metrics_url, state_dir)
     if not allow_remote:
         for name, u in (("--url", url), ("--metrics-url", metrics_url)):
             if u is not None and not is_loopback(u):
                 raise UserError(name, f"{u} is not a loopback address; the benchmark is a load generator",
                                 "run it on the server's machine, or pass --allow-remote for a server you operate")
     prompts = load_prompts(prompts_file)
-    with LLMClient(url, model=model) as client:
+    if openai_url is not None:
+        # The frontend applies the model's chat template (the bundle's); the prompts go as user messages.
+        cfg = BenchConfig(url=url, model=model, prompts=prompts, concurrency=levels, max_tokens=max_tokens,
+                          requests_per_level=requests_per_level, max_requests=max_requests, warmup=warmup,
+                          temperature=temperature, baseline_model=baseline_model, endpoint="openai", chat=not raw,
+                          system=system, bundle=served_bundle)
+    else:
+        cfg = BenchConfig(url=url, model=model, prompts=prompts, concurrency=levels, max_tokens=max_tokens,
+                          requests_per_level=requests_per_level, max_requests=max_requests, warmup=warmup,
+                          temperature=temperature, metrics_url=metrics_url, baseline_model=baseline_model)
+    with open_client(cfg) as client:
         check_model(client)
-        fmt = make_formatter(client, bundle, raw, system)
+        if openai_url is None:
+            fmt = make_formatter(client, bundle, raw, system)
+            cfg.prompts = [fmt(p) for p in prompts]
         environment = describe_environment(client, str(bundle) if bundle else None)
     if baseline_model:
-        with LLMClient(url, model=baseline_model) as client:
+        with open_client(cfg, baseline_model) as client:
             check_model(client)
-    prompts = [fmt(p) for p in prompts]
-    cfg = BenchConfig(url=url, model=model, prompts=prompts, concurrency=levels, max_tokens=max_tokens,
-                      requests_per_level=requests_per_level, max_requests=max_requests, warmup=warmup,
-                      temperature=temperature, metrics_url=metrics_url, baseline_model=baseline_model)
     console = Console(stderr=True)
     total = sum(2 * cfg.budget(c) for c in levels)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -176,6 +176,8 @@ def _scalar(v):
 class LLMClient:
     """One connection (one gRPC stream at a time); use one client per thread."""
 
+    server_kind = "triton"  # what the bench's report names (OpenAIClient: "dynamo")
+
     def __init__(self, url: str = "127.0.0.1:8001", model: str = "eagle3", http: bool = False, timeout_s: float = 600.0):
         self.http = http
         self.url = normalize_url(url, http)

@@ -99,11 +99,15 @@ def _samples(run: BenchRun, n: int = 3, chars: int = 300) -> list[str]:
 def markdown(run: BenchRun) -> str:
     g = run.gate
     cfg = run.config
+    openai = cfg.get("endpoint") == "openai"
+    switch = ("the `eagle3_speculative=false` request annotation (`nvext.annotations`)" if openai
+              else "the `speculative_decoding` request input")
+    kind = ("Dynamo (OpenAI API, " + ("/v1/chat/completions" if cfg.get("chat", True) else "/v1/completions") + ")") if openai else "Triton"
     lines = [
         "# EAGLE-3 rollout benchmark",
         "",
-        f"Server `{cfg['url']}`, model `{cfg['model']}`"
-        + (f" (baseline model `{cfg['baseline_model']}`)" if cfg.get("baseline_model") else " (speculation off via the `speculative_decoding` request input)")
+        f"Server: {kind} `{cfg['url']}`, model `{cfg['model']}`"
+        + (f" (baseline model `{cfg['baseline_model']}`)" if cfg.get("baseline_model") else f" (speculation off via {switch})")
         + f"; {cfg['num_prompts']} prompts, max_tokens {cfg['max_tokens']}, took {run.took_s:.1f} s.",
         "",
         *_environment_lines(run.environment),

@@ -16,6 +16,13 @@ Per-request speculative statistics go out twice:
     (Dynamo's system server, ``DYN_SYSTEM_PORT``), bridged with
     ``dynamo.common.backend.metrics.register_engine_registry``.
 
+Per request, speculation is switched off with the annotation ``eagle3_speculative=false``
+(``"nvext": {"annotations": ["eagle3_speculative=false"]}``): the frontend's ``nvext`` accepts no
+other free-form field (unknown keys are a 400), and it forwards ``nvext.annotations`` unchanged
+as the request's ``annotations`` (seen with Dynamo 1.6.1). It maps to the ``eagle3_speculative``
+sampling flag the Triton model's ``speculative_decoding`` input sets, so A/B runs (``eagle3-trt
+bench --openai-url``) switch the same thing on both serving paths.
+
 Requests the reference runtime cannot honour (n > 1, beam search, guided decoding, penalties,
 min_tokens, ignore_eos, logprobs, echo, a prompt plus max_tokens over the bundle's max_seq_len) are refused with
 ``InvalidArgument`` naming the field, which the frontend answers as a 4xx; none is ignored.
@@ -51,6 +58,9 @@ DEFAULT_MODEL_NAME = "eagle3"
 METRIC_PREFIX = "eagle3_"
 
 # Sampling options the reference runtime implements; everything else must be absent or neutral.
+# The per-request speculation switch carried in ``annotations`` (see the module docstring).
+SPECULATION_ANNOTATION = "eagle3_speculative"
+
 _NEUTRAL = {"n": (None, 1), "best_of": (None, 1), "use_beam_search": (None, False), "repetition_penalty": (None, 1.0),
             "min_p": (None, 0.0), "length_penalty": (None, 1.0), "guided_decoding": (None,)}
 
@@ -151,6 +161,20 @@ class Eagle3ReferenceEngine(LLMEngine):
         register_engine_registry(metrics, self.metrics.registry, prefix_filters=[METRIC_PREFIX])
 
     # -- request mapping --------------------------------------------------------------------------
+    @staticmethod
+    def request_speculative(request: dict[str, Any]) -> bool:
+        """False when the request carries ``eagle3_speculative=false``; a malformed value is refused
+        rather than read as "on", so a typo cannot silently turn an A/B baseline into speculation."""
+        speculative = True
+        for a in request.get("annotations") or []:
+            name, sep, value = str(a).partition("=")
+            if name != SPECULATION_ANNOTATION:
+                continue  # the frontend's own annotations and anything else are not ours
+            if not sep or value.lower() not in ("true", "false"):
+                raise InvalidArgument(f"annotation {a!r}: expected {SPECULATION_ANNOTATION}=true or {SPECULATION_ANNOTATION}=false")
+            speculative = value.lower() == "true"
+        return speculative
+
     def sampling_params(self, request: dict[str, Any]) -> SamplingParams:
         """Dynamo's PreprocessedRequest (sampling_options, stop_conditions) -> SamplingParams."""
         so = request.get("sampling_options") or {}
@@ -190,7 +214,8 @@ class Eagle3ReferenceEngine(LLMEngine):
                                   top_k=int(top_k) if top_k is not None and top_k > 0 else None, seed=so.get("seed"),
                                   stop=list(sc.get("stop") or []) or None,
                                   frequency_penalty=float(so.get("frequency_penalty") or 0.0),
-                                  presence_penalty=float(so.get("presence_penalty") or 0.0), return_perf_metrics=True)
+                                  presence_penalty=float(so.get("presence_penalty") or 0.0), return_perf_metrics=True,
+                                  eagle3_speculative=self.request_speculative(request))
         except ValueError as e:  # SamplingParams names the field it refuses
             raise InvalidArgument(str(e)) from None
 
@@ -215,7 +240,7 @@ class Eagle3ReferenceEngine(LLMEngine):
                         out.abort()
                     continue
                 reason = c.finish_reason or "stop"
-                stats = speculative_stats(c.request_perf_metrics, sent, self.speculation)
+                stats = speculative_stats(c.request_perf_metrics, sent, self.speculation and sp.eagle3_speculative)
                 self.metrics.record(reason, sent, stats)
                 yield {"token_ids": new, "index": 0, "finish_reason": reason,
                        "completion_usage": {"prompt_tokens": len(ids), "completion_tokens": sent, "total_tokens": len(ids) + sent},
