@@ -30,7 +30,7 @@ from eagle3_trt import __version__
 from eagle3_trt.atomic import remove_stale_staging, staged_dir, write_json
 from eagle3_trt.build import bundle as fmt
 from eagle3_trt.build import gpus
-from eagle3_trt.build.llm_options import CudaGraphOptions, Eagle3Options, KvCacheOptions, LlmApiOptions
+from eagle3_trt.build.llm_options import CudaGraphOptions, Eagle3Options, KvCacheOptions, LlmApiOptions, MoeOptions
 from eagle3_trt.build.planner import make_plan as plan_deployment
 from eagle3_trt.build.presets import Preset, resolve_source
 from eagle3_trt.convert import export, quantize
@@ -150,6 +150,7 @@ def llm_options(req: EngineRequest, kv: str, k: int, aux: tuple[int, ...], aux_d
         kv_cache_config=KvCacheOptions(dtype="fp8" if kv == "fp8" else "auto", free_gpu_memory_fraction=plan.free_gpu_memory_fraction,
                                        enable_block_reuse=plan.kv_block_reuse),
         cuda_graph_config=CudaGraphOptions(batch_sizes=batches, max_batch_size=max(batches), enable_padding=plan.cuda_graph_padding),
+        moe_config=MoeOptions(backend=plan.moe_backend) if plan.moe_backend else None,
         speculative_config=Eagle3Options(
             max_draft_len=k,
             speculative_model="draft",
@@ -184,6 +185,14 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
     gpu = gpus.get_gpu(req.target_gpu or preset.default_gpu)
     quant = resolve_quant(req, gpu)
     kv = req.kv_cache or preset.kv_cache_dtype
+    if quant in ("bf16", "native") and kv == "fp8":
+        # An FP8 KV cache needs k/v scales, which only ModelOpt's calibration writes (fp8/nvfp4 builds):
+        # without them TensorRT-LLM would run an FP8 cache the reference runtime cannot reproduce, so these
+        # builds keep the KV cache in the checkpoint's dtype (TensorRT-LLM's gpt-oss guide sets no KV dtype)
+        if req.kv_cache:
+            raise UserError("--kv-cache", f"fp8 with --quant {quant}: an FP8 KV cache needs calibrated k/v scales, which only an "
+                            "fp8/nvfp4 build writes", "drop --kv-cache (the cache stays in the checkpoint's dtype) or build with --quant fp8")
+        kv = "auto"
     gpus.check_kv_for_gpu(kv, gpu, "--kv-cache")
     draft_quant = (req.draft_quant or quant) if req.quantize_draft else "bf16"
     if req.quantize_draft:

@@ -68,6 +68,12 @@ class CudaGraphOptions(_Strict):
         return self
 
 
+class MoeOptions(_Strict):
+    # MoeConfig.backend's values (tensorrt_llm/llmapi/llm_args.py @ 0004396720054fd8; default AUTO there, CUTLASS in older releases)
+    backend: Literal["AUTO", "CUTLASS", "CUTEDSL", "TRTLLM", "DEEPGEMM", "DENSEGEMM", "VANILLA", "TRITON", "MARLIN",
+                     "MEGAMOE_DEEPGEMM", "MEGAMOE_CUTEDSL"] = Field("AUTO", description="MoE kernels")
+
+
 class LlmApiOptions(_Strict):
     model: str = Field("target", description="quantized target checkpoint dir")
     tokenizer: str | None = Field("target", description="tokenizer dir")
@@ -85,6 +91,7 @@ class LlmApiOptions(_Strict):
     disable_overlap_scheduler: bool = False
     kv_cache_config: KvCacheOptions = KvCacheOptions()
     cuda_graph_config: CudaGraphOptions | None = CudaGraphOptions()
+    moe_config: MoeOptions | None = Field(None, description="MoE targets: the kernels (None: TensorRT-LLM's default)")
     speculative_config: Eagle3Options
     return_perf_metrics: bool = True
 

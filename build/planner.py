@@ -400,10 +400,8 @@ class Plan:
     moe_tp: int = 0
     experts_per_gpu: int = 0
     expert_bytes_per_gpu: int = 0  # inside target_weight_bytes_per_gpu
-    # sliding-window layers: their KV per token and the tokens each keeps per sequence
-    kv_bytes_per_token_window: int = 0
-    window_tokens_per_sequence: int = 0
     kv_block_reuse: bool = True
+    moe_backend: str | None = None  # moe_config.backend (the family's table by GPU generation; None: TensorRT-LLM's default)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -427,17 +425,6 @@ class _Budget:
     kv_cache: int
     kv_tokens: int
     sequences: int
-    kv_window: int = 0  # per token, sliding-window layers
-    window_tokens: int = 0  # tokens of KV each sliding-window layer keeps per sequence
-
-
-def window_tokens_per_sequence(sliding_window: int, max_seq_len: int, max_draft_len: int) -> int:
-    """KV tokens a sliding-window layer keeps for one sequence: the window plus the K draft tokens
-    being verified, in whole blocks, plus one block because the window starts mid-block; never more
-    than the full sequence. (TensorRT-LLM sizes one KV pool per attention window, max_attention_window
-    per layer; this is the per-sequence share of the window pool.)"""
-    full = math.ceil((max_seq_len + max_draft_len) / TOKENS_PER_BLOCK)
-    return min(full, math.ceil((sliding_window + max_draft_len) / TOKENS_PER_BLOCK) + 1) * TOKENS_PER_BLOCK
 
 
 def _budget(
@@ -457,8 +444,14 @@ def _budget(
 ) -> _Budget:
     weights = target_weight_bytes(p, quant, tp, pp)
     draft_bytes = _draft_weight_bytes(draft)
-    kv_t = kv_bytes_per_token(math.ceil(s.layers / pp) - s.window_layers, s.kv_heads, s.head_dim, kv_dtype, tp)
-    kv_w = kv_bytes_per_token(s.window_layers, s.kv_heads, s.head_dim, kv_dtype, tp) if s.window_layers else 0
+    # Sliding-window layers (gpt-oss) cost as much KV as full ones: with no kv_cache_config.max_attention_window
+    # (our options and TensorRT-LLM's gpt-oss guide set none) the KV cache manager gives every layer
+    # max_seq_len (KVCacheManager: ``max_attention_window_vec = [max_seq_len]``, tensorrt_llm/_torch/pyexecutor/
+    # resource_manager.py @ 001541ba); the window is applied only inside attention (modeling_gpt_oss.py @
+    # 050b6cb9, attention_window_size). Setting max_attention_window would not hold more full-length
+    # sequences either: the VSWA pools split the memory equally per window size (calculate_max_num_blocks_for_vswa,
+    # same file), so the full-attention half bounds the sequences exactly as here.
+    kv_t = kv_bytes_per_token(math.ceil(s.layers / pp), s.kv_heads, s.head_dim, kv_dtype, tp)
     # The draft's layer lives in the same KV pool and takes the target's KV format: its kv_cache_quant_algo
     # is overwritten with the target's [SpecDecOneEngineForCausalLM.__init__, NVIDIA/TensorRT-LLM
     # tensorrt_llm/_torch/models/modeling_speculative.py].
@@ -470,16 +463,7 @@ def _budget(
     blocks = kv_cache // block
     # Each sequence also holds its K draft tokens' KV while they are verified.
     blocks_per_seq = math.ceil((max_seq_len + max_draft_len) / TOKENS_PER_BLOCK)
-    if not kv_w:
-        return _Budget(weights, draft_bytes, kv_t, kv_d, reserve, kv_cache, blocks * TOKENS_PER_BLOCK, blocks // blocks_per_seq)
-    # sliding-window layers keep only their window per sequence: a sequence of max_seq_len costs the
-    # full layers' (and the draft's) KV for every token plus the window layers' KV for its window
-    win = window_tokens_per_sequence(s.sliding_window, max_seq_len, max_draft_len)
-    per_seq = block * blocks_per_seq + kv_w * win
-    sequences = kv_cache // per_seq
-    # tokens of max_seq_len-long sequences the cache holds, in whole blocks
-    tokens = kv_cache * blocks_per_seq // per_seq * TOKENS_PER_BLOCK
-    return _Budget(weights, draft_bytes, kv_t, kv_d, reserve, kv_cache, tokens, sequences, kv_w, win)
+    return _Budget(weights, draft_bytes, kv_t, kv_d, reserve, kv_cache, blocks * TOKENS_PER_BLOCK, blocks // blocks_per_seq)
 
 
 def graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
@@ -654,9 +638,8 @@ def make_plan(
         moe_tp=t // ep if ep else 0,
         experts_per_gpu=s.experts // ep if ep else 0,
         expert_bytes_per_gpu=expert_bytes,
-        kv_bytes_per_token_window=final.kv_window,
-        window_tokens_per_sequence=final.window_tokens,
         kv_block_reuse=fam.kv_block_reuse,
+        moe_backend=fam.moe_backend.get(gpu.generation) if s.experts else None,
     )
 
 
@@ -720,8 +703,9 @@ def _notes(
     if quant == "native" and p is not None:
         notes.append(f"--quant native: experts kept in the shipped {p.native_format} format, attention/router/embedding/lm_head BF16 as shipped")
     if s.window_layers:
-        notes.append(f"{s.window_layers} of {s.layers} layers use a {s.sliding_window}-token sliding window: each keeps KV for its "
-                     f"window (in whole blocks, with the draft tokens) per sequence, not for {max_seq_len} tokens")
+        notes.append(f"{s.window_layers} of {s.layers} layers use a {s.sliding_window}-token sliding window; TensorRT-LLM still gives "
+                     f"them KV for {max_seq_len} tokens (no max_attention_window is set; VSWA's equal pool split would hold "
+                     "no more full-length sequences), so the plan counts every layer in full")
     if quant == "bf16" and kv_dtype == "fp8":
         notes.append("FP8 KV cache with BF16 weights: no calibration step, so KV scales are 1.0 (fp8_cast)")
     if tp_chosen:
@@ -774,8 +758,6 @@ def format_plan(plan: Plan) -> str:
         f"EAGLE-3 hidden {_gb(r.eagle3_hidden)}, logits {_gb(r.logits)}, CUDA graphs {_gb(r.cuda_graphs)}",
         f"  KV cache    {plan.kv_bytes_per_token / KIB:g} KiB/token/GPU (target {plan.kv_bytes_per_token_target / KIB:g} + draft "
         f"{plan.kv_bytes_per_token_draft / KIB:g})"
-        + (f" + window layers {plan.kv_bytes_per_token_window / KIB:g} KiB/token for {plan.window_tokens_per_sequence} tokens per sequence"
-           if plan.kv_bytes_per_token_window else "")
         + f"; {plan.free_gpu_memory_fraction:g} of the rest = {_gb(plan.kv_cache_bytes_per_gpu)} "
         f"-> {plan.kv_tokens:,} tokens = {plan.sequences_at_max_seq_len} sequences of {plan.max_seq_len} per instance",
         f"  runtime     max_batch_size {plan.max_batch_size}, max_num_tokens {plan.max_num_tokens}, "

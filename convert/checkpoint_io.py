@@ -132,4 +132,5 @@ def tensor_shapes(ckpt_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
 
 def _st_dtype(code: str) -> str:
     return {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F8_E4M3": "float8_e4m3fn", "U8": "uint8",
-            "I64": "int64", "I32": "int32", "BOOL": "bool", "I8": "int8"}.get(code, code.lower())
+            "I64": "int64", "I32": "int32", "BOOL": "bool", "I8": "int8",
+            "I16": "int16", "F64": "float64"}.get(code, code.lower())

@@ -2,6 +2,8 @@
 
 Used by the reference runtime (so measured acceptance reflects the quantized weights) and
 by tests that bound the quantization error. Layouts, as ModelOpt exports them:
+- MXFP4 (gpt-oss experts as shipped, ``quant_method: mxfp4``): ``<proj>_blocks``/``<proj>_scales``,
+  dequantized by convert/mxfp4.py into the dense ``<proj>`` transformers' GptOssExperts holds.
 - FP8: ``weight`` float8_e4m3fn, ``weight_scale`` FP32 per tensor; W = w * weight_scale.
 - NVFP4: ``weight`` uint8 [out, in/2], two E2M1 codes per byte (low nibble = even column),
   ``weight_scale`` float8_e4m3fn [out, in/16], ``weight_scale_2`` FP32 per tensor;
@@ -16,18 +18,11 @@ from pathlib import Path
 
 import torch
 
+from eagle3_trt.convert import mxfp4
 from eagle3_trt.convert.checkpoint_io import iter_tensors, read_json, weight_files
+from eagle3_trt.convert.nvfp4_cpu import unpack_e2m1
 
-E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 SCALE_SUFFIXES = ("weight_scale", "weight_scale_2", "input_scale", "k_scale", "v_scale", "pre_quant_scale")
-
-
-def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
-    """uint8 [..., n/2] -> float32 [..., n] (low nibble first)."""
-    lo = (packed & 0x0F).long()
-    hi = (packed >> 4).long()
-    codes = torch.stack([lo, hi], dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
-    return E2M1_VALUES[codes]
 
 
 def dequant_fp8(weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
@@ -48,7 +43,11 @@ def quant_algo(ckpt_dir: Path) -> str | None:
     if hq.is_file():
         return read_json(hq).get("quantization", {}).get("quant_algo")
     qc = read_json(ckpt_dir / "config.json").get("quantization_config")
-    return qc.get("quant_algo") if isinstance(qc, dict) else None
+    if not isinstance(qc, dict):
+        return None
+    # ModelOpt writes quant_algo; a checkpoint shipped quantized (gpt-oss) names its quant_method
+    algo = qc.get("quant_algo") or qc.get("quant_method")
+    return str(algo).upper() if algo else None
 
 
 def load_checkpoint_dequantized(ckpt_dir: Path, dtype: torch.dtype = torch.bfloat16):
@@ -60,6 +59,8 @@ def load_checkpoint_dequantized(ckpt_dir: Path, dtype: torch.dtype = torch.bfloa
     for f in weight_files(ckpt_dir):
         raw.update(iter_tensors(f))
     algo = quant_algo(ckpt_dir)
+    if mxfp4.is_mxfp4(raw):  # gpt-oss experts as shipped: dense [E, in, out] (weights-only; activations stay unquantized)
+        raw = mxfp4.dense_experts(raw)
     out: dict[str, torch.Tensor] = {}
     act_scales: dict[str, float] = {}
     for name, t in raw.items():

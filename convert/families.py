@@ -46,6 +46,40 @@ EAGLE3_DEFAULT_NUM_AUX = 3
 # aux-layer default rules by name (a family names one; a new rule is one more entry)
 AUX_RULES = {"trtllm_default": trtllm_default_aux_layers}
 
+# ---- the tensors of one decoder layer, as data ------------------------------------------------
+# Shapes are written in symbols of config.json: H hidden_size, I intermediate_size, D head_dim,
+# N attention heads, Q = N x D, KV = kv heads x D, E experts; "2I", "H/32", "I/32" and integer
+# literals too (``layer_shape_symbols``). convert/validate.py checks every layer of a checkpoint's
+# safetensors headers against its family's table before anything is loaded.
+Shape = tuple[str, ...]
+NORMS: dict[str, Shape] = {"input_layernorm.weight": ("H",), "post_attention_layernorm.weight": ("H",)}
+ATTENTION: dict[str, Shape] = {"self_attn.q_proj.weight": ("Q", "H"), "self_attn.k_proj.weight": ("KV", "H"),
+                               "self_attn.v_proj.weight": ("KV", "H"), "self_attn.o_proj.weight": ("H", "Q")}
+ATTENTION_BIAS: dict[str, Shape] = {"self_attn.q_proj.bias": ("Q",), "self_attn.k_proj.bias": ("KV",),
+                                    "self_attn.v_proj.bias": ("KV",), "self_attn.o_proj.bias": ("H",)}
+DENSE_MLP: dict[str, Shape] = {"mlp.gate_proj.weight": ("I", "H"), "mlp.up_proj.weight": ("I", "H"), "mlp.down_proj.weight": ("H", "I")}
+QK_NORM: dict[str, Shape] = {"self_attn.q_norm.weight": ("D",), "self_attn.k_norm.weight": ("D",)}
+# gpt-oss MoE as transformers writes it in BF16 (GptOssTopKRouter, GptOssExperts: x @ W, gate/up interleaved)
+GPT_OSS_MOE: dict[str, Shape] = {"self_attn.sinks": ("N",), "mlp.router.weight": ("E", "H"), "mlp.router.bias": ("E",),
+                                 "mlp.experts.gate_up_proj": ("E", "H", "2I"), "mlp.experts.gate_up_proj_bias": ("E", "2I"),
+                                 "mlp.experts.down_proj": ("E", "I", "H"), "mlp.experts.down_proj_bias": ("E", "H")}
+# ... and as openai/gpt-oss-{20b,120b} ship it (convert/mxfp4.py: uint8 blocks [E, out, in/32, 16] and
+# E8M0 scales [E, out, in/32]): each dense expert matrix replaced by its two tensors
+GPT_OSS_MXFP4: dict[str, dict[str, Shape]] = {
+    "mlp.experts.gate_up_proj": {"mlp.experts.gate_up_proj_blocks": ("E", "2I", "H/32", "16"), "mlp.experts.gate_up_proj_scales": ("E", "2I", "H/32")},
+    "mlp.experts.down_proj": {"mlp.experts.down_proj_blocks": ("E", "H", "I/32", "16"), "mlp.experts.down_proj_scales": ("E", "H", "I/32")},
+}
+
+
+def layer_shape_symbols(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, experts: int) -> dict[str, int]:
+    """The values of the symbols the layer tables use, for one config."""
+    return {"H": hidden, "I": intermediate, "2I": 2 * intermediate, "D": head_dim, "N": heads, "Q": heads * head_dim,
+            "KV": kv_heads * head_dim, "E": experts, "H/32": hidden // 32, "I/32": intermediate // 32}
+
+
+def resolve_shape(shape: Shape, symbols: dict[str, int]) -> tuple[int, ...]:
+    return tuple(symbols[d] if d in symbols else int(d) for d in shape)
+
 
 class Family(BaseModel):
     """One target family's differences from a plain Llama decoder, as data."""
@@ -63,9 +97,11 @@ class Family(BaseModel):
     # head_dim when config.json omits it: None = hidden_size // num_attention_heads (Llama);
     # transformers' Qwen3Config defaults to 128 whatever the hidden size (4.57.3 and 5.x, checked)
     default_head_dim: int | None = None
-    # Tensors of the last decoder layer a complete checkpoint has (besides q_proj), each with the
-    # shape config.json implies: "head_dim" -> (head_dim,)
-    layer_norm_tensors: tuple[str, ...] = ()
+    # Every tensor of one decoder layer of a complete checkpoint, with its shape in symbols (table above)
+    layer_tensors: dict[str, Shape] = {**ATTENTION, **DENSE_MLP, **NORMS}
+    # A natively quantized checkpoint (--quant native): per quant_method, the layer tensors it ships in
+    # place of a dense one (dense name -> {shipped name: shape})
+    native_layer_tensors: dict[str, dict[str, dict[str, Shape]]] = {}
     # ModelOpt quantizer patterns to disable beyond the ones every family gets (lm_head, embeddings)
     quant_exclude: tuple[str, ...] = ()
     # config.json flags this family's TensorRT-LLM model does not implement: refused when truthy (flag -> why)
@@ -87,6 +123,8 @@ class Family(BaseModel):
     kv_block_reuse: bool = True  # TensorRT-LLM's KvCacheConfig default
     # MoE expert parallelism for a TP size (moe_expert_parallel_size; the rest of tp is moe_tp_size)
     moe_ep_for_tp: dict[int, int] = {}
+    # moe_config.backend by GPU generation (none: TensorRT-LLM's default, "AUTO")
+    moe_backend: dict[str, str] = {}
     trtllm_source: str = Field(description="the TensorRT-LLM model file this entry was checked against")
 
     def default_aux_layers(self, num_layers: int) -> tuple[int, ...]:
@@ -99,6 +137,15 @@ class Family(BaseModel):
         if self.default_head_dim is not None:
             return self.default_head_dim
         return int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])
+
+    def expected_layer_tensors(self, quant_method: str | None = None) -> dict[str, Shape]:
+        """The tensors of one decoder layer a checkpoint of this family has: the dense table, with the
+        entries a natively quantized format replaces swapped for what it ships."""
+        out: dict[str, Shape] = {}
+        swaps = self.native_layer_tensors.get(quant_method or "", {})
+        for name, shape in self.layer_tensors.items():
+            out.update(swaps.get(name, {name: shape}))
+        return out
 
     def norm_params_per_layer(self, hidden: int, head_dim: int) -> int:
         """RMSNorm weights of one decoder layer: input and post-attention norms (+ q/k norms)."""
@@ -125,7 +172,7 @@ QWEN3 = Family(
     # QKNormRoPEAttention: RMSNorm over each head of q and k, then rope (modeling_qwen3.py @ 010bb95f)
     qk_norm=True,
     default_head_dim=128,
-    layer_norm_tensors=("self_attn.q_norm.weight", "self_attn.k_norm.weight"),
+    layer_tensors={**ATTENTION, **QK_NORM, **DENSE_MLP, **NORMS},
     unsupported_flags={"use_sliding_window": "TensorRT-LLM's Qwen3 attention has no sliding window (QKNormRoPEAttention "
                                              "in modeling_qwen3.py @ 010bb95f), while transformers would apply one"},
     # q_norm/k_norm are RMSNorm modules, not Linear: ModelOpt puts no quantizer on them, so they stay
@@ -147,6 +194,8 @@ GPT_OSS = Family(
     # with bias + create_moe over num_local_experts with top-k num_experts_per_tok, biased experts;
     # pipeline parallelism asserted off (modeling_gpt_oss.py @ 050b6cb92871a4ed73486c5e5a573d4198d1a6d9)
     default_head_dim=64,  # transformers' GptOssConfig default (hidden 2880 is not 64 heads x 64)
+    layer_tensors={**ATTENTION, **ATTENTION_BIAS, **GPT_OSS_MOE, **NORMS},
+    native_layer_tensors={"mxfp4": GPT_OSS_MXFP4},
     moe_experts_field="num_local_experts",
     moe_active_field="num_experts_per_tok",
     # openai/gpt-oss-{20b,120b} ship MoE experts in MXFP4 (quantization_config.quant_method "mxfp4",
@@ -165,6 +214,12 @@ GPT_OSS = Family(
     kv_free_gpu_memory_fraction=0.8,
     kv_block_reuse=False,
     moe_ep_for_tp={1: 1, 2: 2, 4: 4, 8: 4, 16: 4},
+    # MoE kernels: the EAGLE-3 guide (blog11 @ 2772a81b) sets ``moe_config: {backend: TRTLLM}`` on B200/GB200;
+    # on Hopper TensorRT-LLM's gpt-oss README (examples/models/core/gpt_oss/README.md @ 0ee4114c) says to use
+    # TRITON "for both latency and throughput cases". Both are also what "AUTO" resolves to for
+    # GptOssForCausalLM (SM100-119 -> TRTLLM, SM90-99 -> TRITON: tensorrt_llm/_torch/model_config.py @
+    # 008e0af8), but releases whose default was still CUTLASS (llm_args.py MoeConfig) need it written.
+    moe_backend={"hopper": "TRITON", "blackwell": "TRTLLM"},
     trtllm_source="tensorrt_llm/_torch/models/modeling_gpt_oss.py @ 050b6cb92871a4ed73486c5e5a573d4198d1a6d9",
 )
 

@@ -4,7 +4,7 @@ NVFP4: E2M1 values in 16-element blocks, each block scaled by an E4M3 factor und
 per-tensor FP32 global scale. ModelOpt's own op for this has only CUDA/Triton kernels;
 ``modelopt_compat.install_cpu_workarounds`` routes CPU calls here during calibration, and
 the reference runtime (core/target.py) uses the same functions to emulate NVFP4 activations.
-No ModelOpt import: this is the arithmetic only.
+No ModelOpt import: this is the arithmetic only (the E2M1 codes are shared with MXFP4, convert/mxfp4.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,16 @@ E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 _E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 _E2M1_MIDPOINTS = (_E2M1_GRID[1:] + _E2M1_GRID[:-1]) / 2
+# the 16 E2M1 codes in order (bit 3 = sign): NVFP4 and MXFP4 checkpoints store these, two per byte
+E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., n/2] -> float32 [..., n] (low nibble first)."""
+    lo = (packed & 0x0F).long()
+    hi = (packed >> 4).long()
+    codes = torch.stack([lo, hi], dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+    return E2M1_VALUES[codes]
 
 
 def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from pathlib import Path
 from eagle3_trt.convert import rope_params
 from eagle3_trt.convert.checkpoint_io import read_json, tensor_shapes
 from eagle3_trt.convert.draft_format import DraftCheckpoint, expected_shapes
+from eagle3_trt.convert.families import ATTENTION, family_named, layer_shape_symbols, resolve_shape
 from eagle3_trt.convert.hf_config import GenerationConfigIds, parse_config
 from eagle3_trt.convert.target import SUPPORTED_DTYPES, TargetInfo
 from eagle3_trt.errors import UserError
@@ -339,13 +340,23 @@ def check_rope(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int, rep
 
 
 def check_dtypes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationReport, quant: str | None = None) -> None:
-    if target.quantized and quant == "native":
-        method = (read_json(Path(target.path) / "config.json").get("quantization_config") or {}).get("quant_method")
-        if method not in target.family_spec.native_quant_methods:
-            raise UserError(Path(target.path) / "config.json", f"--quant native: quant_method {method!r} is not a format {target.family} ships in",
+    """A shipped-quantized target passes only in a format its family is served in as shipped (gpt-oss
+    MXFP4), and then only kept as it is: ``quant`` None (plain ``validate``) or "native"."""
+    if target.quantized:
+        cfg_file = Path(target.path) / "config.json"
+        method = (read_json(cfg_file).get("quantization_config") or {}).get("quant_method")
+        where = f"{cfg_file}:quantization_config.quant_method" if method else Path(target.path) / "hf_quant_config.json"
+        native = method in target.family_spec.native_quant_methods
+        if native and quant in (None, "native"):
+            rep.ok("target_format", f"{method} as shipped: built with --quant native (TensorRT-LLM loads it as is)")
+        elif native:
+            raise UserError(where, f"the target ships in {method}; --quant {quant} would re-quantize dequantized weights",
+                            "use --quant native to keep it as shipped")
+        elif quant == "native":
+            raise UserError(where, f"--quant native: quant_method {method!r} is not a format {target.family} ships in",
                             "pass the BF16/FP16 checkpoint and --quant fp8, nvfp4 or bf16")
-    elif target.quantized:
-        raise UserError(Path(target.path) / "hf_quant_config.json", "target is already quantized", "pass the BF16/FP16 checkpoint; eagle3-trt quantizes it with ModelOpt")
+        else:
+            raise UserError(where, "target is already quantized", "pass the BF16/FP16 checkpoint; eagle3-trt quantizes it with ModelOpt")
     if target.torch_dtype is not None and target.torch_dtype not in SUPPORTED_DTYPES:
         raise UserError(f"{Path(target.path) / 'config.json'}:torch_dtype", f"{target.torch_dtype} not supported", f"use one of {', '.join(SUPPORTED_DTYPES)}")
     for name, t in draft.tensors.items():
@@ -358,11 +369,15 @@ def check_dtypes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationRepo
 
 
 def check_target_weights(target: TargetInfo, rep: ValidationReport) -> None:
-    """Header-only pass over every target shard: corrupt or truncated files and missing layers fail here,
-    before a multi-GB load, with the file named."""
+    """Header-only pass over every target shard against the family's layer table (convert/families.py):
+    corrupt or truncated files, missing layers and shapes config.json does not imply fail here, before a
+    multi-GB load, with the file and tensor named. A natively quantized checkpoint (gpt-oss MXFP4) is
+    checked against the tensors its format ships (blocks and scales) with their dtypes."""
     shapes = tensor_shapes(Path(target.path))
     where = Path(target.path)
     family = target.family_spec
+    raw = read_json(where / "config.json")
+    method = (raw.get("quantization_config") or {}).get("quant_method") if target.quantized else None
     emb = shapes.get("model.embed_tokens.weight")
     if emb is None:
         raise UserError(where, "no model.embed_tokens.weight in the weight files", f"is this a Hugging Face {family.hf_class} checkpoint?")
@@ -378,34 +393,38 @@ def check_target_weights(target: TargetInfo, rep: ValidationReport) -> None:
     if shapes[last][0][0] != q_rows:
         raise UserError(f"{where}:{last}", f"{shapes[last][0][0]} output rows, config says num_attention_heads x head_dim = "
                         f"{target.num_attention_heads} x {target.head_dim} = {q_rows}", "config.json (its head_dim) and the weights disagree")
-    for name in family.layer_norm_tensors:  # Qwen3's per-head q/k RMSNorm weights: [head_dim]
-        got = shapes.get(prefix + name)
-        if got is None:
-            raise UserError(where, f"{prefix + name} missing: a {family.name} decoder layer has it", "the checkpoint is incomplete or not a " + family.name + " model")
-        if tuple(got[0]) != (target.head_dim,):
-            raise UserError(f"{where}:{prefix + name}", f"shape {tuple(got[0])}, expected ({target.head_dim},) (head_dim)", "config.json (its head_dim) and the weights disagree")
-    # every decoder layer's projections and norms against config.json, from the headers: a header that
-    # lies about a shape (or a layer of another size) otherwise passes here and fails inside
-    # transformers' from_pretrained at `engine` with a traceback
-    H, I, q_out, kv_out = target.hidden_size, target.intermediate_size, q_rows, target.num_key_value_heads * target.head_dim
-    per_layer = {"self_attn.q_proj.weight": (q_out, H), "self_attn.k_proj.weight": (kv_out, H), "self_attn.v_proj.weight": (kv_out, H),
-                 "self_attn.o_proj.weight": (H, q_out), "mlp.gate_proj.weight": (I, H), "mlp.up_proj.weight": (I, H),
-                 "mlp.down_proj.weight": (H, I), "input_layernorm.weight": (H,), "post_attention_layernorm.weight": (H,)}
-    want = {f"model.layers.{i}.{n}": s for i in range(target.num_hidden_layers) for n, s in per_layer.items()}
-    want["model.norm.weight"] = (H,)
+    experts = int(raw.get(family.moe_experts_field) or 0) if family.moe_experts_field else 0
+    sym = layer_shape_symbols(target.hidden_size, target.intermediate_size, target.num_attention_heads,
+                              target.num_key_value_heads, target.head_dim, experts)
+    layer = family.expected_layer_tensors(method)
+    shipped = {n for swap in family.native_layer_tensors.get(method or "", {}).values() for n in swap}
+    # the family's own tensors first (on the last layer), so a checkpoint of another layout is named as such
+    for name in layer:
+        if prefix + name not in shapes and name not in ATTENTION:
+            raise UserError(where, f"{prefix + name} missing: a {family.name} decoder layer has it"
+                            + (f" ({method} checkpoints ship it)" if name in shipped else ""),
+                            "the checkpoint is incomplete or not a " + family.name + " model")
+    # every decoder layer against config.json, from the headers: a header that lies about a shape (or a
+    # layer of another size) otherwise passes here and fails inside transformers' from_pretrained
+    want = {f"model.layers.{i}.{n}": resolve_shape(shp, sym) for i in range(target.num_hidden_layers) for n, shp in layer.items()}
+    want["model.norm.weight"] = (target.hidden_size,)
     if "lm_head.weight" in shapes:
-        want["lm_head.weight"] = (target.vocab_size, H)
+        want["lm_head.weight"] = (target.vocab_size, target.hidden_size)
     for name, shape in want.items():
         got = shapes.get(name)
         if got is None:
             raise UserError(where, f"{name} missing", "the checkpoint is incomplete")
         if tuple(got[0]) != shape:
             raise UserError(f"{where}:{name}", f"shape {tuple(got[0])}, config.json implies {shape}", "config.json and the weights disagree (or the safetensors header is corrupt)")
+        if got[1] != "uint8" and any(name.endswith("." + n) for n in shipped):
+            raise UserError(f"{where}:{name}", f"dtype {got[1]}, {method} ships uint8 codes and exponents", "the checkpoint is not the format its quantization_config names")
     if not target.tie_word_embeddings and "lm_head.weight" not in shapes:
         raise UserError(where, "lm_head.weight missing and tie_word_embeddings is false", "the checkpoint is incomplete (a tied model says \"tie_word_embeddings\": true)")
     tied = " (lm_head tied to the embedding)" if target.tie_word_embeddings else ""
-    extra = f"; {family.name}: {', '.join(n.split('.')[-2] for n in family.layer_norm_tensors)} [{target.head_dim}]" if family.layer_norm_tensors else ""
-    rep.ok("target_weights", f"{len(shapes)} tensors readable, {target.num_hidden_layers} layers present{tied}{extra}")
+    own = [n for n in layer if n not in family_named("llama").layer_tensors]
+    extra = f"; {family.name}: {', '.join(own)}" if own else ""
+    moe = f"; {experts} experts" + (f" in {method}" if method else "") if experts else ""
+    rep.ok("target_weights", f"{len(shapes)} tensors readable, {target.num_hidden_layers} layers present{tied}{extra}{moe}")
 
 
 def check_target_family(target: TargetInfo, rep: ValidationReport) -> None:

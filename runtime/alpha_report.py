@@ -86,6 +86,8 @@ def render_summary(report: dict, con: Console) -> None:
                       "as plain text")
         for sk in p.get("skipped", []):
             con.print(f"[yellow]skipped[/] ({p['label']}): {sk}")
+    if report.get("numerics_note"):
+        con.print(f"note: {report['numerics_note']}", highlight=False)
     for c in report.get("diagnostics", []):
         mark = "[red]PROBLEM[/]" if not c["ok"] else "[cyan]info[/]" if c.get("info") else "[green]ok[/]"
         con.print(f"{mark} {c['check']}: {c['detail']}", highlight=False)

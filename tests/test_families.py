@@ -217,3 +217,35 @@ def test_qwen3_bundle_served_by_triton_matches_the_runtime(qwen_fp8_bundle, tmp_
     finally:
         r = _cli("stop", "--state-dir", str(state))
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_qwen3_bundle_served_by_dynamo_matches_the_runtime(qwen_fp8_bundle, tmp_path):
+    """The same Dynamo backend as the Llama bundle (dynamo_serving/ has no per-family code): the real
+    OpenAI frontend and one worker, a chat request through the `openai` client, greedy text equal to the
+    reference runtime called directly on the token ids the frontend sends (the tokenizer's chat template)."""
+    pytest.importorskip("dynamo.frontend", reason="ai-dynamo is not installed (make test installs it)")
+    openai = pytest.importorskip("openai")
+    from eagle3_trt.dynamo_serving.launcher import free_port
+    from eagle3_trt.runtime.llm_api import SamplingParams
+    from eagle3_trt.runtime.reference_llm import ReferenceLLM
+
+    state, port = tmp_path / "dyn", free_port()
+    r = _cli("serve-dynamo", str(qwen_fp8_bundle), "--workers", "1", "--http-port", str(port), "--state-dir", str(state),
+             "--torch-threads", "1", "--timeout", "240")
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        llm = ReferenceLLM(qwen_fp8_bundle, device="cpu", torch_threads=1)
+        q = "def parse(line):"
+        ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
+                                                return_dict=False)
+        want = llm.generate_async(list(ids), SamplingParams(max_tokens=16, temperature=0.0)).result(timeout=60).outputs[0].text
+        llm.shutdown()
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=60, max_retries=0)
+        res = client.chat.completions.create(model="eagle3", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0,
+                                             extra_body={"nvext": {"extra_fields": ["engine_data"]}})
+        assert res.choices[0].message.content == want and want
+        st = res.model_extra["nvext"]["engine_data"]["eagle3"]
+        assert st["speculative"] and st["draft_tokens"] > 0 and st["completion_tokens"] == res.usage.completion_tokens
+    finally:
+        r = _cli("stop-dynamo", "--state-dir", str(state))
+        assert r.returncode == 0, r.stdout + r.stderr

@@ -58,7 +58,8 @@ def test_total_and_active_parameters_by_hand(name, layers, experts, total_b, act
 
 
 def _hand_plan(gpu: str) -> dict:
-    """Per-GPU memory of gpt-oss-120b at TP8 x EP4 (TensorRT-LLM's guide), FP8 KV, K=3, 8192 tokens."""
+    """Per-GPU memory of gpt-oss-120b at TP8 x EP4 (TensorRT-LLM's guide), BF16 KV (the guide sets no KV dtype),
+    K=3, 8192 tokens."""
     L, E, tp, ep, k, seq = 36, 128, 8, 4, 3, 8192
     experts_w = E * 3 * H * I
     bf16_small = (HEADS * HD + 2 * KV * HD + H) + HEADS + E * (2 * I + H) + E * H + E  # biases, sinks, router
@@ -73,17 +74,15 @@ def _hand_plan(gpu: str) -> dict:
     reserve = 1e9 + 5e8 + act + mnt * 3 * H * 2 + (mbs * (k + 1) * V * 4 + mbs * 32000 * 4) + 8 * 2e8
     free = get_gpu(gpu).memory_bytes - round(weights) - draft - reserve
     kv_cache = int(free * 0.8)  # the guide's free_gpu_memory_fraction
-    full_tok = 2 * 18 * (KV // tp) * HD * 1 + 2 * 1 * (8 // tp) * 128 * 1  # 18 full layers + the draft layer, FP8
-    window_tok = 2 * 18 * (KV // tp) * HD * 1  # 18 sliding-window layers
+    # every layer keeps KV for the whole sequence (TensorRT-LLM gives sliding-window layers max_seq_len too when
+    # no max_attention_window is set): 36 layers x K,V x 1 KV head per GPU x 64 x BF16, + the draft layer (head_dim 128)
+    kv_tok = 2 * 36 * (KV // tp) * HD * 2 + 2 * 1 * (8 // tp) * 128 * 2
     blocks = math.ceil((seq + k) / 32)
-    window_tokens = (math.ceil((128 + k) / 32) + 1) * 32  # the window plus K, in blocks, plus one block
-    per_seq = full_tok * 32 * blocks + window_tok * window_tokens
     return {"weights": round(weights), "experts": round(expert_bytes), "draft": draft, "reserve": int(reserve),
-            "kv_cache": kv_cache, "kv_token": full_tok, "kv_window": window_tok, "window_tokens": window_tokens,
-            "sequences": kv_cache // per_seq}
+            "kv_cache": kv_cache, "kv_token": kv_tok, "sequences": kv_cache // (kv_tok * 32) // blocks}
 
 
-@pytest.mark.parametrize("gpu, weights_gb, sequences", [("h100", 8.16, 2713), ("b200", 8.16, 6685)])
+@pytest.mark.parametrize("gpu, weights_gb, sequences", [("h100", 8.16, 728), ("b200", 8.16, 1796)])
 def test_8_gpu_plans_at_the_guides_tp8_ep4_recomputed_by_hand(gpu, weights_gb, sequences):
     plan = plan_for_preset("gpt-oss-120b", gpu, 8, None, tp=8)
     want = _hand_plan(gpu)
@@ -92,23 +91,30 @@ def test_8_gpu_plans_at_the_guides_tp8_ep4_recomputed_by_hand(gpu, weights_gb, s
     assert plan.expert_bytes_per_gpu == want["experts"] == 7_614_259_200
     assert plan.draft_weight_bytes_per_gpu == want["draft"]
     assert plan.reserve.total == want["reserve"]
-    assert (plan.kv_bytes_per_token_target + plan.kv_bytes_per_token_draft, plan.kv_bytes_per_token_window) == (want["kv_token"], want["kv_window"])
-    assert plan.window_tokens_per_sequence == want["window_tokens"] == 192
+    assert plan.kv_bytes_per_token_target + plan.kv_bytes_per_token_draft == want["kv_token"] == 9728
     assert plan.kv_cache_bytes_per_gpu == want["kv_cache"]
     assert plan.sequences_at_max_seq_len == want["sequences"] == sequences
     assert plan.free_gpu_memory_fraction == 0.8 and not plan.kv_block_reuse
 
 
-def test_sliding_window_layers_cost_only_their_window():
-    """The same model with every layer full-attention holds fewer sequences: the window saves KV."""
+def test_sliding_window_layers_cost_as_much_kv_as_full_ones():
+    """As TensorRT-LLM allocates them with no max_attention_window (KVCacheManager gives every layer
+    max_seq_len): the same model with every layer full-attention plans the same KV and sequences, and the
+    plan says why."""
     cfg = _cfg("gpt-oss-120b")
     full = {**cfg, "layer_types": ["full_attention"] * 36}
     draft = read_config(CONFIGS / "gpt-oss-120b" / "draft" / "config.json")
     a = plan_for_preset("gpt-oss-120b", "h100", 8, None, tp=8, target_cfg=cfg, draft_cfg=draft)
     b = plan_for_preset("gpt-oss-120b", "h100", 8, None, tp=8, target_cfg=full, draft_cfg=draft)
-    assert b.kv_bytes_per_token_window == 0 and b.kv_bytes_per_token_target == 2 * a.kv_bytes_per_token_target
-    # per token 2 x 36 x 64 + 256 = 4864 bytes all-full vs 2560 + the windows (2304 x 192 per sequence): ~1.86x
-    assert a.sequences_at_max_seq_len > 1.8 * b.sequences_at_max_seq_len
+    assert (a.kv_bytes_per_token_target, a.sequences_at_max_seq_len) == (b.kv_bytes_per_token_target, b.sequences_at_max_seq_len)
+    assert any("18 of 36 layers use a 128-token sliding window" in n and "max_attention_window" in n for n in a.notes)
+
+
+def test_moe_backend_follows_the_guides_per_gpu_generation(tmp_path):
+    """TRTLLM on Blackwell (the EAGLE-3 guide), TRITON on Hopper (the gpt-oss README); none for dense targets."""
+    assert plan_for_preset("gpt-oss-120b", "b200", 8, None, tp=8).moe_backend == "TRTLLM"
+    assert plan_for_preset("gpt-oss-120b", "h100", 8, None, tp=8).moe_backend == "TRITON"
+    assert plan_for_preset("llama3.1-8b", "h100", 1, None).moe_backend is None
 
 
 def test_dry_run_engine_records_native_and_follows_the_guide(tmp_path):
@@ -119,7 +125,8 @@ def test_dry_run_engine_records_native_and_follows_the_guide(tmp_path):
     opts = yaml.safe_load((res.bundle / "llm_api_options.yaml").read_text())
     assert opts["tensor_parallel_size"] == 8 and opts["moe_expert_parallel_size"] == 4
     assert opts["kv_cache_config"]["free_gpu_memory_fraction"] == 0.8 and opts["kv_cache_config"]["enable_block_reuse"] is False
-    assert opts["speculative_config"]["max_draft_len"] == 3
+    assert opts["speculative_config"]["max_draft_len"] == 3 and opts["moe_config"] == {"backend": "TRTLLM"}
+    assert opts["kv_cache_config"]["dtype"] == "auto"  # native: no calibrated k/v scales, and the guide sets no KV dtype
     val = json.loads((res.bundle / "validation.json").read_text())
     fam = next(c["detail"] for c in val["checks"] if c["check"] == "target_family")
     assert fam.startswith("gpt-oss (GptOssForCausalLM;") and "default aux layers [1, 17, 32]" in fam
@@ -128,7 +135,7 @@ def test_dry_run_engine_records_native_and_follows_the_guide(tmp_path):
 def test_llama_options_keep_their_defaults(tmp_path):
     res = build_bundle(EngineRequest(preset=load_preset("llama3.1-8b"), target_gpu="h100", dry_run=True, out=str(tmp_path / "b")))
     opts = yaml.safe_load((res.bundle / "llm_api_options.yaml").read_text())
-    assert "moe_expert_parallel_size" not in opts
+    assert "moe_expert_parallel_size" not in opts and "moe_config" not in opts
     assert opts["kv_cache_config"]["free_gpu_memory_fraction"] == 0.9 and opts["kv_cache_config"]["enable_block_reuse"] is True
 
 

@@ -3,6 +3,7 @@ Python standard library's source and an EAGLE-3 head trained for it with `train-
 
     python -m eagle3_trt.train.make_tiny_pair -o models/tiny [--overwrite]
     python -m eagle3_trt.train.make_tiny_pair --family qwen3 -o models/tiny-qwen3 [--overwrite]
+    python -m eagle3_trt.train.make_tiny_pair --family gpt-oss -o models/tiny-gpt-oss [--overwrite]
 
 The target's architecture is its family's transformers class (convert/families.py): a Llama for
 ``tiny``; a Qwen3 (per-head q/k norms, head_dim not hidden/heads, tied embeddings) for ``tiny-qwen3``,
@@ -35,9 +36,11 @@ import click
 import torch
 import transformers
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
 from eagle3_trt.atomic import staged_dir
+from eagle3_trt.convert import mxfp4
 from eagle3_trt.convert.draft_format import load_draft
 from eagle3_trt.convert.families import family_of
 from eagle3_trt.convert.target import read_target
@@ -86,6 +89,14 @@ class Recipe:
     intermediate_size: int = 576
     max_position_embeddings: int = 1024
     rope_theta: float = 10000.0
+    # mixture of experts and sliding-window layers (gpt-oss; 0 = dense, full attention everywhere)
+    num_local_experts: int = 0
+    num_experts_per_tok: int = 0
+    sliding_window: int = 0
+    # yarn rope over max_position_embeddings / yarn_factor original positions (gpt-oss's rope; 0 = plain rope)
+    yarn_factor: float = 0.0
+    # how the target is shipped: "bf16", or "mxfp4" (experts in gpt-oss's MXFP4 layout, convert/mxfp4.py)
+    target_format: str = "bf16"
     # target pre-training
     target_steps: int = 550
     target_batch: int = 8
@@ -117,7 +128,19 @@ QWEN3_RECIPE = Recipe(
     draft_steps=120, draft_batch=8, draft_seq=128, draft_vocab=512, draft_lr=2e-3, draft_pieces=160,
     draft_piece_chars=600, draft_gen_tokens=96, eval_prompts=16, eval_prompt_len=48, eval_tokens=48, threads=1,
 )
-RECIPES = {"llama": Recipe(), "qwen3": QWEN3_RECIPE}
+# tiny-gpt-oss: a GptOssForCausalLM with 4 experts (2 per token), attention sinks, sliding-window (32) attention
+# on the even layers, yarn rope (gpt-oss's betas, factor 4 over 256 original positions), shipped as openai ships gpt-oss:
+# experts in MXFP4 (attention, router, embedding and lm_head in BF16). The head is trained against the
+# MXFP4 target as the runtime loads it (experts dequantized exactly), i.e. the checkpoint TensorRT-LLM serves.
+GPT_OSS_RECIPE = Recipe(
+    model_type="gpt_oss", vocab_size=1024, hidden_size=128, num_hidden_layers=8, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32, intermediate_size=128, num_local_experts=4, num_experts_per_tok=2,
+    sliding_window=32, yarn_factor=4.0, target_format="mxfp4", rope_theta=150000.0, max_position_embeddings=1024,
+    target_steps=160, target_batch=8, target_seq=128, target_lr=4e-3,
+    draft_steps=120, draft_batch=8, draft_seq=128, draft_vocab=512, draft_lr=2e-3, draft_pieces=160,
+    draft_piece_chars=600, draft_gen_tokens=96, eval_prompts=16, eval_prompt_len=48, eval_tokens=48, threads=1,
+)
+RECIPES = {"llama": Recipe(), "qwen3": QWEN3_RECIPE, "gpt-oss": GPT_OSS_RECIPE}
 
 
 def stdlib_dir() -> Path:
@@ -150,7 +173,16 @@ def _special_ids(tok_dir: Path) -> dict[str, int]:
 
 def target_config(r: Recipe, ids: dict[str, int]):
     family = family_of(r.model_type, "recipe model_type")
-    return getattr(transformers, family.hf_config_class)(
+    moe = {}
+    if r.num_local_experts:
+        moe.update({family.moe_experts_field: r.num_local_experts, family.moe_active_field: r.num_experts_per_tok})
+    if r.yarn_factor:  # gpt-oss's yarn (beta 32/1, truncate off), scaled to this context
+        moe["rope_scaling"] = {"rope_type": "yarn", "factor": r.yarn_factor, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                               "original_max_position_embeddings": int(r.max_position_embeddings / r.yarn_factor)}
+    if r.sliding_window:  # gpt-oss's pattern: the even layers slide
+        moe.update(sliding_window=r.sliding_window,
+                   layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(r.num_hidden_layers)])
+    return getattr(transformers, family.hf_config_class)(**moe,
         vocab_size=r.vocab_size, hidden_size=r.hidden_size, intermediate_size=r.intermediate_size,
         num_hidden_layers=r.num_hidden_layers, num_attention_heads=r.num_attention_heads,
         num_key_value_heads=r.num_key_value_heads, head_dim=r.head_dim,
@@ -210,6 +242,8 @@ def train_target(r: Recipe, tok_dir: Path, train_texts: list[str], held_texts: l
     model.generation_config.eos_token_id = [ids["<|end_of_text|>"], ids["<|eot_id|>"]]
     model.generation_config.pad_token_id = ids["<|finetune_right_pad_id|>"]
     model.save_pretrained(out, safe_serialization=True)
+    if r.target_format == "mxfp4":
+        ship_mxfp4(out)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy2(tok_dir / f, out / f)
     return {
@@ -220,6 +254,16 @@ def train_target(r: Recipe, tok_dir: Path, train_texts: list[str], held_texts: l
         "heldout_loss": round(held_loss, 4),
         "params": sum(p.numel() for p in model.parameters()),
     }
+
+
+def ship_mxfp4(target_dir: Path) -> None:
+    """Rewrite a saved gpt-oss target as openai ships gpt-oss: experts in MXFP4, quantization_config in config.json."""
+    weights = target_dir / "model.safetensors"
+    sd = load_file(str(weights))
+    save_file({k: v.contiguous() for k, v in mxfp4.mxfp4_experts(sd).items()}, str(weights), metadata={"format": "pt"})
+    cfg = json.loads((target_dir / "config.json").read_text())
+    cfg["quantization_config"] = dict(mxfp4.QUANTIZATION_CONFIG)
+    (target_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def draft_jsonl(train: dict[str, str], pieces: int, piece_chars: int, path: Path) -> int:
@@ -465,7 +509,7 @@ def remeasure_pair(out: Path) -> dict:
 @click.option("--draft-steps", type=int, default=None, help="Override the recipe (for quick experiments).")
 @click.option("--remeasure", is_flag=True, help="Only measure the existing pair in OUTPUT again and rewrite its card.")
 @click.option("--family", type=click.Choice(sorted(RECIPES)), default="llama", show_default=True,
-              help="The target's family and its recipe (qwen3: models/tiny-qwen3).")
+              help="The target's family and its recipe (qwen3: models/tiny-qwen3, gpt-oss: models/tiny-gpt-oss).")
 def main(out: Path, overwrite: bool, target_steps: int | None, draft_steps: int | None, remeasure: bool, family: str) -> None:
     if remeasure:
         facts = remeasure_pair(out)

@@ -1,0 +1,193 @@
+"""gpt-oss as openai ships it: MXFP4 experts read, validated and measured, on the embedded tiny-gpt-oss pair.
+
+The pair (models/tiny-gpt-oss, made by ``make_tiny_pair --family gpt-oss``) is a trained GptOssForCausalLM
+whose experts are stored in the MXFP4 layout of openai/gpt-oss-{20b,120b} (``*_blocks``/``*_scales``,
+``quantization_config.quant_method: mxfp4``). Checked against code this project did not write: transformers'
+own MXFP4 dequantizer and its CPU loading of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+import yaml
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from eagle3_trt.build.builder import EngineRequest, build_bundle
+from eagle3_trt.build.presets import load_preset
+from eagle3_trt.cli import main
+from eagle3_trt.convert import mxfp4
+from eagle3_trt.convert.draft_format import load_draft
+from eagle3_trt.convert.target import read_target
+from eagle3_trt.convert.validate import validate_pair
+from eagle3_trt.core.target import TargetModel
+from eagle3_trt.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIR = ROOT / "models" / "tiny-gpt-oss"
+
+
+def test_dequantize_equals_transformers_on_arbitrary_codes():
+    """Random codes and exponents (not only what our quantizer writes), against transformers'
+    ``convert_moe_packed_tensors`` (integrations/mxfp4.py, the loader openai's checkpoints go through)."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (3, 64, 4, 16), generator=g, dtype=torch.uint8)
+    scales = torch.randint(110, 135, (3, 64, 4), generator=g, dtype=torch.uint8)
+    ours = mxfp4.dequantize(blocks, scales, torch.float32)
+    assert ours.shape == (3, 128, 64)  # [E, in, out]: GptOssExperts computes x @ W
+    assert torch.equal(ours, convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+    # every MXFP4 value is a BF16 value: dequantizing to BF16 loses nothing
+    assert torch.equal(mxfp4.dequantize(blocks, scales, torch.bfloat16).float(), ours)
+
+
+def test_quantize_round_trips_representable_weights_and_bounds_the_rest():
+    g = torch.Generator().manual_seed(1)
+    blocks = torch.randint(0, 256, (2, 32, 2, 16), generator=g, dtype=torch.uint8)
+    blocks[..., 0] = 0x07  # a 6.0 in every block: the block's scale is the one our quantizer picks
+    scales = torch.randint(115, 130, (2, 32, 2), generator=g, dtype=torch.uint8)
+    w = mxfp4.dequantize(blocks, scales)
+    assert torch.equal(mxfp4.dequantize(*mxfp4.quantize(w)), w)
+    x = torch.randn(2, 64, 48, generator=g)
+    err = (mxfp4.dequantize(*mxfp4.quantize(x)) - x).abs()
+    amax = x.transpose(-1, -2).reshape(2, 48, 2, 32).abs().amax(-1).repeat_interleave(32, -1).transpose(-1, -2)
+    # the scale is the smallest power of two putting the block max at <= 6, so scale <= amax / 3, and the
+    # error is at most half the largest E2M1 step (2) times the scale
+    assert (err <= amax / 3 + 1e-7).all()
+
+
+def test_the_embedded_pair_ships_the_openai_layout():
+    cfg = json.loads((PAIR / "target" / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "mxfp4" and cfg["model_type"] == "gpt_oss"
+    with safe_open(str(PAIR / "target" / "model.safetensors"), "pt") as f:
+        dt = {k: str(f.get_slice(k).get_dtype()) for k in f.keys()}
+        shape = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    H, I, E = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_local_experts"]
+    assert shape["model.layers.0.mlp.experts.gate_up_proj_blocks"] == (E, 2 * I, H // 32, 16)
+    assert shape["model.layers.0.mlp.experts.down_proj_scales"] == (E, H, I // 32)
+    assert dt["model.layers.0.mlp.experts.gate_up_proj_blocks"] == dt["model.layers.0.mlp.experts.gate_up_proj_scales"] == "U8"
+    assert dt["model.layers.0.self_attn.sinks"] == dt["model.layers.0.mlp.router.weight"] == "BF16"
+    assert not any(k.endswith(("experts.gate_up_proj", "experts.down_proj")) for k in dt)
+
+
+def test_runtime_equals_transformers_loading_the_mxfp4_checkpoint():
+    """transformers' from_pretrained dequantizes MXFP4 on a CPU by its own code: every tensor the reference
+    runtime loads equals it, and the whole forward (MoE routing, sinks, the 32-token windows over a longer
+    prompt, the runtime's masks) computes the same logits. The rotary tables are swapped for transformers'
+    for that comparison: the runtime's are TensorRT-LLM's yarn tables, which differ from transformers' on
+    purpose (tests/test_rope_types.py)."""
+    cfg = json.loads((PAIR / "target" / "config.json").read_text())
+    ref = transformers.AutoModelForCausalLM.from_pretrained(PAIR / "target", dtype=torch.float32).eval()
+    ref.float()  # transformers keeps the dequantized experts in BF16 (exact: every MXFP4 value is a BF16 value)
+    tm = TargetModel.from_dir(PAIR / "target", dtype=torch.float32, aux_layer_ids=(1, 3, 4))
+    want_sd, got_sd = ref.state_dict(), tm.hf.state_dict()
+    assert want_sd.keys() == got_sd.keys()
+    assert [k for k in want_sd if not torch.equal(want_sd[k], got_sd[k])] == []
+    held = json.loads((PAIR / "heldout_prompts.json").read_text())["prompts"]
+    ids = torch.tensor([held[0][:40], held[1][:40]])
+    assert ids.shape[1] > cfg["sliding_window"]
+    tm.hf.model.rotary_emb = ref.model.rotary_emb
+    with torch.no_grad():
+        want = ref(ids).logits
+    _, h = tm.teacher_forced(ids)
+    assert (tm.hf.lm_head(h) - want).abs().max() < 1e-4
+
+
+# ---- validation: the family's tensor table, MXFP4 layout included ------------------------------------
+@pytest.fixture()
+def pair(tmp_path) -> tuple[Path, Path]:
+    shutil.copytree(PAIR / "target", tmp_path / "target")
+    shutil.copytree(PAIR / "draft", tmp_path / "draft")
+    return tmp_path / "target", tmp_path / "draft"
+
+
+def _rewrite(target: Path, fn) -> None:
+    sd = load_file(str(target / "model.safetensors"))
+    fn(sd)
+    save_file(sd, str(target / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_validation_checks_every_layer_of_the_shipped_format(pair):
+    t, d = pair
+    rep = validate_pair(read_target(t), load_draft(d), 512)
+    detail = {c["check"]: c["detail"] for c in rep.checks}
+    assert "4 experts in mxfp4" in detail["target_weights"] and "self_attn.sinks" in detail["target_weights"]
+    assert detail["target_format"].startswith("mxfp4 as shipped")
+    with pytest.raises(UserError, match=r"ships in mxfp4; --quant fp8 would re-quantize .*hint: use --quant native"):
+        validate_pair(read_target(t), load_draft(d), 512, quant="fp8")
+
+
+@pytest.mark.parametrize("damage, pattern", [
+    (lambda sd: sd.pop("model.layers.7.mlp.experts.down_proj_scales"),
+     r"model\.layers\.7\.mlp\.experts\.down_proj_scales missing: a gpt-oss decoder layer has it \(mxfp4 checkpoints ship it\)"),
+    (lambda sd: sd.pop("model.layers.3.self_attn.sinks"), r"model\.layers\.3\.self_attn\.sinks missing"),
+    (lambda sd: sd.update({"model.layers.2.mlp.experts.gate_up_proj_scales":
+                           sd["model.layers.2.mlp.experts.gate_up_proj_scales"].to(torch.int16)}),
+     r"gate_up_proj_scales: dtype int16, mxfp4 ships uint8"),
+    (lambda sd: sd.update({"model.layers.1.mlp.router.weight": sd["model.layers.1.mlp.router.weight"][:3]}),
+     r"model\.layers\.1\.mlp\.router\.weight: shape \(3, 128\), config\.json implies \(4, 128\)"),
+])
+def test_a_damaged_mxfp4_checkpoint_is_refused_in_one_line(pair, damage, pattern):
+    t, d = pair
+    _rewrite(t, damage)
+    with pytest.raises(UserError, match=pattern):
+        validate_pair(read_target(t), load_draft(d), 512)
+
+
+def test_a_dense_gpt_oss_checkpoint_validates_against_the_bf16_table(pair):
+    """The same model as transformers writes it unquantized (dense experts, no quantization_config)."""
+    t, d = pair
+    _rewrite(t, lambda sd: sd.update(mxfp4.dense_experts({k: sd.pop(k) for k in list(sd)}, torch.bfloat16)))
+    cfg = json.loads((t / "config.json").read_text())
+    del cfg["quantization_config"]
+    (t / "config.json").write_text(json.dumps(cfg))
+    rep = validate_pair(read_target(t), load_draft(d), 512)
+    assert "mlp.experts.gate_up_proj," in {c["check"]: c["detail"] for c in rep.checks}["target_weights"]
+
+
+# ---- engine (--quant native) -> alpha on the embedded pair ---------------------------------------------
+@pytest.fixture(scope="module")
+def native_bundle(tmp_path_factory) -> Path:
+    return build_bundle(EngineRequest(preset=load_preset("tiny-gpt-oss"), target_gpu="b200",
+                                      out=str(tmp_path_factory.mktemp("go") / "native"))).bundle
+
+
+def test_native_bundle_keeps_the_target_as_shipped(native_bundle):
+    src, out = PAIR / "target" / "model.safetensors", native_bundle / "target" / "model.safetensors"
+    a, b = load_file(str(src)), load_file(str(out))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    man = json.loads((native_bundle / "manifest.json").read_text())
+    assert man["quant"] == {"target": "native", "draft": "bf16", "target_native": "mxfp4"}
+    opts = yaml.safe_load((native_bundle / "llm_api_options.yaml").read_text())
+    assert opts["moe_config"] == {"backend": "TRTLLM"} and opts["kv_cache_config"]["dtype"] == "auto"
+
+
+def test_alpha_on_the_native_bundle_says_how_mxfp4_was_measured(native_bundle, tmp_path):
+    held = json.loads((PAIR / "heldout_prompts.json").read_text())["prompts"]
+    tok = transformers.AutoTokenizer.from_pretrained(PAIR / "target")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"text": tok.decode(p[:32])}) + "\n" for p in held[:3]))
+    out = tmp_path / "rep"
+    assert main(["alpha", str(native_bundle), "--prompts", str(prompts), "--max-tokens", "24", "-o", str(out)]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    o = rep["pairs"]["bundle"]["overall"]
+    assert o["requests"] == 3 and o["acceptance_length"] > 1.5, o
+    assert "dequantizes them exactly" in rep["numerics_note"] and "reference" not in rep["pairs"]
+    assert "kept as shipped (mxfp4)" in rep["reference_note"]
+
+
+def test_fp8_kv_on_a_native_build_is_refused(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "eagle3_trt.cli", "engine", "--model", "tiny-gpt-oss", "--kv-cache", "fp8",
+                        "-o", str(tmp_path / "b")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: --kv-cache: fp8 with --quant native")
+    assert not (tmp_path / "b").exists()
