@@ -1,6 +1,6 @@
 # Thin front for the eagle3-trt CLI. Every target sets up .venv on first use.
-#   make engine [MODEL=tiny|llama3.1-8b|llama3.3-70b] [TARGET=dir DRAFT=dir] [GPU=h100|h200|b200]
-#               [GPUS=n] [TP=n] [QUANT=fp8|nvfp4|bf16] [QUANTIZE_DRAFT=1] [DRY_RUN=1] [OUT=dir]
+#   make engine [MODEL=tiny|tiny-qwen3|tiny-gpt-oss|llama3.1-8b|llama3.3-70b|qwen3-8b|qwen3-32b|gpt-oss-20b|gpt-oss-120b] [TARGET=dir DRAFT=dir] [GPU=h100|h200|b200]
+#               [GPUS=n] [TP=n] [QUANT=fp8|nvfp4|bf16|native] [QUANTIZE_DRAFT=1] [DRY_RUN=1] [OUT=dir]
 #   make test   the test suite (what CI runs); make test-compat: the same on TensorRT-LLM 1.2's
 #               library generation (transformers 4.57.3, ModelOpt 0.37)
 #   make serve  [BUNDLE=engines/tiny-fp8-h100] [REPO=repos/eagle3] [RUNTIME=reference|trtllm]

@@ -92,8 +92,10 @@ def _no_progress(stage: str, total: int | None = None) -> Callable[[], None]:
     return lambda: None
 
 
-def resolve_quant(req: EngineRequest, gpu: gpus.GpuSpec) -> str:
-    quant = req.quant or getattr(req.preset.quant, gpu.generation)
+def resolve_quant(req: EngineRequest, gpu: gpus.GpuSpec, shipped: str | None = None) -> str:
+    """--quant, else the preset's format for the GPU; a target that ships in a format TensorRT-LLM serves as
+    is (gpt-oss MXFP4: ``shipped``) is kept as shipped unless --quant says otherwise (and is then refused)."""
+    quant = req.quant or ("native" if shipped else getattr(req.preset.quant, gpu.generation))
     gpus.check_quant_for_gpu(quant, gpu, "--quant" if req.quant else f"preset {req.preset.name} quant.{gpu.generation}")
     return quant
 
@@ -183,7 +185,9 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
     timings: dict[str, float] = {}
     preset = req.preset
     gpu = gpus.get_gpu(req.target_gpu or preset.default_gpu)
-    quant = resolve_quant(req, gpu)
+    target_dir, draft_dir = resolve_pair(req)
+    target = read_target(target_dir)
+    quant = resolve_quant(req, gpu, target.native_format)
     kv = req.kv_cache or preset.kv_cache_dtype
     if quant in ("bf16", "native") and kv == "fp8":
         # An FP8 KV cache needs k/v scales, which only ModelOpt's calibration writes (fp8/nvfp4 builds):
@@ -208,8 +212,6 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
     dest = Path(req.out) if req.out else default_bundle_dir(preset.name, quant, gpu.name)
 
     s = time.perf_counter()
-    target_dir, draft_dir = resolve_pair(req)
-    target = read_target(target_dir)
     quantize.calibration_prompts(calib_file, n_calib, calib_len, target, "--calib-max-length" if req.calib_max_length
                                  else f"preset {preset.name} calibration.max_length")  # before any weight is loaded
     plan = make_plan(req, target_dir, draft_dir, gpu, quant, kv, k)
@@ -373,9 +375,12 @@ def _quantize_and_export_inner(target_dir, draft, report, tmp: Path, quant: str,
     tick()
     timings["load_target_s"] = time.perf_counter() - s
 
-    prompts = load_prompts(calib_file, n_calib, option="--calib")
-    batches = quantize.calibration_batches(tokenizer, prompts, calib_len)
-    info = {"prompts_used": len(batches), "tokens": int(sum(b.numel() for b in batches)), "tokens_sha256": quantize.calibration_hash(batches)}
+    if quant in ("bf16", "native") and draft_quant == "bf16":
+        batches, info = [], {}  # nothing is calibrated: the manifest records no calibration prompts
+    else:
+        prompts = load_prompts(calib_file, n_calib, option="--calib")
+        batches = quantize.calibration_batches(tokenizer, prompts, calib_len)
+        info = {"prompts_used": len(batches), "tokens": int(sum(b.numel() for b in batches)), "tokens_sha256": quantize.calibration_hash(batches)}
 
     s = time.perf_counter()
     if quant not in ("bf16", "native"):

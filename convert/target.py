@@ -35,6 +35,12 @@ class TargetInfo:
     tie_word_embeddings: bool
     quantized: bool
     family: str = "llama"  # convert/families.py's entry for model_type
+    quant_method: str | None = None  # config.json quantization_config.quant_method of a shipped-quantized target
+
+    @property
+    def native_format(self) -> str | None:
+        """The format the target ships in when its family is served in it as shipped (gpt-oss: mxfp4), else None."""
+        return self.quant_method if self.quant_method in self.family_spec.native_quant_methods else None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,4 +91,5 @@ def read_target(path: Path) -> TargetInfo:
         tie_word_embeddings=cfg.tie_word_embeddings,
         quantized=quantized,
         family=family.name,
+        quant_method=(cfg.quantization_config or {}).get("quant_method"),
     )

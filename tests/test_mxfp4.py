@@ -191,3 +191,25 @@ def test_fp8_kv_on_a_native_build_is_refused(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("error: --kv-cache: fp8 with --quant native")
     assert not (tmp_path / "b").exists()
+
+
+def test_a_sharded_mxfp4_target_builds_as_shipped_without_asking(tmp_path):
+    """As openai ships gpt-oss: shards with an index, a block tensor and its scales in different files; a plain
+    `engine --target --draft` (no --quant) keeps the target as shipped instead of refusing the preset's fp8."""
+    sd = load_file(str(PAIR / "target" / "model.safetensors"))
+    t = tmp_path / "target"
+    shutil.copytree(PAIR / "target", t, ignore=shutil.ignore_patterns("*.safetensors"))
+    shards = {"model-00000-of-00002.safetensors": {k: v for k, v in sd.items() if not k.endswith("_scales")},
+              "model-00001-of-00002.safetensors": {k: v for k, v in sd.items() if k.endswith("_scales")}}
+    for name, part in shards.items():
+        save_file(part, str(t / name), metadata={"format": "pt"})
+    (t / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: name for name, part in shards.items() for k in part}}))
+    r = subprocess.run([sys.executable, "-m", "eagle3_trt.cli", "engine", "--target", str(t), "--draft", str(PAIR / "draft"),
+                        "-o", str(tmp_path / "b")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    man = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert man["quant"]["target"] == "native" and man["quant"]["target_native"] == "mxfp4"
+    assert not man["calibration"].get("prompts_used")  # nothing was calibrated
+    built = {k: v for f in (tmp_path / "b" / "target").glob("*.safetensors") for k, v in load_file(str(f)).items()}
+    assert built.keys() == sd.keys() and all(torch.equal(built[k], sd[k]) for k in sd)
