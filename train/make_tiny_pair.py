@@ -408,10 +408,18 @@ def model_card(f: dict) -> str:
                    if acc.get("matches_greedy_first_4_prompts") else "")
     t = f["timings"]
     mb = 1 << 20
+    files = ("weights (target experts MXFP4 as shipped, dequantized exactly; the rest bf16)"
+             if r.get("target_format") == "mxfp4" else "bf16 weights")
     family = family_of(r.get("model_type", "llama"))
     aux = ", ".join(map(str, family.default_aux_layers(r["num_hidden_layers"])))
     quirks = (f"; per-head q/k RMSNorm, {r['num_attention_heads']} heads x head_dim {r['head_dim']} over hidden {r['hidden_size']}"
               if family.qk_norm else "") + ("; lm_head tied to the embedding" if r.get("tie_word_embeddings") else "")
+    if r.get("num_local_experts"):
+        quirks += (f"; MoE: {r['num_local_experts']} experts, {r['num_experts_per_tok']} per token"
+                   + ("; attention sinks" if family.attention_sinks else "")
+                   + (f"; {r['sliding_window']}-token sliding window on the even layers" if r.get("sliding_window") else "")
+                   + (f"; yarn rope x{r['yarn_factor']:g}" if r.get("yarn_factor") else "")
+                   + ("; experts shipped in MXFP4" if r.get("target_format") == "mxfp4" else ""))
     raw_note = (" (training on the raw text instead gave 2.03 at K=3 in an earlier run)" if family.name == "llama" else
                 f". This target is trained only briefly (held-out loss {f['target']['heldout_loss']} nats/token): its greedy "
                 "output repeats a few frequent tokens, which is why a head trained for a minute predicts most of it")
@@ -426,7 +434,7 @@ them. The figure shows that the head tracks this target, not that the target is 
 
 **Measured greedy acceptance length on held-out text: {main['acceptance_length']:.2f} tokens per target pass**
 (max_draft_len {r['max_draft_len']}; {main['prompts']} prompts of {r['eval_prompt_len']} tokens from held-out files, {r['eval_tokens']} generated
-tokens each; greedy speculative decoding of the committed bf16 weights, computed in float32, on a CPU;
+tokens each; greedy speculative decoding of the committed {files}, computed in float32, on a CPU;
 `eagle3_trt.train.evaluate.measure_acceptance`; acceptance length = generated tokens per target
 forward, the prefill included). {greedy_line}
 The decoding is the runtime's own loop (`eagle3_trt.core.engine.SpeculativeEngine`); its accept lengths are
