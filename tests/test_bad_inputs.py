@@ -347,6 +347,19 @@ def _stale_staging(c: Ctx) -> None:
     (c.w / f".out.tmp-{p.pid}-dead" / "half.safetensors").write_bytes(b"x" * 100)
 
 
+def _gpt_oss(mutate: Callable[[dict], None] | None = None) -> Callable[[Ctx], None]:
+    """A copy of the embedded tiny-gpt-oss pair (MXFP4 experts) in {w}/go, its target's tensors changed by ``mutate``."""
+    def make(c: Ctx) -> None:
+        for part in ("target", "draft"):
+            shutil.copytree(REPO_ROOT / "models" / "tiny-gpt-oss" / part, c.w / "go" / part)
+        if mutate is not None:
+            f = c.w / "go" / "target" / "model.safetensors"
+            sd = load_file(str(f))
+            mutate(sd)
+            save_file(sd, str(f))
+    return make
+
+
 def _report(c: Ctx, body: dict) -> None:
     (c.w / "report.json").write_text(json.dumps(body))
 
@@ -371,6 +384,7 @@ class Case:
 
 
 V = ("validate", "--target", "{t}", "--draft", "{d}")
+GV = ("validate", "--target", "{w}/go/target", "--draft", "{w}/go/draft")
 E = ("engine", "--model", "tiny", "--target", "{t}", "--draft", "{d}", "--target-gpu", "h100", "-o", "{out}")
 ED = (*E, "--dry-run")
 GOOD_PROMPTS = '{"turns": ["Write a haiku about the sea."]}\n'
@@ -553,6 +567,21 @@ CASES: list[Case] = [
     Case("package-over-a-non-repository", ("package", "{b}", "-o", "{w}/keep", "--force"), 2, r"keep: exists and is not a model repository",
          make=write("keep/precious.txt", "mine")),
     Case("serve-no-repository", ("serve", "{w}/nope"), 2, r"nope: model repository not found"),
+    # ---- gpt-oss as openai ships it (experts in MXFP4): a copy of the embedded tiny-gpt-oss pair in {w}/go
+    Case("mxfp4-scales-missing", GV, 2, r"go/target: model\.layers\.7\.mlp\.experts\.down_proj_scales missing: a gpt-oss decoder "
+         r"layer has it \(mxfp4 checkpoints ship it\)", make=_gpt_oss(lambda sd: sd.pop("model.layers.7.mlp.experts.down_proj_scales"))),
+    Case("mxfp4-scales-not-uint8", GV, 2, r"go/target:model\.layers\.0\.mlp\.experts\.gate_up_proj_scales: dtype float32, mxfp4 ships uint8",
+         make=_gpt_oss(lambda sd: sd.update({"model.layers.0.mlp.experts.gate_up_proj_scales":
+                                             sd["model.layers.0.mlp.experts.gate_up_proj_scales"].float()}))),
+    Case("mxfp4-blocks-of-another-width", GV, 2, r"go/target:model\.layers\.3\.mlp\.experts\.down_proj_blocks: shape \(4, 128, 3, 16\), "
+         r"config\.json implies \(4, 128, 4, 16\)",
+         make=_gpt_oss(lambda sd: sd.update({"model.layers.3.mlp.experts.down_proj_blocks": sd["model.layers.3.mlp.experts.down_proj_blocks"][:, :, :3].contiguous()}))),
+    Case("mxfp4-target-fp8", ("engine", "--target", "{w}/go/target", "--draft", "{w}/go/draft", "--quant", "fp8", "-o", "{out}"), 2,
+         r"--quant: fp8 on a target that ships MXFP4 weights .*hint: use --quant native", make=_gpt_oss()),
+    Case("mxfp4-native-fp8-kv", ("engine", "--model", "tiny-gpt-oss", "--kv-cache", "fp8", "-o", "{out}"), 2,
+         r"--kv-cache: fp8 with --quant native: an FP8 KV cache needs calibrated k/v scales"),
+    Case("mxfp4-llama-head", ("validate", "--target", "{w}/go/target", "--draft", "{d}"), 2, r"draft/config\.json:vocab_size: draft was trained for a vocabulary of 512, target has 1024",
+         make=_gpt_oss()),
 ]
 
 
