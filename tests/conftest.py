@@ -72,3 +72,27 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.skip("../shared is not next to the repository")
     return SHARED
+
+
+@pytest.fixture()
+def alpha_on_heldout():
+    """The function below, for tests (``--import-mode=importlib``: fixtures are how tests share code)."""
+    return _alpha_on_heldout
+
+
+def _alpha_on_heldout(bundle: Path, pair: Path, out: Path, n: int = 3, max_tokens: int = 24) -> dict:
+    """`eagle3-trt alpha` on the first ``n`` held-out prompts an embedded pair ships (32 tokens of each,
+    decoded to text as a user would send them); returns report.json."""
+    import json
+
+    import transformers
+
+    from eagle3_trt.cli import main
+
+    held = json.loads((pair / "heldout_prompts.json").read_text())["prompts"]
+    tok = transformers.AutoTokenizer.from_pretrained(pair / "target")
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = out / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"text": tok.decode(p[:32])}) + "\n" for p in held[:n]))
+    assert main(["alpha", str(bundle), "--prompts", str(prompts), "--max-tokens", str(max_tokens), "-o", str(out / "rep")]) == 0
+    return json.loads((out / "rep" / "report.json").read_text())

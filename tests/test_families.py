@@ -18,7 +18,6 @@ from safetensors import safe_open
 from eagle3_trt.build.builder import EngineRequest, build_bundle
 from eagle3_trt.build.planner import count_target, parse_shape, read_config
 from eagle3_trt.build.presets import load_preset
-from eagle3_trt.cli import main
 from eagle3_trt.convert.draft_format import load_draft
 from eagle3_trt.convert.families import FAMILIES, LLAMA, QWEN3, family_of
 from eagle3_trt.convert.target import read_target
@@ -159,15 +158,8 @@ def test_fp8_export_keeps_qk_norms_and_lm_head_bf16(qwen_fp8_bundle):
     assert cfg["tie_word_embeddings"] is True and cfg["model_type"] == "qwen3"
 
 
-def test_alpha_on_the_qwen3_bundle(qwen_fp8_bundle, tmp_path, capsys):
-    held = json.loads((PAIR / "heldout_prompts.json").read_text())["prompts"]
-    tok = transformers.AutoTokenizer.from_pretrained(PAIR / "target")
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"text": tok.decode(p[:32])}) + "\n" for p in held[:3]))
-    out = tmp_path / "rep"
-    assert main(["alpha", str(qwen_fp8_bundle), "--prompts", str(prompts), "--max-tokens", "24", "-o", str(out)]) == 0
-    rep = json.loads((out / "report.json").read_text())
-    o = rep["pairs"]["bundle"]["overall"]
+def test_alpha_on_the_qwen3_bundle(qwen_fp8_bundle, tmp_path, alpha_on_heldout):
+    o = alpha_on_heldout(qwen_fp8_bundle, PAIR, tmp_path)["pairs"]["bundle"]["overall"]
     assert o["requests"] == 3 and o["acceptance_length"] > 1.5, o
 
 

@@ -23,7 +23,6 @@ from safetensors.torch import load_file, save_file
 
 from eagle3_trt.build.builder import EngineRequest, build_bundle
 from eagle3_trt.build.presets import load_preset
-from eagle3_trt.cli import main
 from eagle3_trt.convert import mxfp4
 from eagle3_trt.convert.draft_format import load_draft
 from eagle3_trt.convert.target import read_target
@@ -171,14 +170,8 @@ def test_native_bundle_keeps_the_target_as_shipped(native_bundle):
     assert opts["moe_config"] == {"backend": "TRTLLM"} and opts["kv_cache_config"]["dtype"] == "auto"
 
 
-def test_alpha_on_the_native_bundle_says_how_mxfp4_was_measured(native_bundle, tmp_path):
-    held = json.loads((PAIR / "heldout_prompts.json").read_text())["prompts"]
-    tok = transformers.AutoTokenizer.from_pretrained(PAIR / "target")
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"text": tok.decode(p[:32])}) + "\n" for p in held[:3]))
-    out = tmp_path / "rep"
-    assert main(["alpha", str(native_bundle), "--prompts", str(prompts), "--max-tokens", "24", "-o", str(out)]) == 0
-    rep = json.loads((out / "report.json").read_text())
+def test_alpha_on_the_native_bundle_says_how_mxfp4_was_measured(native_bundle, tmp_path, alpha_on_heldout):
+    rep = alpha_on_heldout(native_bundle, PAIR, tmp_path)
     o = rep["pairs"]["bundle"]["overall"]
     assert o["requests"] == 3 and o["acceptance_length"] > 1.5, o
     assert "dequantizes them exactly" in rep["numerics_note"] and "reference" not in rep["pairs"]
