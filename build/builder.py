@@ -39,7 +39,7 @@ from eagle3_trt.convert.draft_format import for_max_seq_len, load_draft, read_dr
 from eagle3_trt.convert.embedded import embedded_pair, heldout_prompts
 from eagle3_trt.convert.hf_config import Eagle3DraftConfigFields, parse_config
 from eagle3_trt.convert.prompts import load_prompts
-from eagle3_trt.convert.target import read_target
+from eagle3_trt.convert.target import TargetInfo, read_target
 from eagle3_trt.convert.validate import ValidationReport, check_target_family, check_target_tokenizer, validate_pair
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
@@ -92,11 +92,21 @@ def _no_progress(stage: str, total: int | None = None) -> Callable[[], None]:
     return lambda: None
 
 
-def resolve_quant(req: EngineRequest, gpu: gpus.GpuSpec, shipped: str | None = None) -> str:
-    """--quant, else the preset's format for the GPU; a target that ships in a format TensorRT-LLM serves as
-    is (gpt-oss MXFP4: ``shipped``) is kept as shipped unless --quant says otherwise (and is then refused)."""
-    quant = req.quant or ("native" if shipped else getattr(req.preset.quant, gpu.generation))
-    gpus.check_quant_for_gpu(quant, gpu, "--quant" if req.quant else f"preset {req.preset.name} quant.{gpu.generation}")
+def resolve_quant(req: EngineRequest, gpu: gpus.GpuSpec, target: TargetInfo | None = None) -> str:
+    """--quant, else what the target calls for, else the preset's format for the GPU. A target that ships in
+    a format TensorRT-LLM serves as is (gpt-oss MXFP4) is kept as shipped; an unquantized target of a family
+    whose ModelOpt formats are refused (convert/families.py ``modelopt_refused``) is built in BF16. An
+    explicit --quant is checked against the target later (planner.check_quant_for_target)."""
+    if req.quant:
+        quant, where = req.quant, "--quant"
+    elif target is not None and target.native_format:
+        quant, where = "native", f"target (ships {target.native_format})"
+    elif target is not None and target.family_spec.modelopt_refused and not target.quantized:
+        quant, where = "bf16", f"target ({target.family} is built in BF16 or as shipped)"
+    else:
+        quant = getattr(req.preset.quant, gpu.generation)
+        where = f"preset {req.preset.name} quant.{gpu.generation}"
+    gpus.check_quant_for_gpu(quant, gpu, where)
     return quant
 
 
@@ -187,7 +197,7 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
     gpu = gpus.get_gpu(req.target_gpu or preset.default_gpu)
     target_dir, draft_dir = resolve_pair(req)
     target = read_target(target_dir)
-    quant = resolve_quant(req, gpu, target.native_format)
+    quant = resolve_quant(req, gpu, target)
     kv = req.kv_cache or preset.kv_cache_dtype
     if quant in ("bf16", "native") and kv == "fp8":
         # An FP8 KV cache needs k/v scales, which only ModelOpt's calibration writes (fp8/nvfp4 builds):
@@ -200,8 +210,8 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
     gpus.check_kv_for_gpu(kv, gpu, "--kv-cache")
     draft_quant = (req.draft_quant or quant) if req.quantize_draft else "bf16"
     if req.quantize_draft:
-        if draft_quant == "bf16":
-            raise UserError("--quantize-draft", "the target format is bf16, nothing to quantize the draft to", "pass --draft-quant fp8|nvfp4")
+        if draft_quant in ("bf16", "native"):
+            raise UserError("--quantize-draft", f"the target format is {quant}, nothing to quantize the draft to", "pass --draft-quant fp8|nvfp4")
         gpus.check_quant_for_gpu(draft_quant, gpu, "--draft-quant")
     if req.max_draft_len is not None and not 1 <= req.max_draft_len <= 16:  # 0 would silently mean the preset's K
         raise UserError("--max-draft-len", f"{req.max_draft_len}", "draft lengths are 1..16")

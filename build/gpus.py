@@ -98,7 +98,9 @@ def fallback_quant(fmt: str, sm: int) -> str:
 
 
 def check_quant_for_gpu(quant: str, gpu: GpuSpec, where: str = "--quant") -> None:
-    _check(quant, gpu, where, False, f"use quant {fallback_quant(quant, gpu.sm)} for {gpu.name}, or target a Blackwell GPU (b200)")
+    hint = ("TensorRT-LLM runs a target in its shipped format (gpt-oss MXFP4) on Hopper and Blackwell: --target-gpu h100, h200 or b200"
+            if quant == "native" else f"use quant {fallback_quant(quant, gpu.sm)} for {gpu.name}, or target a Blackwell GPU (b200)")
+    _check(quant, gpu, where, False, hint)
 
 
 def check_kv_for_gpu(kv: str, gpu: GpuSpec, where: str = "--kv-cache") -> None:

@@ -69,8 +69,9 @@ class CudaGraphOptions(_Strict):
 
 
 class MoeOptions(_Strict):
-    # MoeConfig.backend's values (tensorrt_llm/llmapi/llm_args.py @ 0004396720054fd8; default AUTO there, CUTLASS in older releases)
-    backend: Literal["AUTO", "CUTLASS", "CUTEDSL", "TRTLLM", "DEEPGEMM", "DENSEGEMM", "VANILLA", "TRITON", "MARLIN",
+    # MoeConfig.backend's values (tensorrt_llm/llmapi/llm_args.py @ 0004396720054fd8, default AUTO; older releases
+    # default CUTLASS and also accept WIDEEP; TRITON arrived with gpt-oss support, which those releases need anyway)
+    backend: Literal["AUTO", "CUTLASS", "CUTEDSL", "WIDEEP", "TRTLLM", "DEEPGEMM", "DENSEGEMM", "VANILLA", "TRITON", "MARLIN",
                      "MEGAMOE_DEEPGEMM", "MEGAMOE_CUTEDSL"] = Field("AUTO", description="MoE kernels")
 
 

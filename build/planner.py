@@ -514,19 +514,41 @@ def _check_inputs(
         _check_tp(s, tp, pp, num_gpus)
 
 
+def moe_cost_inputs(s: LlamaShape, expert_format: str) -> dict | None:
+    """What the cost model needs of a MoE target (runtime/cost_model.py ``model_cost(moe=...)``): its experts,
+    those a token uses, and the experts' parameters and bytes in ``expert_format``; None for a dense target."""
+    if not s.experts:
+        return None
+    p = count_target(s)
+    expert_params = s.layers * p.expert_weights_per_layer
+    return {"experts": s.experts, "active_experts": s.active_experts, "expert_params": expert_params,
+            "expert_bytes": expert_params * LINEAR_BYTES[expert_format]}
+
+
 def check_quant_for_target(s: LlamaShape, quant: str, where: str = "--quant") -> None:
     """An already-quantized target is kept as shipped (``native``) or refused: ModelOpt would re-quantize
     its dequantized weights, and TensorRT-LLM loads the shipped format directly. ``native`` on a target
-    that ships unquantized has nothing to keep."""
+    that ships unquantized has nothing to keep. A family may refuse ModelOpt formats altogether."""
+    shipped = f" or the {s.family} checkpoint as shipped ({', '.join(s.native_formats)}) with --quant native" if s.native_formats else ""
     if s.quant_method is not None and quant != "native":
         if s.quant_method in s.native_formats:
+            if quant == "bf16":
+                raise UserError(where, f"bf16 on a target that ships {s.quant_method.upper()} experts: eagle3-trt keeps them as shipped "
+                                "(TensorRT-LLM loads them directly; a BF16 copy would hold the same weights in 3.8x the memory)",
+                                "use --quant native (Hopper or Blackwell)")
             raise UserError(where, f"{quant} on a target that ships {s.quant_method.upper()} weights (quantization_config.quant_method "
                             f"{s.quant_method!r}): re-quantizing would compound two roundings", "use --quant native to keep its weights as shipped")
         raise UserError(where, f"the target is already quantized ({s.quant_method!r}), a format eagle3-trt does not keep as shipped",
-                        "pass the BF16/FP16 checkpoint; eagle3-trt quantizes it with ModelOpt")
+                        f"pass the BF16/FP16 checkpoint{shipped}")
     if quant == "native" and s.quant_method not in s.native_formats:
-        what = "not quantized" if s.quant_method is None else f"in {s.quant_method!r}, which TensorRT-LLM's {s.family} model does not load as shipped"
-        raise UserError(where, f"native keeps an already-quantized target as shipped, but this target is {what}", "use --quant bf16, fp8 or nvfp4")
+        if s.quant_method is None:
+            raise UserError(where, "native keeps an already-quantized target as shipped, but this target is not quantized",
+                            "use --quant bf16" + (", fp8 or nvfp4" if not family_named(s.family).modelopt_refused else ""))
+        raise UserError(where, f"native keeps an already-quantized target as shipped, but this target is in {s.quant_method!r}, which "
+                        f"TensorRT-LLM's {s.family} model does not load as shipped", f"pass the BF16/FP16 checkpoint{shipped}")
+    why = family_named(s.family).modelopt_refused
+    if why and quant in ("fp8", "nvfp4"):
+        raise UserError(where, f"{quant} on a {s.family} target: {why}", f"use --quant bf16{shipped}")
 
 
 def _check_tp(s: LlamaShape, tp: int, pp: int, num_gpus: int) -> None:
@@ -810,7 +832,8 @@ def plan_steps(plan: Plan, calib_samples: int = 512, calib_len: int = 512) -> li
             f"{calib_samples}x{calib_len} calibration tokens ({flops:.1e} FLOP): {_duration(secs)}"
         )
     out = plan.quantized_target_bytes + draft_bytes
-    steps.append(f"export quantized checkpoint ({_gb(plan.quantized_target_bytes)}) and EAGLE-3 draft: {_duration(out / DISK_BYTES_PER_S)}")
+    what = "copy the checkpoint as shipped" if plan.quant == "native" else "export quantized checkpoint"
+    steps.append(f"{what} ({_gb(plan.quantized_target_bytes)}) and EAGLE-3 draft: {_duration(out / DISK_BYTES_PER_S)}")
     steps.append(f"bundle: write options, Triton model.yaml and manifest, hash {_gb(out)}: {_duration(out / DISK_BYTES_PER_S)}")
     # compile loads one instance; its ranks read their shards in parallel from one disk.
     read = plan.tp * plan.pp * (plan.target_weight_bytes_per_gpu + draft_bytes)

@@ -52,6 +52,7 @@ AUX_RULES = {"trtllm_default": trtllm_default_aux_layers}
 # literals too (``layer_shape_symbols``). convert/validate.py checks every layer of a checkpoint's
 # safetensors headers against its family's table before anything is loaded.
 Shape = tuple[str, ...]
+MX_BLOCK = 32  # weights per shared exponent in an MX format (MXFP4): input widths must be multiples of it
 NORMS: dict[str, Shape] = {"input_layernorm.weight": ("H",), "post_attention_layernorm.weight": ("H",)}
 ATTENTION: dict[str, Shape] = {"self_attn.q_proj.weight": ("Q", "H"), "self_attn.k_proj.weight": ("KV", "H"),
                                "self_attn.v_proj.weight": ("KV", "H"), "self_attn.o_proj.weight": ("H", "Q")}
@@ -74,7 +75,7 @@ GPT_OSS_MXFP4: dict[str, dict[str, Shape]] = {
 def layer_shape_symbols(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, experts: int) -> dict[str, int]:
     """The values of the symbols the layer tables use, for one config."""
     return {"H": hidden, "I": intermediate, "2I": 2 * intermediate, "D": head_dim, "N": heads, "Q": heads * head_dim,
-            "KV": kv_heads * head_dim, "E": experts, "H/32": hidden // 32, "I/32": intermediate // 32}
+            "KV": kv_heads * head_dim, "E": experts, "H/32": hidden // MX_BLOCK, "I/32": intermediate // MX_BLOCK}
 
 
 def resolve_shape(shape: Shape, symbols: dict[str, int]) -> tuple[int, ...]:
@@ -113,6 +114,8 @@ class Family(BaseModel):
     # quantization_config.quant_method values a checkpoint of this family ships in and TensorRT-LLM
     # loads as shipped (``--quant native``); ModelOpt re-quantization of such a target is refused
     native_quant_methods: tuple[str, ...] = ()
+    # why ModelOpt fp8/nvfp4 of this family is refused (None: allowed)
+    modelopt_refused: str | None = None
     # learned per-head attention-sink logits (one fp32 scalar per query head per layer)
     attention_sinks: bool = False
     # transformers attention the reference runtime must use (None: the runtime's GQA SDPA); a family whose
@@ -202,6 +205,11 @@ GPT_OSS = Family(
     # attention, router, embedding and lm_head in BF16: modules_to_not_convert); TensorRT-LLM loads the
     # *_blocks/*_scales tensors directly (GptOssForCausalLM.load_hf_weights, same file and commit)
     native_quant_methods=("mxfp4",),
+    # ModelOpt's fp8/nvfp4 export of the fused experts carries per-expert-tensor input scales the reference
+    # runtime does not apply (GptOssExperts has no Linear to hook), so the measured alpha would not be the
+    # served one; the shipped MXFP4 checkpoint (--quant native) or BF16 is what this toolkit builds
+    modelopt_refused=("ModelOpt's fp8/nvfp4 export of gpt-oss's fused experts is not measured faithfully by the reference runtime "
+                      "(per-expert input scales)"),
     attention_sinks=True,
     # transformers refuses SDPA for GptOss (sinks join the softmax); its eager attention adds them
     # (GptOssAttention / eager_attention_forward, transformers 5.x and 4.57)

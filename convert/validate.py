@@ -15,7 +15,7 @@ from pathlib import Path
 from eagle3_trt.convert import rope_params
 from eagle3_trt.convert.checkpoint_io import read_json, tensor_shapes
 from eagle3_trt.convert.draft_format import DraftCheckpoint, expected_shapes
-from eagle3_trt.convert.families import ATTENTION, family_named, layer_shape_symbols, resolve_shape
+from eagle3_trt.convert.families import ATTENTION, MX_BLOCK, family_named, layer_shape_symbols, resolve_shape
 from eagle3_trt.convert.hf_config import GenerationConfigIds, parse_config
 from eagle3_trt.convert.target import SUPPORTED_DTYPES, TargetInfo
 from eagle3_trt.errors import UserError
@@ -393,6 +393,7 @@ def check_target_weights(target: TargetInfo, rep: ValidationReport) -> None:
     if shapes[last][0][0] != q_rows:
         raise UserError(f"{where}:{last}", f"{shapes[last][0][0]} output rows, config says num_attention_heads x head_dim = "
                         f"{target.num_attention_heads} x {target.head_dim} = {q_rows}", "config.json (its head_dim) and the weights disagree")
+    _check_shipped_layout(target, family, shapes, method, where)
     experts = int(raw.get(family.moe_experts_field) or 0) if family.moe_experts_field else 0
     sym = layer_shape_symbols(target.hidden_size, target.intermediate_size, target.num_attention_heads,
                               target.num_key_value_heads, target.head_dim, experts)
@@ -425,6 +426,29 @@ def check_target_weights(target: TargetInfo, rep: ValidationReport) -> None:
     extra = f"; {family.name}: {', '.join(own)}" if own else ""
     moe = f"; {experts} experts" + (f" in {method}" if method else "") if experts else ""
     rep.ok("target_weights", f"{len(shapes)} tensors readable, {target.num_hidden_layers} layers present{tied}{extra}{moe}")
+
+
+def _check_shipped_layout(target: TargetInfo, family, shapes: dict, method: str | None, where: Path) -> None:
+    """The tensors and quantization_config must tell the same story: experts shipped in a native format
+    (gpt-oss MXFP4 blocks/scales) with a config naming another, or none, and a config naming that format
+    over dense experts, are each refused by the config field at fault, not as a missing tensor of layer N."""
+    cfg_field = f"{where / 'config.json'}:quantization_config"
+    found = {m for m, swaps in family.native_layer_tensors.items() for swap in swaps.values() for n in swap
+             if any(k.endswith("." + n) for k in shapes)}
+    for m in found - {method}:
+        said = f"quant_method {method!r}" if method else "no quantization_config"
+        raise UserError(f"{cfg_field}.quant_method" if method else cfg_field, f"the weights ship the experts in {m} "
+                        f"({'/'.join(sorted({n.rsplit('_', 1)[1] for swap in family.native_layer_tensors[m].values() for n in swap}))}) "
+                        f"but config.json has {said}", f'the checkpoint as shipped says "quantization_config": {{"quant_method": "{m}", ...}}')
+    if method in family.native_layer_tensors and method not in found:
+        dense = next(iter(family.native_layer_tensors[method]))
+        raise UserError(f"{cfg_field}.quant_method", f"{method!r}, but the weights hold dense experts ({dense}), no {method} blocks",
+                        "a BF16 checkpoint has no quantization_config: remove it, or use the checkpoint as shipped")
+    if method in family.native_layer_tensors:
+        for field, width in (("hidden_size", target.hidden_size), ("intermediate_size", target.intermediate_size)):
+            if width % MX_BLOCK:
+                raise UserError(f"{where / 'config.json'}:{field}", f"{width} is not a multiple of the {method} block ({MX_BLOCK})",
+                                f"{method} stores {MX_BLOCK} weights per exponent: such a checkpoint cannot hold this config's experts")
 
 
 def check_target_family(target: TargetInfo, rep: ValidationReport) -> None:

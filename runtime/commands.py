@@ -15,7 +15,7 @@ from eagle3_trt.atomic import check_writable, staged_dir
 from eagle3_trt.build import bundle as bundle_format
 from eagle3_trt.build.bundle import Bundle, open_bundle
 from eagle3_trt.build.gpus import get_gpu
-from eagle3_trt.build.planner import kv_bytes_per_token, parse_shape
+from eagle3_trt.build.planner import count_target, kv_bytes_per_token, moe_cost_inputs, parse_shape
 from eagle3_trt.build.trtllm_adapter import recommend as recommended_options
 from eagle3_trt.convert.checkpoint_io import read_json
 from eagle3_trt.convert.prompts import load_prompt_records, use_chat_template
@@ -51,8 +51,12 @@ def bundle_cost_inputs(bundle: Bundle | Path, gpu: str | None = None, tp: int | 
     tb, db = _weight_bytes(b.target_dir), _weight_bytes(b.draft_dir)
     if not tb or not db:
         raise UserError(b.path, "no weight files in target/ or draft/", "this looks like a --dry-run bundle; build it fully")
+    # a target kept as shipped is costed in its shipped format (gpt-oss: MXFP4 experts, the rest BF16)
+    target_format = b.quant.target_native if b.quant.target == "native" else b.quant.target
+    moe = moe_cost_inputs(ts, target_format if target_format in ("mxfp4", "fp8", "nvfp4") else "bf16")
     return dict(gpu=get_gpu(gpu_name), target_bytes=tb, draft_bytes=db, tp=tp,
-                target_format=b.quant.target, draft_format=b.quant.draft,
+                target_format=target_format, draft_format=b.quant.draft,
+                target_params=float(count_target(ts).total) if moe else None, target_moe=moe,
                 target_kv_bytes_per_token=kv_bytes_per_token(ts.layers, ts.kv_heads, ts.head_dim, kv_dtype, tp=1),
                 draft_kv_bytes_per_token=kv_bytes_per_token(ds.layers, ds.kv_heads, ds.head_dim, kv_dtype, tp=1),
                 target_layers=int(tcfg["num_hidden_layers"]), hidden=int(tcfg["hidden_size"]))
@@ -101,6 +105,9 @@ def run_alpha(bundle: Path, prompts_file: Path, *, reference_bundle: Path | None
     # a natively quantized target (gpt-oss MXFP4) has no BF16 source to compare with: the shipped checkpoint
     # is both what the bundle serves and the reference; only a draft quantized by the build has one
     quantized = b.quant.target not in ("bf16", "native") or b.quant.draft != "bf16"
+    if bf16 and b.quant.target == "native" and not quantized and reference_bundle is None:
+        raise UserError("--bf16", f"the bundle's target is kept as shipped ({b.quant.target_native}) and its draft is BF16: there is no "
+                        "BF16 source pair to compare with", "drop --bf16 (or pass --reference-bundle)")
     if reference_bundle is not None:
         rb = open_bundle(Path(reference_bundle))
         say(f"loading reference bundle {reference_bundle}")
@@ -298,7 +305,7 @@ def run_gate(bundle: Path, prompts_file: Path, *, threshold: float = DEFAULT_GAT
     ci = bundle_cost_inputs(b)
     gpu, tp = ci["gpu"], ci["tp"]
     tcost = model_cost(ci["target_bytes"], ci["target_format"], gpu, tp, kv_bytes_per_token=ci["target_kv_bytes_per_token"],
-                       layers=ci["target_layers"], hidden=ci["hidden"])
+                       layers=ci["target_layers"], hidden=ci["hidden"], params=ci["target_params"], moe=ci["target_moe"])
     dcost = model_cost(ci["draft_bytes"], ci["draft_format"], gpu, tp, kv_bytes_per_token=ci["draft_kv_bytes_per_token"])
     cum = ov.cumulative_acceptance + [0.0] * (k - len(ov.cumulative_acceptance))
     pred = predict(cum, gpu, tcost, dcost, tp, concurrency, k, CostParams())

@@ -22,6 +22,12 @@ break-even alpha (S = 1) is overhead / K. At larger batches the target's verific
 compute-bound, T_spec grows ~(K+1)x, and speculation stops paying: the model finds that batch
 size, which becomes TensorRT-LLM's ``max_concurrency``.
 
+Mixture-of-experts targets (gpt-oss): a forward reads the dense part and only the experts its tokens
+route to. With E experts of which each token picks a, n tokens touch on average
+E * (1 - (1 - a/E)^n) experts (uniform routing), so the expert bytes read grow with the tokens of a
+verification forward while its FLOPs grow with a/E of the expert parameters: speculation's extra
+tokens cost more memory traffic on a MoE target than on a dense one, at small batches most of all.
+
 It is an estimate from data-sheet peaks and assumed efficiencies (``CostParams``), good for
 choosing K and an order of magnitude for the concurrency cut-off, not for absolute latency.
 """
@@ -33,7 +39,8 @@ from dataclasses import asdict, dataclass, field
 from eagle3_trt.build.gpus import get_gpu
 from eagle3_trt.errors import UserError
 
-BYTES_PER_PARAM = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 4.5 / 8}  # NVFP4: 4 bits + E4M3 scale per 16
+# NVFP4: 4 bits + E4M3 scale per 16; MXFP4 (gpt-oss experts as shipped, --quant native): 4 bits + E8M0 scale per 32
+BYTES_PER_PARAM = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 4.5 / 8, "mxfp4": 4.25 / 8}
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -61,10 +68,25 @@ class ModelCost:
     kv_bytes_per_token: float = 0.0  # per GPU, read for every context token of every sequence
     layers: int = 0  # for TP all-reduces
     hidden: int = 0
+    # MoE: the experts' share of weight_bytes and params (per GPU), E experts, a per token (0: dense)
+    expert_bytes: float = 0.0
+    expert_params: float = 0.0
+    experts: int = 0
+    active_experts: int = 0
+
+    def touched(self, tokens: float) -> float:
+        """Expected fraction of the experts that ``tokens`` tokens route to (uniform routing; 1 for a dense model)."""
+        if not self.experts:
+            return 1.0
+        return 1.0 - (1.0 - self.active_experts / self.experts) ** max(tokens, 0.0)
 
 
 def peak_tflops(gpu, fmt: str) -> float:
-    """Dense peak at a weight format, falling back to the next wider format the GPU has."""
+    """Dense peak at a weight format, falling back to the next wider format the GPU has. MXFP4 experts
+    run with BF16 activations on Hopper (W4A16) and MXFP8 activations on Blackwell (TensorRT-LLM's gpt-oss
+    deployment guide's table), i.e. at the BF16 or the FP8 rate."""
+    if fmt == "mxfp4":
+        return float(gpu.fp8_tflops if gpu.fp4_tflops and gpu.fp8_tflops else gpu.bf16_tflops)
     if fmt == "nvfp4" and gpu.fp4_tflops:
         return float(gpu.fp4_tflops)
     if fmt in ("nvfp4", "fp8") and gpu.fp8_tflops:
@@ -75,8 +97,10 @@ def peak_tflops(gpu, fmt: str) -> float:
 def forward_time_s(m: ModelCost, gpu, tokens: float, kv_tokens: float, tp: int, p: CostParams,
                    overhead_us: float) -> tuple[float, str]:
     """(seconds, 'memory' | 'compute') of one forward over ``tokens`` tokens reading ``kv_tokens`` KV entries."""
-    t_mem = (m.weight_bytes + m.kv_bytes_per_token * kv_tokens) / (gpu.bandwidth_tbs * 1e12 * p.bw_efficiency)
-    t_flop = 2.0 * m.params * tokens / (m.peak_tflops * 1e12 * p.flops_efficiency)
+    weights = m.weight_bytes - m.expert_bytes * (1.0 - m.touched(tokens))  # MoE: only the experts routed to
+    flop_params = m.params - m.expert_params * (1.0 - (m.active_experts / m.experts if m.experts else 1.0))
+    t_mem = (weights + m.kv_bytes_per_token * kv_tokens) / (gpu.bandwidth_tbs * 1e12 * p.bw_efficiency)
+    t_flop = 2.0 * flop_params * tokens / (m.peak_tflops * 1e12 * p.flops_efficiency)
     t = max(t_mem, t_flop) + overhead_us * 1e-6
     if tp > 1 and m.layers:
         act = 2 * m.hidden * tokens * 2 * (tp - 1) / tp  # bf16 activations, ring all-reduce volume
@@ -156,11 +180,16 @@ class Recommendation:
 
 
 def model_cost(weight_bytes: float, fmt: str, gpu, tp: int, *, params: float | None = None,
-               kv_bytes_per_token: float = 0.0, layers: int = 0, hidden: int = 0) -> ModelCost:
+               kv_bytes_per_token: float = 0.0, layers: int = 0, hidden: int = 0, moe: dict | None = None) -> ModelCost:
+    """Whole-model figures split over ``tp``. ``moe``: {"expert_bytes", "expert_params", "experts",
+    "active_experts"} of a MoE target (whole model; the expert bytes and params are inside the totals)."""
     if fmt not in BYTES_PER_PARAM:
         raise UserError("cost model", f"unknown weight format {fmt!r}", f"use one of {', '.join(BYTES_PER_PARAM)}")
     n = params if params is not None else weight_bytes / BYTES_PER_PARAM[fmt]
-    return ModelCost(weight_bytes / tp, n / tp, peak_tflops(gpu, fmt), kv_bytes_per_token / tp, layers, hidden)
+    m = moe or {}
+    return ModelCost(weight_bytes / tp, n / tp, peak_tflops(gpu, fmt), kv_bytes_per_token / tp, layers, hidden,
+                     m.get("expert_bytes", 0.0) / tp, m.get("expert_params", 0.0) / tp, int(m.get("experts", 0)),
+                     int(m.get("active_experts", 0)))
 
 
 def _curve(c, where: str) -> list[float]:
@@ -199,7 +228,7 @@ def recommend(per_position_acceptance: list[float], gpu, target_bytes: float, dr
               draft_kv_bytes_per_token: float = 0.0, target_layers: int = 0, hidden: int = 0,
               concurrency: int = 1, batches=DEFAULT_BATCHES, min_speedup: float = 1.0,
               params: CostParams = CostParams(), measured_by_k: dict[int, list[float]] | None = None,
-              max_k: int | None = None) -> Recommendation:
+              max_k: int | None = None, target_params: float | None = None, target_moe: dict | None = None) -> Recommendation:
     """Best K at ``concurrency`` and the largest batch size up to which that K still pays.
 
     ``per_position_acceptance``: cumulative acceptance c_k = P(first k+1 drafts accepted), as
@@ -207,7 +236,8 @@ def recommend(per_position_acceptance: list[float], gpu, target_bytes: float, dr
     ``measured_by_k`` (the curve measured at each K of an ``alpha --sweep``), among 1..the largest
     measured K, each K predicted from its own measurement (``curves_by_k``); ``max_k`` caps K.
     ``gpu``: a ``build.gpus.GpuSpec`` or its name. Byte counts are whole-model (split over TP here);
-    KV bytes per token are whole-model too.
+    KV bytes per token are whole-model too. ``target_params`` (else bytes / bytes per parameter) and
+    ``target_moe`` (``model_cost``'s ``moe``) describe a MoE target.
     """
     if isinstance(gpu, str):
         gpu = get_gpu(gpu)
@@ -216,7 +246,7 @@ def recommend(per_position_acceptance: list[float], gpu, target_bytes: float, dr
     if tp < 1:
         raise UserError("cost model", f"tp={tp}", "tensor parallelism is at least 1")
     tcost = model_cost(target_bytes, target_format, gpu, tp, kv_bytes_per_token=target_kv_bytes_per_token,
-                       layers=target_layers, hidden=hidden)
+                       layers=target_layers, hidden=hidden, params=target_params, moe=target_moe)
     dcost = model_cost(draft_bytes, draft_format, gpu, tp, kv_bytes_per_token=draft_kv_bytes_per_token)
     batches = sorted(set(int(b) for b in batches) | {int(concurrency)})
     ks = range(1, max(curves) + 1)
@@ -249,7 +279,8 @@ def recommend(per_position_acceptance: list[float], gpu, target_bytes: float, dr
         "gpu": {"name": gpu.name, "bandwidth_tbs": gpu.bandwidth_tbs, "peak_tflops_target": tcost.peak_tflops,
                 "peak_tflops_draft": dcost.peak_tflops, "nvlink_gbs": gpu.nvlink_gbs},
         "tp": tp,
-        "target": {"bytes": target_bytes, "format": target_format, "kv_bytes_per_token": target_kv_bytes_per_token},
+        "target": {"bytes": target_bytes, "format": target_format, "kv_bytes_per_token": target_kv_bytes_per_token,
+                   **({"moe": dict(target_moe)} if target_moe else {})},
         "draft": {"bytes": draft_bytes, "format": draft_format, "kv_bytes_per_token": draft_kv_bytes_per_token},
         "params": asdict(params),
         "cumulative_acceptance": c,

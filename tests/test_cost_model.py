@@ -169,3 +169,44 @@ def test_rejects_bad_inputs():
         recommend([0.5], "v100", 1e9, 1e8)
     with pytest.raises(UserError, match="measured for 1"):
         expected_tokens([0.5], 2)
+
+
+# ---- mixture of experts (gpt-oss): a verification forward touches more experts than a decode step -------
+def test_moe_verification_reads_the_experts_its_tokens_route_to():
+    """gpt-oss-120b at TP1 (whole-model figures), memory-bound with no fixed costs: a forward over n tokens
+    reads the dense part plus E * (1 - (1 - a/E)^n) of the 128 experts, by hand."""
+    from eagle3_trt.build.planner import count_target, moe_cost_inputs, parse_shape, read_config
+    from eagle3_trt.build.presets import PRESET_DIR
+    from eagle3_trt.runtime.cost_model import forward_time_s
+
+    cfg = read_config(PRESET_DIR.parent / "model_configs" / "gpt-oss-120b" / "target" / "config.json")
+    s = parse_shape(cfg)
+    moe = moe_cost_inputs(s, "mxfp4")
+    per_expert_weights = 3 * 2880 * 2880  # gate_up [2I, H] + down [H, I]
+    assert moe["experts"] == 128 and moe["active_experts"] == 4
+    assert moe["expert_params"] == 36 * 128 * per_expert_weights
+    assert moe["expert_bytes"] == pytest.approx(moe["expert_params"] * (0.5 + 1 / 32))
+    gpu = _infinite_compute("h100")
+    dense_bytes = 5e9  # attention, router, embeddings, lm_head (BF16), whatever the exact figure
+    total = dense_bytes + moe["expert_bytes"]
+    m = model_cost(total, "mxfp4", gpu, 1, params=count_target(s).total, moe=moe)
+    t1, _ = forward_time_s(m, gpu, 1, 0, 1, PURE, 0.0)
+    t4, _ = forward_time_s(m, gpu, 4, 0, 1, PURE, 0.0)
+    f1, f4 = 4 / 128, 1 - (124 / 128) ** 4  # 3.1 % and 11.9 % of the experts
+    assert t4 / t1 == pytest.approx((dense_bytes + moe["expert_bytes"] * f4) / (dense_bytes + moe["expert_bytes"] * f1))
+    # (5 + 60.9 GB x 0.119) / (5 + 60.9 GB x 0.031) = 1.78; a dense model of the same bytes: 1.0 (read once either way)
+    assert 1.7 < t4 / t1 < 1.9
+    # hence speculation buys less on the MoE target than on a dense model of the same bytes, same acceptance
+    c = [0.8, 0.6, 0.45]
+    dense = recommend(c, gpu, total, 1.2e9, 1, target_format="mxfp4", draft_format="bf16", params=PURE)
+    sparse = recommend(c, gpu, total, 1.2e9, 1, target_format="mxfp4", draft_format="bf16", params=PURE,
+                       target_params=float(count_target(s).total), target_moe=moe)
+    assert sparse.evidence["speedup_at_batch_1"] < dense.evidence["speedup_at_batch_1"]
+    assert sparse.evidence["target"]["moe"]["experts"] == 128
+
+
+def test_mxfp4_runs_at_bf16_rate_on_hopper_and_fp8_rate_on_blackwell():
+    from eagle3_trt.runtime.cost_model import peak_tflops
+
+    assert peak_tflops(get_gpu("h100"), "mxfp4") == get_gpu("h100").bf16_tflops
+    assert peak_tflops(get_gpu("b200"), "mxfp4") == get_gpu("b200").fp8_tflops

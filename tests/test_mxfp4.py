@@ -29,6 +29,7 @@ from eagle3_trt.convert.target import read_target
 from eagle3_trt.convert.validate import validate_pair
 from eagle3_trt.core.target import TargetModel
 from eagle3_trt.errors import UserError
+from eagle3_trt.runtime.commands import run_alpha
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "models" / "tiny-gpt-oss"
@@ -176,6 +177,12 @@ def test_alpha_on_the_native_bundle_says_how_mxfp4_was_measured(native_bundle, t
     assert o["requests"] == 3 and o["acceptance_length"] > 1.5, o
     assert "dequantizes them exactly" in rep["numerics_note"] and "reference" not in rep["pairs"]
     assert "kept as shipped (mxfp4)" in rep["reference_note"]
+    # the cost model prices the MoE target in MXFP4 with the experts its tokens route to
+    assert rep["recommendation"]["evidence"]["target"]["format"] == "mxfp4"
+    assert rep["recommendation"]["evidence"]["target"]["moe"]["experts"] == 4
+    # and there is no BF16 source to compare with: --bf16 is refused in one line
+    with pytest.raises(UserError, match=r"--bf16: the bundle's target is kept as shipped \(mxfp4\)"):
+        run_alpha(native_bundle, tmp_path / "p.jsonl", bf16=True)
 
 
 def test_fp8_kv_on_a_native_build_is_refused(tmp_path):
@@ -206,3 +213,73 @@ def test_a_sharded_mxfp4_target_builds_as_shipped_without_asking(tmp_path):
     assert not man["calibration"].get("prompts_used")  # nothing was calibrated
     built = {k: v for f in (tmp_path / "b" / "target").glob("*.safetensors") for k, v in load_file(str(f)).items()}
     assert built.keys() == sd.keys() and all(torch.equal(built[k], sd[k]) for k in sd)
+
+
+# ---- the config and the tensors must tell the same story ------------------------------------------------
+def _set_quant_method(t: Path, method) -> None:
+    cfg = json.loads((t / "config.json").read_text())
+    if method is None:
+        cfg.pop("quantization_config")
+    else:
+        cfg["quantization_config"]["quant_method"] = method
+    (t / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("method, pattern", [
+    (None, r"config\.json:quantization_config: the weights ship the experts in mxfp4 \(blocks/scales\) but config\.json has no "
+           r"quantization_config"),
+    ("MXFP4", r"quantization_config\.quant_method: the weights ship the experts in mxfp4 .* has quant_method 'MXFP4'"),
+    ("gptq", r"quantization_config\.quant_method: the weights ship the experts in mxfp4 .* has quant_method 'gptq'"),
+])
+def test_mxfp4_tensors_under_another_config_are_refused_by_the_config_field(pair, method, pattern):
+    t, d = pair
+    _set_quant_method(t, method)
+    with pytest.raises(UserError, match=pattern):
+        validate_pair(read_target(t), load_draft(d), 512)
+
+
+def test_an_mxfp4_config_over_dense_experts_is_refused(pair):
+    t, d = pair
+    _rewrite(t, lambda sd: sd.update(mxfp4.dense_experts({k: sd.pop(k) for k in list(sd)}, torch.bfloat16)))
+    with pytest.raises(UserError, match=r"quantization_config\.quant_method: 'mxfp4', but the weights hold dense experts"):
+        validate_pair(read_target(t), load_draft(d), 512)
+
+
+def test_a_hidden_size_mxfp4_cannot_hold_is_refused(tmp_path):
+    """hidden 80 is not a multiple of 32: blocks can cover 64 columns (floor) or 96 (padded), never 80."""
+    cfg = transformers.GptOssConfig(hidden_size=80, intermediate_size=64, num_hidden_layers=6, num_attention_heads=2,
+                                    num_key_value_heads=1, head_dim=40, num_local_experts=4, num_experts_per_tok=2,
+                                    vocab_size=1024, sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 3)
+    t = tmp_path / "target"
+    transformers.GptOssForCausalLM(cfg).save_pretrained(t)
+    sd = load_file(str(t / "model.safetensors"))
+    for k in [k for k in sd if k.endswith("experts.gate_up_proj")]:
+        sd[k + "_blocks"], sd[k + "_scales"] = mxfp4.quantize(sd.pop(k)[:, :64, :])  # what a floor packer writes
+    for k in [k for k in sd if k.endswith("experts.down_proj")]:
+        sd[k + "_blocks"], sd[k + "_scales"] = mxfp4.quantize(sd.pop(k))
+    save_file(sd, str(t / "model.safetensors"), metadata={"format": "pt"})
+    raw = json.loads((t / "config.json").read_text())
+    raw["quantization_config"] = dict(mxfp4.QUANTIZATION_CONFIG)
+    (t / "config.json").write_text(json.dumps(raw))
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(PAIR / "target" / f, t / f)
+    with pytest.raises(UserError, match=r"config\.json:hidden_size: 80 is not a multiple of the mxfp4 block \(32\)"):
+        validate_pair(read_target(t), load_draft(PAIR / "draft"), 512)
+
+
+def test_a_bf16_gpt_oss_target_builds_in_bf16_and_modelopt_formats_are_refused(tmp_path):
+    """The same model dequantized to BF16 (as transformers would save it): built BF16 when no --quant is given;
+    fp8/nvfp4 refused (the runtime cannot measure ModelOpt's fused-expert export); native refused (nothing shipped)."""
+    t = tmp_path / "target"
+    shutil.copytree(PAIR / "target", t)
+    _rewrite(t, lambda sd: sd.update({k: (v.to(torch.bfloat16) if v.is_floating_point() else v)
+                                      for k, v in mxfp4.dense_experts({k: sd.pop(k) for k in list(sd)}).items()}))
+    _set_quant_method(t, None)
+    req = dict(preset=load_preset("tiny"), target=str(t), draft=str(PAIR / "draft"), target_gpu="h100")
+    res = build_bundle(EngineRequest(**req, out=str(tmp_path / "b")))
+    assert res.manifest.quant.target == "bf16"
+    for quant, pattern in (("fp8", r"fp8 on a gpt-oss target: ModelOpt's fp8/nvfp4 export .*\(hint: use --quant bf16"),
+                           ("native", r"native keeps an already-quantized target as shipped, but this target is not quantized")):
+        with pytest.raises(UserError, match=pattern):
+            build_bundle(EngineRequest(**req, quant=quant, out=str(tmp_path / quant)))
+        assert not (tmp_path / quant).exists()
