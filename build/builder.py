@@ -411,7 +411,7 @@ def _quantize_and_export_inner(target_dir, draft, report, tmp: Path, quant: str,
     timings["export_draft_s"] = time.perf_counter() - s
 
     s = time.perf_counter()
-    tick = progress("export target (unified HF checkpoint)", None)
+    tick = progress("copy target as shipped" if quant == "native" else "export target (unified HF checkpoint)", None)
     if quant == "native":
         export.export_target_native(Path(target_dir), tmp / "target")
     elif quant == "bf16":

@@ -27,9 +27,11 @@ from __future__ import annotations
 import torch
 
 from eagle3_trt.convert.nvfp4_cpu import E2M1_VALUES, unpack_e2m1
+from eagle3_trt.errors import UserError
 
 BLOCK = 32  # weights per E8M0 scale
 E8M0_BIAS = 127
+E8M0_NAN = 255  # the one E8M0 code that is not a power of two
 E2M1_MAX = 6.0
 BLOCKS_SUFFIX, SCALES_SUFFIX = "_blocks", "_scales"
 # the expert matrices gpt-oss ships in MXFP4 (their biases stay BF16)
@@ -75,16 +77,24 @@ def is_mxfp4(state_names) -> bool:
 
 def dense_experts(tensors: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """A state dict with every ``<proj>_blocks``/``<proj>_scales`` pair replaced by the dense ``<proj>``
-    transformers' ``GptOssExperts`` loads; other tensors are passed through."""
+    transformers' ``GptOssExperts`` loads; other tensors are passed through. A pair that cannot be
+    dequantized (no scales, shapes or dtypes that disagree, a NaN exponent) is a one-line UserError."""
     out: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
         if name.endswith(SCALES_SUFFIX) and name[: -len(SCALES_SUFFIX)] + BLOCKS_SUFFIX in tensors:
             continue
         if name.endswith(BLOCKS_SUFFIX):
             base = name[: -len(BLOCKS_SUFFIX)]
-            if base + SCALES_SUFFIX not in tensors:
-                raise ValueError(f"{name} has no {base + SCALES_SUFFIX}")
-            out[base] = dequantize(t, tensors[base + SCALES_SUFFIX], dtype)
+            scales = tensors.get(base + SCALES_SUFFIX)
+            if scales is None:
+                raise UserError(f"target:{name}", f"has no {base + SCALES_SUFFIX}", "the MXFP4 checkpoint is incomplete")
+            if scales.dtype == torch.uint8 and bool((scales == E8M0_NAN).any()):
+                raise UserError(f"target:{base + SCALES_SUFFIX}", f"{int((scales == E8M0_NAN).sum())} blocks have the E8M0 NaN "
+                                f"exponent ({E8M0_NAN})", "the checkpoint is corrupt: re-download it")
+            try:
+                out[base] = dequantize(t, scales, dtype)
+            except ValueError as e:
+                raise UserError(f"target:{name}", str(e), "the MXFP4 checkpoint is corrupt or not in gpt-oss's layout") from None
         else:
             out[name] = t
     return out

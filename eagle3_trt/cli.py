@@ -204,7 +204,8 @@ def _detected_gpu() -> str | None:
 
 
 class _progress:
-    """rich progress for build stages; build_bundle asks for a ticker per stage."""
+    """rich progress for build stages; build_bundle asks for a ticker per stage. The live display starts
+    with the first stage, so a refusal before any stage prints its one error line and nothing else."""
 
     def __init__(self, console):
         self.p = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -212,16 +213,19 @@ class _progress:
         self.last = None
 
     def __enter__(self):
-        self.p.__enter__()
         return self
 
     def __exit__(self, *exc):
-        if self.last is not None and exc[0] is None:
+        if self.last is None:
+            return False
+        if exc[0] is None:
             self.p.update(self.last, completed=self.p.tasks[self.last].total or 1)
         return self.p.__exit__(*exc)
 
     def __call__(self, stage: str, total: int | None = None):
-        if self.last is not None:
+        if self.last is None:
+            self.p.__enter__()
+        else:
             t = self.p.tasks[self.last]
             self.p.update(self.last, completed=t.total or t.completed)
         task = self.p.add_task(stage, total=total or 1)

@@ -283,3 +283,18 @@ def test_a_bf16_gpt_oss_target_builds_in_bf16_and_modelopt_formats_are_refused(t
         with pytest.raises(UserError, match=pattern):
             build_bundle(EngineRequest(**req, quant=quant, out=str(tmp_path / quant)))
         assert not (tmp_path / quant).exists()
+
+
+def test_a_nan_exponent_is_refused_when_the_runtime_loads_the_target(pair):
+    """E8M0 code 255 is NaN: the header-only validation cannot see it; loading the target (alpha, serving,
+    train-draft) refuses it in one line instead of measuring infinities."""
+    t, _ = pair
+
+    def poison(sd):
+        s = sd["model.layers.4.mlp.experts.down_proj_scales"].clone()
+        s[0, 0, 0] = 255
+        sd["model.layers.4.mlp.experts.down_proj_scales"] = s
+
+    _rewrite(t, poison)
+    with pytest.raises(UserError, match=r"down_proj_scales: 1 blocks have the E8M0 NaN exponent \(255\)"):
+        TargetModel.from_dir(t)
