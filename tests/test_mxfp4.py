@@ -116,6 +116,11 @@ def _rewrite(target: Path, fn) -> None:
     save_file(sd, str(target / "model.safetensors"), metadata={"format": "pt"})
 
 
+def _densify(target: Path) -> None:
+    """The experts as transformers holds them in BF16 (the MXFP4 values exactly)."""
+    _rewrite(target, lambda sd: sd.update(mxfp4.dense_experts({k: sd.pop(k) for k in list(sd)}, torch.bfloat16)))
+
+
 def test_validation_checks_every_layer_of_the_shipped_format(pair):
     t, d = pair
     rep = validate_pair(read_target(t), load_draft(d), 512)
@@ -146,7 +151,7 @@ def test_a_damaged_mxfp4_checkpoint_is_refused_in_one_line(pair, damage, pattern
 def test_a_dense_gpt_oss_checkpoint_validates_against_the_bf16_table(pair):
     """The same model as transformers writes it unquantized (dense experts, no quantization_config)."""
     t, d = pair
-    _rewrite(t, lambda sd: sd.update(mxfp4.dense_experts({k: sd.pop(k) for k in list(sd)}, torch.bfloat16)))
+    _densify(t)
     cfg = json.loads((t / "config.json").read_text())
     del cfg["quantization_config"]
     (t / "config.json").write_text(json.dumps(cfg))
@@ -240,7 +245,7 @@ def test_mxfp4_tensors_under_another_config_are_refused_by_the_config_field(pair
 
 def test_an_mxfp4_config_over_dense_experts_is_refused(pair):
     t, d = pair
-    _rewrite(t, lambda sd: sd.update(mxfp4.dense_experts({k: sd.pop(k) for k in list(sd)}, torch.bfloat16)))
+    _densify(t)
     with pytest.raises(UserError, match=r"quantization_config\.quant_method: 'mxfp4', but the weights hold dense experts"):
         validate_pair(read_target(t), load_draft(d), 512)
 
