@@ -344,7 +344,7 @@ def check_dtypes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationRepo
     MXFP4), and then only kept as it is: ``quant`` None (plain ``validate``) or "native"."""
     if target.quantized:
         cfg_file = Path(target.path) / "config.json"
-        method = (read_json(cfg_file).get("quantization_config") or {}).get("quant_method")
+        method = target.quant_method
         where = f"{cfg_file}:quantization_config.quant_method" if method else Path(target.path) / "hf_quant_config.json"
         native = method in target.family_spec.native_quant_methods
         if native and quant in (None, "native"):
@@ -377,7 +377,7 @@ def check_target_weights(target: TargetInfo, rep: ValidationReport) -> None:
     where = Path(target.path)
     family = target.family_spec
     raw = read_json(where / "config.json")
-    method = (raw.get("quantization_config") or {}).get("quant_method") if target.quantized else None
+    method = target.quant_method
     emb = shapes.get("model.embed_tokens.weight")
     if emb is None:
         raise UserError(where, "no model.embed_tokens.weight in the weight files", f"is this a Hugging Face {family.hf_class} checkpoint?")
