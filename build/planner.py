@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from eagle3_trt.build.gpus import GpuSpec, check_quant_for_gpu, get_gpu
 from eagle3_trt.build.presets import Preset, load_preset, resolve_source
-from eagle3_trt.convert.families import EAGLE3_DEFAULT_NUM_AUX, LLAMA, family_named, family_of_config
+from eagle3_trt.convert.families import EAGLE3_DEFAULT_NUM_AUX, LLAMA, family_named, family_of_config, quant_refusal
 from eagle3_trt.convert.hf_config import LlamaConfigFields, parse_config
 from eagle3_trt.errors import UserError
 
@@ -526,29 +526,10 @@ def moe_cost_inputs(s: LlamaShape, expert_format: str) -> dict | None:
 
 
 def check_quant_for_target(s: LlamaShape, quant: str, where: str = "--quant") -> None:
-    """An already-quantized target is kept as shipped (``native``) or refused: ModelOpt would re-quantize
-    its dequantized weights, and TensorRT-LLM loads the shipped format directly. ``native`` on a target
-    that ships unquantized has nothing to keep. A family may refuse ModelOpt formats altogether."""
-    shipped = f" or the {s.family} checkpoint as shipped ({', '.join(s.native_formats)}) with --quant native" if s.native_formats else ""
-    if s.quant_method is not None and quant != "native":
-        if s.quant_method in s.native_formats:
-            if quant == "bf16":
-                raise UserError(where, f"bf16 on a target that ships {s.quant_method.upper()} experts: eagle3-trt keeps them as shipped "
-                                "(TensorRT-LLM loads them directly; a BF16 copy would hold the same weights in 3.8x the memory)",
-                                "use --quant native (Hopper or Blackwell)")
-            raise UserError(where, f"{quant} on a target that ships {s.quant_method.upper()} weights (quantization_config.quant_method "
-                            f"{s.quant_method!r}): re-quantizing would compound two roundings", "use --quant native to keep its weights as shipped")
-        raise UserError(where, f"the target is already quantized ({s.quant_method!r}), a format eagle3-trt does not keep as shipped",
-                        f"pass the BF16/FP16 checkpoint{shipped}")
-    if quant == "native" and s.quant_method not in s.native_formats:
-        if s.quant_method is None:
-            raise UserError(where, "native keeps an already-quantized target as shipped, but this target is not quantized",
-                            "use --quant bf16" + (", fp8 or nvfp4" if not family_named(s.family).modelopt_refused else ""))
-        raise UserError(where, f"native keeps an already-quantized target as shipped, but this target is in {s.quant_method!r}, which "
-                        f"TensorRT-LLM's {s.family} model does not load as shipped", f"pass the BF16/FP16 checkpoint{shipped}")
-    why = family_named(s.family).modelopt_refused
-    if why and quant in ("fp8", "nvfp4"):
-        raise UserError(where, f"{quant} on a {s.family} target: {why}", f"use --quant bf16{shipped}")
+    """The target's shipped format against ``quant`` (convert/families.py ``quant_refusal``: the one policy)."""
+    refused = quant_refusal(family_named(s.family), s.quant_method, quant)
+    if refused:
+        raise UserError(where, *refused)
 
 
 def _check_tp(s: LlamaShape, tp: int, pp: int, num_gpus: int) -> None:

@@ -59,8 +59,7 @@ def load_checkpoint_dequantized(ckpt_dir: Path, dtype: torch.dtype = torch.bfloa
     for f in weight_files(ckpt_dir):
         raw.update(iter_tensors(f))
     algo = quant_algo(ckpt_dir)
-    if mxfp4.is_mxfp4(raw):  # gpt-oss experts as shipped: dense [E, in, out] (weights-only; activations stay unquantized)
-        raw = mxfp4.dense_experts(raw)
+    raw = mxfp4.dense_experts(raw)  # gpt-oss experts as shipped -> dense [E, in, out] (weights only); others unchanged
     out: dict[str, torch.Tensor] = {}
     act_scales: dict[str, float] = {}
     for name, t in raw.items():

@@ -254,6 +254,38 @@ def family_of_config(cfg: dict[str, Any], where: str = "config.json") -> Family:
     return family_of(cfg.get("model_type"), f"{where}:model_type")
 
 
+def quant_refusal(fam: Family, method: str | None, quant: str | None) -> tuple[str, str] | None:
+    """Why a target of ``fam`` shipped in ``method`` (a quant_method; None: unquantized) cannot be built with
+    ``quant`` (None: not chosen yet, as plain ``validate``), as (what, hint); None when it can. The one
+    policy the planner (engine, plan, dry runs) and validate both apply:
+    - a target shipped in a format its family is served in as is (gpt-oss MXFP4) is kept as shipped
+      (``native``); re-quantizing it would compound two roundings, and a BF16 copy only costs memory;
+    - any other shipped quantization is refused (ModelOpt would quantize dequantized weights);
+    - ``native`` needs such a shipped format; a family may refuse ModelOpt's formats altogether."""
+    shipped = f" or the {fam.name} checkpoint as shipped ({', '.join(fam.native_quant_methods)}) with --quant native" if fam.native_quant_methods else ""
+    native = method in fam.native_quant_methods
+    if method is not None and quant != "native":
+        if native and quant is None:
+            return None
+        if native and quant == "bf16":
+            return (f"bf16 on a target that ships {method.upper()} experts: eagle3-trt keeps them as shipped (TensorRT-LLM loads "
+                    "them directly; a BF16 copy would hold the same weights in 3.8x the memory)", "use --quant native (Hopper or Blackwell)")
+        if native:
+            return (f"{quant} on a target that ships {method.upper()} weights (quantization_config.quant_method {method!r}): "
+                    "re-quantizing would compound two roundings", "use --quant native to keep its weights as shipped")
+        return (f"target is already quantized ({method!r}), a format eagle3-trt does not keep as shipped",
+                f"pass the BF16/FP16 checkpoint{shipped}")
+    if quant == "native" and not native:
+        if method is None:
+            return ("native keeps an already-quantized target as shipped, but this target is not quantized",
+                    "use --quant bf16" + ("" if fam.modelopt_refused else ", fp8 or nvfp4"))
+        return (f"native keeps an already-quantized target as shipped, but this target is in {method!r}, which TensorRT-LLM's "
+                f"{fam.name} model does not load as shipped", f"pass the BF16/FP16 checkpoint{shipped}")
+    if fam.modelopt_refused and quant in ("fp8", "nvfp4"):
+        return f"{quant} on a {fam.name} target: {fam.modelopt_refused}", f"use --quant bf16{shipped}"
+    return None
+
+
 def default_aux_layers_of(cfg: dict[str, Any], where: str = "config.json") -> tuple[int, ...]:
     """The default aux layers of a target config dict (its family's rule over its layer count)."""
     return family_of_config(cfg, where).default_aux_layers(int(cfg["num_hidden_layers"]))

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import torch
 
-from eagle3_trt.convert.nvfp4_cpu import E2M1_VALUES, unpack_e2m1
+from eagle3_trt.convert.families import MX_BLOCK as BLOCK  # weights per E8M0 scale
+from eagle3_trt.convert.nvfp4_cpu import E2M1_MAX, E2M1_VALUES, unpack_e2m1
 from eagle3_trt.errors import UserError
 
-BLOCK = 32  # weights per E8M0 scale
 E8M0_BIAS = 127
 E8M0_NAN = 255  # the one E8M0 code that is not a power of two
-E2M1_MAX = 6.0
 BLOCKS_SUFFIX, SCALES_SUFFIX = "_blocks", "_scales"
 # the expert matrices gpt-oss ships in MXFP4 (their biases stay BF16)
 EXPERT_PROJS = ("gate_up_proj", "down_proj")
@@ -69,10 +68,6 @@ def quantize(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     codes = (x.unsqueeze(-1) - E2M1_VALUES).abs().argmin(-1).to(torch.uint8)  # nearest of the 16 codes
     packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
     return packed.contiguous(), (exp + E8M0_BIAS).to(torch.uint8).contiguous()
-
-
-def is_mxfp4(state_names) -> bool:
-    return any(n.endswith(BLOCKS_SUFFIX) for n in state_names)
 
 
 def dense_experts(tensors: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:

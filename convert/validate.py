@@ -15,7 +15,7 @@ from pathlib import Path
 from eagle3_trt.convert import rope_params
 from eagle3_trt.convert.checkpoint_io import read_json, tensor_shapes
 from eagle3_trt.convert.draft_format import DraftCheckpoint, expected_shapes
-from eagle3_trt.convert.families import ATTENTION, MX_BLOCK, family_named, layer_shape_symbols, resolve_shape
+from eagle3_trt.convert.families import ATTENTION, MX_BLOCK, family_named, layer_shape_symbols, quant_refusal, resolve_shape
 from eagle3_trt.convert.hf_config import GenerationConfigIds, parse_config
 from eagle3_trt.convert.target import SUPPORTED_DTYPES, TargetInfo
 from eagle3_trt.errors import UserError
@@ -340,23 +340,16 @@ def check_rope(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int, rep
 
 
 def check_dtypes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationReport, quant: str | None = None) -> None:
-    """A shipped-quantized target passes only in a format its family is served in as shipped (gpt-oss
-    MXFP4), and then only kept as it is: ``quant`` None (plain ``validate``) or "native"."""
+    """A shipped-quantized target against ``quant`` (None: plain ``validate``) by the planner's policy
+    (convert/families.py ``quant_refusal``); a ModelOpt export (hf_quant_config.json) counts as quantized."""
     if target.quantized:
         cfg_file = Path(target.path) / "config.json"
         method = target.quant_method
         where = f"{cfg_file}:quantization_config.quant_method" if method else Path(target.path) / "hf_quant_config.json"
-        native = method in target.family_spec.native_quant_methods
-        if native and quant in (None, "native"):
-            rep.ok("target_format", f"{method} as shipped: built with --quant native (TensorRT-LLM loads it as is)")
-        elif native:
-            raise UserError(where, f"the target ships in {method}; --quant {quant} would re-quantize dequantized weights",
-                            "use --quant native to keep it as shipped")
-        elif quant == "native":
-            raise UserError(where, f"--quant native: quant_method {method!r} is not a format {target.family} ships in",
-                            "pass the BF16/FP16 checkpoint and --quant fp8, nvfp4 or bf16")
-        else:
-            raise UserError(where, "target is already quantized", "pass the BF16/FP16 checkpoint; eagle3-trt quantizes it with ModelOpt")
+        refused = quant_refusal(target.family_spec, method or "hf_quant_config", quant)
+        if refused:
+            raise UserError(where, *refused)
+        rep.ok("target_format", f"{method} as shipped: built with --quant native (TensorRT-LLM loads it as is)")
     if target.torch_dtype is not None and target.torch_dtype not in SUPPORTED_DTYPES:
         raise UserError(f"{Path(target.path) / 'config.json'}:torch_dtype", f"{target.torch_dtype} not supported", f"use one of {', '.join(SUPPORTED_DTYPES)}")
     for name, t in draft.tensors.items():

@@ -127,7 +127,7 @@ def test_validation_checks_every_layer_of_the_shipped_format(pair):
     detail = {c["check"]: c["detail"] for c in rep.checks}
     assert "4 experts in mxfp4" in detail["target_weights"] and "self_attn.sinks" in detail["target_weights"]
     assert detail["target_format"].startswith("mxfp4 as shipped")
-    with pytest.raises(UserError, match=r"ships in mxfp4; --quant fp8 would re-quantize .*hint: use --quant native"):
+    with pytest.raises(UserError, match=r"quantization_config\.quant_method: fp8 on a target that ships MXFP4 weights .*re-quantizing .*hint: use --quant native"):
         validate_pair(read_target(t), load_draft(d), 512, quant="fp8")
 
 
