@@ -1,7 +1,7 @@
 # Thin front for the eagle3-trt CLI. Every target sets up .venv on first use.
 #   make engine [MODEL=tiny|tiny-qwen3|tiny-gpt-oss|llama3.1-8b|llama3.3-70b|qwen3-8b|qwen3-32b|gpt-oss-20b|gpt-oss-120b] [TARGET=dir DRAFT=dir] [GPU=h100|h200|b200]
 #               [GPUS=n] [TP=n] [QUANT=fp8|nvfp4|bf16|native] [QUANTIZE_DRAFT=1] [DRY_RUN=1] [OUT=dir]
-#   make test   the test suite (what CI runs); make test-compat: the same on TensorRT-LLM 1.2's
+#   make test   lint, then the test suite (what CI runs); make lint: import contracts, ruff, mypy; make test-compat: the same on TensorRT-LLM 1.2's
 #               library generation (transformers 4.57.3, ModelOpt 0.37)
 #   make serve  [BUNDLE=engines/tiny-fp8-h100] [REPO=repos/eagle3] [RUNTIME=reference|trtllm]
 #               [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002] [UNARY=1|only]: Triton on 127.0.0.1;
@@ -60,8 +60,19 @@ $(STAMP): pyproject.toml Makefile
 engine: $(STAMP)
 	$(BIN)/eagle3-trt engine $(ENGINE_ARGS)
 
-test: $(STAMP) $(DYNAMO_STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+# Installed packages may register global pytest plugins (ai-dynamo's drop test_triton_* files): autoloading
+# is off and the suite names its own plugins in pyproject's addopts; its guard fails the run on any lost test.
+test: lint $(DYNAMO_STAMP)
+	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Static checks, from the repository root on the checkout as it is: import-linter layer contracts,
+# ruff (lint + format check) and mypy (strict on the pure layers, see pyproject). make test runs them first.
+.PHONY: lint
+lint: $(STAMP)
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m mypy
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_engine.py
@@ -90,7 +101,7 @@ $(COMPAT_STAMP): pyproject.toml Makefile $(STAMP)
 
 .PHONY: test-compat
 test-compat: $(COMPAT_STAMP)
-	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
 	rm -rf engines .pytest_cache

@@ -1,9 +1,10 @@
-"""Hatch build hook: keep editable installs from copying the top-level folders.
+"""Hatch build hook: keep editable installs from copying the data folders.
 
-A wheel copies convert/, build/, ... under eagle3_trt/ (force-include). An editable install
-must not: eagle3_trt/__init__.py already finds them in the source tree, and a copied
-site-packages/eagle3_trt/ would shadow the tree. Hatchling only skips force-include for
-editable wheels when a hook supplies a replacement map, so we supply a one-file marker.
+A wheel ships build/presets, convert/data, models/ and triton_repo/model as package data
+under eagle3_trt/_data/ (force-include). An editable install must not: the checkout's
+eagle3_trt/resources.py finds them in place, and a copied site-packages/eagle3_trt/ would
+shadow the source package. Hatchling only skips force-include for editable wheels when a
+hook supplies a replacement map, so we supply a one-file marker.
 """
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface

@@ -44,15 +44,14 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-FIELDS = ("draft_tokens", "accepted_tokens", "target_forwards", "generated_tokens", "drafted_per_position",
-          "accepted_per_position")
+FIELDS = ("draft_tokens", "accepted_tokens", "target_forwards", "generated_tokens", "drafted_per_position", "accepted_per_position")
 
 
 def build(k: int, device: str, threads: int, pair: str = "random"):
     from eagle3_trt.convert.tiny_pair import make_pair
+    from eagle3_trt.core.engine import SpeculativeEngine
     from eagle3_trt.train.toy_pair import sharpen_target
     from eagle3_trt.train.trainer import distill_draft
-    from eagle3_trt.core.engine import SpeculativeEngine
 
     torch.set_num_threads(threads)
     if pair == "embedded":
@@ -107,11 +106,14 @@ class Work:
             x = kwargs.get("input_ids") if who == "target" else (args[0] if args else kwargs.get("embeds"))
             self.passes[who] += 1
             self.rows[who] += x.shape[0] * x.shape[1]
+
         return hook
 
     def __enter__(self):
-        self.handles = [self.eng.target.hf.model.register_forward_pre_hook(self._count("target"), with_kwargs=True),
-                        self.eng.draft.register_forward_pre_hook(self._count("draft"), with_kwargs=True)]
+        self.handles = [
+            self.eng.target.hf.model.register_forward_pre_hook(self._count("target"), with_kwargs=True),
+            self.eng.draft.register_forward_pre_hook(self._count("draft"), with_kwargs=True),
+        ]
         return self
 
     def __exit__(self, *exc):
@@ -136,9 +138,9 @@ def short_prompts(n: int, pair: str) -> list[list[int]]:
 
 
 def compare(eng, name: str, prompts: list[list[int]], a) -> bool:
-    from eagle3_trt.runtime.estimator import estimate
     from eagle3_trt.core.engine import SamplingParams
     from eagle3_trt.core.stats import aggregate
+    from eagle3_trt.runtime.estimator import estimate
 
     params = SamplingParams(max_tokens=a.max_tokens)
     estimate(eng, prompts[:2], a.max_tokens)  # warm-up
@@ -158,8 +160,7 @@ def compare(eng, name: str, prompts: list[list[int]], a) -> bool:
     agg = aggregate(est.stats)
     lens = sorted(len(p) for p in prompts)
     print(f"[{name}] {len(prompts)} prompts of {lens[0]}-{lens[-1]} tokens, up to {a.max_tokens} generated, K={a.k}")
-    print(f"  alpha {agg.alpha:.3f}, acceptance length {agg.acceptance_length:.2f}, "
-          f"cumulative per position {[round(x, 3) for x in agg.cumulative_acceptance]}")
+    print(f"  alpha {agg.alpha:.3f}, acceptance length {agg.acceptance_length:.2f}, cumulative per position {[round(x, 3) for x in agg.cumulative_acceptance]}")
     print(f"  {'':31s}{'time':>8s}  {'ratio':>6s}   target passes (rows)   draft passes (rows)")
     print(f"  {'estimator':31s}{t_est:7.2f}s  {'':6s}   {w_est}")
     print(f"  {'speculative generation, b=1':31s}{t_gen1:7.2f}s  {t_gen1 / t_est:5.1f}x   {w_gen1}   (goal >= 5x)")
@@ -172,14 +173,13 @@ def compare(eng, name: str, prompts: list[list[int]], a) -> bool:
 
 def compare_sweep(eng, prompts: list[list[int]], a) -> bool:
     """Choosing K: acceptance at every K of --sweep, from one estimate vs one generation run per K."""
-    from eagle3_trt.runtime.estimator import estimate
     from eagle3_trt.core.engine import SamplingParams
     from eagle3_trt.core.stats import aggregate
+    from eagle3_trt.runtime.estimator import estimate
 
     ks = sorted({int(x) for x in a.sweep.split(",")})
     params = SamplingParams(max_tokens=a.max_tokens)
-    t_est, est = best_of(lambda: estimate(eng, prompts, a.max_tokens, k=ks[0], batch_size=a.batch_size, sweep=ks),
-                         a.repeats)
+    t_est, est = best_of(lambda: estimate(eng, prompts, a.max_tokens, k=ks[0], batch_size=a.batch_size, sweep=ks), a.repeats)
     t_gen1 = t_genb = 0.0
     ok = True
     saved = eng.max_draft_len
@@ -190,8 +190,7 @@ def compare_sweep(eng, prompts: list[list[int]], a) -> bool:
             tb, genb = best_of(lambda: eng.generate(prompts, params), a.repeats)
             t_gen1, t_genb = t_gen1 + t1, t_genb + tb
             for e, g1, gb in zip(est.by_k[k], gen1, genb):
-                ok &= tuple(getattr(e, f) for f in FIELDS) == tuple(getattr(g1.stats, f) for f in FIELDS) \
-                    == tuple(getattr(gb.stats, f) for f in FIELDS)
+                ok &= tuple(getattr(e, f) for f in FIELDS) == tuple(getattr(g1.stats, f) for f in FIELDS) == tuple(getattr(gb.stats, f) for f in FIELDS)
     finally:
         eng.max_draft_len = saved
     als = ", ".join(f"K={k}: {aggregate(est.by_k[k]).acceptance_length:.2f}" for k in ks)
@@ -211,14 +210,16 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=32, help="estimator batch size")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch CPU threads for both methods (1: the per-pass comparison without OpenMP effects)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads for both methods (1: the per-pass comparison without OpenMP effects)")
     ap.add_argument("--sets", default="short,mt-bench", help="comma list of: short, mt-bench")
-    ap.add_argument("--pair", choices=("embedded", "random"), default="embedded",
-                    help="embedded: the shipped trained pair (192 wide, 8 layers); random: a 64-wide random "
-                         "target with a quickly distilled draft (attention-bound on long prompts)")
-    ap.add_argument("--sweep", default="1,2,3,4,5",
-                    help="draft lengths for the K-sweep comparison (empty: skip it)")
+    ap.add_argument(
+        "--pair",
+        choices=("embedded", "random"),
+        default="embedded",
+        help="embedded: the shipped trained pair (192 wide, 8 layers); random: a 64-wide random "
+        "target with a quickly distilled draft (attention-bound on long prompts)",
+    )
+    ap.add_argument("--sweep", default="1,2,3,4,5", help="draft lengths for the K-sweep comparison (empty: skip it)")
     a = ap.parse_args()
 
     eng = build(a.k, a.device, a.threads, a.pair)

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-RAW = r'''
+RAW = r"""
 import sys, torch, copy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 import modelopt.torch.quantization as mtq
@@ -38,7 +38,7 @@ def loop(m):
             m(input_ids=b, use_cache=False)
 mtq.quantize(model, cfg, forward_loop=loop)
 export_hf_checkpoint(model, export_dir=out)
-'''
+"""
 
 
 def run(cmd: list[str]) -> tuple[float, float]:
@@ -65,14 +65,41 @@ def main() -> None:
     from eagle3_trt.convert.tiny_pair import TinyShape, make_pair
 
     work = Path(tempfile.mkdtemp(prefix="bench-engine-"))
-    shape = TinyShape(hidden_size=args.hidden, num_hidden_layers=args.layers, intermediate_size=3 * args.hidden,
-                      draft_intermediate_size=3 * args.hidden, num_attention_heads=max(4, args.hidden // 64))
+    shape = TinyShape(
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        intermediate_size=3 * args.hidden,
+        draft_intermediate_size=3 * args.hidden,
+        num_attention_heads=max(4, args.hidden // 64),
+    )
     target, draft = make_pair(work / "pair", shape)
     n_params = sum(v["bytes"] for v in [{"bytes": (work / "pair/target/model.safetensors").stat().st_size}]) / 2
     gpu = "h100" if args.quant == "fp8" else "b200"
-    engine = [sys.executable, "-m", "eagle3_trt.cli", "engine", "--model", "tiny", "--target", str(target), "--draft", str(draft),
-              "--target-gpu", gpu, "--quant", args.quant, "--kv-cache", "fp8", "--calib-samples", str(args.samples),
-              "--calib-max-length", str(args.max_length), "--force", "-o", str(work / "bundle")]
+    engine = [
+        sys.executable,
+        "-m",
+        "eagle3_trt.cli",
+        "engine",
+        "--model",
+        "tiny",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--target-gpu",
+        gpu,
+        "--quant",
+        args.quant,
+        "--kv-cache",
+        "fp8",
+        "--calib-samples",
+        str(args.samples),
+        "--calib-max-length",
+        str(args.max_length),
+        "--force",
+        "-o",
+        str(work / "bundle"),
+    ]
     raw = [sys.executable, "-c", RAW, str(target), str(work / "raw"), args.quant, str(args.samples), str(args.max_length), str(DEFAULT_CALIB_FILE)]
     res: dict[str, list[tuple[float, float]]] = {"engine": [], "raw": []}
     for _ in range(args.repeats):  # alternate so drift on a shared machine hits both sides
@@ -84,14 +111,17 @@ def main() -> None:
         "model": {"hidden": args.hidden, "layers": args.layers, "params_approx": int(n_params), "quant": args.quant},
         "raw_modelopt": {"wall_s": round(med["raw"][0], 2), "peak_rss_mib": round(med["raw"][1], 1)},
         "eagle3_trt_engine": {"wall_s": round(med["engine"][0], 2), "peak_rss_mib": round(med["engine"][1], 1)},
-        "time_ratio": round(t_ratio, 3), "memory_ratio": round(m_ratio, 3),
+        "time_ratio": round(t_ratio, 3),
+        "memory_ratio": round(m_ratio, 3),
         "goal": {"time_ratio_max": 1.10, "memory_ratio_max": 1.2},
         "meets_goal": t_ratio <= 1.10 and m_ratio <= 1.2,
         "runs": res,
     }
     print(json.dumps(report, indent=2))
-    print(f"\nengine {med['engine'][0]:.2f} s / {med['engine'][1]:.0f} MiB vs raw ModelOpt {med['raw'][0]:.2f} s / {med['raw'][1]:.0f} MiB"
-          f" -> time x{t_ratio:.3f} (goal <= 1.10), memory x{m_ratio:.3f} (goal <= 1.2)")
+    print(
+        f"\nengine {med['engine'][0]:.2f} s / {med['engine'][1]:.0f} MiB vs raw ModelOpt {med['raw'][0]:.2f} s / {med['raw'][1]:.0f} MiB"
+        f" -> time x{t_ratio:.3f} (goal <= 1.10), memory x{m_ratio:.3f} (goal <= 1.2)"
+    )
 
 
 if __name__ == "__main__":

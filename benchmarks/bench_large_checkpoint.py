@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # source checkout without install
 
-from eagle3_trt.convert.checkpoint_io import sha256_file, tensor_shapes  # noqa: E402
-from eagle3_trt.convert.streaming import INDEX_FILE, stream_convert  # noqa: E402
+from eagle3_trt.convert.checkpoint_io import sha256_file, tensor_shapes
+from eagle3_trt.convert.streaming import INDEX_FILE, stream_convert
 
 GB = 1e9
 GOAL_BASE = 2 * GB
@@ -122,7 +122,7 @@ def _write_safetensors(path: Path, tensors: list, pattern: bytes) -> int:
     raw += b" " * (-len(raw) % 8)
     with open(path, "wb") as f:
         f.write(len(raw).to_bytes(8, "little") + raw)
-        for i, (name, shape, _) in enumerate(tensors):
+        for i, (_name, shape, _) in enumerate(tensors):
             left = _nbytes(shape)
             # Tensor i starts with its index: a copy that mixes tensors up is detectable.
             first = (i.to_bytes(8, "little") + pattern[8 : min(left, len(pattern))])[:left]
@@ -145,7 +145,7 @@ def write_checkpoint(root: Path, tensors: list, shard_bytes: int) -> tuple[int, 
         cur.append(t)
         size += _nbytes(t[1])
     shards.append(cur)
-    import torch  # noqa: PLC0415
+    import torch
 
     # 16 MiB of weight-like BF16 values (normal floats: raw byte patterns would be full of
     # denormals and NaNs, which slow down dtype conversion and no real checkpoint has).
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"not enough disk under {parent}: need {need / GB:.1f} GB (source + converted copies + 2 GB), have {free / GB:.1f} GB", file=sys.stderr)
         return 2
 
-    import torch  # noqa: F401,PLC0415 - in the baseline RSS, as in the real pipeline
+    import torch  # noqa: F401 - in the baseline RSS, as in the real pipeline
 
     root = Path(tempfile.mkdtemp(prefix="eagle3-bench-ckpt-", dir=parent))
     results = []
@@ -204,21 +204,33 @@ def main(argv: list[str] | None = None) -> int:
         src.mkdir()
         w = _phase("write synthetic checkpoint", total, lambda: write_checkpoint(src, tensors, int(args.shard_gb * GB)))
         total, largest = w["result"]
-        w["result"] = {"bytes": total, "largest_tensor_bytes": largest, "files": len(list(src.glob('*.safetensors'))), **dims}
+        w["result"] = {"bytes": total, "largest_tensor_bytes": largest, "files": len(list(src.glob("*.safetensors"))), **dims}
         results.append(w)
         files = sorted(src.glob("*.safetensors"))
-        results.append(_phase("sha256 (streaming, checkpoint_io.sha256_file)", total,
-                              lambda: hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()[:16]))
+        results.append(
+            _phase(
+                "sha256 (streaming, checkpoint_io.sha256_file)", total, lambda: hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()[:16]
+            )
+        )
         results.append(_phase("header-only shapes (checkpoint_io.tensor_shapes)", 0, lambda: len(tensor_shapes(src))))
         rename = lambda n: n.removeprefix("model.")  # noqa: E731
-        results.append(_phase("stream_convert rename (byte copy)", total,
-                              lambda: _summary(stream_convert(src, root / "renamed", rename, max_shard_bytes=int(args.out_shard_gb * GB)))))
+        results.append(
+            _phase(
+                "stream_convert rename (byte copy)",
+                total,
+                lambda: _summary(stream_convert(src, root / "renamed", rename, max_shard_bytes=int(args.out_shard_gb * GB))),
+            )
+        )
         results[-1]["result"]["verified"] = _verify_copy(src, root / "renamed")
         shutil.rmtree(root / "renamed")
         if not args.skip_cast:
-            results.append(_phase("stream_convert rename + BF16->FP16 cast", total,
-                                  lambda: _summary(stream_convert(src, root / "cast", rename, cast=lambda n, d: "float16",
-                                                                  max_shard_bytes=int(args.out_shard_gb * GB)))))
+            results.append(
+                _phase(
+                    "stream_convert rename + BF16->FP16 cast",
+                    total,
+                    lambda: _summary(stream_convert(src, root / "cast", rename, cast=lambda n, d: "float16", max_shard_bytes=int(args.out_shard_gb * GB))),
+                )
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -229,31 +241,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"synthetic checkpoint: {total / GB:.2f} GB in {results[0]['result']['files']} shards, largest tensor {largest / GB:.2f} GB; "
-              f"goal: peak RSS <= 2 GB + largest = {goal / GB:.2f} GB")
+        print(
+            f"synthetic checkpoint: {total / GB:.2f} GB in {results[0]['result']['files']} shards, largest tensor {largest / GB:.2f} GB; "
+            f"goal: peak RSS <= 2 GB + largest = {goal / GB:.2f} GB"
+        )
         for r in results:
             rate = f"{r['mb_per_s']:8.1f} MB/s" if r["mb_per_s"] else "         -   "
-            print(f"  {r['phase']:50s} {r['seconds']:7.2f} s {rate}  peak RSS {r['peak_rss_bytes'] / GB:5.2f} GB "
-                  f"({r['peak_rss_bytes'] / goal:4.0%} of goal) {'ok' if r['within_goal'] else 'OVER GOAL'}")
+            print(
+                f"  {r['phase']:50s} {r['seconds']:7.2f} s {rate}  peak RSS {r['peak_rss_bytes'] / GB:5.2f} GB "
+                f"({r['peak_rss_bytes'] / goal:4.0%} of goal) {'ok' if r['within_goal'] else 'OVER GOAL'}"
+            )
     return 0 if all(r["within_goal"] for r in results) else 1
 
 
 def _verify_copy(src: Path, dst: Path) -> bool:
     """Same names (minus the prefix), shapes and bytes: compares the sha256 of each tensor's
     bytes, read through safetensors' own loader one tensor at a time."""
-    from safetensors import safe_open  # noqa: PLC0415
+    from safetensors import safe_open
 
     def digests(root: Path, strip: str) -> dict[str, str]:
         out = {}
         for f in sorted(root.glob("*.safetensors")):
             with safe_open(str(f), framework="pt") as h:
-                for k in h.keys():
+                for k in h:
                     t = h.get_tensor(k)
                     out[k.removeprefix(strip)] = hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy()).hexdigest()
                     del t
         return out
 
-    import torch  # noqa: PLC0415
+    import torch
 
     return digests(src, "model.") == digests(dst, "")
 

@@ -27,15 +27,13 @@ import torch
 
 SHAPES = {
     "tiny": dict(),
-    "medium": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
-                   intermediate_size=1536, draft_intermediate_size=1536),
+    "medium": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1536, draft_intermediate_size=1536),
 }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", choices=[*SHAPES, "embedded"], default="tiny",
-                    help="embedded: the shipped trained tiny pair (192 wide) on its held-out prompts")
+    ap.add_argument("--shape", choices=[*SHAPES, "embedded"], default="tiny", help="embedded: the shipped trained tiny pair (192 wide) on its held-out prompts")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--tree", default=None, help='optional static tree as JSON, e.g. "[[0],[1],[0,0],[0,1],[0,0,0]]"')
@@ -47,11 +45,11 @@ def main() -> int:
     a = ap.parse_args()
 
     from eagle3_trt.convert.tiny_pair import TinyShape, make_pair
-    from eagle3_trt.train.toy_pair import sharpen_target
-    from eagle3_trt.train.trainer import distill_draft
     from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
     from eagle3_trt.core.stats import aggregate
     from eagle3_trt.core.tree import parse_tree
+    from eagle3_trt.train.toy_pair import sharpen_target
+    from eagle3_trt.train.trainer import distill_draft
 
     torch.set_num_threads(a.threads)
     dtype = torch.float32 if a.device == "cpu" else torch.bfloat16
@@ -100,8 +98,10 @@ def main() -> int:
     speedup = t_base / t_spec
     label = f"tree {a.tree}" if tree is not None else f"chain K={a.k}"
     print(f"{a.prompts} prompts x {a.max_tokens} tokens, batch 1, greedy, {a.device} ({a.threads} thread(s)), {label}")
-    print(f"  alpha {agg.alpha:.3f}  AL {agg.acceptance_length:.2f} tokens/target forward  "
-          f"cumulative per position {[round(x, 3) for x in agg.cumulative_acceptance]}")
+    print(
+        f"  alpha {agg.alpha:.3f}  AL {agg.acceptance_length:.2f} tokens/target forward  "
+        f"cumulative per position {[round(x, 3) for x in agg.cumulative_acceptance]}"
+    )
     print(f"  K=0          {n / t_base:8.1f} tokens/s")
     print(f"  speculative  {n / t_spec:8.1f} tokens/s")
     print(f"  speedup {speedup:.2f}x; fraction of ideal (speedup / AL) {speedup / agg.acceptance_length:.2f}")

@@ -40,8 +40,8 @@ PROMPTS = [
 
 
 def build_bundle(out: Path) -> Path:
-    from eagle3_trt.build.builder import EngineRequest, build_bundle
-    from eagle3_trt.build.presets import load_preset
+    from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
+    from eagle3_trt.pipeline.presets import load_preset
 
     return build_bundle(EngineRequest(preset=load_preset("tiny"), target_gpu="h100", out=str(out))).bundle
 
@@ -73,8 +73,9 @@ class DirectRuntime:
     def __init__(self, bundle: Path, threads: int):
         import subprocess
 
-        self.proc = subprocess.Popen([sys.executable, "-c", DIRECT_WORKER, str(bundle), str(threads), str(ROOT)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", DIRECT_WORKER, str(bundle), str(threads), str(ROOT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError("direct runtime worker failed to start")
 
@@ -110,8 +111,8 @@ def main() -> int:
 
     from eagle3_trt.clients.chat import PromptFormatter
     from eagle3_trt.clients.llm_client import GenerationParams, LLMClient
-    from eagle3_trt.triton_repo.package import package_bundle
-    from eagle3_trt.triton_repo.server import free_ports, start_server, stop_server
+    from eagle3_trt.triton_serving.package import package_bundle
+    from eagle3_trt.triton_serving.server import free_ports, start_server, stop_server
 
     tmp = Path(tempfile.mkdtemp(prefix="e3-overhead-"))
     bundle = args.bundle or build_bundle(tmp / "bundle")
@@ -158,51 +159,78 @@ def main() -> int:
                 if len(d_itl) > start:
                     round_pct.append((statistics.median(t_itl[start:]) / statistics.median(d_itl[start:]) - 1) * 100)
             dm, tm = statistics.median(d_itl), statistics.median(t_itl)
-            rows.append({
-                "speculation": spec, "requests": len(d_itl), "max_tokens": args.max_tokens,
-                "round_overhead_pct": round_pct, "rounds_median_overhead_pct": statistics.median(round_pct),
-                "rounds_min_overhead_pct": min(round_pct), "rounds_max_overhead_pct": max(round_pct),
-                "meets_goal": statistics.median(round_pct) <= 5.0,
-                "direct_itl_ms": dm * 1e3, "triton_itl_ms": tm * 1e3, "added_itl_ms": (tm - dm) * 1e3,
-                "overhead_pct": (tm / dm - 1) * 100,
-                "delivery_ms_median": statistics.median(delivery) * 1e3 if delivery else None,
-                "delivery_ms_best": min(delivery) * 1e3 if delivery else None,
-                "direct_latency_per_token_ms": statistics.median(d_lpt) * 1e3,
-                "triton_latency_per_token_ms": statistics.median(t_lpt) * 1e3,
-                "latency_per_token_overhead_pct": (statistics.median(t_lpt) / statistics.median(d_lpt) - 1) * 100,
-                "best_latency_per_token_overhead_pct": (min(t_lpt) / min(d_lpt) - 1) * 100,
-                "direct_best_itl_ms": min(d_itl) * 1e3, "triton_best_itl_ms": min(t_itl) * 1e3,
-                "best_overhead_pct": (min(t_itl) / min(d_itl) - 1) * 100,
-                "paired_median_overhead_pct": statistics.median(
-                    (b / a - 1) * 100 for a, b in zip(d_itl, t_itl)), "token_count_mismatches": mismatches,
-            })
+            rows.append(
+                {
+                    "speculation": spec,
+                    "requests": len(d_itl),
+                    "max_tokens": args.max_tokens,
+                    "round_overhead_pct": round_pct,
+                    "rounds_median_overhead_pct": statistics.median(round_pct),
+                    "rounds_min_overhead_pct": min(round_pct),
+                    "rounds_max_overhead_pct": max(round_pct),
+                    "meets_goal": statistics.median(round_pct) <= 5.0,
+                    "direct_itl_ms": dm * 1e3,
+                    "triton_itl_ms": tm * 1e3,
+                    "added_itl_ms": (tm - dm) * 1e3,
+                    "overhead_pct": (tm / dm - 1) * 100,
+                    "delivery_ms_median": statistics.median(delivery) * 1e3 if delivery else None,
+                    "delivery_ms_best": min(delivery) * 1e3 if delivery else None,
+                    "direct_latency_per_token_ms": statistics.median(d_lpt) * 1e3,
+                    "triton_latency_per_token_ms": statistics.median(t_lpt) * 1e3,
+                    "latency_per_token_overhead_pct": (statistics.median(t_lpt) / statistics.median(d_lpt) - 1) * 100,
+                    "best_latency_per_token_overhead_pct": (min(t_lpt) / min(d_lpt) - 1) * 100,
+                    "direct_best_itl_ms": min(d_itl) * 1e3,
+                    "triton_best_itl_ms": min(t_itl) * 1e3,
+                    "best_overhead_pct": (min(t_itl) / min(d_itl) - 1) * 100,
+                    "paired_median_overhead_pct": statistics.median((b / a - 1) * 100 for a, b in zip(d_itl, t_itl)),
+                    "token_count_mismatches": mismatches,
+                }
+            )
         client.close()
         direct.close()
     finally:
         stop_server(server)
-    result = {"bundle": str(bundle), "torch_threads": args.threads, "cpu_count": os.cpu_count(), "load_average": os.getloadavg(), "server_load_s": round(load_s, 1), "goal_overhead_pct": 5.0, "rows": rows}
+    result = {
+        "bundle": str(bundle),
+        "torch_threads": args.threads,
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "server_load_s": round(load_s, 1),
+        "goal_overhead_pct": 5.0,
+        "rows": rows,
+    }
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"bundle {bundle}; server ready in {load_s:.1f} s; {args.rounds} rounds x {len(PROMPTS)} prompts, "
-              f"max_tokens {args.max_tokens}, batch 1, greedy, {args.threads} torch thread(s) on both sides")
+        print(
+            f"bundle {bundle}; server ready in {load_s:.1f} s; {args.rounds} rounds x {len(PROMPTS)} prompts, "
+            f"max_tokens {args.max_tokens}, batch 1, greedy, {args.threads} torch thread(s) on both sides"
+        )
         print(f"HEADLINE: overhead = median over {args.rounds} alternating rounds of (median Triton ITL / median direct ITL - 1); spread min..max")
         for r in rows:
-            print(f"{'on' if r['speculation'] else 'off':>11} {r['rounds_median_overhead_pct']:+.1f}% "
-                  f"(rounds: {', '.join(f'{x:+.1f}' for x in r['round_overhead_pct'])}; min {r['rounds_min_overhead_pct']:+.1f}%, "
-                  f"max {r['rounds_max_overhead_pct']:+.1f}%) -> {'meets' if r['meets_goal'] else 'misses'} the 5 % goal")
+            print(
+                f"{'on' if r['speculation'] else 'off':>11} {r['rounds_median_overhead_pct']:+.1f}% "
+                f"(rounds: {', '.join(f'{x:+.1f}' for x in r['round_overhead_pct'])}; min {r['rounds_min_overhead_pct']:+.1f}%, "
+                f"max {r['rounds_max_overhead_pct']:+.1f}%) -> {'meets' if r['meets_goal'] else 'misses'} the 5 % goal"
+            )
         print(f"machine: {os.cpu_count()} cores, load average {', '.join(f'{x:.1f}' for x in os.getloadavg())} at the end (other work shares it)")
         print("median over requests (and best request, the least disturbed by other load on the machine)")
-        print(f"{'speculation':>11} {'direct ITL':>11} {'Triton ITL':>11} {'added':>9} {'overhead':>9} {'paired':>8} {'best: direct':>13} {'Triton':>8} {'overhead':>9}")
+        print(
+            f"{'speculation':>11} {'direct ITL':>11} {'Triton ITL':>11} {'added':>9} {'overhead':>9} {'paired':>8} {'best: direct':>13} {'Triton':>8} {'overhead':>9}"
+        )
         for r in rows:
-            print(f"{'on' if r['speculation'] else 'off':>11} {r['direct_itl_ms']:>9.2f}ms {r['triton_itl_ms']:>9.2f}ms "
-                  f"{r['added_itl_ms']:>7.2f}ms {r['overhead_pct']:>8.1f}% {r['paired_median_overhead_pct']:>7.1f}%"
-                  f" {r['direct_best_itl_ms']:>11.2f}ms {r['triton_best_itl_ms']:>6.2f}ms {r['best_overhead_pct']:>8.1f}%"
-                  + (f"  ({r['token_count_mismatches']} token-count mismatches)" if r["token_count_mismatches"] else ""))
+            print(
+                f"{'on' if r['speculation'] else 'off':>11} {r['direct_itl_ms']:>9.2f}ms {r['triton_itl_ms']:>9.2f}ms "
+                f"{r['added_itl_ms']:>7.2f}ms {r['overhead_pct']:>8.1f}% {r['paired_median_overhead_pct']:>7.1f}%"
+                f" {r['direct_best_itl_ms']:>11.2f}ms {r['triton_best_itl_ms']:>6.2f}ms {r['best_overhead_pct']:>8.1f}%"
+                + (f"  ({r['token_count_mismatches']} token-count mismatches)" if r["token_count_mismatches"] else "")
+            )
         print("whole request (send -> last token) per token, median and best:")
         for r in rows:
-            print(f"{'on' if r['speculation'] else 'off':>11} direct {r['direct_latency_per_token_ms']:.2f} ms, Triton "
-                  f"{r['triton_latency_per_token_ms']:.2f} ms: {r['latency_per_token_overhead_pct']:+.1f}% (best {r['best_latency_per_token_overhead_pct']:+.1f}%)")
+            print(
+                f"{'on' if r['speculation'] else 'off':>11} direct {r['direct_latency_per_token_ms']:.2f} ms, Triton "
+                f"{r['triton_latency_per_token_ms']:.2f} ms: {r['latency_per_token_overhead_pct']:+.1f}% (best {r['best_latency_per_token_overhead_pct']:+.1f}%)"
+            )
         print("delivery delay, model's last token -> client receipt (same monotonic clock), median / best:")
         for r in rows:
             if r["delivery_ms_median"] is not None:

@@ -48,8 +48,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eagle3_trt.build.builder import EngineRequest, build_bundle  # noqa: E402 - after the sys.path line above
-from eagle3_trt.build.presets import load_preset  # noqa: E402
 from eagle3_trt.clients.bench import BenchConfig, run_arm  # noqa: E402
 from eagle3_trt.clients.chat import PromptFormatter  # noqa: E402
 from eagle3_trt.clients.prom import scrape  # noqa: E402
@@ -57,8 +55,10 @@ from eagle3_trt.convert.prompts import load_prompts  # noqa: E402
 from eagle3_trt.dynamo_serving.launcher import Deployment, free_port  # noqa: E402
 from eagle3_trt.dynamo_serving.launcher import start as start_dynamo  # noqa: E402
 from eagle3_trt.dynamo_serving.launcher import stop as stop_dynamo  # noqa: E402
-from eagle3_trt.triton_repo.package import package_bundle  # noqa: E402
-from eagle3_trt.triton_repo.server import free_ports, start_server, stop_server  # noqa: E402
+from eagle3_trt.pipeline.builder import EngineRequest, build_bundle  # noqa: E402 - after the sys.path line above
+from eagle3_trt.pipeline.presets import load_preset  # noqa: E402
+from eagle3_trt.triton_serving.package import package_bundle  # noqa: E402
+from eagle3_trt.triton_serving.server import free_ports, start_server, stop_server  # noqa: E402
 
 DEFAULT_PROMPTS = ROOT / "convert" / "data" / "calib_prompts.jsonl"
 
@@ -75,10 +75,19 @@ def median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def bench_side(url: str, model: str, prompts: list[str], c: int, n: int, max_tokens: int, http: bool = False,
-               endpoint: str = "triton") -> dict:
-    cfg = BenchConfig(url=url, model=model, prompts=prompts, concurrency=[c], max_tokens=max_tokens,
-                      requests_per_level=n, max_requests=n, warmup=0, http=http, endpoint=endpoint)
+def bench_side(url: str, model: str, prompts: list[str], c: int, n: int, max_tokens: int, http: bool = False, endpoint: str = "triton") -> dict:
+    cfg = BenchConfig(
+        url=url,
+        model=model,
+        prompts=prompts,
+        concurrency=[c],
+        max_tokens=max_tokens,
+        requests_per_level=n,
+        max_requests=n,
+        warmup=0,
+        http=http,
+        endpoint=endpoint,
+    )
     recs, wall = run_arm(cfg, c, True)
     ok = [r for r in recs if r.ok]
     # Acceptance length over the run, tokens per target forward (prefill included): forwards = n / AL per request.
@@ -87,11 +96,19 @@ def bench_side(url: str, model: str, prompts: list[str], c: int, n: int, max_tok
     itl_req = [(r.latency_s - r.ttft_s) / (r.n_tokens - 1) for r in ok if r.n_tokens > 1]
     per_token = sorted(x for r in ok for x in r.itl_samples())
     tokens = sum(r.n_tokens for r in ok)
-    return {"requests": len(recs), "errors": len(recs) - len(ok), "output_tokens": tokens, "wall_s": wall,
-            "ttft_mean_ms": mean([r.ttft_s * 1e3 for r in ok]), "ttft_p50_ms": median([r.ttft_s * 1e3 for r in ok]),
-            "itl_mean_ms": mean([x * 1e3 for x in itl_req]), "itl_p50_ms": median([x * 1e3 for x in itl_req]),
-            "itl_per_token_p50_ms": median([x * 1e3 for x in per_token]),
-            "output_tokens_per_s": tokens / wall if wall > 0 else None, "al_responses": al}
+    return {
+        "requests": len(recs),
+        "errors": len(recs) - len(ok),
+        "output_tokens": tokens,
+        "wall_s": wall,
+        "ttft_mean_ms": mean([r.ttft_s * 1e3 for r in ok]),
+        "ttft_p50_ms": median([r.ttft_s * 1e3 for r in ok]),
+        "itl_mean_ms": mean([x * 1e3 for x in itl_req]),
+        "itl_p50_ms": median([x * 1e3 for x in itl_req]),
+        "itl_per_token_p50_ms": median([x * 1e3 for x in per_token]),
+        "output_tokens_per_s": tokens / wall if wall > 0 else None,
+        "al_responses": al,
+    }
 
 
 # ---- Dynamo / OpenAI mode ------------------------------------------------------------------------
@@ -100,8 +117,7 @@ def worker_counters(dep: Deployment) -> dict[str, float]:
     out: dict[str, float] = {}
     for w in dep.workers:
         for (name, _labels), v in scrape(f"http://127.0.0.1:{w.port}/metrics").items():
-            if name in ("eagle3_output_tokens_total", "eagle3_target_forwards_total", "eagle3_draft_tokens_total",
-                        "eagle3_accepted_draft_tokens_total"):
+            if name in ("eagle3_output_tokens_total", "eagle3_target_forwards_total", "eagle3_draft_tokens_total", "eagle3_accepted_draft_tokens_total"):
                 out[name] = out.get(name, 0.0) + v
     return out
 
@@ -118,8 +134,9 @@ def with_metrics_al(dep: Deployment, fn) -> dict:
     return res
 
 
-def aiperf_chat_side(aiperf: str, base_url: str, model: str, tokenizer: Path, prompts_file: Path, max_tokens: int, c: int, n: int,
-                     out: Path, reuse: str = "never") -> dict:
+def aiperf_chat_side(
+    aiperf: str, base_url: str, model: str, tokenizer: Path, prompts_file: Path, max_tokens: int, c: int, n: int, out: Path, reuse: str = "never"
+) -> dict:
     """AIPerf's OpenAI ``chat`` endpoint type (messages; the frontend applies the chat template).
 
     ``reuse`` is AIPerf's --connection-reuse-strategy. Its default, ``pooled``, against Dynamo 1.6.1's
@@ -130,22 +147,80 @@ def aiperf_chat_side(aiperf: str, base_url: str, model: str, tokenizer: Path, pr
     a keep-alive socket; the bench's HTTP client (Python's http.client sends headers and body in one
     write) does not see it. ``never`` (a new connection per request) measures the server instead."""
     extra = json.dumps({"max_tokens": max_tokens, "temperature": 0})
-    cmd = [aiperf, "profile", "--model", model, "--url", base_url, "--endpoint-type", "chat", "--streaming",
-           "--extra-inputs", extra, "--input-file", str(prompts_file), "--custom-dataset-type", "single_turn",
-           "--dataset-sampling-strategy", "sequential", "--tokenizer", str(tokenizer), "--concurrency", str(c),
-           "--request-count", str(n), "--output-artifact-dir", str(out), "--ui-type", "none", "--no-auto-plot",
-           "--workers-max", str(max(1, min(c, 4))), "--connection-reuse-strategy", reuse]
+    cmd = [
+        aiperf,
+        "profile",
+        "--model",
+        model,
+        "--url",
+        base_url,
+        "--endpoint-type",
+        "chat",
+        "--streaming",
+        "--extra-inputs",
+        extra,
+        "--input-file",
+        str(prompts_file),
+        "--custom-dataset-type",
+        "single_turn",
+        "--dataset-sampling-strategy",
+        "sequential",
+        "--tokenizer",
+        str(tokenizer),
+        "--concurrency",
+        str(c),
+        "--request-count",
+        str(n),
+        "--output-artifact-dir",
+        str(out),
+        "--ui-type",
+        "none",
+        "--no-auto-plot",
+        "--workers-max",
+        str(max(1, min(c, 4))),
+        "--connection-reuse-strategy",
+        reuse,
+    ]
     return _run_aiperf(cmd, out)
 
 
-def aiperf_side(aiperf: str, http_url: str, model: str, tokenizer: Path, prompts_file: Path, template_file: Path, c: int, n: int,
-                out: Path) -> dict:
-    cmd = [aiperf, "profile", "--model", model, "--url", http_url, "--endpoint-type", "template",
-           "--custom-endpoint", f"/v2/models/{model}/generate_stream", "--streaming",
-           "--extra-inputs", f"payload_template:{template_file}", "--extra-inputs", "response_field:text_output",
-           "--input-file", str(prompts_file), "--custom-dataset-type", "single_turn", "--dataset-sampling-strategy", "sequential",
-           "--tokenizer", str(tokenizer), "--concurrency", str(c), "--request-count", str(n),
-           "--output-artifact-dir", str(out), "--ui-type", "none", "--no-auto-plot", "--workers-max", str(max(1, min(c, 4)))]
+def aiperf_side(aiperf: str, http_url: str, model: str, tokenizer: Path, prompts_file: Path, template_file: Path, c: int, n: int, out: Path) -> dict:
+    cmd = [
+        aiperf,
+        "profile",
+        "--model",
+        model,
+        "--url",
+        http_url,
+        "--endpoint-type",
+        "template",
+        "--custom-endpoint",
+        f"/v2/models/{model}/generate_stream",
+        "--streaming",
+        "--extra-inputs",
+        f"payload_template:{template_file}",
+        "--extra-inputs",
+        "response_field:text_output",
+        "--input-file",
+        str(prompts_file),
+        "--custom-dataset-type",
+        "single_turn",
+        "--dataset-sampling-strategy",
+        "sequential",
+        "--tokenizer",
+        str(tokenizer),
+        "--concurrency",
+        str(c),
+        "--request-count",
+        str(n),
+        "--output-artifact-dir",
+        str(out),
+        "--ui-type",
+        "none",
+        "--no-auto-plot",
+        "--workers-max",
+        str(max(1, min(c, 4))),
+    ]
     return _run_aiperf(cmd, out)
 
 
@@ -164,17 +239,32 @@ def _run_aiperf(cmd: list[str], out: Path) -> dict:
         m = data.get(tag) or next((x for x in data.get("records", []) if isinstance(x, dict) and x.get("tag") == tag), None)
         return None if not m else m.get(stat)
 
-    return {"requests": metric("request_count", "avg"), "errors": metric("error_request_count", "avg") or 0,
-            "output_tokens": metric("total_output_tokens", "avg"), "wall_s": metric("benchmark_duration", "avg"),
-            "ttft_mean_ms": metric("time_to_first_token", "avg"), "ttft_p50_ms": metric("time_to_first_token", "p50"),
-            "itl_mean_ms": metric("inter_token_latency", "avg"), "itl_p50_ms": metric("inter_token_latency", "p50"),
-            "itl_per_token_p50_ms": None, "output_tokens_per_s": metric("output_token_throughput", "avg"),
-            "process_s": took, "export": str(found[-1])}
+    return {
+        "requests": metric("request_count", "avg"),
+        "errors": metric("error_request_count", "avg") or 0,
+        "output_tokens": metric("total_output_tokens", "avg"),
+        "wall_s": metric("benchmark_duration", "avg"),
+        "ttft_mean_ms": metric("time_to_first_token", "avg"),
+        "ttft_p50_ms": metric("time_to_first_token", "p50"),
+        "itl_mean_ms": metric("inter_token_latency", "avg"),
+        "itl_p50_ms": metric("inter_token_latency", "p50"),
+        "itl_per_token_p50_ms": None,
+        "output_tokens_per_s": metric("output_token_throughput", "avg"),
+        "process_s": took,
+        "export": str(found[-1]),
+    }
 
 
-ROWS = (("TTFT mean (ms)", "ttft_mean_ms"), ("TTFT p50 (ms)", "ttft_p50_ms"), ("ITL mean (ms)", "itl_mean_ms"),
-        ("ITL p50 (ms)", "itl_p50_ms"), ("output tok/s", "output_tokens_per_s"), ("output tokens", "output_tokens"),
-        ("requests (errors)", "requests"), ("bench ITL per token p50 (ms)", "itl_per_token_p50_ms"))
+ROWS = (
+    ("TTFT mean (ms)", "ttft_mean_ms"),
+    ("TTFT p50 (ms)", "ttft_p50_ms"),
+    ("ITL mean (ms)", "itl_mean_ms"),
+    ("ITL p50 (ms)", "itl_p50_ms"),
+    ("output tok/s", "output_tokens_per_s"),
+    ("output tokens", "output_tokens"),
+    ("requests (errors)", "requests"),
+    ("bench ITL per token p50 (ms)", "itl_per_token_p50_ms"),
+)
 
 
 def combine(rounds: list[dict]) -> dict:
@@ -192,8 +282,7 @@ def _diff(x, y) -> str:
 
 def table(c: int, g: dict, h: dict, a: dict) -> str:
     """bench over gRPC, bench over HTTP (AIPerf's transport), AIPerf; differences against AIPerf."""
-    lines = [f"concurrency {c}",
-             f"  {'':30s} {'bench gRPC':>11s} {'bench HTTP':>11s} {'AIPerf':>9s} {'HTTP/AIPerf':>12s} {'gRPC/AIPerf':>12s}"]
+    lines = [f"concurrency {c}", f"  {'':30s} {'bench gRPC':>11s} {'bench HTTP':>11s} {'AIPerf':>9s} {'HTTP/AIPerf':>12s} {'gRPC/AIPerf':>12s}"]
     for label, k in ROWS:
         vals = [d.get(k) for d in (g, h, a)]
         if k == "requests":
@@ -205,9 +294,17 @@ def table(c: int, g: dict, h: dict, a: dict) -> str:
     return "\n".join(lines)
 
 
-ROWS_OPENAI = (("TTFT mean (ms)", "ttft_mean_ms"), ("TTFT p50 (ms)", "ttft_p50_ms"), ("ITL mean (ms)", "itl_mean_ms"),
-               ("ITL p50 (ms)", "itl_p50_ms"), ("output tok/s", "output_tokens_per_s"), ("output tokens", "output_tokens"),
-               ("AL, worker metrics", "al_metrics"), ("AL, responses", "al_responses"), ("requests (errors)", "requests"))
+ROWS_OPENAI = (
+    ("TTFT mean (ms)", "ttft_mean_ms"),
+    ("TTFT p50 (ms)", "ttft_p50_ms"),
+    ("ITL mean (ms)", "itl_mean_ms"),
+    ("ITL p50 (ms)", "itl_p50_ms"),
+    ("output tok/s", "output_tokens_per_s"),
+    ("output tokens", "output_tokens"),
+    ("AL, worker metrics", "al_metrics"),
+    ("AL, responses", "al_responses"),
+    ("requests (errors)", "requests"),
+)
 
 
 def table_openai(c: int, b: dict, a: dict) -> str:
@@ -229,14 +326,16 @@ def main_dynamo(args, aiperf: str, tmp: Path) -> int:
     started = False
     if args.openai_url is None:
         bundle = bundle or build_bundle(EngineRequest(preset=load_preset("tiny"), target_gpu="h100", out=str(tmp / "bundle"))).bundle
-        dep = start_dynamo(bundle, workers=args.workers, state_dir=tmp / "dynamo", http_port=free_port(), torch_threads=args.threads,
-                           model_name=args.model)
+        dep = start_dynamo(bundle, workers=args.workers, state_dir=tmp / "dynamo", http_port=free_port(), torch_threads=args.threads, model_name=args.model)
         started = True
     else:
         dep = Deployment.load(args.dynamo_state_dir)
         if dep is None or dep.url.rstrip("/") != args.openai_url.rstrip("/"):
-            print(f"--openai-url: no serve-dynamo deployment at {args.openai_url} recorded in {args.dynamo_state_dir} "
-                  "(its workers' metrics give the acceptance length)", file=sys.stderr)
+            print(
+                f"--openai-url: no serve-dynamo deployment at {args.openai_url} recorded in {args.dynamo_state_dir} "
+                "(its workers' metrics give the acceptance length)",
+                file=sys.stderr,
+            )
             return 2
         bundle = bundle or Path(dep.bundle)
     results = []
@@ -252,18 +351,31 @@ def main_dynamo(args, aiperf: str, tmp: Path) -> int:
             b_rounds, a_rounds = [], []
             for i in range(args.rounds):  # alternate, so drift on a shared machine hits both alike
                 b_rounds.append(with_metrics_al(dep, lambda: bench_side(dep.url, args.model, prompts, c, n, args.max_tokens, endpoint="openai")))
-                a_rounds.append(with_metrics_al(dep, lambda: aiperf_chat_side(aiperf, base, args.model, tokenizer, prompts_file,
-                                                                              args.max_tokens, c, n, tmp / f"aiperf-c{c}-r{i}",
-                                                                              args.aiperf_connection_reuse)))
+                a_rounds.append(
+                    with_metrics_al(
+                        dep,
+                        lambda: aiperf_chat_side(
+                            aiperf, base, args.model, tokenizer, prompts_file, args.max_tokens, c, n, tmp / f"aiperf-c{c}-r{i}", args.aiperf_connection_reuse
+                        ),
+                    )
+                )
             b, a = combine(b_rounds), combine(a_rounds)
-            results.append({"concurrency": c, "requests": n, "bench_openai": b, "aiperf_chat": a,
-                            "rounds": {"bench_openai": b_rounds, "aiperf_chat": a_rounds}})
+            results.append(
+                {"concurrency": c, "requests": n, "bench_openai": b, "aiperf_chat": a, "rounds": {"bench_openai": b_rounds, "aiperf_chat": a_rounds}}
+            )
             print(table_openai(c, b, a), flush=True)
     finally:
         if started:
             stop_dynamo(dep)
-    out = {"server": "dynamo", "workers": len(dep.workers), "bundle": str(bundle), "max_tokens": args.max_tokens, "rounds": args.rounds,
-           "prompts": len(prompts), "results": results}
+    out = {
+        "server": "dynamo",
+        "workers": len(dep.workers),
+        "bundle": str(bundle),
+        "max_tokens": args.max_tokens,
+        "rounds": args.rounds,
+        "prompts": len(prompts),
+        "results": results,
+    }
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     print("goal: TTFT, ITL, throughput and AL within 10 %; see README 'Serving with Dynamo'")
@@ -289,8 +401,12 @@ def main() -> int:
     ap.add_argument("--openai-url", default=None, help="--dynamo: a running serve-dynamo frontend (http://host:port/v1)")
     ap.add_argument("--dynamo-state-dir", type=Path, default=Path(".serve-dynamo"), help="--dynamo with --openai-url: its state dir")
     ap.add_argument("--workers", type=int, default=2, help="--dynamo without --openai-url: workers to start")
-    ap.add_argument("--aiperf-connection-reuse", default="never", choices=["never", "pooled"],
-                    help="--dynamo: AIPerf's --connection-reuse-strategy (see aiperf_chat_side for why never)")
+    ap.add_argument(
+        "--aiperf-connection-reuse",
+        default="never",
+        choices=["never", "pooled"],
+        help="--dynamo: AIPerf's --connection-reuse-strategy (see aiperf_chat_side for why never)",
+    )
     args = ap.parse_args()
 
     aiperf = args.aiperf if Path(args.aiperf).exists() else shutil.which("aiperf")
@@ -329,11 +445,18 @@ def main() -> int:
             for i in range(args.rounds):  # alternate, so drift on a shared machine hits all three alike
                 g_rounds.append(bench_side(grpc_url, args.model, prompts, c, n, args.max_tokens))
                 h_rounds.append(bench_side(http_url, args.model, prompts, c, n, args.max_tokens, http=True))
-                a_rounds.append(aiperf_side(aiperf, http_url, args.model, tokenizer, prompts_file, template_file, c, n,
-                                            tmp / f"aiperf-c{c}-r{i}"))
+                a_rounds.append(aiperf_side(aiperf, http_url, args.model, tokenizer, prompts_file, template_file, c, n, tmp / f"aiperf-c{c}-r{i}"))
             g, h, a = combine(g_rounds), combine(h_rounds), combine(a_rounds)
-            results.append({"concurrency": c, "requests": n, "bench_grpc": g, "bench_http": h, "aiperf": a,
-                            "rounds": {"bench_grpc": g_rounds, "bench_http": h_rounds, "aiperf": a_rounds}})
+            results.append(
+                {
+                    "concurrency": c,
+                    "requests": n,
+                    "bench_grpc": g,
+                    "bench_http": h,
+                    "aiperf": a,
+                    "rounds": {"bench_grpc": g_rounds, "bench_http": h_rounds, "aiperf": a_rounds},
+                }
+            )
             print(table(c, g, h, a), flush=True)
     finally:
         if server is not None:

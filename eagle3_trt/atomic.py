@@ -206,7 +206,7 @@ def remove_stale_staging(dest: Path) -> list[Path]:
         for prefix in prefixes:
             if not e.name.startswith(prefix):
                 continue
-            pid = e.name[len(prefix):].split("-", 1)[0]
+            pid = e.name[len(prefix) :].split("-", 1)[0]
             if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 p = Path(e.path)
                 _remove(p)
@@ -415,8 +415,11 @@ def _lock(dest: Path, wait_s: float = 0.0) -> int | None:
             if time.monotonic() < deadline:
                 time.sleep(0.1)
                 continue
-            raise UserError(dest, f"another process{f' (pid {holder})' if holder else ''} is writing it right now",
-                            "wait until it has finished, or pass another output path") from None
+            raise UserError(
+                dest,
+                f"another process{f' (pid {holder})' if holder else ''} is writing it right now",
+                "wait until it has finished, or pass another output path",
+            ) from None
         except OSError as e:
             os.close(fd)
             if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):

@@ -40,36 +40,50 @@ supported EAGLE-3): quantized target + draft checkpoints, llm_api_options.yaml, 
 # against each command's docstring. A module or attribute that is missing is an error, never a
 # command that silently disappears from the CLI.
 LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
-    "plan": ("eagle3_trt.build.commands", "plan_cmd",
-             "Plan MODEL (a registry preset) or --preset-file on --gpus N x --gpu from config files alone: memory, TP layout, KV cache, batch sizes, "
-             "and the steps `make engine` will run."),
-    "compile": ("eagle3_trt.build.commands", "compile_cmd",
-                "Load BUNDLE in TensorRT-LLM (EAGLE-3 one-model, CUDA graphs), run a smoke generation and a short acceptance "
-                "measurement, and record results, GPU and versions in its manifest.json."),
-    "alpha": ("eagle3_trt.runtime.commands", "alpha_cmd",
-              "Measure acceptance (alpha) of BUNDLE's quantized pair on your prompts, per category, vs BF16."),
-    "gate": ("eagle3_trt.runtime.commands", "gate_cmd",
-             "Fail (exit 3) when BUNDLE's alpha on the prompts is below --threshold or speculation would slow it down."),
-    "recommend": ("eagle3_trt.runtime.commands", "recommend_cmd",
-                  "Predict speedup per K and batch size from measured acceptance; recommend K and max_concurrency."),
-    "package": ("eagle3_trt.triton_repo.commands", "package_cmd",
-                "Write a Triton model repository (Python-backend model, llmapi tensor interface, upstream model.yaml) for BUNDLE."),
-    "serve": ("eagle3_trt.triton_repo.commands", "serve_cmd",
-              "Start tritonserver on 127.0.0.1 with REPO, wait until it is ready, print the URLs."),
-    "stop": ("eagle3_trt.triton_repo.commands", "stop_cmd",
-             "Stop the server started by `eagle3-trt serve` (recorded in STATE_DIR/server.json)."),
-    "serve-dynamo": ("eagle3_trt.dynamo_serving.commands", "serve_dynamo_cmd",
-                     "Start NVIDIA Dynamo's OpenAI frontend and N reference-runtime workers for BUNDLE on 127.0.0.1."),
-    "status-dynamo": ("eagle3_trt.dynamo_serving.commands", "status_dynamo_cmd",
-                      "One line per process started by serve-dynamo; exit 1 when one is dead."),
-    "stop-dynamo": ("eagle3_trt.dynamo_serving.commands", "stop_dynamo_cmd",
-                    "Stop what serve-dynamo started and remove its discovery store."),
-    "generate": ("eagle3_trt.clients.commands", "generate_cmd",
-                 "Send PROMPT to the eagle3 model on a Triton server (chat template applied client-side)."),
-    "bench": ("eagle3_trt.clients.commands", "bench_cmd",
-              "Rollout benchmark: TTFT, ITL, throughput, alpha and AL with speculation on vs off; report + gate verdict."),
-    "train-draft": ("eagle3_trt.train.commands", "train_draft_cmd",
-                    "Train (or fine-tune with --init) an EAGLE-3 draft head for TARGET on your prompts."),
+    "plan": (
+        "eagle3_trt.pipeline.commands",
+        "plan_cmd",
+        "Plan MODEL (a registry preset) or --preset-file on --gpus N x --gpu from config files alone: memory, TP layout, KV cache, batch sizes, "
+        "and the steps `make engine` will run.",
+    ),
+    "compile": (
+        "eagle3_trt.pipeline.commands",
+        "compile_cmd",
+        "Load BUNDLE in TensorRT-LLM (EAGLE-3 one-model, CUDA graphs), run a smoke generation and a short acceptance "
+        "measurement, and record results, GPU and versions in its manifest.json.",
+    ),
+    "alpha": ("eagle3_trt.runtime.commands", "alpha_cmd", "Measure acceptance (alpha) of BUNDLE's quantized pair on your prompts, per category, vs BF16."),
+    "gate": (
+        "eagle3_trt.runtime.commands",
+        "gate_cmd",
+        "Fail (exit 3) when BUNDLE's alpha on the prompts is below --threshold or speculation would slow it down.",
+    ),
+    "recommend": (
+        "eagle3_trt.runtime.commands",
+        "recommend_cmd",
+        "Predict speedup per K and batch size from measured acceptance; recommend K and max_concurrency.",
+    ),
+    "package": (
+        "eagle3_trt.triton_serving.commands",
+        "package_cmd",
+        "Write a Triton model repository (Python-backend model, llmapi tensor interface, upstream model.yaml) for BUNDLE.",
+    ),
+    "serve": ("eagle3_trt.triton_serving.commands", "serve_cmd", "Start tritonserver on 127.0.0.1 with REPO, wait until it is ready, print the URLs."),
+    "stop": ("eagle3_trt.triton_serving.commands", "stop_cmd", "Stop the server started by `eagle3-trt serve` (recorded in STATE_DIR/server.json)."),
+    "serve-dynamo": (
+        "eagle3_trt.dynamo_serving.commands",
+        "serve_dynamo_cmd",
+        "Start NVIDIA Dynamo's OpenAI frontend and N reference-runtime workers for BUNDLE on 127.0.0.1.",
+    ),
+    "status-dynamo": ("eagle3_trt.dynamo_serving.commands", "status_dynamo_cmd", "One line per process started by serve-dynamo; exit 1 when one is dead."),
+    "stop-dynamo": ("eagle3_trt.dynamo_serving.commands", "stop_dynamo_cmd", "Stop what serve-dynamo started and remove its discovery store."),
+    "generate": ("eagle3_trt.clients.commands", "generate_cmd", "Send PROMPT to the eagle3 model on a Triton server (chat template applied client-side)."),
+    "bench": (
+        "eagle3_trt.clients.commands",
+        "bench_cmd",
+        "Rollout benchmark: TTFT, ITL, throughput, alpha and AL with speculation on vs off; report + gate verdict.",
+    ),
+    "train-draft": ("eagle3_trt.train.commands", "train_draft_cmd", "Train (or fine-tune with --init) an EAGLE-3 draft head for TARGET on your prompts."),
 }
 
 
@@ -117,7 +131,7 @@ def _console():
 @cli.command("presets")
 def presets_cmd() -> None:
     """List the model presets."""
-    from eagle3_trt.build.presets import available, load_preset
+    from eagle3_trt.pipeline.presets import available, load_preset
 
     for name in available():
         p = load_preset(name)
@@ -150,32 +164,46 @@ def validate_cmd(target_dir: str, draft_dir: str, max_seq_len: int, as_json: boo
 
 @cli.command("engine")
 @click.option("--model", "model", default=None, help="preset name from the registry (eagle3-trt presets)  [default: tiny]")
-@click.option("--preset-file", default=None, type=click.Path(dir_okay=False),
-              help="a preset YAML file of your own (instead of --model; same fields as build/presets/*.yaml)")
+@click.option(
+    "--preset-file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="a preset YAML file of your own (instead of --model; same fields as build/presets/*.yaml)",
+)
 @click.option("--target", "target", default=None, help="local target checkpoint dir (overrides the preset)")
 @click.option("--draft", "draft", default=None, help="local EAGLE-3 draft dir (overrides the preset)")
 @click.option("--target-gpu", default=None, help="GPU the bundle is for: h100, h200, b200, ... (default: detected GPU, else the preset's)")
 @click.option("--gpus", type=int, default=None, help="GPUs to plan for (default: the preset's)")
 @click.option("--tp", type=int, default=None, help="tensor-parallel size (default: the planner's choice)")
-@click.option("--quant", type=click.Choice(["fp8", "nvfp4", "bf16", "native"]), default=None, help="target format (default: the preset's for the GPU generation; native keeps an already-quantized target as shipped)")
+@click.option(
+    "--quant",
+    type=click.Choice(["fp8", "nvfp4", "bf16", "native"]),
+    default=None,
+    help="target format (default: the preset's for the GPU generation; native keeps an already-quantized target as shipped)",
+)
 @click.option("--kv-cache", type=click.Choice(["fp8", "auto"]), default=None, help="KV cache format (default: the preset's)")
 @click.option("--quantize-draft", is_flag=True, help="quantize the draft head too (default: BF16 draft)")
 @click.option("--draft-quant", type=click.Choice(["fp8", "nvfp4"]), default=None, help="draft format with --quantize-draft (default: the target's)")
 @click.option("--calib", "calib_file", default=None, help="calibration prompts (JSONL with 'turns' or 'text', or .txt); default: shipped set")
 @click.option("--calib-samples", type=click.IntRange(min=1), default=None, help="number of calibration prompts")
-@click.option("--calib-max-length", type=click.IntRange(min=1), default=None,
-              help="tokens per calibration prompt (at most the target's max_position_embeddings)")
+@click.option(
+    "--calib-max-length", type=click.IntRange(min=1), default=None, help="tokens per calibration prompt (at most the target's max_position_embeddings)"
+)
 @click.option("--max-draft-len", type=int, default=None, help="draft length K (default: the preset's)")
-@click.option("--max-seq-len", type=click.IntRange(min=1), default=None,
-              help="tokens per sequence the bundle serves (default: the preset's; at most the target's max_position_embeddings)")
+@click.option(
+    "--max-seq-len",
+    type=click.IntRange(min=1),
+    default=None,
+    help="tokens per sequence the bundle serves (default: the preset's; at most the target's max_position_embeddings)",
+)
 @click.option("-o", "--out", default=None, help="bundle dir (default: engines/<preset>-<quant>-<gpu>)")
 @click.option("--force", is_flag=True, help="rebuild even when the inputs are unchanged")
 @click.option("--dry-run", is_flag=True, help="configs only: plan, validate and write options + manifest, no weights")
 @click.option("--json", "as_json", is_flag=True, help="print the manifest as JSON on stdout")
 def engine_cmd(model: str | None, preset_file: str | None, as_json: bool, **kw) -> None:
     """Validate, quantize and export a target + EAGLE-3 draft into an engine bundle."""
-    from eagle3_trt.build.builder import EngineRequest, build_bundle
-    from eagle3_trt.build.presets import load_preset, load_preset_file
+    from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
+    from eagle3_trt.pipeline.presets import load_preset, load_preset_file
 
     if model and preset_file:
         raise UserError("--model/--preset-file", "both given", "pass a registry preset name (--model) or a preset file (--preset-file), not both")
@@ -197,7 +225,7 @@ def engine_cmd(model: str | None, preset_file: str | None, as_json: bool, **kw) 
 
 
 def _detected_gpu() -> str | None:
-    from eagle3_trt.build.gpu_checks import detect_gpu
+    from eagle3_trt.pipeline.gpu_checks import detect_gpu
 
     found = detect_gpu()
     return found[0] if found else None
@@ -208,8 +236,9 @@ class _progress:
     with the first stage, so a refusal before any stage prints its one error line and nothing else."""
 
     def __init__(self, console):
-        self.p = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn(), console=console, transient=False)
+        self.p = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False
+        )
         self.last = None
 
     def __enter__(self):
@@ -237,17 +266,22 @@ def _print_summary(con, res) -> None:
     b = res.opened
     m = b.manifest
     if res.cache_hit:
-        con.print(f"[green]cache hit[/]: inputs and build options unchanged and every file matches the manifest "
-                  f"(fingerprint {m.fingerprint[:12]}); bundle not rebuilt")
+        con.print(
+            f"[green]cache hit[/]: inputs and build options unchanged and every file matches the manifest "
+            f"(fingerprint {m.fingerprint[:12]}); bundle not rebuilt"
+        )
     con.print(f"[bold]bundle[/]: {res.bundle}")
     tg = b.target_gpu
-    con.print(f"  for {tg.name} (SM{tg.sm}): target {b.quant.target}, draft {b.quant.draft}, KV cache {b.kv_cache}; "
-              f"K={b.k}, aux layers {list(b.aux_layer_ids)}")
+    con.print(
+        f"  for {tg.name} (SM{tg.sm}): target {b.quant.target}, draft {b.quant.draft}, KV cache {b.kv_cache}; K={b.k}, aux layers {list(b.aux_layer_ids)}"
+    )
     if m.dry_run:
         con.print("  [yellow]dry run[/]: configs only, no weights were read or written")
     plan = m.plan
     if plan:
-        con.print(f"  plan: {plan['num_gpus']}x {plan['gpu']}, TP{plan['tp']} x {plan['instances']} instance(s), max batch {plan['max_batch_size']}, KV cache {plan['kv_tokens']} tokens per instance")
+        con.print(
+            f"  plan: {plan['num_gpus']}x {plan['gpu']}, TP{plan['tp']} x {plan['instances']} instance(s), max batch {plan['max_batch_size']}, KV cache {plan['kv_tokens']} tokens per instance"
+        )
     con.print(f"  validated: {', '.join(m.validation.checks)}")
     for w in res.warnings or m.validation.warnings:
         con.print(f"  [yellow]warning[/]: {w}")
@@ -257,8 +291,10 @@ def _print_summary(con, res) -> None:
     con.print(f"  took {m.timings.get('total_s', 0):.1f} s" + ("" if not res.cache_hit else " (original build)"))
     acc = m.acceptance
     if acc:
-        con.print(f"  acceptance (K={acc.max_draft_len}, {acc.prompts} held-out prompts, greedy, this bundle's weights): "
-                  f"alpha {acc.alpha:.2f}, acceptance length {acc.acceptance_length:.2f} tokens per target forward")
+        con.print(
+            f"  acceptance (K={acc.max_draft_len}, {acc.prompts} held-out prompts, greedy, this bundle's weights): "
+            f"alpha {acc.alpha:.2f}, acceptance length {acc.acceptance_length:.2f} tokens per target forward"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,8 +48,8 @@ def tiny_pair(tiny_pair_session, tmp_path) -> tuple[Path, Path]:
 
 
 def _build(preset: str = "tiny", **kw):
-    from eagle3_trt.build.builder import EngineRequest, build_bundle
-    from eagle3_trt.build.presets import load_preset
+    from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
+    from eagle3_trt.pipeline.presets import load_preset
 
     return build_bundle(EngineRequest(preset=load_preset(preset), **kw))
 
@@ -63,14 +63,13 @@ def fp8_bundle(tiny_pair_session, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def nvfp4_bundle(tiny_pair_session, tmp_path_factory) -> Path:
     t, d = tiny_pair_session
-    return _build(target=str(t), draft=str(d), target_gpu="b200", quantize_draft=True,
-                 out=str(tmp_path_factory.mktemp("b") / "nvfp4")).bundle
+    return _build(target=str(t), draft=str(d), target_gpu="b200", quantize_draft=True, out=str(tmp_path_factory.mktemp("b") / "nvfp4")).bundle
 
 
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    if not SHARED.is_dir():
-        pytest.skip("../shared is not next to the repository")
+    """../shared; tests that use it carry @pytest.mark.needs("shared")."""
+    assert SHARED.is_dir(), "mark the test @pytest.mark.needs('shared')"
     return SHARED
 
 

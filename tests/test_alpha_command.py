@@ -16,15 +16,15 @@ import torch
 import yaml
 from transformers import AutoTokenizer
 
-from eagle3_trt.build.builder import EngineRequest, build_bundle
-from eagle3_trt.build.bundle import open_bundle
-from eagle3_trt.build.llm_options import LlmApiOptions
-from eagle3_trt.build.presets import load_preset
 from eagle3_trt.cli import main
 from eagle3_trt.convert.prompts import load_prompt_records
 from eagle3_trt.convert.tiny_pair import make_draft
 from eagle3_trt.core.engine import SpeculativeEngine
 from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
+from eagle3_trt.pipeline.bundle import open_bundle
+from eagle3_trt.pipeline.llm_options import LlmApiOptions
+from eagle3_trt.pipeline.presets import load_preset
 from eagle3_trt.runtime.commands import run_alpha
 from eagle3_trt.runtime.measure import encode_chat
 from eagle3_trt.train.export import save_draft
@@ -37,8 +37,7 @@ N = 6
 
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory) -> Path:
-    if not MT_BENCH.is_file():
-        pytest.skip("../shared/data/mt_bench.jsonl is not next to the repository")
+    assert MT_BENCH.is_file(), "tests using prompts_file need ../shared (pytestmark needs('shared'))"
     lines = MT_BENCH.read_text().splitlines()
     # two categories, three records each
     cats: dict[str, list[str]] = {}
@@ -59,8 +58,7 @@ def bundle(tiny_pair_session, prompts_file, tmp_path_factory) -> Path:
     distill_draft(eng, prompts, steps=150, lr=5e-3, gen_tokens=32, batch=6)
     tmp = tmp_path_factory.mktemp("distilled")
     ddir = save_draft(eng.draft, d, tmp / "draft")
-    res = build_bundle(EngineRequest(preset=load_preset("tiny"), target=str(t), draft=str(ddir), target_gpu="h100",
-                                     calib_samples=4, out=str(tmp / "bundle")))
+    res = build_bundle(EngineRequest(preset=load_preset("tiny"), target=str(t), draft=str(ddir), target_gpu="h100", calib_samples=4, out=str(tmp / "bundle")))
     return res.bundle
 
 
@@ -72,6 +70,7 @@ def _best_k(rec: dict) -> int:
     return max(rows, key=lambda r: (r["speedup"], -r["k"]))["k"]
 
 
+@pytest.mark.needs("shared")
 def test_alpha_report_side_by_side(bundle, prompts_file, tmp_path, capsys):
     out = tmp_path / "rep"
     rc = main(["alpha", str(bundle), "--prompts", str(prompts_file), "--turns", "first", "--max-tokens", "24", "-o", str(out)])
@@ -101,6 +100,7 @@ def test_alpha_report_side_by_side(bundle, prompts_file, tmp_path, capsys):
     assert {c["check"] for c in rep["diagnostics"]} >= {"d2t", "aux_layers", "draft_vocab_coverage"}
 
 
+@pytest.mark.needs("shared")
 def test_estimator_and_generation_agree_multi_turn(bundle, prompts_file):
     kw = dict(bf16=False, max_tokens=16, limit=3, turns="all", diagnostics=False)
     est = run_alpha(bundle, prompts_file, method="estimator", **kw)["pairs"]["bundle"]
@@ -110,10 +110,28 @@ def test_estimator_and_generation_agree_multi_turn(bundle, prompts_file):
     assert est["overall"]["accepted_per_position"] == gen["overall"]["accepted_per_position"]
 
 
+@pytest.mark.needs("shared")
 def test_alpha_sweep_measures_each_draft_length(bundle, prompts_file, tmp_path, capsys):
     out = tmp_path / "rep"
-    rc = main(["alpha", str(bundle), "--prompts", str(prompts_file), "--turns", "first", "--max-tokens", "16",
-               "--limit", "4", "--no-bf16", "--sweep", "1-2,4", "-o", str(out)])
+    rc = main(
+        [
+            "alpha",
+            str(bundle),
+            "--prompts",
+            str(prompts_file),
+            "--turns",
+            "first",
+            "--max-tokens",
+            "16",
+            "--limit",
+            "4",
+            "--no-bf16",
+            "--sweep",
+            "1-2,4",
+            "-o",
+            str(out),
+        ]
+    )
     assert rc == 0
     assert "draft length sweep" in capsys.readouterr().out
     rep = json.loads((out / "report.json").read_text())
@@ -131,6 +149,7 @@ def test_alpha_sweep_measures_each_draft_length(bundle, prompts_file, tmp_path, 
         run_alpha(bundle, prompts_file, method="generate", sweep=(1, 2), **kw)
 
 
+@pytest.mark.needs("shared")
 def test_gate_pass_and_fail(bundle, prompts_file, tmp_path, capsys):
     args = ["gate", str(bundle), "--prompts", str(prompts_file), "--max-tokens", "24", "--turns", "all"]
     assert main(args + ["--threshold", "0.05"]) == 0
@@ -152,10 +171,30 @@ def test_gate_pass_and_fail(bundle, prompts_file, tmp_path, capsys):
     assert len(res["reasons"]) == 2
 
 
+@pytest.mark.needs("shared")
 def test_recommend_from_report(bundle, prompts_file, tmp_path, capsys):
     out = tmp_path / "rep"
-    assert main(["alpha", str(bundle), "--prompts", str(prompts_file), "--turns", "first", "--max-tokens", "16",
-                 "--no-bf16", "--max-draft-len", "4", "-o", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "alpha",
+                str(bundle),
+                "--prompts",
+                str(prompts_file),
+                "--turns",
+                "first",
+                "--max-tokens",
+                "16",
+                "--no-bf16",
+                "--max-draft-len",
+                "4",
+                "-o",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["recommend", str(bundle), "--report", str(out / "report.json"), "--gpu", "b200", "--json"]) == 0
     rec = json.loads(capsys.readouterr().out)
@@ -163,12 +202,12 @@ def test_recommend_from_report(bundle, prompts_file, tmp_path, capsys):
     assert {r["k"] for r in rec["table"]} == {1, 2, 3, 4}
 
 
+@pytest.mark.needs("shared")
 def test_recommend_write_updates_options_and_manifest(bundle, prompts_file, tmp_path, capsys):
     b = tmp_path / "bundle"
     shutil.copytree(bundle, b)
     out = tmp_path / "rep"
-    assert main(["alpha", str(b), "--prompts", str(prompts_file), "--turns", "first", "--max-tokens", "16",
-                 "--no-bf16", "-o", str(out), "--json"]) == 0
+    assert main(["alpha", str(b), "--prompts", str(prompts_file), "--turns", "first", "--max-tokens", "16", "--no-bf16", "-o", str(out), "--json"]) == 0
     capsys.readouterr()
     assert main(["recommend", str(b), "--report", str(out / "report.json"), "--write", "--json"]) == 0
     rec = json.loads(capsys.readouterr().out)
@@ -188,6 +227,7 @@ def test_bad_prompt_file_is_a_user_error(bundle, tmp_path, capsys):
     assert f"{bad}:2" in capsys.readouterr().err
 
 
+@pytest.mark.needs("shared")
 def test_raw_completion_prompts_are_measured_without_the_chat_template(bundle, prompts_file, tmp_path, capsys):
     tok = AutoTokenizer.from_pretrained(open_bundle(bundle).tokenizer_dir)
     assert tok.chat_template  # the bundle's tokenizer has one: raw prompts must bypass it
@@ -208,14 +248,16 @@ def test_raw_completion_prompts_are_measured_without_the_chat_template(bundle, p
     lines = tmp_path / "code.txt"
     lines.write_text("import os\nclass Stack:\n")
     out = tmp_path / "rep"
-    assert main(["alpha", str(bundle), "--prompts", str(lines), "--no-chat-template", "--no-bf16", "--turns", "first",
-                 "--max-tokens", "8", "-o", str(out)]) == 0
+    assert (
+        main(["alpha", str(bundle), "--prompts", str(lines), "--no-chat-template", "--no-bf16", "--turns", "first", "--max-tokens", "8", "-o", str(out)]) == 0
+    )
     assert "2 of 2 prompts measured as raw completion text" in capsys.readouterr().out
     rep = json.loads((out / "report.json").read_text())
     assert rep["settings"]["chat_template"] == "never"
     assert [r["prompt_tokens"] for r in rep["pairs"]["bundle"]["requests"]] == [len(tok(t)["input_ids"]) for t in ("import os", "class Stack:")]
 
 
+@pytest.mark.needs("shared")
 def test_no_chat_template_refuses_chat_records_in_one_line(bundle, prompts_file, capsys):
     for cmd in (["alpha"], ["gate"], ["recommend"]):
         assert main(cmd + [str(bundle), "--prompts", str(prompts_file), "--no-chat-template"]) == 2

@@ -16,15 +16,23 @@ import pytest
 import torch
 
 from eagle3_trt.convert.tiny_pair import make_draft, make_pair
+from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
+from eagle3_trt.core.stats import aggregate
 from eagle3_trt.runtime.diagnostics import diagnose_sequences
 from eagle3_trt.runtime.estimator import estimate
 from eagle3_trt.train.toy_pair import sharpen_target
 from eagle3_trt.train.trainer import distill_draft
-from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
-from eagle3_trt.core.stats import aggregate
 
-FIELDS = ("draft_tokens", "accepted_tokens", "target_forwards", "generated_tokens", "drafted_per_position",
-          "reached_per_position", "accepted_per_position", "accept_hist")
+FIELDS = (
+    "draft_tokens",
+    "accepted_tokens",
+    "target_forwards",
+    "generated_tokens",
+    "drafted_per_position",
+    "reached_per_position",
+    "accepted_per_position",
+    "accept_hist",
+)
 
 
 def _prompts(seed: int, n: int) -> list[list[int]]:
@@ -48,8 +56,9 @@ def hidden_only(tmp_path_factory, setup):
     eng, _ = setup
     t, d = make_pair(tmp_path_factory.mktemp("pair2"))
     fresh = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=3)
-    h = SpeculativeEngine(eng.target, fresh.draft, eng.tokenizer, max_draft_len=3, eos_token_ids=eng.eos_token_ids,
-                          max_seq_len=eng.max_seq_len, pad_token_id=eng.pad_token_id)
+    h = SpeculativeEngine(
+        eng.target, fresh.draft, eng.tokenizer, max_draft_len=3, eos_token_ids=eng.eos_token_ids, max_seq_len=eng.max_seq_len, pad_token_id=eng.pad_token_id
+    )
     distill_draft(h, _prompts(11, 256), steps=200, lr=5e-3, gen_tokens=24, hidden_only=True)
     return h
 
@@ -200,8 +209,9 @@ def test_random_draft_is_flagged_by_agreement_and_not_blamed_on_d2t(setup, tmp_p
     t, d = make_pair(tmp_path / "pair")
     make_draft(d, seed=3)  # an untrained head, not the one the fixture distilled
     fresh = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=3)
-    rnd = SpeculativeEngine(eng.target, fresh.draft, eng.tokenizer, max_draft_len=3, eos_token_ids=eng.eos_token_ids,
-                            max_seq_len=eng.max_seq_len, pad_token_id=eng.pad_token_id)
+    rnd = SpeculativeEngine(
+        eng.target, fresh.draft, eng.tokenizer, max_draft_len=3, eos_token_ids=eng.eos_token_ids, max_seq_len=eng.max_seq_len, pad_token_id=eng.pad_token_id
+    )
     diag = _checks(rnd, seqs, lens)
     assert not diag["draft_agreement"]["ok"] and diag["draft_agreement"]["value"] < 0.05, diag["draft_agreement"]
     assert "untrained, random" in diag["draft_agreement"]["detail"]

@@ -36,8 +36,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3_trt.atomic import staged_dir
-from eagle3_trt.build.presets import PRESET_DIR
 from eagle3_trt.convert.tiny_pair import make_pair
+from eagle3_trt.pipeline.presets import PRESET_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CASE_TIMEOUT_S = 120
@@ -51,7 +51,7 @@ ZYGOTE = textwrap.dedent(f"""
     from eagle3_trt import cli
     for name in cli.LAZY_COMMANDS:
         cli.load_command(name)
-    import eagle3_trt.build.builder, eagle3_trt.convert.validate  # what `engine` and `validate` import when they run
+    import eagle3_trt.pipeline.builder, eagle3_trt.convert.validate  # what `engine` and `validate` import when they run
     print(json.dumps({{"ready": os.getpid()}}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
@@ -84,8 +84,7 @@ ZYGOTE = textwrap.dedent(f"""
 class _Zygote:
     def __init__(self):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, cwd=REPO_ROOT, env=env)
+        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=env)
         line = self.proc.stdout.readline()
         if not line.startswith('{"ready"'):
             self.proc.kill()
@@ -114,8 +113,14 @@ class Result:
 
 
 def _fresh(argv: list[str], cwd: Path) -> Result:
-    p = subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *argv], cwd=cwd, capture_output=True, text=True,
-                       timeout=CASE_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    p = subprocess.run(
+        [sys.executable, "-m", "eagle3_trt.cli", *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=CASE_TIMEOUT_S,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     return Result(p.returncode, p.stdout, p.stderr)
 
 
@@ -160,6 +165,7 @@ def dry_bundle(cli, pair, tmp_path_factory) -> Path:
 @dataclass
 class Ctx:
     """What a case's ``make`` gets: its own copy of the pair and a scratch directory."""
+
     w: Path  # the case's working directory (also the command's cwd)
     t: Path  # target copy
     d: Path  # draft copy
@@ -205,6 +211,7 @@ def write(rel: str, content: str | bytes) -> Callable[[Ctx], None]:
         p = c.w / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(content if isinstance(content, bytes) else content.encode())
+
     return make
 
 
@@ -212,16 +219,22 @@ def both(*makes: Callable[[Ctx], None]) -> Callable[[Ctx], None]:
     def make(c: Ctx) -> None:
         for m in makes:
             m(c)
+
     return make
 
 
 def _draft_vocab(n: int) -> Callable[[dict], dict]:
     """lm_head and d2t for a draft vocabulary of n tokens (consistent with a config that says so)."""
+
     def fn(t: dict) -> dict:
-        out = {**t, "lm_head.weight": torch.zeros(n, t["lm_head.weight"].shape[1], dtype=t["lm_head.weight"].dtype),
-               "d2t": torch.zeros(n, dtype=t["d2t"].dtype)}
+        out = {
+            **t,
+            "lm_head.weight": torch.zeros(n, t["lm_head.weight"].shape[1], dtype=t["lm_head.weight"].dtype),
+            "d2t": torch.zeros(n, dtype=t["d2t"].dtype),
+        }
         out.pop("t2d", None)
         return out
+
     return fn
 
 
@@ -237,6 +250,7 @@ def _truncate(rel: str, keep: int = 100) -> Callable[[Ctx], None]:
     def make(c: Ctx) -> None:
         p = c.w / rel
         p.write_bytes(p.read_bytes()[:keep])
+
     return make
 
 
@@ -244,37 +258,44 @@ def _remove(rel: str) -> Callable[[Ctx], None]:
     def make(c: Ctx) -> None:
         p = c.w / rel
         shutil.rmtree(p) if p.is_dir() else p.unlink()
+
     return make
 
 
 def _bom(rel: str) -> Callable[[Ctx], None]:
     """Prefix a UTF-8 byte-order mark, as some Windows editors save JSON."""
+
     def make(c: Ctx) -> None:
         p = c.w / rel
         p.write_bytes(b"\xef\xbb\xbf" + p.read_bytes())
+
     return make
 
 
 def _header_lies(rel: str, tensor: str) -> Callable[[Ctx], None]:
     """Reverse one tensor's shape in a safetensors header: same byte count, so the file still opens."""
+
     def make(c: Ctx) -> None:
         p = c.w / rel
         b = p.read_bytes()
         n = int.from_bytes(b[:8], "little")
-        header = json.loads(b[8:8 + n])
+        header = json.loads(b[8 : 8 + n])
         header[tensor]["shape"] = header[tensor]["shape"][::-1]
         hb = json.dumps(header).encode()
         hb += b" " * (-len(hb) % 8)
-        p.write_bytes(len(hb).to_bytes(8, "little") + hb + b[8 + n:])
+        p.write_bytes(len(hb).to_bytes(8, "little") + hb + b[8 + n :])
+
     return make
 
 
 def _pickle_bin(wrap: Callable[[dict], object]) -> Callable[[Ctx], None]:
     """Replace the draft's safetensors by a pytorch_model.bin holding ``wrap(tensors)``."""
+
     def make(c: Ctx) -> None:
         tensors = load_file(str(c.d / "model.safetensors"))
         (c.d / "model.safetensors").unlink()
         torch.save(wrap(tensors), c.d / "pytorch_model.bin")
+
     return make
 
 
@@ -288,6 +309,7 @@ class _Evil:
 def _swap_token_ids(tok_a: str, id_b: int) -> Callable[[Ctx], None]:
     """The target's tokenizer with ``tok_a`` and the token at ``id_b`` trading ids (a tokenizer of another
     revision); config.json still names the old ids."""
+
     def make(c: Ctx) -> None:
         p = c.t / "tokenizer.json"
         data = json.loads(p.read_text())
@@ -301,17 +323,20 @@ def _swap_token_ids(tok_a: str, id_b: int) -> Callable[[Ctx], None]:
             vocab[tok_a] = id_b
         vocab[tok_b] = id_a
         p.write_text(json.dumps(data))
+
     return make
 
 
 def _draft_tokenizer(mutate: Callable[[dict], None]) -> Callable[[Ctx], None]:
     """The draft ships a copy of the target's tokenizer, changed by ``mutate``."""
+
     def make(c: Ctx) -> None:
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(c.t / f, c.d / f)
         data = json.loads((c.d / "tokenizer.json").read_text())
         mutate(data)
         (c.d / "tokenizer.json").write_text(json.dumps(data))
+
     return make
 
 
@@ -349,6 +374,7 @@ def _stale_staging(c: Ctx) -> None:
 
 def _gpt_oss(mutate: Callable[[dict], None] | None = None) -> Callable[[Ctx], None]:
     """A copy of the embedded tiny-gpt-oss pair (MXFP4 experts) in {w}/go, its target's tensors changed by ``mutate``."""
+
     def make(c: Ctx) -> None:
         for part in ("target", "draft"):
             shutil.copytree(REPO_ROOT / "models" / "tiny-gpt-oss" / part, c.w / "go" / part)
@@ -357,6 +383,7 @@ def _gpt_oss(mutate: Callable[[dict], None] | None = None) -> Callable[[Ctx], No
             sd = load_file(str(f))
             mutate(sd)
             save_file(sd, str(f))
+
     return make
 
 
@@ -395,193 +422,418 @@ CASES: list[Case] = [
     Case("target-config-missing", V, 2, r"target/config\.json: file not found", make=_remove("target/config.json")),
     Case("target-config-truncated", V, 2, r"target/config\.json: not valid JSON", make=_truncate("target/config.json", 40)),
     Case("target-config-not-object", V, 2, r"target/config\.json: expected a JSON object", make=write("target/config.json", "[1, 2]")),
-    Case("target-config-bom", V, 2, r"target/config\.json: starts with a UTF-8 byte-order mark \(hint: save it as UTF-8 without a BOM", make=_bom("target/config.json")),
-    Case("draft-config-trailing-comma", V, 2, r"draft/config\.json: not valid JSON \(Expecting property name",
-         make=lambda c: (c.d / "config.json").write_text((c.d / "config.json").read_text().rstrip().rstrip("}").rstrip() + ",\n}")),
-    Case("target-header-lies-about-shape", V, 2, r"target:model\.layers\.0\.mlp\.gate_proj\.weight: shape \(\d+, \d+\), config\.json implies",
-         make=_header_lies("target/model.safetensors", "model.layers.0.mlp.gate_proj.weight")),
+    Case(
+        "target-config-bom",
+        V,
+        2,
+        r"target/config\.json: starts with a UTF-8 byte-order mark \(hint: save it as UTF-8 without a BOM",
+        make=_bom("target/config.json"),
+    ),
+    Case(
+        "draft-config-trailing-comma",
+        V,
+        2,
+        r"draft/config\.json: not valid JSON \(Expecting property name",
+        make=lambda c: (c.d / "config.json").write_text((c.d / "config.json").read_text().rstrip().rstrip("}").rstrip() + ",\n}"),
+    ),
+    Case(
+        "target-header-lies-about-shape",
+        V,
+        2,
+        r"target:model\.layers\.0\.mlp\.gate_proj\.weight: shape \(\d+, \d+\), config\.json implies",
+        make=_header_lies("target/model.safetensors", "model.layers.0.mlp.gate_proj.weight"),
+    ),
     Case("target-field-missing", V, 2, r"target/config\.json:num_hidden_layers: missing", make=tcfg(num_hidden_layers=DELETE)),
     Case("target-not-llama", V, 2, r"target/config\.json:model_type: 'gpt2' is not a target family eagle3-trt knows", make=tcfg(model_type="gpt2")),
     Case("target-no-architectures", V, 2, r"target/config\.json:architectures: missing", make=tcfg(architectures=DELETE)),
-    Case("target-already-quantized", V, 2, r"target/hf_quant_config\.json: target is already quantized",
-         make=write("target/hf_quant_config.json", '{"quantization": {"quant_algo": "FP8"}}')),
-    Case("target-dtype-int8", V, 2, r"target/config\.json:(torch_)?dtype: int8 not supported",
-         make=tcfg(torch_dtype="int8", dtype="int8")),
+    Case(
+        "target-already-quantized",
+        V,
+        2,
+        r"target/hf_quant_config\.json: target is already quantized",
+        make=write("target/hf_quant_config.json", '{"quantization": {"quant_algo": "FP8"}}'),
+    ),
+    Case("target-dtype-int8", V, 2, r"target/config\.json:(torch_)?dtype: int8 not supported", make=tcfg(torch_dtype="int8", dtype="int8")),
     Case("target-no-weights", V, 2, r"target: no weight files", make=_remove("target/model.safetensors")),
-    Case("target-weights-truncated", V, 2, r"target/model\.safetensors: corrupt or truncated safetensors",
-         make=_truncate("target/model.safetensors", 5000)),
-    Case("target-shard-missing", V, 2, r"target/model\.safetensors\.index\.json: shards listed but missing: model-00002",
-         make=write("target/model.safetensors.index.json",
-                    '{"weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}')),
-    Case("target-fewer-layers-than-config", V, 2, r"target.*model\.layers\.8\.self_attn\.q_proj\.weight missing",
-         make=tcfg(num_hidden_layers=9)),
+    Case("target-weights-truncated", V, 2, r"target/model\.safetensors: corrupt or truncated safetensors", make=_truncate("target/model.safetensors", 5000)),
+    Case(
+        "target-shard-missing",
+        V,
+        2,
+        r"target/model\.safetensors\.index\.json: shards listed but missing: model-00002",
+        make=write("target/model.safetensors.index.json", '{"weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}'),
+    ),
+    Case("target-fewer-layers-than-config", V, 2, r"target.*model\.layers\.8\.self_attn\.q_proj\.weight missing", make=tcfg(num_hidden_layers=9)),
     Case("target-too-shallow-for-eagle3", V, 2, r"default aux layers \[1, 1, 0\] are not distinct", make=tcfg(num_hidden_layers=4)),
     Case("target-no-tokenizer", V, 2, r"target/tokenizer\.json: target has no tokenizer\.json", make=_remove("target/tokenizer.json")),
     # ---- issue 11 B: the target's tokenizer against its own config
-    Case("target-tokenizer-swapped-bos", V, 2, r"target/(generation_)?config\.json:bos_token_id: 0, but the tokenizer's bos_token .* is id 300",
-         make=_swap_token_ids("<|begin_of_text|>", 300)),
-    Case("target-config-bos-out-of-vocab", V, 2, r"target/config\.json:bos_token_id: id 9999 is outside the vocabulary",
-         make=tcfg(bos_token_id=9999)),
+    Case(
+        "target-tokenizer-swapped-bos",
+        V,
+        2,
+        r"target/(generation_)?config\.json:bos_token_id: 0, but the tokenizer's bos_token .* is id 300",
+        make=_swap_token_ids("<|begin_of_text|>", 300),
+    ),
+    Case("target-config-bos-out-of-vocab", V, 2, r"target/config\.json:bos_token_id: id 9999 is outside the vocabulary", make=tcfg(bos_token_id=9999)),
     # ---- issue 11 B: one schema for config fields, in validate and engine alike
     Case("hidden-size-string-validate", V, 2, r"target/config\.json:hidden_size", make=tcfg(hidden_size="64")),
     Case("hidden-size-string-engine", ED, 2, r"target/config\.json:hidden_size", make=tcfg(hidden_size="64")),
     Case("hidden-size-words-validate", V, 2, r"target/config\.json:hidden_size", make=tcfg(hidden_size="two-fifty-six")),
     Case("hidden-size-words-engine", ED, 2, r"target/config\.json:hidden_size", make=tcfg(hidden_size="two-fifty-six")),
     # ---- draft: layout, config, tensors
-    Case("draft-not-eagle3", V, 2, r"draft: not an EAGLE-3 head",
-         make=dtensors(lambda t: {k.replace("midlayer.", "block."): v for k, v in t.items()})),
+    Case("draft-not-eagle3", V, 2, r"draft: not an EAGLE-3 head", make=dtensors(lambda t: {k.replace("midlayer.", "block."): v for k, v in t.items()})),
     Case("draft-field-missing", V, 2, r"draft/config\.json:num_attention_heads: missing", make=dcfg(num_attention_heads=DELETE)),
     Case("draft-hidden-size-string", V, 2, r"draft/config\.json:hidden_size: must be a valid integer", make=dcfg(hidden_size="64")),
     Case("draft-hidden-size-string-engine", ED, 2, r"draft/config\.json:hidden_size: must be a valid integer", make=dcfg(hidden_size="64")),
     Case("draft-two-layers", V, 2, r"draft/config\.json:num_hidden_layers: 2 draft decoder layers", make=dcfg(num_hidden_layers=2)),
     Case("draft-vocab-mismatch", V, 2, r"draft/config\.json:vocab_size: draft was trained for a vocabulary of 1024", make=dcfg(vocab_size=1024)),
-    Case("draft-target-hidden-mismatch", V, 2, r"draft/config\.json:target_hidden_size: 128 but the target's hidden_size is 64",
-         make=dcfg(target_hidden_size=128)),
+    Case(
+        "draft-target-hidden-mismatch",
+        V,
+        2,
+        r"draft/config\.json:target_hidden_size: 128 but the target's hidden_size is 64",
+        make=dcfg(target_hidden_size=128),
+    ),
     Case("draft-fc-missing", V, 2, r"draft: tensor fc\.weight missing", make=dtensors(_without("fc.weight"))),
-    Case("draft-fc-odd-width", V, 2, r"draft:fc\.weight: in_features 100 is not a multiple of the target hidden size 64",
-         make=dtensors(_with("fc.weight", lambda w: w[:, :100].contiguous()))),
-    Case("draft-shape-vs-config", V, 2, r"draft:midlayer\.mlp\.\w+_proj\.weight: shape .* expected .* from config\.json",
-         make=dcfg(intermediate_size=256)),
-    Case("draft-tensor-missing", V, 2, r"draft: tensor midlayer\.mlp\.down_proj\.weight missing",
-         make=dtensors(_without("midlayer.mlp.down_proj.weight"))),
-    Case("draft-weight-int8", V, 2, r"draft:midlayer\.mlp\.down_proj\.weight: dtype (torch\.)?int8 not supported",
-         make=dtensors(_with("midlayer.mlp.down_proj.weight", lambda w: w.to(torch.int8)))),
-    Case("draft-bin-pickle-code", V, 2, r"draft/pytorch_model\.bin: refused: not a plain tensor checkpoint",
-         make=_pickle_bin(lambda t: {**t, "x": _Evil()})),
-    Case("draft-bin-not-a-mapping", V, 2, r"draft/pytorch_model\.bin: refused: holds something other than a name -> tensor mapping",
-         make=_pickle_bin(lambda t: list(t.values()))),
+    Case(
+        "draft-fc-odd-width",
+        V,
+        2,
+        r"draft:fc\.weight: in_features 100 is not a multiple of the target hidden size 64",
+        make=dtensors(_with("fc.weight", lambda w: w[:, :100].contiguous())),
+    ),
+    Case("draft-shape-vs-config", V, 2, r"draft:midlayer\.mlp\.\w+_proj\.weight: shape .* expected .* from config\.json", make=dcfg(intermediate_size=256)),
+    Case("draft-tensor-missing", V, 2, r"draft: tensor midlayer\.mlp\.down_proj\.weight missing", make=dtensors(_without("midlayer.mlp.down_proj.weight"))),
+    Case(
+        "draft-weight-int8",
+        V,
+        2,
+        r"draft:midlayer\.mlp\.down_proj\.weight: dtype (torch\.)?int8 not supported",
+        make=dtensors(_with("midlayer.mlp.down_proj.weight", lambda w: w.to(torch.int8))),
+    ),
+    Case("draft-bin-pickle-code", V, 2, r"draft/pytorch_model\.bin: refused: not a plain tensor checkpoint", make=_pickle_bin(lambda t: {**t, "x": _Evil()})),
+    Case(
+        "draft-bin-not-a-mapping",
+        V,
+        2,
+        r"draft/pytorch_model\.bin: refused: holds something other than a name -> tensor mapping",
+        make=_pickle_bin(lambda t: list(t.values())),
+    ),
     # ---- aux layers
-    Case("aux-out-of-range", V, 2, r"draft/config\.json:eagle_aux_hidden_state_layer_ids: aux layer ids \[9\] outside the target's layers 0\.\.7",
-         make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[1, 3, 9])),
+    Case(
+        "aux-out-of-range",
+        V,
+        2,
+        r"draft/config\.json:eagle_aux_hidden_state_layer_ids: aux layer ids \[9\] outside the target's layers 0\.\.7",
+        make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[1, 3, 9]),
+    ),
     Case("aux-not-distinct", V, 2, r"aux layer ids \[1, 1, 4\] are not distinct", make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[1, 1, 4])),
-    Case("aux-count-vs-fc", V, 2, r"2 aux layers but fc\.weight fuses 3 target hidden states",
-         make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[1, 4])),
+    Case(
+        "aux-count-vs-fc", V, 2, r"2 aux layers but fc\.weight fuses 3 target hidden states", make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[1, 4])
+    ),
     # ---- draft vocabulary map
     Case("d2t-missing", V, 2, r"draft:d2t: missing, but draft_vocab_size 256 < vocab_size 512", make=dtensors(_without("d2t"))),
     Case("d2t-float", V, 2, r"draft:d2t: dtype torch\.float32, expected an integer tensor", make=dtensors(_with("d2t", lambda t: t.float()))),
-    Case("d2t-absolute-ids", V, 2, r"draft:d2t: maps draft ids to target ids in \[\d+, \d+\], outside 0\.\.511",
-         make=dtensors(_with("d2t", lambda t: t + torch.arange(t.numel()) + 300))),
-    Case("d2t-not-injective", V, 2, r"draft:d2t: not injective", make=dtensors(lambda t: {**_without("t2d")(t), "d2t": -torch.arange(t["d2t"].numel(), dtype=t["d2t"].dtype)})),
+    Case(
+        "d2t-absolute-ids",
+        V,
+        2,
+        r"draft:d2t: maps draft ids to target ids in \[\d+, \d+\], outside 0\.\.511",
+        make=dtensors(_with("d2t", lambda t: t + torch.arange(t.numel()) + 300)),
+    ),
+    Case(
+        "d2t-not-injective",
+        V,
+        2,
+        r"draft:d2t: not injective",
+        make=dtensors(lambda t: {**_without("t2d")(t), "d2t": -torch.arange(t["d2t"].numel(), dtype=t["d2t"].dtype)}),
+    ),
     Case("t2d-disagrees", V, 2, r"draft:t2d: disagrees with d2t", make=dtensors(_with("t2d", lambda t: ~t))),
-    Case("draft-vocab-too-big", V, 2, r"draft/config\.json:draft_vocab_size: 600 exceeds the target vocab 512", make=both(dcfg(draft_vocab_size=600), dtensors(_draft_vocab(600)))),
+    Case(
+        "draft-vocab-too-big",
+        V,
+        2,
+        r"draft/config\.json:draft_vocab_size: 600 exceeds the target vocab 512",
+        make=both(dcfg(draft_vocab_size=600), dtensors(_draft_vocab(600))),
+    ),
     # ---- tokenizers and special ids
     Case("draft-tokenizer-other-vocab", V, 2, r"draft/tokenizer\.json: draft tokenizer vocabulary differs", make=_draft_tokenizer(_rename_vocab_entry)),
-    Case("draft-tokenizer-special-id", V, 2, r"draft/tokenizer\.json: special token '<\|eot_id\|>' is id \d+ in the draft but \d+ in the target",
-         make=_draft_tokenizer(_move_added_token)),
+    Case(
+        "draft-tokenizer-special-id",
+        V,
+        2,
+        r"draft/tokenizer\.json: special token '<\|eot_id\|>' is id \d+ in the draft but \d+ in the target",
+        make=_draft_tokenizer(_move_added_token),
+    ),
     Case("draft-eos-foreign", V, 2, r"draft/config\.json:eos_token_id: \[300\] shares no id with the target's", make=dcfg(eos_token_id=300)),
     Case("draft-bos-foreign", V, 2, r"draft/config\.json:bos_token_id: 7 but the target's is 0", make=dcfg(bos_token_id=7)),
     # ---- rope (issue 11 A: what the runtime lacks is refused at validate)
-    Case("rope-unknown-type", V, 2, r"draft/config\.json:rope_scaling: .*'fancy'",
-         make=dcfg(rope_scaling={"rope_type": "fancy", "factor": 2.0})),
+    Case("rope-unknown-type", V, 2, r"draft/config\.json:rope_scaling: .*'fancy'", make=dcfg(rope_scaling={"rope_type": "fancy", "factor": 2.0})),
     Case("rope-theta-negative", V, 2, r"draft/config\.json:rope_theta", make=dcfg(rope_theta=-1.0)),
-    Case("rope-yarn-draft-warns", V, 0, r"warn .*draft rope .*yarn.* differs from the target's",
-         make=dcfg(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256})),
+    Case(
+        "rope-yarn-draft-warns",
+        V,
+        0,
+        r"warn .*draft rope .*yarn.* differs from the target's",
+        make=dcfg(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}),
+    ),
     Case("rope-partial-rotary", V, 2, r"draft/config\.json:partial_rotary_factor", make=dcfg(partial_rotary_factor=0.5)),
     # ---- variant flags (issue 11 A: implemented as TensorRT-LLM does, or refused)
-    Case("flag-not-boolean", V, 2, r"draft/config\.json:eagle_config\.return_hidden_post_norm: 'false' is not true/false",
-         make=dcfg(eagle_config__return_hidden_post_norm="false")),
-    Case("flag-post-norm-honoured", V, 0, r"variants: return_hidden_post_norm",
-         make=dcfg(eagle_config__return_hidden_post_norm=True)),
+    Case(
+        "flag-not-boolean",
+        V,
+        2,
+        r"draft/config\.json:eagle_config\.return_hidden_post_norm: 'false' is not true/false",
+        make=dcfg(eagle_config__return_hidden_post_norm="false"),
+    ),
+    Case("flag-post-norm-honoured", V, 0, r"variants: return_hidden_post_norm", make=dcfg(eagle_config__return_hidden_post_norm=True)),
     Case("flag-mla-head", V, 2, r"draft/config\.json:kv_lora_rank", make=dcfg(kv_lora_rank=16)),
-    Case("aux-unsorted-permuted", V, 0, r"aux layers listed as \[4, 1, 3\].*permuted",
-         make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[4, 1, 3])),
+    Case("aux-unsorted-permuted", V, 0, r"aux layers listed as \[4, 1, 3\].*permuted", make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[4, 1, 3])),
     # ---- engine: presets and options
     Case("preset-unknown", ("engine", "--model", "nope", "--dry-run", "-o", "{out}"), 2, r"MODEL: unknown preset 'nope'"),
-    Case("preset-path-escape", ("engine", "--model", "{model}", "--dry-run", "-o", "{out}"), 2, r"unknown preset",
-         make=_evil_preset, model_arg=_evil_model_arg),
+    Case(
+        "preset-path-escape", ("engine", "--model", "{model}", "--dry-run", "-o", "{out}"), 2, r"unknown preset", make=_evil_preset, model_arg=_evil_model_arg
+    ),
     Case("gpu-unknown", ("engine", "--model", "tiny", "--target-gpu", "z999", "--dry-run", "-o", "{out}"), 2, r"--target-gpu: unknown GPU 'z999'"),
-    Case("nvfp4-on-hopper", ("engine", "--model", "tiny", "--target-gpu", "h100", "--quant", "nvfp4", "--dry-run", "-o", "{out}"), 2,
-         r"--quant: nvfp4 needs Blackwell.*h100 is hopper"),
-    Case("fp8-on-ampere", ("engine", "--model", "tiny", "--target-gpu", "a100", "--quant", "fp8", "--dry-run", "-o", "{out}"), 2,
-         r"--quant: fp8 needs .*a100 is ampere"),
-    Case("nvfp4-kv-on-hopper", ("engine", "--model", "tiny", "--target-gpu", "h100", "--kv-cache", "nvfp4", "--dry-run", "-o", "{out}"), 2,
-         r"--kv-cache"),
+    Case(
+        "nvfp4-on-hopper",
+        ("engine", "--model", "tiny", "--target-gpu", "h100", "--quant", "nvfp4", "--dry-run", "-o", "{out}"),
+        2,
+        r"--quant: nvfp4 needs Blackwell.*h100 is hopper",
+    ),
+    Case(
+        "fp8-on-ampere",
+        ("engine", "--model", "tiny", "--target-gpu", "a100", "--quant", "fp8", "--dry-run", "-o", "{out}"),
+        2,
+        r"--quant: fp8 needs .*a100 is ampere",
+    ),
+    Case("nvfp4-kv-on-hopper", ("engine", "--model", "tiny", "--target-gpu", "h100", "--kv-cache", "nvfp4", "--dry-run", "-o", "{out}"), 2, r"--kv-cache"),
     Case("engine-k-zero", (*ED, "--max-draft-len", "0"), 2, r"--max-draft-len: 0 \(hint: draft lengths are 1\.\.16\)"),
     Case("engine-k-too-long", (*ED, "--max-draft-len", "17"), 2, r"--max-draft-len: 17 \(hint: draft lengths are 1\.\.16\)"),
-    Case("quantize-draft-bf16", ("engine", "--model", "tiny", "--target-gpu", "h100", "--quant", "bf16", "--quantize-draft", "--dry-run", "-o", "{out}"), 2,
-         r"--quantize-draft: the target format is bf16"),
-    Case("draft-quant-nvfp4-on-hopper", ("engine", "--model", "tiny", "--target-gpu", "h100", "--quantize-draft", "--draft-quant", "nvfp4", "--dry-run", "-o", "{out}"), 2,
-         r"--draft-quant: nvfp4 needs Blackwell"),
-    Case("embedded-half-override", ("engine", "--model", "tiny", "--target", "{t}", "--target-gpu", "h100", "--dry-run", "-o", "{out}"), 2,
-         r"TARGET/DRAFT: the embedded preset needs both or neither overridden"),
-    Case("output-parent-is-a-file", ("engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", "{w}/afile/out"), 2,
-         r"/afile: is not a directory", make=write("afile", "x")),
+    Case(
+        "quantize-draft-bf16",
+        ("engine", "--model", "tiny", "--target-gpu", "h100", "--quant", "bf16", "--quantize-draft", "--dry-run", "-o", "{out}"),
+        2,
+        r"--quantize-draft: the target format is bf16",
+    ),
+    Case(
+        "draft-quant-nvfp4-on-hopper",
+        ("engine", "--model", "tiny", "--target-gpu", "h100", "--quantize-draft", "--draft-quant", "nvfp4", "--dry-run", "-o", "{out}"),
+        2,
+        r"--draft-quant: nvfp4 needs Blackwell",
+    ),
+    Case(
+        "embedded-half-override",
+        ("engine", "--model", "tiny", "--target", "{t}", "--target-gpu", "h100", "--dry-run", "-o", "{out}"),
+        2,
+        r"TARGET/DRAFT: the embedded preset needs both or neither overridden",
+    ),
+    Case(
+        "output-parent-is-a-file",
+        ("engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", "{w}/afile/out"),
+        2,
+        r"/afile: is not a directory",
+        make=write("afile", "x"),
+    ),
     Case("output-locked-by-another-build", ED, 2, r"/out: another process \(pid \d+\) is writing it right now", around="lock"),
     # ---- issue 11 C: cache hits re-verify, stale staging directories of killed builds are removed
-    Case("cache-hit-reverifies-digests", ("engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", "{out}"), 0,
-         r"rebuilding .*/out: it does not match its manifest: draft/config\.json: missing",
-         make=both(_copy_bundle, _remove("out/draft/config.json")), changes=("out",),
-         check=lambda c: json.loads((c.w / "out" / "draft" / "config.json").read_text())),
-    Case("stale-staging-removed-on-cache-hit", ("engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", "{out}"), 0,
-         r"cache hit", make=both(_copy_bundle, _stale_staging), changes=(".out.tmp-",)),
-    Case("stale-staging-removed-on-build", ("engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", "{out}"), 0,
-         r"bundle: \S*/out\n", make=_stale_staging, changes=("out", ".out.tmp-")),
-    Case("output-disk-full", ("engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", "{w}/small/out"), 2,
-         r"small/out: no space left on the device while writing it; nothing was written", around="tmpfs", root_only=True),
+    Case(
+        "cache-hit-reverifies-digests",
+        ("engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", "{out}"),
+        0,
+        r"rebuilding .*/out: it does not match its manifest: draft/config\.json: missing",
+        make=both(_copy_bundle, _remove("out/draft/config.json")),
+        changes=("out",),
+        check=lambda c: json.loads((c.w / "out" / "draft" / "config.json").read_text()),
+    ),
+    Case(
+        "stale-staging-removed-on-cache-hit",
+        ("engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", "{out}"),
+        0,
+        r"cache hit",
+        make=both(_copy_bundle, _stale_staging),
+        changes=(".out.tmp-",),
+    ),
+    Case(
+        "stale-staging-removed-on-build",
+        ("engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", "{out}"),
+        0,
+        r"bundle: \S*/out\n",
+        make=_stale_staging,
+        changes=("out", ".out.tmp-"),
+    ),
+    Case(
+        "output-disk-full",
+        ("engine", "--model", "tiny", "--target-gpu", "h100", "--dry-run", "-o", "{w}/small/out"),
+        2,
+        r"small/out: no space left on the device while writing it; nothing was written",
+        around="tmpfs",
+        root_only=True,
+    ),
     # ---- calibration input (issue 11 B: checked before the target is loaded)
     Case("calib-missing", (*E, "--calib", "{w}/missing.jsonl"), 2, r"missing\.jsonl: prompt file not found", absent=("load target",)),
-    Case("calib-bad-json", (*E, "--calib", "{w}/bad.jsonl"), 2, r"bad\.jsonl:2: not valid JSON", absent=("load target",),
-         make=write("bad.jsonl", GOOD_PROMPTS + '{"turns": ["unterminated\n')),
-    Case("calib-max-length-over-context", (*E, "--calib-max-length", "200000"), 2, r"--calib-max-length: 200000 .*1024",
-         absent=("load target",)),
+    Case(
+        "calib-bad-json",
+        (*E, "--calib", "{w}/bad.jsonl"),
+        2,
+        r"bad\.jsonl:2: not valid JSON",
+        absent=("load target",),
+        make=write("bad.jsonl", GOOD_PROMPTS + '{"turns": ["unterminated\n'),
+    ),
+    Case("calib-max-length-over-context", (*E, "--calib-max-length", "200000"), 2, r"--calib-max-length: 200000 .*1024", absent=("load target",)),
     # ---- bundles given to alpha / recommend / package
-    Case("alpha-bundle-missing", ("alpha", "{w}/nope", "--prompts", "{w}/p.jsonl"), 2, r"/nope: bundle directory not found",
-         make=write("p.jsonl", GOOD_PROMPTS)),
-    Case("alpha-not-a-bundle", ("alpha", "{t}", "--prompts", "{w}/p.jsonl"), 2, r"target/manifest\.json: file not found",
-         make=write("p.jsonl", GOOD_PROMPTS)),
+    Case(
+        "alpha-bundle-missing", ("alpha", "{w}/nope", "--prompts", "{w}/p.jsonl"), 2, r"/nope: bundle directory not found", make=write("p.jsonl", GOOD_PROMPTS)
+    ),
+    Case("alpha-not-a-bundle", ("alpha", "{t}", "--prompts", "{w}/p.jsonl"), 2, r"target/manifest\.json: file not found", make=write("p.jsonl", GOOD_PROMPTS)),
     # the output is checked before the measurement (here on a dry-run bundle, which the measurement
     # itself would refuse: the output error coming first shows the order)
-    Case("alpha-out-under-a-file", ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "-o", "{w}/f/report"), 2,
-         r"f/report: .*/f is not a directory", make=lambda c: (write("f", "x")(c), write("p.jsonl", GOOD_PROMPTS)(c))),
+    Case(
+        "alpha-out-under-a-file",
+        ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "-o", "{w}/f/report"),
+        2,
+        r"f/report: .*/f is not a directory",
+        make=lambda c: (write("f", "x")(c), write("p.jsonl", GOOD_PROMPTS)(c)),
+    ),
     Case("alpha-prompts-missing", ("alpha", "{b}", "--prompts", "{w}/none.jsonl"), 2, r"none\.jsonl: prompt file not found"),
-    Case("alpha-prompts-bad-json", ("alpha", "{b}", "--prompts", "{w}/p.jsonl"), 2, r"p\.jsonl:2: not valid JSON",
-         make=write("p.jsonl", GOOD_PROMPTS + "{oops\n")),
-    Case("alpha-prompts-no-turns", ("alpha", "{b}", "--prompts", "{w}/p.jsonl"), 2, r'p\.jsonl:1: no "turns", "messages", "prompt" or "text"',
-         make=write("p.jsonl", '{"question": "where is the text?"}\n')),
+    Case(
+        "alpha-prompts-bad-json",
+        ("alpha", "{b}", "--prompts", "{w}/p.jsonl"),
+        2,
+        r"p\.jsonl:2: not valid JSON",
+        make=write("p.jsonl", GOOD_PROMPTS + "{oops\n"),
+    ),
+    Case(
+        "alpha-prompts-no-turns",
+        ("alpha", "{b}", "--prompts", "{w}/p.jsonl"),
+        2,
+        r'p\.jsonl:1: no "turns", "messages", "prompt" or "text"',
+        make=write("p.jsonl", '{"question": "where is the text?"}\n'),
+    ),
     Case("alpha-prompts-empty", ("alpha", "{b}", "--prompts", "{w}/p.jsonl"), 2, r"p\.jsonl: no prompts in the file", make=write("p.jsonl", "\n")),
     Case("alpha-prompts-not-utf8", ("alpha", "{b}", "--prompts", "{w}/p.txt"), 2, r"p\.txt: not UTF-8 text", make=write("p.txt", b"caf\xe9\n")),
-    Case("alpha-sweep-backwards", ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--sweep", "5-2"), 2, r"--sweep: '5-2'",
-         make=write("p.jsonl", GOOD_PROMPTS)),
-    Case("alpha-sweep-words", ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--sweep", "three"), 2, r"--sweep: 'three' .* is not a draft length",
-         make=write("p.jsonl", GOOD_PROMPTS)),
-    Case("alpha-k-too-long", ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--max-draft-len", "17"), 2,
-         r"--max-draft-len: 17 \(hint: draft lengths are 1\.\.16\)", make=write("p.jsonl", GOOD_PROMPTS)),
-    Case("alpha-sweep-with-generate", ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--sweep", "1-3", "--method", "generate"), 2,
-         r"--sweep: needs the estimator", make=write("p.jsonl", GOOD_PROMPTS)),
-    Case("alpha-k-zero", ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--max-draft-len", "0"), 2, r"--max-draft-len: 0 \(hint: draft lengths are 1\.\.16\)",
-         make=write("p.jsonl", GOOD_PROMPTS)),
-    Case("alpha-no-chat-template-option", ("alpha", "{w}/nope", "--prompts", "{w}/p.txt", "--no-chat-template"), 2,
-         r"/nope: bundle directory not found", make=write("p.txt", "def add(a, b):\n")),
-    Case("gate-threshold", ("gate", "{b}", "--prompts", "{w}/p.jsonl", "--threshold", "1.5"), 2, r"--threshold: 1\.5 is not a probability",
-         make=write("p.jsonl", GOOD_PROMPTS)),
+    Case("alpha-sweep-backwards", ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--sweep", "5-2"), 2, r"--sweep: '5-2'", make=write("p.jsonl", GOOD_PROMPTS)),
+    Case(
+        "alpha-sweep-words",
+        ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--sweep", "three"),
+        2,
+        r"--sweep: 'three' .* is not a draft length",
+        make=write("p.jsonl", GOOD_PROMPTS),
+    ),
+    Case(
+        "alpha-k-too-long",
+        ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--max-draft-len", "17"),
+        2,
+        r"--max-draft-len: 17 \(hint: draft lengths are 1\.\.16\)",
+        make=write("p.jsonl", GOOD_PROMPTS),
+    ),
+    Case(
+        "alpha-sweep-with-generate",
+        ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--sweep", "1-3", "--method", "generate"),
+        2,
+        r"--sweep: needs the estimator",
+        make=write("p.jsonl", GOOD_PROMPTS),
+    ),
+    Case(
+        "alpha-k-zero",
+        ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--max-draft-len", "0"),
+        2,
+        r"--max-draft-len: 0 \(hint: draft lengths are 1\.\.16\)",
+        make=write("p.jsonl", GOOD_PROMPTS),
+    ),
+    Case(
+        "alpha-no-chat-template-option",
+        ("alpha", "{w}/nope", "--prompts", "{w}/p.txt", "--no-chat-template"),
+        2,
+        r"/nope: bundle directory not found",
+        make=write("p.txt", "def add(a, b):\n"),
+    ),
+    Case(
+        "gate-threshold",
+        ("gate", "{b}", "--prompts", "{w}/p.jsonl", "--threshold", "1.5"),
+        2,
+        r"--threshold: 1\.5 is not a probability",
+        make=write("p.jsonl", GOOD_PROMPTS),
+    ),
     Case("recommend-nothing-measured", ("recommend", "{b}"), 2, r"recommend: needs --report or --prompts"),
     Case("recommend-report-missing", ("recommend", "{b}", "--report", "{w}/none.json"), 2, r"none\.json: (report|file) not found"),
-    Case("recommend-report-not-json", ("recommend", "{b}", "--report", "{w}/report.json"), 2, r"report\.json: not valid JSON",
-         make=write("report.json", "{not json")),
-    Case("recommend-report-not-alpha", ("recommend", "{b}", "--report", "{w}/report.json"), 2, r"report\.json: not an alpha report",
-         make=lambda c: _report(c, {"pairs": {}})),
-    Case("recommend-dry-run-bundle", ("recommend", "{b}", "--report", "{w}/report.json"), 2, r"dry: no weight files in target/ or draft/",
-         make=lambda c: _report(c, {"pairs": {"bundle": {"overall": {"cumulative_acceptance": [0.8, 0.6, 0.4]}}}})),
+    Case(
+        "recommend-report-not-json",
+        ("recommend", "{b}", "--report", "{w}/report.json"),
+        2,
+        r"report\.json: not valid JSON",
+        make=write("report.json", "{not json"),
+    ),
+    Case(
+        "recommend-report-not-alpha",
+        ("recommend", "{b}", "--report", "{w}/report.json"),
+        2,
+        r"report\.json: not an alpha report",
+        make=lambda c: _report(c, {"pairs": {}}),
+    ),
+    Case(
+        "recommend-dry-run-bundle",
+        ("recommend", "{b}", "--report", "{w}/report.json"),
+        2,
+        r"dry: no weight files in target/ or draft/",
+        make=lambda c: _report(c, {"pairs": {"bundle": {"overall": {"cumulative_acceptance": [0.8, 0.6, 0.4]}}}}),
+    ),
     Case("package-bad-name", ("package", "{b}", "-o", "{out}", "--name", "no spaces!"), 2, r"--name: 'no spaces!' is not a valid Triton model name"),
     Case("package-zero-instances", ("package", "{b}", "-o", "{out}", "--instances", "0"), 2, r"--instances: must be >= 1"),
-    Case("package-over-a-non-repository", ("package", "{b}", "-o", "{w}/keep", "--force"), 2, r"keep: exists and is not a model repository",
-         make=write("keep/precious.txt", "mine")),
+    Case(
+        "package-over-a-non-repository",
+        ("package", "{b}", "-o", "{w}/keep", "--force"),
+        2,
+        r"keep: exists and is not a model repository",
+        make=write("keep/precious.txt", "mine"),
+    ),
     Case("serve-no-repository", ("serve", "{w}/nope"), 2, r"nope: model repository not found"),
     # ---- gpt-oss as openai ships it (experts in MXFP4): a copy of the embedded tiny-gpt-oss pair in {w}/go
-    Case("mxfp4-scales-missing", GV, 2, r"go/target: model\.layers\.7\.mlp\.experts\.down_proj_scales missing: a gpt-oss decoder "
-         r"layer has it \(mxfp4 checkpoints ship it\)", make=_gpt_oss(lambda sd: sd.pop("model.layers.7.mlp.experts.down_proj_scales"))),
-    Case("mxfp4-scales-not-uint8", GV, 2, r"go/target:model\.layers\.0\.mlp\.experts\.gate_up_proj_scales: dtype float32, mxfp4 ships uint8",
-         make=_gpt_oss(lambda sd: sd.update({"model.layers.0.mlp.experts.gate_up_proj_scales":
-                                             sd["model.layers.0.mlp.experts.gate_up_proj_scales"].float()}))),
-    Case("mxfp4-blocks-of-another-width", GV, 2, r"go/target:model\.layers\.3\.mlp\.experts\.down_proj_blocks: shape \(4, 128, 3, 16\), "
-         r"config\.json implies \(4, 128, 4, 16\)",
-         make=_gpt_oss(lambda sd: sd.update({"model.layers.3.mlp.experts.down_proj_blocks": sd["model.layers.3.mlp.experts.down_proj_blocks"][:, :, :3].contiguous()}))),
-    Case("mxfp4-target-fp8", ("engine", "--target", "{w}/go/target", "--draft", "{w}/go/draft", "--quant", "fp8", "-o", "{out}"), 2,
-         r"--quant: fp8 on a target that ships MXFP4 weights .*hint: use --quant native", make=_gpt_oss()),
-    Case("mxfp4-native-fp8-kv", ("engine", "--model", "tiny-gpt-oss", "--kv-cache", "fp8", "-o", "{out}"), 2,
-         r"--kv-cache: fp8 with --quant native: an FP8 KV cache needs calibrated k/v scales"),
-    Case("mxfp4-llama-head", ("validate", "--target", "{w}/go/target", "--draft", "{d}"), 2, r"draft/config\.json:vocab_size: draft was trained for a vocabulary of 512, target has 1024",
-         make=_gpt_oss()),
+    Case(
+        "mxfp4-scales-missing",
+        GV,
+        2,
+        r"go/target: model\.layers\.7\.mlp\.experts\.down_proj_scales missing: a gpt-oss decoder "
+        r"layer has it \(mxfp4 checkpoints ship it\)",
+        make=_gpt_oss(lambda sd: sd.pop("model.layers.7.mlp.experts.down_proj_scales")),
+    ),
+    Case(
+        "mxfp4-scales-not-uint8",
+        GV,
+        2,
+        r"go/target:model\.layers\.0\.mlp\.experts\.gate_up_proj_scales: dtype float32, mxfp4 ships uint8",
+        make=_gpt_oss(lambda sd: sd.update({"model.layers.0.mlp.experts.gate_up_proj_scales": sd["model.layers.0.mlp.experts.gate_up_proj_scales"].float()})),
+    ),
+    Case(
+        "mxfp4-blocks-of-another-width",
+        GV,
+        2,
+        r"go/target:model\.layers\.3\.mlp\.experts\.down_proj_blocks: shape \(4, 128, 3, 16\), "
+        r"config\.json implies \(4, 128, 4, 16\)",
+        make=_gpt_oss(
+            lambda sd: sd.update({"model.layers.3.mlp.experts.down_proj_blocks": sd["model.layers.3.mlp.experts.down_proj_blocks"][:, :, :3].contiguous()})
+        ),
+    ),
+    Case(
+        "mxfp4-target-fp8",
+        ("engine", "--target", "{w}/go/target", "--draft", "{w}/go/draft", "--quant", "fp8", "-o", "{out}"),
+        2,
+        r"--quant: fp8 on a target that ships MXFP4 weights .*hint: use --quant native",
+        make=_gpt_oss(),
+    ),
+    Case(
+        "mxfp4-native-fp8-kv",
+        ("engine", "--model", "tiny-gpt-oss", "--kv-cache", "fp8", "-o", "{out}"),
+        2,
+        r"--kv-cache: fp8 with --quant native: an FP8 KV cache needs calibrated k/v scales",
+    ),
+    Case(
+        "mxfp4-llama-head",
+        ("validate", "--target", "{w}/go/target", "--draft", "{d}"),
+        2,
+        r"draft/config\.json:vocab_size: draft was trained for a vocabulary of 512, target has 1024",
+        make=_gpt_oss(),
+    ),
 ]
 
 
@@ -615,8 +867,7 @@ def _around(case: Case, ctx: Ctx):
         mnt = ctx.w / "small"
         mnt.mkdir()
         r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(mnt)], capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        assert r.returncode == 0, r.stderr  # root_only cases carry needs("tmpfs")
         try:
             yield
             assert list(mnt.iterdir()) == [], "a full disk left files behind"
@@ -632,12 +883,11 @@ class _Abandon(Exception):
 
 def _param(c: Case):
     marks = [pytest.mark.xfail(strict=True, reason=f"pending: {c.pending}")] if c.pending else []
+    marks += [pytest.mark.needs("tmpfs")] if c.root_only else []
     return pytest.param(c, id=c.id, marks=marks)
 
 
 def _run_case(case: Case, cli, pair, bundle: Path, tmp_path: Path) -> Result:
-    if case.root_only and os.geteuid() != 0:
-        pytest.skip("needs root (mounts a tmpfs)")
     w = tmp_path / "w"
     w.mkdir(parents=True)
     ctx = Ctx(w, w / "target", w / "draft", bundle)
@@ -665,6 +915,7 @@ def _run_case(case: Case, cli, pair, bundle: Path, tmp_path: Path) -> Result:
         assert re.search(case.pattern, errors[0]), f"pattern {case.pattern!r} not in:\n{errors[0]}"
     for text in case.absent:
         assert text not in res.err, said
+
     # nothing left behind: no bundle, staging directory, lock file, report or cache in the case's
     # directory (its cwd), and the shared bundle untouched
     def kept(snap: dict) -> dict:

@@ -11,15 +11,17 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("dynamo.frontend", reason="ai-dynamo is not installed (make test installs it)")
+from eagle3_trt.testing.pytest_guard import require
 
-from dynamo.llm.exceptions import InvalidArgument  # noqa: E402
+require("dynamo", "openai")
 
-from eagle3_trt.clients.llm_client import GenerationParams  # noqa: E402
-from eagle3_trt.clients.openai_client import OpenAIClient, normalize_openai_url  # noqa: E402
-from eagle3_trt.dynamo_serving.engine import Eagle3ReferenceEngine  # noqa: E402
-from eagle3_trt.dynamo_serving.launcher import Deployment, free_port  # noqa: E402
-from eagle3_trt.errors import UserError  # noqa: E402
+from dynamo.llm.exceptions import InvalidArgument
+
+from eagle3_trt.clients.llm_client import GenerationParams
+from eagle3_trt.clients.openai_client import OpenAIClient, normalize_openai_url
+from eagle3_trt.dynamo_serving.engine import Eagle3ReferenceEngine
+from eagle3_trt.dynamo_serving.launcher import Deployment, free_port
+from eagle3_trt.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = REPO_ROOT / "convert" / "data" / "calib_prompts.jsonl"
@@ -32,8 +34,20 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def dep(fp8_bundle, tmp_path_factory):
     state = tmp_path_factory.mktemp("dynamo-bench") / "state"
-    r = _cli("serve-dynamo", str(fp8_bundle), "--workers", "2", "--http-port", str(free_port()), "--state-dir", str(state),
-             "--torch-threads", "1", "--timeout", "240")
+    r = _cli(
+        "serve-dynamo",
+        str(fp8_bundle),
+        "--workers",
+        "2",
+        "--http-port",
+        str(free_port()),
+        "--state-dir",
+        str(state),
+        "--torch-threads",
+        "1",
+        "--timeout",
+        "240",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     d = Deployment.load(state)
     assert d is not None
@@ -89,8 +103,25 @@ def test_client_stream_counts_tokens_and_switches_speculation(dep):
 
 def test_bench_against_dynamo_writes_the_report(dep, fp8_bundle, tmp_path):
     out = tmp_path / "report"
-    r = _cli("bench", "--openai-url", dep.url, "--prompts", str(PROMPTS), "--concurrency", "1,2", "--requests", "4",
-             "--max-tokens", "12", "--warmup", "1", "--bundle", str(fp8_bundle), "-o", str(out))
+    r = _cli(
+        "bench",
+        "--openai-url",
+        dep.url,
+        "--prompts",
+        str(PROMPTS),
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "4",
+        "--max-tokens",
+        "12",
+        "--warmup",
+        "1",
+        "--bundle",
+        str(fp8_bundle),
+        "-o",
+        str(out),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "greedy text on vs off: 0 of 8 differ" in r.stdout, r.stdout
     d = json.loads((out / "bench.json").read_text())
@@ -108,8 +139,7 @@ def test_bench_against_dynamo_writes_the_report(dep, fp8_bundle, tmp_path):
     assert all(a["alpha_responses"] is not None and a["al_responses"] is not None and a["itl_samples"] > 0 for a in on)
     summary = (out / "summary.md").read_text()
     assert "Server: Dynamo (OpenAI API, /v1/chat/completions)" in summary and "eagle3_speculative=false" in summary
-    assert all((out / p).is_file() for p in ("latency_cdf.png", "itl_vs_concurrency.png", "throughput_vs_concurrency.png",
-                                             "acceptance_by_position.png"))
+    assert all((out / p).is_file() for p in ("latency_cdf.png", "itl_vs_concurrency.png", "throughput_vs_concurrency.png", "acceptance_by_position.png"))
 
 
 def test_bench_openai_refuses_triton_options(dep, tmp_path):

@@ -8,11 +8,11 @@ import pytest
 import yaml
 from safetensors.torch import load_file, save_file
 
-from eagle3_trt.build.builder import EngineRequest, build_bundle
-from eagle3_trt.build.bundle import open_bundle, verify
-from eagle3_trt.build.llm_options import LlmApiOptions
-from eagle3_trt.build.presets import load_preset
 from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
+from eagle3_trt.pipeline.bundle import open_bundle, verify
+from eagle3_trt.pipeline.llm_options import LlmApiOptions
+from eagle3_trt.pipeline.presets import load_preset
 
 
 def build(preset: str = "tiny", **kw):
@@ -20,8 +20,17 @@ def build(preset: str = "tiny", **kw):
 
 
 def test_bundle_layout_options_and_manifest(fp8_bundle, tiny_pair_session):
-    for p in ("target/config.json", "target/hf_quant_config.json", "target/tokenizer.json", "draft/config.json",
-              "draft/model.safetensors", "tokenizer/tokenizer.json", "llm_api_options.yaml", "manifest.json", "validation.json"):
+    for p in (
+        "target/config.json",
+        "target/hf_quant_config.json",
+        "target/tokenizer.json",
+        "draft/config.json",
+        "draft/model.safetensors",
+        "tokenizer/tokenizer.json",
+        "llm_api_options.yaml",
+        "manifest.json",
+        "validation.json",
+    ):
         assert (fp8_bundle / p).is_file(), p
     opts = yaml.safe_load((fp8_bundle / "llm_api_options.yaml").read_text())
     parsed = LlmApiOptions.model_validate(opts)  # the schema round-trips, unknown keys would fail
@@ -128,19 +137,23 @@ def test_cli_one_line_errors_and_exit_codes(tmp_path):
     assert r.returncode == 0 and "presets -> checkpoints" in r.stdout
 
 
+@pytest.mark.needs("make_venv")
 def test_make_engine_dry_run_for_70b(tmp_path, monkeypatch):
     """The offline CI build: `make engine MODEL=llama3.3-70b DRY_RUN=1` from config files only."""
     import os
-    import shutil
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     venv = Path(sys.executable).parent.parent
-    if shutil.which("make") is None or not (venv / ".eagle3-trt-installed").is_file():
-        pytest.skip("needs make and the Makefile's virtual environment")
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "no-hf-cache")}
-    r = subprocess.run(["make", "-s", "engine", "MODEL=llama3.3-70b", "DRY_RUN=1", f"OUT={tmp_path / 'b'}", f"VENV={venv}"],
-                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        ["make", "-s", "engine", "MODEL=llama3.3-70b", "DRY_RUN=1", f"OUT={tmp_path / 'b'}", f"VENV={venv}"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "dry run" in r.stderr and (tmp_path / "b" / "llm_api_options.yaml").is_file()
     m = json.loads((tmp_path / "b" / "manifest.json").read_text())

@@ -18,14 +18,14 @@ import pytest
 import yaml
 
 from eagle3_trt import cli
-from eagle3_trt.build import bundle as fmt
-from eagle3_trt.build import compile as comp
-from eagle3_trt.build.builder import EngineRequest, build_bundle
-from eagle3_trt.build.presets import load_preset
 from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline import bundle as fmt
+from eagle3_trt.pipeline import compile as comp
+from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
+from eagle3_trt.pipeline.presets import load_preset
 from eagle3_trt.runtime.loader import engine_from_bundle
-from eagle3_trt.triton_repo.model_yaml import read_bundle
-from eagle3_trt.triton_repo.trtllm_serving import trtllm_kwargs
+from eagle3_trt.triton_serving.model_yaml import read_bundle
+from eagle3_trt.triton_serving.trtllm_serving import trtllm_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "convert" / "data" / "calib_prompts.jsonl"
@@ -63,8 +63,29 @@ def test_build_alpha_sweep_recommend_write_rebuild_every_reader_agrees(tmp_path,
 
     rep = tmp_path / "rep"
     # measured at the bundle's K=3; the sweep alone measures K=4..6
-    assert cli.main(["alpha", str(b), "--prompts", str(PROMPTS), "--limit", "4", "--turns", "first", "--max-tokens", "16",
-                     "--sweep", "1-2,4-6", "--no-bf16", "-o", str(rep), "--json"]) == 0
+    assert (
+        cli.main(
+            [
+                "alpha",
+                str(b),
+                "--prompts",
+                str(PROMPTS),
+                "--limit",
+                "4",
+                "--turns",
+                "first",
+                "--max-tokens",
+                "16",
+                "--sweep",
+                "1-2,4-6",
+                "--no-bf16",
+                "-o",
+                str(rep),
+                "--json",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["settings"]["max_draft_len"] == 3 and len(report["pairs"]["bundle"]["overall"]["cumulative_acceptance"]) == 3
     assert sorted(report["pairs"]["bundle"]["sweep"], key=int) == ["1", "2", "3", "4", "5", "6"]
@@ -98,8 +119,7 @@ def test_build_alpha_sweep_recommend_write_rebuild_every_reader_agrees(tmp_path,
 @pytest.fixture()
 def small_request(tiny_pair_session, tmp_path) -> EngineRequest:
     t, d = tiny_pair_session
-    return EngineRequest(preset=load_preset("tiny"), target=str(t), draft=str(d), target_gpu="h100", calib_samples=2,
-                         out=str(tmp_path / "b"))
+    return EngineRequest(preset=load_preset("tiny"), target=str(t), draft=str(d), target_gpu="h100", calib_samples=2, out=str(tmp_path / "b"))
 
 
 def test_a_cache_hit_is_verified(small_request, tmp_path):
@@ -166,14 +186,17 @@ def _edit_manifest(b: Path, change) -> None:
     (b / fmt.MANIFEST_FILE).write_text(json.dumps(man))
 
 
-@pytest.mark.parametrize("change, where, what", [
-    (lambda m: m.update(max_draft_len=3), "manifest.json:max_draft_len", "Extra inputs are not permitted"),
-    (lambda m: m["quant"].update(kv_cache="fp8"), "manifest.json:quant.kv_cache", "Extra inputs are not permitted"),
-    (lambda m: m["target_gpu"].update(sm="ninety"), "manifest.json:target_gpu.sm", "valid integer"),
-    (lambda m: m["quant"].update(target="int4"), "manifest.json:quant.target", "'fp8', 'nvfp4', 'bf16' or 'native'"),
-    (lambda m: m.pop("sources"), "manifest.json:sources", "Field required"),
-    (lambda m: m.update(schema=1), "manifest.json:schema", "schema 1"),
-])
+@pytest.mark.parametrize(
+    "change, where, what",
+    [
+        (lambda m: m.update(max_draft_len=3), "manifest.json:max_draft_len", "Extra inputs are not permitted"),
+        (lambda m: m["quant"].update(kv_cache="fp8"), "manifest.json:quant.kv_cache", "Extra inputs are not permitted"),
+        (lambda m: m["target_gpu"].update(sm="ninety"), "manifest.json:target_gpu.sm", "valid integer"),
+        (lambda m: m["quant"].update(target="int4"), "manifest.json:quant.target", "'fp8', 'nvfp4', 'bf16' or 'native'"),
+        (lambda m: m.pop("sources"), "manifest.json:sources", "Field required"),
+        (lambda m: m.update(schema=1), "manifest.json:schema", "schema 1"),
+    ],
+)
 def test_manifest_fields_and_types_are_strict(fp8_bundle, tmp_path, capsys, change, where, what):
     b = _copy(fp8_bundle, tmp_path)
     _edit_manifest(b, change)
@@ -234,9 +257,11 @@ def test_a_broken_command_entry_fails_loudly(monkeypatch):
 
 
 def test_help_does_not_import_the_stages():
-    code = ("import sys; from eagle3_trt.cli import main; rc = main(['--help']); "
-            "heavy = [m for m in ('torch', 'transformers', 'eagle3_trt.runtime.commands') if m in sys.modules]; "
-            "assert rc == 0 and not heavy, heavy")
+    code = (
+        "import sys; from eagle3_trt.cli import main; rc = main(['--help']); "
+        "heavy = [m for m in ('torch', 'transformers', 'eagle3_trt.runtime.commands') if m in sys.modules]; "
+        "assert rc == 0 and not heavy, heavy"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "recommend" in r.stdout and "train-draft" in r.stdout

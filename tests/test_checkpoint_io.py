@@ -52,8 +52,9 @@ def test_pickle_of_non_tensor_values_is_refused(tmp_path):
 
 def test_sharded_index_with_missing_shard(tmp_path):
     save_file({"a": torch.ones(2)}, str(tmp_path / "model-00001-of-00002.safetensors"))
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}})
+    )
     with pytest.raises(UserError, match="missing"):
         weight_files(tmp_path)
 

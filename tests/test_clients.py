@@ -28,15 +28,13 @@ from eagle3_trt.errors import UserError
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
-@pytest.mark.parametrize("tok_dir", ["tiny", "llama3"])
+@pytest.mark.parametrize("tok_dir", ["tiny", pytest.param("llama3", marks=pytest.mark.needs("shared"))])
 def test_chat_template_matches_transformers(tok_dir):
     from transformers import AutoTokenizer
 
     from eagle3_trt.clients.chat import ChatTemplate, format_prompt, tokenizer_dir
 
     d = Path(__file__).resolve().parents[1] / "convert" / "data" / "tiny_tokenizer" if tok_dir == "tiny" else SHARED / "data" / "llama3_tokenizer"
-    if not d.is_dir():
-        pytest.skip(f"{d} missing")
     t = ChatTemplate.from_dir(d)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir(d)))
     for system in (None, "Answer briefly."):
@@ -96,8 +94,12 @@ def test_prometheus_counters_and_deltas():
 
     before = SpecCounters.from_samples(parse_text(METRICS_BEFORE), "eagle3")
     assert before.requests == {"ok": 2} and before.draft == 30 and before.tokens_off == 5
-    after_text = (METRICS_BEFORE.replace("} 30", "} 60").replace('_total{model="eagle3"} 12', '_total{model="eagle3"} 30')
-                  .replace('count{model="eagle3"} 10', 'count{model="eagle3"} 20').replace('sum{model="eagle3"} 22', 'sum{model="eagle3"} 50'))
+    after_text = (
+        METRICS_BEFORE.replace("} 30", "} 60")
+        .replace('_total{model="eagle3"} 12', '_total{model="eagle3"} 30')
+        .replace('count{model="eagle3"} 10', 'count{model="eagle3"} 20')
+        .replace('sum{model="eagle3"} 22', 'sum{model="eagle3"} 50')
+    )
     d = SpecCounters.from_samples(parse_text(after_text), "eagle3").minus(before)
     assert d.draft == 30 and d.accepted == 18 and d.alpha == pytest.approx(0.6)
     assert d.acceptance_length == pytest.approx(2.8)  # (50 - 22) / (20 - 10)
@@ -109,8 +111,7 @@ def test_percentile_and_itl():
     assert percentile([5.0], 99) == 5.0
     assert percentile([1, 2, 3, 4], 50) == 2.5
     assert percentile(list(range(101)), 99) == pytest.approx(99.0)
-    r = RequestRecord(1, True, 0, ok=True, t_send=0.0, t_first=0.1, t_end=0.7,
-                      chunk_times=[0.1, 0.2, 0.5, 0.7], chunk_tokens=[1, 1, 3, 2], n_tokens=7)
+    r = RequestRecord(1, True, 0, ok=True, t_send=0.0, t_first=0.1, t_end=0.7, chunk_times=[0.1, 0.2, 0.5, 0.7], chunk_tokens=[1, 1, 3, 2], n_tokens=7)
     # gaps 0.1 (1 token), 0.3 over 3 tokens, 0.2 over 2 tokens: one sample per token
     assert r.itl_samples() == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.1, 0.1])
     assert r.ttft_s == pytest.approx(0.1) and r.latency_s == pytest.approx(0.7)
@@ -118,10 +119,36 @@ def test_percentile_and_itl():
 
 def test_summarize_alpha_and_acceptance_length():
     recs = [
-        RequestRecord(2, True, 0, ok=True, t_send=0, t_first=0.1, t_end=1.0, chunk_times=[0.1, 1.0], chunk_tokens=[1, 9],
-                      n_tokens=10, draft_tokens=12, accepted_tokens=6, acceptance_length=2.5),  # 4 forwards
-        RequestRecord(2, True, 1, ok=True, t_send=0, t_first=0.2, t_end=2.0, chunk_times=[0.2, 2.0], chunk_tokens=[1, 5],
-                      n_tokens=6, draft_tokens=12, accepted_tokens=0, acceptance_length=1.2),  # 5 forwards
+        RequestRecord(
+            2,
+            True,
+            0,
+            ok=True,
+            t_send=0,
+            t_first=0.1,
+            t_end=1.0,
+            chunk_times=[0.1, 1.0],
+            chunk_tokens=[1, 9],
+            n_tokens=10,
+            draft_tokens=12,
+            accepted_tokens=6,
+            acceptance_length=2.5,
+        ),  # 4 forwards
+        RequestRecord(
+            2,
+            True,
+            1,
+            ok=True,
+            t_send=0,
+            t_first=0.2,
+            t_end=2.0,
+            chunk_times=[0.2, 2.0],
+            chunk_tokens=[1, 5],
+            n_tokens=6,
+            draft_tokens=12,
+            accepted_tokens=0,
+            acceptance_length=1.2,
+        ),  # 5 forwards
         RequestRecord(2, True, 2, ok=False, error="boom"),
     ]
     a = summarize(recs, 2, True, wall_s=2.0)
@@ -139,8 +166,14 @@ def _arm(c, spec, p99, alpha=None):
 
 
 def test_gate_verdicts_and_switch_off_point():
-    arms = [_arm(1, True, 0.010, 0.7), _arm(1, False, 0.020), _arm(4, True, 0.030, 0.7), _arm(4, False, 0.031),
-            _arm(16, True, 0.080, 0.6), _arm(16, False, 0.050)]
+    arms = [
+        _arm(1, True, 0.010, 0.7),
+        _arm(1, False, 0.020),
+        _arm(4, True, 0.030, 0.7),
+        _arm(4, False, 0.031),
+        _arm(16, True, 0.080, 0.6),
+        _arm(16, False, 0.050),
+    ]
     g = evaluate_gate(arms)
     assert g.alpha == pytest.approx(2.0 / 3) and g.alpha_ok and g.alpha_source == "metrics endpoint"
     assert [r["itl_ok"] for r in g.per_concurrency] == [True, True, False]
@@ -165,17 +198,46 @@ def test_concurrency_parsing():
 def test_report_files(tmp_path):
     from eagle3_trt.clients.report import PLOTS, write_report
 
-    recs = [RequestRecord(c, s, i, ok=True, t_send=0, t_first=0.05, t_end=0.3 + i / 10, chunk_times=[0.05, 0.3],
-                          chunk_tokens=[1, 3], n_tokens=4, request_index=i, text=f"answer {i}" + (" x" if (c, s, i) == (4, True, 2) else ""),
-                          finish_reason="length") for c in (1, 4) for s in (True, False) for i in range(3)]
+    recs = [
+        RequestRecord(
+            c,
+            s,
+            i,
+            ok=True,
+            t_send=0,
+            t_first=0.05,
+            t_end=0.3 + i / 10,
+            chunk_times=[0.05, 0.3],
+            chunk_tokens=[1, 3],
+            n_tokens=4,
+            request_index=i,
+            text=f"answer {i}" + (" x" if (c, s, i) == (4, True, 2) else ""),
+            finish_reason="length",
+        )
+        for c in (1, 4)
+        for s in (True, False)
+        for i in range(3)
+    ]
     arms = [_arm(1, True, 0.01, 0.7), _arm(1, False, 0.02), _arm(4, True, 0.05, 0.7), _arm(4, False, 0.03)]
     arms[0].acceptance_by_position, arms[0].drafted_by_position = [0.8, 0.5, 0.2], [10, 10, 10]
     arms[1].itl_samples = 12  # a p99 from 12 samples must be flagged
-    env = {"server": {"name": "triton", "version": "2.51.0"}, "model_parameters": {"eagle3_runtime": "reference"},
-           "bundle": {"path": "/b", "fingerprint": "abc123", "label": "tiny", "k": 3, "max_concurrency": None},
-           "client": {"eagle3_trt": "0.1"}}
-    run = BenchRun({"url": "u", "model": "eagle3", "num_prompts": 3, "max_tokens": 4}, arms, evaluate_gate(arms), recs, 0.0, 1.0, True,
-                   identity_check(recs, greedy=True), env)
+    env = {
+        "server": {"name": "triton", "version": "2.51.0"},
+        "model_parameters": {"eagle3_runtime": "reference"},
+        "bundle": {"path": "/b", "fingerprint": "abc123", "label": "tiny", "k": 3, "max_concurrency": None},
+        "client": {"eagle3_trt": "0.1"},
+    }
+    run = BenchRun(
+        {"url": "u", "model": "eagle3", "num_prompts": 3, "max_tokens": 4},
+        arms,
+        evaluate_gate(arms),
+        recs,
+        0.0,
+        1.0,
+        True,
+        identity_check(recs, greedy=True),
+        env,
+    )
     out = write_report(run, tmp_path / "r")
     data = json.loads((out / "bench.json").read_text())
     assert data["gate"]["verdict"] == "pass_with_switch_off" and len(data["requests"]) == 12
@@ -200,10 +262,15 @@ def test_identity_check():
     def rec(c, spec, i, text, ok=True):
         return RequestRecord(c, spec, i % 2, ok=ok, request_index=i, text=text)
 
-    recs = [rec(1, True, 0, "The capital is Paris."), rec(1, False, 0, "The capital is Paris."),
-            rec(1, True, 1, "Two plus two is four."), rec(1, False, 1, "Two plus two is 4."),
-            rec(2, True, 0, "abc"), rec(2, False, 0, "abc", ok=False),  # a failed request is not compared
-            rec(2, True, 1, "same")]  # no partner
+    recs = [
+        rec(1, True, 0, "The capital is Paris."),
+        rec(1, False, 0, "The capital is Paris."),
+        rec(1, True, 1, "Two plus two is four."),
+        rec(1, False, 1, "Two plus two is 4."),
+        rec(2, True, 0, "abc"),
+        rec(2, False, 0, "abc", ok=False),  # a failed request is not compared
+        rec(2, True, 1, "same"),
+    ]  # no partner
     r = identity_check(recs, greedy=True)
     assert (r["compared"], r["diverged"]) == (2, 1) and r["rate"] == pytest.approx(0.5)
     ex = r["examples"][0]
@@ -265,33 +332,60 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def served(fp8_bundle, tmp_path_factory):
-    import importlib.util
-    import shutil
-
-    if not (shutil.which("tritonserver") or importlib.util.find_spec("pytriton")):
-        pytest.skip("no tritonserver: install nvidia-pytriton or use a Triton container")
-    from eagle3_trt.triton_repo.server import ServerHandle, free_ports
+    from eagle3_trt.triton_serving.server import ServerHandle, free_ports
 
     tmp = tmp_path_factory.mktemp("bench-triton")
     r = _cli("package", str(fp8_bundle), "-o", str(tmp / "repo"))
     assert r.returncode == 0, r.stderr
     http, grpc, metrics = free_ports(3)
-    r = _cli("serve", str(tmp / "repo"), "--state-dir", str(tmp / "state"), "--http-port", str(http), "--grpc-port", str(grpc),
-             "--metrics-port", str(metrics), "--timeout", "240")
+    r = _cli(
+        "serve",
+        str(tmp / "repo"),
+        "--state-dir",
+        str(tmp / "state"),
+        "--http-port",
+        str(http),
+        "--grpc-port",
+        str(grpc),
+        "--metrics-port",
+        str(metrics),
+        "--timeout",
+        "240",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     yield ServerHandle.load(tmp / "state")
     _cli("stop", "--state-dir", str(tmp / "state"))
 
 
 @pytest.mark.triton
+@pytest.mark.needs("tritonserver")
 def test_bench_report_for_a_go_no_go_decision(served, fp8_bundle, tmp_path):
-    from eagle3_trt.build.bundle import open_bundle
+    from eagle3_trt.pipeline.bundle import open_bundle
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"turns": [q]}) for q in ("What is the capital of France?", "List three primes.")) + "\n")
     out = tmp_path / "report"
-    r = _cli("bench", "--url", served.grpc_url, "--metrics-url", served.metrics_url, "--prompts", str(prompts), "--bundle", str(fp8_bundle),
-             "--concurrency", "1,2", "--requests", "2", "--max-tokens", "6", "--warmup", "1", "-o", str(out))
+    r = _cli(
+        "bench",
+        "--url",
+        served.grpc_url,
+        "--metrics-url",
+        served.metrics_url,
+        "--prompts",
+        str(prompts),
+        "--bundle",
+        str(fp8_bundle),
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "2",
+        "--max-tokens",
+        "6",
+        "--warmup",
+        "1",
+        "-o",
+        str(out),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads((out / "bench.json").read_text())
     idt = data["greedy_identity"]

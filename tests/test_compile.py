@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from eagle3_trt.build import compile as comp
-from eagle3_trt.build import bundle as fmt
-from eagle3_trt.build.builder import EngineRequest, build_bundle
-from eagle3_trt.build.gpu_checks import check_formats, detect_gpu, gpu_key
-from eagle3_trt.build.presets import load_preset
 from eagle3_trt.cli import main as cli_main
 from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline import bundle as fmt
+from eagle3_trt.pipeline import compile as comp
+from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
+from eagle3_trt.pipeline.gpu_checks import check_formats, detect_gpu, gpu_key
+from eagle3_trt.pipeline.presets import load_preset
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +48,8 @@ def test_gpu_names_map_to_known_keys():
     assert gpu_key("NVIDIA RTX PRO 6000 Blackwell", 120) == "b200"  # unknown board: by compute capability
 
 
+@pytest.mark.needs("no_cuda")
 def test_detect_gpu_is_none_without_cuda():
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA GPU is present")
     assert detect_gpu() is None
 
 
@@ -92,7 +90,7 @@ def test_fp8_bundle_checks_on_hopper_and_blackwell_not_ampere(bundles):
 
 
 def test_target_gpu_must_match_the_gpu_present(bundles):
-    from eagle3_trt.build.gpu_checks import DetectedGpu
+    from eagle3_trt.pipeline.gpu_checks import DetectedGpu
 
     h100 = DetectedGpu("NVIDIA H100 80GB HBM3", "h100", 90, 8, 85_520_809_984)
     with pytest.raises(UserError) as e:
@@ -101,16 +99,15 @@ def test_target_gpu_must_match_the_gpu_present(bundles):
     assert comp.choose_gpu("h200", h100, None).sm == 90  # same compute capability
 
 
+@pytest.mark.needs("no_tensorrt_llm")
 def test_compile_without_tensorrt_llm_says_so(bundles):
-    if comp.adapter.installed_version() is not None:
-        pytest.skip("TensorRT-LLM is installed here")
     with pytest.raises(UserError) as e:
         comp.preflight(bundles["fp8"], "h100", require_runtime=True)
     assert "TensorRT-LLM is not installed" in e.value.what and "--check-only" in e.value.hint
 
 
 def test_tensor_parallel_larger_than_visible_gpus_is_refused(fp8_copy):
-    from eagle3_trt.build.gpu_checks import DetectedGpu
+    from eagle3_trt.pipeline.gpu_checks import DetectedGpu
 
     opts = fmt.open_bundle(fp8_copy).options.model_copy(update={"tensor_parallel_size": 4})
     fmt.update(fp8_copy, options=opts)
@@ -125,8 +122,12 @@ def test_tensor_parallel_larger_than_visible_gpus_is_refused(fp8_copy):
 
 def test_record_compile_rewrites_manifest_atomically(fp8_copy):
     before = json.loads((fp8_copy / "manifest.json").read_text())
-    rec = {"ok": True, "gpu": {"name": "NVIDIA H100 80GB HBM3", "sm": 90}, "versions": {"tensorrt_llm": "1.2.1", "torch": "2.9.1"},
-           "acceptance": {"alpha": 0.61, "acceptance_length": 2.9}}
+    rec = {
+        "ok": True,
+        "gpu": {"name": "NVIDIA H100 80GB HBM3", "sm": 90},
+        "versions": {"tensorrt_llm": "1.2.1", "torch": "2.9.1"},
+        "acceptance": {"alpha": 0.61, "acceptance_length": 2.9},
+    }
     comp.record_compile(fp8_copy, rec)
     after = json.loads((fp8_copy / "manifest.json").read_text())
     assert {k: after["compile"][k] for k in rec} == rec and after["versions"]["tensorrt_llm"] == "1.2.1"
@@ -159,8 +160,10 @@ def test_manifest_problems_are_user_errors(tmp_path):
 
 def test_acceptance_from_request_counters():
     k = 3
-    reqs = [comp.RequestSpec(accepted=60, drafted=90, generated=91, forwards=31),  # 30 decode steps + prefill
-            comp.RequestSpec(accepted=0, drafted=30, generated=11, forwards=None)]  # forwards = 1 + 30/3 = 11
+    reqs = [
+        comp.RequestSpec(accepted=60, drafted=90, generated=91, forwards=31),  # 30 decode steps + prefill
+        comp.RequestSpec(accepted=0, drafted=30, generated=11, forwards=None),
+    ]  # forwards = 1 + 30/3 = 11
     a = comp.aggregate_acceptance(reqs, k)
     assert a["alpha"] == round(60 / 120, 4) and a["acceptance_length"] == round(102 / 42, 3)
     assert a["draft_tokens"] == 120 and a["accepted_draft_tokens"] == 60 and a["requests"] == 2
@@ -210,16 +213,11 @@ def test_cli_plan(capsys):
 # --- the real thing (GPU machines with TensorRT-LLM) -------------------------------------------------
 
 
-@pytest.mark.gpu
-@pytest.mark.trtllm
+@pytest.mark.needs("cuda", "tensorrt_llm")
 def test_compile_tiny_bundle_on_gpu(tmp_path):
-    pytest.importorskip("tensorrt_llm", reason="TensorRT-LLM is not installed (only in NVIDIA's containers / package index)")
-    if detect_gpu() is None:
-        pytest.skip("no CUDA GPU visible")
     gpu, sm = detect_gpu()
     quant = "nvfp4" if sm >= 100 else "fp8"
     b = build_bundle(EngineRequest(preset=load_preset("tiny"), out=str(tmp_path / "b"), quant=quant, target_gpu=gpu)).bundle
     rec = comp.compile_bundle(b, prompts=4, max_tokens=32)
     assert rec["ok"] and rec["smoke"]["tokens"] > 0 and rec["acceptance"]["draft_tokens"] > 0
     assert json.loads((b / "manifest.json").read_text())["compile"]["gpu"]["sm"] == sm
-

@@ -10,8 +10,8 @@ import dataclasses
 
 import pytest
 
-from eagle3_trt.build.gpus import get_gpu
 from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline.gpus import get_gpu
 from eagle3_trt.runtime.cost_model import (
     CostParams,
     break_even_alpha,
@@ -94,8 +94,7 @@ def test_speedup_falls_with_batch_and_compute_bound_verification():
 def test_recommendation_k_and_concurrency():
     gpu = get_gpu("h100")
     good, poor = [0.85, 0.7, 0.58, 0.48, 0.4], [0.35, 0.1, 0.03, 0.01, 0.0]
-    kw = dict(target_format="fp8", target_kv_bytes_per_token=160 * 1024, draft_kv_bytes_per_token=4096,
-              target_layers=80, hidden=8192)
+    kw = dict(target_format="fp8", target_kv_bytes_per_token=160 * 1024, draft_kv_bytes_per_token=4096, target_layers=80, hidden=8192)
     r_good = recommend(good, gpu, 72.7e9, 2.8e9, 1, **kw)
     r_poor = recommend(poor, gpu, 72.7e9, 2.8e9, 1, **kw)
     # good: going from K=4 to 5 adds c_5 = 0.4 tokens (+11% on E_4 = 3.61) for one more draft pass
@@ -121,8 +120,7 @@ def test_recommendation_k_and_concurrency():
 def test_recommendation_chooses_among_every_swept_k():
     """With an alpha --sweep, K may be any measured K, each predicted from its own measurement."""
     gpu = get_gpu("h100")
-    kw = dict(target_format="fp8", target_kv_bytes_per_token=160 * 1024, draft_kv_bytes_per_token=4096,
-              target_layers=80, hidden=8192)
+    kw = dict(target_format="fp8", target_kv_bytes_per_token=160 * 1024, draft_kv_bytes_per_token=4096, target_layers=80, hidden=8192)
     run = [0.85, 0.7, 0.58]  # the run's K = 3
     # the sweep measured K = 1, 3 and 5; the K = 5 chain keeps paying (see the test above: K=5 wins)
     sweep = {1: [0.84], 3: run, 5: [0.85, 0.7, 0.58, 0.48, 0.4]}
@@ -175,8 +173,8 @@ def test_rejects_bad_inputs():
 def test_moe_verification_reads_the_experts_its_tokens_route_to():
     """gpt-oss-120b at TP1 (whole-model figures), memory-bound with no fixed costs: a forward over n tokens
     reads the dense part plus E * (1 - (1 - a/E)^n) of the 128 experts, by hand."""
-    from eagle3_trt.build.planner import count_target, moe_cost_inputs, parse_shape, read_config
-    from eagle3_trt.build.presets import PRESET_DIR
+    from eagle3_trt.pipeline.planner import count_target, moe_cost_inputs, parse_shape, read_config
+    from eagle3_trt.pipeline.presets import PRESET_DIR
     from eagle3_trt.runtime.cost_model import forward_time_s
 
     cfg = read_config(PRESET_DIR.parent / "model_configs" / "gpt-oss-120b" / "target" / "config.json")
@@ -199,8 +197,9 @@ def test_moe_verification_reads_the_experts_its_tokens_route_to():
     # hence speculation buys less on the MoE target than on a dense model of the same bytes, same acceptance
     c = [0.8, 0.6, 0.45]
     dense = recommend(c, gpu, total, 1.2e9, 1, target_format="mxfp4", draft_format="bf16", params=PURE)
-    sparse = recommend(c, gpu, total, 1.2e9, 1, target_format="mxfp4", draft_format="bf16", params=PURE,
-                       target_params=float(count_target(s).total), target_moe=moe)
+    sparse = recommend(
+        c, gpu, total, 1.2e9, 1, target_format="mxfp4", draft_format="bf16", params=PURE, target_params=float(count_target(s).total), target_moe=moe
+    )
     assert sparse.evidence["speedup_at_batch_1"] < dense.evidence["speedup_at_batch_1"]
     assert sparse.evidence["target"]["moe"]["experts"] == 128
 

@@ -45,7 +45,7 @@ def naive_rope(x, pos, theta):
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     ang = pos[:, None].double() * inv[None]
     cos, sin = torch.cat([ang, ang], -1).cos().float(), torch.cat([ang, ang], -1).sin().float()
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
@@ -207,7 +207,6 @@ def test_own_embed_tokens_when_hidden_sizes_differ(tiny_pair):
     d = Eagle3Draft(c)
     assert d.embed_tokens.weight.shape == (512, 32) and d.fc.in_features == 3 * 64
     with pytest.raises(UserError, match="embed_tokens"):
-        W = load_file(str(tiny_pair[1] / "model.safetensors"))
         cfg = json.loads((tiny_pair[1] / "config.json").read_text())
         cfg.update(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=48)
         (tiny_pair[1] / "config.json").write_text(json.dumps(cfg))
@@ -290,8 +289,8 @@ def modelopt_head(tmp_path_factory):
     model (ModelOpt's examples do the same), and the layer is 4 heads x 16 with a 128-wide MLP instead
     of 32 x 128 and 14336. Rope, layout and eagle_config are ModelOpt's defaults: 0.4x exports yarn
     (eagle_export_rope_scaling), 0.37 llama3."""
-    from modelopt.torch.export import unified_export_hf as ueh  # heavy optional dependency
     import modelopt.torch.speculative as mtsp  # heavy optional dependency
+    from modelopt.torch.export import unified_export_hf as ueh  # heavy optional dependency
     from modelopt.torch.speculative.config import EAGLE3_DEFAULT_CFG  # heavy optional dependency
 
     root = tmp_path_factory.mktemp("modelopt-head")

@@ -46,9 +46,12 @@ def test_speculators_layout_converts_aux_ids_to_trtllm_convention(tiny_pair):
     def cfg_fn(c):
         layer = {k: v for k, v in c.items() if k not in ("draft_vocab_size", "target_hidden_size", "architectures")}
         return {
-            "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-            "transformer_layer_config": layer, "draft_vocab_size": c["draft_vocab_size"],
-            "target_hidden_size": c["target_hidden_size"], "norm_before_residual": False,
+            "architectures": ["Eagle3Speculator"],
+            "speculators_model_type": "eagle3",
+            "transformer_layer_config": layer,
+            "draft_vocab_size": c["draft_vocab_size"],
+            "target_hidden_size": c["target_hidden_size"],
+            "norm_before_residual": False,
             # vLLM convention: inputs of layers 2, 4, 5 == outputs of layers 1, 3, 4
             "eagle_aux_hidden_state_layer_ids": [2, 4, 5],
             "speculators_config": {"algorithm": "eagle3"},

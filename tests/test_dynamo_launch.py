@@ -17,10 +17,10 @@ import jsonschema
 import pytest
 import yaml
 
-from eagle3_trt.build import dynamo_launch as dl
-from eagle3_trt.build.bundle import read_options
 from eagle3_trt.dynamo_serving.commands import serve_dynamo_cmd
-from eagle3_trt.triton_repo.commands import serve_cmd
+from eagle3_trt.pipeline import dynamo_launch as dl
+from eagle3_trt.pipeline.bundle import read_options
+from eagle3_trt.triton_serving.commands import serve_cmd
 
 SCRIPTS = (dl.SCRIPT, dl.DISAGG_SCRIPT)
 # The v1alpha1 openAPIV3Schema of ai-dynamo/dynamo's DynamoGraphDeployment CRD, descriptions stripped.
@@ -46,8 +46,7 @@ def _shim(tmp_path: Path) -> Path:
     return shim
 
 
-@pytest.mark.parametrize("role,yaml_name,mode", [("worker", dl.AGG_YAML, None), ("prefill", dl.PREFILL_YAML, "prefill"),
-                                                 ("decode", dl.DECODE_YAML, "decode")])
+@pytest.mark.parametrize("role,yaml_name,mode", [("worker", dl.AGG_YAML, None), ("prefill", dl.PREFILL_YAML, "prefill"), ("decode", dl.DECODE_YAML, "decode")])
 def test_worker_dry_run_flags_match_options(fp8_bundle, tmp_path, role, yaml_name, mode):
     shim = _shim(tmp_path)
     env = {**os.environ, "PYTHON": str(shim), "ROLE": role, "TMPDIR": str(tmp_path)}
@@ -88,8 +87,7 @@ def test_frontend_role_binds_localhost_by_default(fp8_bundle, tmp_path):
 
 
 def test_bad_role_is_one_line(fp8_bundle, tmp_path):
-    r = subprocess.run(["bash", str(fp8_bundle / "launch" / dl.SCRIPT)], env={**os.environ, "ROLE": "nope"},
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(["bash", str(fp8_bundle / "launch" / dl.SCRIPT)], env={**os.environ, "ROLE": "nope"}, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "ROLE must be" in r.stderr
 
 
@@ -99,8 +97,7 @@ def test_flag_names_exist_in_installed_dynamo():
     import importlib.util
 
     spec = importlib.util.find_spec("dynamo")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("ai-dynamo is not installed")
+    assert spec is not None and spec.submodule_search_locations
     root = Path(next(iter(spec.submodule_search_locations)))
     # dynamo.trtllm's parser: its own backend_args.py/args.py plus the shared groups under dynamo/common.
     backend = "".join(f.read_text() for d in ("trtllm", "common") for f in sorted((root / d).rglob("*args*.py")))
@@ -111,8 +108,10 @@ def test_flag_names_exist_in_installed_dynamo():
     assert not missing, missing
 
 
+@pytest.mark.needs("kubernetes_validate")
 def test_k8s_manifest(fp8_bundle):
-    kv = pytest.importorskip("kubernetes_validate")
+    import kubernetes_validate as kv  # an optional extra; the test needs it
+
     doc = yaml.safe_load((fp8_bundle / "launch" / dl.K8S_MANIFEST).read_text())
     assert doc["apiVersion"] == "nvidia.com/v1alpha1" and doc["kind"] == "DynamoGraphDeployment"
     spec = doc["spec"]
@@ -126,11 +125,20 @@ def test_k8s_manifest(fp8_bundle):
                 assert svc["resources"][side]["gpu"] == str(opts.tensor_parallel_size * opts.pipeline_parallel_size)
         pod = svc["extraPodSpec"]
         # The embedded standard objects: the main container and its volumes as a core/v1 Pod.
-        obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"eagle3-{name.lower()}"},
-               "spec": {"containers": [pod["mainContainer"]], "volumes": pod["volumes"]}}
+        obj = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"eagle3-{name.lower()}"},
+            "spec": {"containers": [pod["mainContainer"]], "volumes": pod["volumes"]},
+        }
         kv.validate(obj, kv.latest_version(), strict=True)
         assert pod["mainContainer"]["command"] == ["bash", f"{dl.BUNDLE_MOUNT}/launch/{dl.SCRIPT}"]
-    bad = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {"containers": [{"name": "m", "image": "i", "ports": [{"containerPort": "http"}]}]}}
+    bad = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "x"},
+        "spec": {"containers": [{"name": "m", "image": "i", "ports": [{"containerPort": "http"}]}]},
+    }
     with pytest.raises(kv.ValidationError):  # the validator can fail
         kv.validate(bad, kv.latest_version(), strict=True)
 
@@ -149,6 +157,7 @@ def test_serve_dynamo_default_port_is_the_makefiles_and_not_tritons():
 
 # --- The DynamoGraphDeployment against the CRD's own schema -------------------------------------------------------
 
+
 def _as_json_schema(node):
     """The CRD's structural schema as plain JSON Schema (draft 4, which OpenAPI v3 schemas follow), with
     the Kubernetes extensions jsonschema does not know spelled out: x-kubernetes-int-or-string accepts
@@ -158,8 +167,16 @@ def _as_json_schema(node):
         return [_as_json_schema(x) for x in node]
     if not isinstance(node, dict):
         return node
-    out = {k: (_as_json_schema(v) if k in ("items", "additionalProperties", "not", "anyOf", "allOf", "oneOf")
-               else {n: _as_json_schema(x) for n, x in v.items()} if k == "properties" else v) for k, v in node.items()}
+    out = {
+        k: (
+            _as_json_schema(v)
+            if k in ("items", "additionalProperties", "not", "anyOf", "allOf", "oneOf")
+            else {n: _as_json_schema(x) for n, x in v.items()}
+            if k == "properties"
+            else v
+        )
+        for k, v in node.items()
+    }
     if out.get("x-kubernetes-int-or-string"):
         out["type"] = ["integer", "string"]
     if out.get("nullable") and "type" in out:
@@ -206,19 +223,27 @@ def test_k8s_manifest_matches_dynamo_crd_schema(fp8_bundle):
     assert _dgd_problems(doc) == []
 
 
-@pytest.mark.parametrize("mutate,expect", [
-    (lambda s: s["services"]["TRTLLMWorker"].update(replica=s["services"]["TRTLLMWorker"].pop("replicas")),
-     ".spec.services.TRTLLMWorker.replica"),                                    # misspelled: would be pruned
-    (lambda s: s["services"]["Frontend"]["extraPodSpec"]["mainContainer"].update(volumeMount=[]),
-     ".spec.services.Frontend.extraPodSpec.mainContainer.volumeMount"),         # misspelled, deep in the PodSpec
-    (lambda s: s["services"]["TRTLLMWorker"].update(replicas="1"), "is not of type 'integer'"),
-    (lambda s: s.update(backendFramework="tensorrt"), "is not one of"),
-    (lambda s: s["services"]["TRTLLMWorker"]["resources"]["limits"].update(gpu=1), "is not of type 'string'"),
-    (lambda s: s["services"]["Frontend"]["extraPodSpec"]["mainContainer"]["ports"][0].pop("containerPort"),
-     "'containerPort' is a required property"),
-    (lambda s: s["services"]["Frontend"]["extraPodSpec"]["mainContainer"].update(resources={"limits": {"cpu": [2]}}),
-     "is not of type 'integer', 'string'"),                                     # Quantity: int-or-string
-])
+@pytest.mark.parametrize(
+    "mutate,expect",
+    [
+        (
+            lambda s: s["services"]["TRTLLMWorker"].update(replica=s["services"]["TRTLLMWorker"].pop("replicas")),
+            ".spec.services.TRTLLMWorker.replica",
+        ),  # misspelled: would be pruned
+        (
+            lambda s: s["services"]["Frontend"]["extraPodSpec"]["mainContainer"].update(volumeMount=[]),
+            ".spec.services.Frontend.extraPodSpec.mainContainer.volumeMount",
+        ),  # misspelled, deep in the PodSpec
+        (lambda s: s["services"]["TRTLLMWorker"].update(replicas="1"), "is not of type 'integer'"),
+        (lambda s: s.update(backendFramework="tensorrt"), "is not one of"),
+        (lambda s: s["services"]["TRTLLMWorker"]["resources"]["limits"].update(gpu=1), "is not of type 'string'"),
+        (lambda s: s["services"]["Frontend"]["extraPodSpec"]["mainContainer"]["ports"][0].pop("containerPort"), "'containerPort' is a required property"),
+        (
+            lambda s: s["services"]["Frontend"]["extraPodSpec"]["mainContainer"].update(resources={"limits": {"cpu": [2]}}),
+            "is not of type 'integer', 'string'",
+        ),  # Quantity: int-or-string
+    ],
+)
 def test_dgd_schema_check_can_fail(fp8_bundle, mutate, expect):
     doc = yaml.safe_load((fp8_bundle / "launch" / dl.K8S_MANIFEST).read_text())
     bad = copy.deepcopy(doc)
@@ -228,6 +253,10 @@ def test_dgd_schema_check_can_fail(fp8_bundle, mutate, expect):
 
 
 def test_int_or_string_fields_take_both():
-    ok = {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment", "metadata": {"name": "x"},
-          "spec": {"services": {"W": {"extraPodSpec": {"mainContainer": {"name": "main", "resources": {"limits": {"cpu": 2, "memory": "1Gi"}}}}}}}}
+    ok = {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "DynamoGraphDeployment",
+        "metadata": {"name": "x"},
+        "spec": {"services": {"W": {"extraPodSpec": {"mainContainer": {"name": "main", "resources": {"limits": {"cpu": 2, "memory": "1Gi"}}}}}}},
+    }
     assert _dgd_problems(ok) == []

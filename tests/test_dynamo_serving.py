@@ -22,13 +22,15 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("dynamo.frontend", reason="ai-dynamo is not installed (make test installs it)")
-openai = pytest.importorskip("openai")
+from eagle3_trt.testing.pytest_guard import require
 
-from eagle3_trt.dynamo_serving.launcher import Deployment, free_port  # noqa: E402
-from eagle3_trt.dynamo_serving.engine import speculative_stats  # noqa: E402
-from eagle3_trt.runtime.llm_api import RequestPerfMetrics, SamplingParams, SpeculativeDecodingMetrics  # noqa: E402
-from eagle3_trt.runtime.reference_llm import ReferenceLLM  # noqa: E402
+require("dynamo", "openai")
+import openai
+
+from eagle3_trt.dynamo_serving.engine import speculative_stats
+from eagle3_trt.dynamo_serving.launcher import Deployment, free_port
+from eagle3_trt.runtime.llm_api import RequestPerfMetrics, SamplingParams, SpeculativeDecodingMetrics
+from eagle3_trt.runtime.reference_llm import ReferenceLLM
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "List three prime numbers:", "Explain caching in one line."]
@@ -43,8 +45,7 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def dep(fp8_bundle, tmp_path_factory):
     state = tmp_path_factory.mktemp("dynamo") / "state"
     port = free_port()
-    r = _cli("serve-dynamo", str(fp8_bundle), "--workers", "2", "--http-port", str(port), "--state-dir", str(state),
-             "--torch-threads", "1", "--timeout", "240")
+    r = _cli("serve-dynamo", str(fp8_bundle), "--workers", "2", "--http-port", str(port), "--state-dir", str(state), "--torch-threads", "1", "--timeout", "240")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"http://127.0.0.1:{port}/v1" in r.stdout
     d = Deployment.load(state)
@@ -125,8 +126,7 @@ def test_stop_string_cuts_text(client, direct):
 
 def test_speculative_stats_in_response_and_metrics(client, dep, fp8_bundle):
     before = _metrics(dep)
-    r = client.completions.create(model="eagle3", prompt=PROMPTS[2], max_tokens=20, temperature=0,
-                                  extra_body={"nvext": {"extra_fields": ["engine_data"]}})
+    r = client.completions.create(model="eagle3", prompt=PROMPTS[2], max_tokens=20, temperature=0, extra_body={"nvext": {"extra_fields": ["engine_data"]}})
     st = r.model_extra["nvext"]["engine_data"]["eagle3"]
     assert st["speculative"] and st["draft_tokens"] > 0 and 0 <= st["accepted_draft_tokens"] <= st["draft_tokens"]
     assert st["completion_tokens"] == r.usage.completion_tokens
@@ -144,9 +144,12 @@ def test_speculative_stats_in_response_and_metrics(client, dep, fp8_bundle):
 def test_acceptance_length_counts_the_prefill_forward():
     # A request seen through Triton and Dynamo: 30 tokens from 18 target forwards (prefill + 17
     # verification steps whose lengths sum to 29). Triton reports 30/18; Dynamo reported 29/17.
-    perf = RequestPerfMetrics(speculative_decoding=SpeculativeDecodingMetrics(
-        total_draft_tokens=49, total_accepted_draft_tokens=12,
-        eagle3_acceptance_lengths=[1, 1, 1, 1, 2, 4, 2, 1, 1, 2, 2, 1, 3, 2, 1, 2, 2]), eagle3_target_forwards=18)
+    perf = RequestPerfMetrics(
+        speculative_decoding=SpeculativeDecodingMetrics(
+            total_draft_tokens=49, total_accepted_draft_tokens=12, eagle3_acceptance_lengths=[1, 1, 1, 1, 2, 4, 2, 1, 1, 2, 2, 1, 3, 2, 1, 2, 2]
+        ),
+        eagle3_target_forwards=18,
+    )
     st = speculative_stats(perf, 30, True)
     assert st["acceptance_length"] == round(30 / 18, 4) and st["target_forwards"] == 18
     assert speculative_stats(RequestPerfMetrics(eagle3_target_forwards=8), 8, False)["acceptance_length"] == 1.0
@@ -177,19 +180,22 @@ def _post(url: str, body: bytes) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-@pytest.mark.parametrize("body,expect", [
-    (json.dumps({"model": "no-such-model", "prompt": "hi", "max_tokens": 4}), ("404", "not found")),
-    (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": -1}), ("400", "-1")),
-    (json.dumps({"model": "eagle3", "prompt": "x " * 50_000, "max_tokens": 4}), ("400", "max_seq_len")),
-    ('{"model": "eagle3", "prompt": "hi",', ("400", "json")),
-    (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 4, "n": 2}), ("400", "n=2")),
-    (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 4, "frequency_penalty": 0.5}), ("400", "frequency_penalty")),
-    (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 100_000}), ("400", "max_seq_len")),
-    # Answered 200 without logprobs / without the prompt text before they were refused.
-    (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 4, "logprobs": 2}), ("400", "logprobs=2")),
-    (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 4, "echo": True}), ("400", "echo")),
-], ids=["unknown-model", "negative-max-tokens", "100k-char-prompt", "malformed-json", "n2", "penalty", "max-tokens-over-context",
-        "logprobs", "echo"])
+@pytest.mark.parametrize(
+    "body,expect",
+    [
+        (json.dumps({"model": "no-such-model", "prompt": "hi", "max_tokens": 4}), ("404", "not found")),
+        (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": -1}), ("400", "-1")),
+        (json.dumps({"model": "eagle3", "prompt": "x " * 50_000, "max_tokens": 4}), ("400", "max_seq_len")),
+        ('{"model": "eagle3", "prompt": "hi",', ("400", "json")),
+        (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 4, "n": 2}), ("400", "n=2")),
+        (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 4, "frequency_penalty": 0.5}), ("400", "frequency_penalty")),
+        (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 100_000}), ("400", "max_seq_len")),
+        # Answered 200 without logprobs / without the prompt text before they were refused.
+        (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 4, "logprobs": 2}), ("400", "logprobs=2")),
+        (json.dumps({"model": "eagle3", "prompt": "hi", "max_tokens": 4, "echo": True}), ("400", "echo")),
+    ],
+    ids=["unknown-model", "negative-max-tokens", "100k-char-prompt", "malformed-json", "n2", "penalty", "max-tokens-over-context", "logprobs", "echo"],
+)
 def test_bad_requests_get_a_clear_4xx(dep, body, expect):
     code, text = _post(f"{dep.url}/completions", body.encode())
     assert str(code) == expect[0] and expect[1].lower() in text.lower(), (code, text[:300])
@@ -215,8 +221,7 @@ def test_start_failures_are_one_line(dep, fp8_bundle, tmp_path):
     broken = tmp_path / "broken"  # a manifest but no weights: the worker dies while loading
     broken.mkdir()
     (broken / "manifest.json").write_text((fp8_bundle / "manifest.json").read_text())
-    r = _cli("serve-dynamo", str(broken), "--workers", "1", "--http-port", str(free_port()), "--state-dir", str(tmp_path / "s3"),
-             "--timeout", "120")
+    r = _cli("serve-dynamo", str(broken), "--workers", "1", "--http-port", str(free_port()), "--state-dir", str(tmp_path / "s3"), "--timeout", "120")
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 2 and last.startswith("error: worker-0: exited during startup"), r.stderr[-2000:]
     assert not (tmp_path / "s3" / "state.json").exists() and not (tmp_path / "s3" / "discovery").exists()

@@ -15,15 +15,15 @@ import torch
 import transformers
 from safetensors import safe_open
 
-from eagle3_trt.build.builder import EngineRequest, build_bundle
-from eagle3_trt.build.planner import count_target, parse_shape, read_config
-from eagle3_trt.build.presets import load_preset
 from eagle3_trt.convert.draft_format import load_draft
-from eagle3_trt.convert.families import FAMILIES, LLAMA, QWEN3, family_of
+from eagle3_trt.convert.families import FAMILIES, LLAMA, QWEN3
 from eagle3_trt.convert.target import read_target
 from eagle3_trt.convert.validate import validate_pair
 from eagle3_trt.core.target import TargetModel
 from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
+from eagle3_trt.pipeline.planner import count_target, parse_shape, read_config
+from eagle3_trt.pipeline.presets import load_preset
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "models" / "tiny-qwen3"
@@ -77,8 +77,9 @@ def test_head_dim_default_is_the_transformers_config_class_default(fam):
 
 
 # ---- Qwen3 presets: config-only plans and dry runs ----------------------------------------------------
-@pytest.mark.parametrize("name, aux, layers, hidden, heads, inter", [
-    ("qwen3-8b", [1, 17, 32], 36, 4096, 32, 12288), ("qwen3-32b", [1, 31, 60], 64, 5120, 64, 25600)])
+@pytest.mark.parametrize(
+    "name, aux, layers, hidden, heads, inter", [("qwen3-8b", [1, 17, 32], 36, 4096, 32, 12288), ("qwen3-32b", [1, 31, 60], 64, 5120, 64, 25600)]
+)
 def test_qwen3_presets_plan_and_validate_from_config_files(name, aux, layers, hidden, heads, inter, tmp_path):
     res = build_bundle(EngineRequest(preset=load_preset(name), target_gpu="h100", dry_run=True, out=str(tmp_path / "b")))
     val = json.loads((res.bundle / "validation.json").read_text())
@@ -142,8 +143,9 @@ def test_runtime_target_matches_transformers_qwen3():
 # ---- build -> alpha -> Triton -> client on the embedded tiny-qwen3 pair ---------------------------
 @pytest.fixture(scope="module")
 def qwen_fp8_bundle(tmp_path_factory) -> Path:
-    return build_bundle(EngineRequest(preset=load_preset("tiny-qwen3"), target_gpu="h100", calib_samples=4,
-                                      out=str(tmp_path_factory.mktemp("q3") / "fp8"))).bundle
+    return build_bundle(
+        EngineRequest(preset=load_preset("tiny-qwen3"), target_gpu="h100", calib_samples=4, out=str(tmp_path_factory.mktemp("q3") / "fp8"))
+    ).bundle
 
 
 def test_fp8_export_keeps_qk_norms_and_lm_head_bf16(qwen_fp8_bundle):
@@ -170,26 +172,26 @@ def _have_tritonserver() -> bool:
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.triton
-@pytest.mark.skipif(not _have_tritonserver(), reason="no tritonserver: install nvidia-pytriton or use a Triton container")
+@pytest.mark.needs("tritonserver")
 def test_qwen3_bundle_served_by_triton_matches_the_runtime(qwen_fp8_bundle, tmp_path):
     """No per-family code outside the model core: the same package/serve/client path as the Llama bundle."""
     from eagle3_trt.clients.chat import PromptFormatter
     from eagle3_trt.clients.llm_client import GenerationParams, LLMClient
     from eagle3_trt.core.engine import SamplingParams
     from eagle3_trt.runtime.loader import engine_from_bundle
-    from eagle3_trt.triton_repo.server import ServerHandle, free_ports
+    from eagle3_trt.triton_serving.server import ServerHandle, free_ports
 
     repo, state = tmp_path / "repo", tmp_path / "state"
     r = _cli("package", str(qwen_fp8_bundle), "-o", str(repo))
     assert r.returncode == 0, r.stderr
     http, grpc, metrics = free_ports(3)
-    r = _cli("serve", str(repo), "--state-dir", str(state), "--http-port", str(http), "--grpc-port", str(grpc),
-             "--metrics-port", str(metrics), "--timeout", "240")
+    r = _cli(
+        "serve", str(repo), "--state-dir", str(state), "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--timeout", "240"
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     handle = ServerHandle.load(state)
     try:
@@ -211,30 +213,32 @@ def test_qwen3_bundle_served_by_triton_matches_the_runtime(qwen_fp8_bundle, tmp_
         assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.needs("dynamo", "openai")
 def test_qwen3_bundle_served_by_dynamo_matches_the_runtime(qwen_fp8_bundle, tmp_path):
     """The same Dynamo backend as the Llama bundle (dynamo_serving/ has no per-family code): the real
     OpenAI frontend and one worker, a chat request through the `openai` client, greedy text equal to the
     reference runtime called directly on the token ids the frontend sends (the tokenizer's chat template)."""
-    pytest.importorskip("dynamo.frontend", reason="ai-dynamo is not installed (make test installs it)")
-    openai = pytest.importorskip("openai")
+    import openai  # the [dynamo] extra; the test needs("dynamo", "openai")
+
     from eagle3_trt.dynamo_serving.launcher import free_port
     from eagle3_trt.runtime.llm_api import SamplingParams
     from eagle3_trt.runtime.reference_llm import ReferenceLLM
 
     state, port = tmp_path / "dyn", free_port()
-    r = _cli("serve-dynamo", str(qwen_fp8_bundle), "--workers", "1", "--http-port", str(port), "--state-dir", str(state),
-             "--torch-threads", "1", "--timeout", "240")
+    r = _cli(
+        "serve-dynamo", str(qwen_fp8_bundle), "--workers", "1", "--http-port", str(port), "--state-dir", str(state), "--torch-threads", "1", "--timeout", "240"
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     try:
         llm = ReferenceLLM(qwen_fp8_bundle, device="cpu", torch_threads=1)
         q = "def parse(line):"
-        ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
-                                                return_dict=False)
+        ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False)
         want = llm.generate_async(list(ids), SamplingParams(max_tokens=16, temperature=0.0)).result(timeout=60).outputs[0].text
         llm.shutdown()
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=60, max_retries=0)
-        res = client.chat.completions.create(model="eagle3", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0,
-                                             extra_body={"nvext": {"extra_fields": ["engine_data"]}})
+        res = client.chat.completions.create(
+            model="eagle3", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0, extra_body={"nvext": {"extra_fields": ["engine_data"]}}
+        )
         assert res.choices[0].message.content == want and want
         st = res.model_extra["nvext"]["engine_data"]["eagle3"]
         assert st["speculative"] and st["draft_tokens"] > 0 and st["completion_tokens"] == res.usage.completion_tokens

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_trt.build.builder import EngineRequest, build_bundle
-from eagle3_trt.build.gpus import get_gpu
-from eagle3_trt.build.planner import count_target, parse_shape, plan_for_preset, read_config
-from eagle3_trt.build.presets import load_preset
 from eagle3_trt.convert.families import GPT_OSS, family_of
 from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
+from eagle3_trt.pipeline.gpus import get_gpu
+from eagle3_trt.pipeline.planner import count_target, parse_shape, plan_for_preset, read_config
+from eagle3_trt.pipeline.presets import load_preset
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "build" / "model_configs"
@@ -40,8 +40,7 @@ def test_family_entry_and_aux_default():
     assert "mxfp4" in GPT_OSS.native_quant_methods
 
 
-@pytest.mark.parametrize("name, layers, experts, total_b, active_b", [
-    ("gpt-oss-120b", 36, 128, 116.83, 5.13), ("gpt-oss-20b", 24, 32, 20.91, 3.61)])
+@pytest.mark.parametrize("name, layers, experts, total_b, active_b", [("gpt-oss-120b", 36, 128, 116.83, 5.13), ("gpt-oss-20b", 24, 32, 20.91, 3.61)])
 def test_total_and_active_parameters_by_hand(name, layers, experts, total_b, active_b):
     s = parse_shape(_cfg(name))
     assert (s.experts, s.active_experts, s.window_layers, s.sliding_window) == (experts, 4, layers // 2, 128)
@@ -78,8 +77,15 @@ def _hand_plan(gpu: str) -> dict:
     # no max_attention_window is set): 36 layers x K,V x 1 KV head per GPU x 64 x BF16, + the draft layer (head_dim 128)
     kv_tok = 2 * 36 * (KV // tp) * HD * 2 + 2 * 1 * (8 // tp) * 128 * 2
     blocks = math.ceil((seq + k) / 32)
-    return {"weights": round(weights), "experts": round(expert_bytes), "draft": draft, "reserve": int(reserve),
-            "kv_cache": kv_cache, "kv_token": kv_tok, "sequences": kv_cache // (kv_tok * 32) // blocks}
+    return {
+        "weights": round(weights),
+        "experts": round(expert_bytes),
+        "draft": draft,
+        "reserve": int(reserve),
+        "kv_cache": kv_cache,
+        "kv_token": kv_tok,
+        "sequences": kv_cache // (kv_tok * 32) // blocks,
+    }
 
 
 @pytest.mark.parametrize("gpu, weights_gb, sequences", [("h100", 8.16, 728), ("b200", 8.16, 1796)])
@@ -151,8 +157,9 @@ def _one_line(fn) -> str:
 def test_fp8_on_an_mxfp4_target_is_refused_with_a_hint_to_native(tmp_path):
     line = _one_line(lambda: plan_for_preset("gpt-oss-120b", "h100", 8, "fp8"))
     assert "--quant: fp8 on a target that ships MXFP4 weights" in line and "use --quant native" in line
-    line = _one_line(lambda: build_bundle(EngineRequest(preset=load_preset("gpt-oss-20b"), target_gpu="b200", quant="nvfp4",
-                                                        dry_run=True, out=str(tmp_path / "b"))))
+    line = _one_line(
+        lambda: build_bundle(EngineRequest(preset=load_preset("gpt-oss-20b"), target_gpu="b200", quant="nvfp4", dry_run=True, out=str(tmp_path / "b")))
+    )
     assert "use --quant native" in line
 
 
@@ -163,9 +170,18 @@ def test_native_on_an_unquantized_target_is_refused():
 
 def test_head_of_another_family_or_size_is_refused(tmp_path):
     # the Llama-3.1-8B head (hidden 4096, vocab 128256) on gpt-oss-120b
-    line = _one_line(lambda: build_bundle(EngineRequest(
-        preset=load_preset("gpt-oss-120b"), target_gpu="b200", dry_run=True, out=str(tmp_path / "b"),
-        target=str(CONFIGS / "gpt-oss-120b" / "target"), draft=str(CONFIGS / "llama3.1-8b" / "draft"))))
+    line = _one_line(
+        lambda: build_bundle(
+            EngineRequest(
+                preset=load_preset("gpt-oss-120b"),
+                target_gpu="b200",
+                dry_run=True,
+                out=str(tmp_path / "b"),
+                target=str(CONFIGS / "gpt-oss-120b" / "target"),
+                draft=str(CONFIGS / "llama3.1-8b" / "draft"),
+            )
+        )
+    )
     assert "this head belongs to another target" in line
 
 
@@ -173,9 +189,18 @@ def test_unknown_family_is_refused_listing_gpt_oss(tmp_path):
     shutil.copytree(CONFIGS / "gpt-oss-120b", tmp_path / "m")
     cfg = json.loads((tmp_path / "m" / "target" / "config.json").read_text())
     (tmp_path / "m" / "target" / "config.json").write_text(json.dumps({**cfg, "model_type": "deepseek_v3"}))
-    line = _one_line(lambda: build_bundle(EngineRequest(
-        preset=load_preset("gpt-oss-120b"), target_gpu="b200", dry_run=True, out=str(tmp_path / "b"),
-        target=str(tmp_path / "m" / "target"), draft=str(tmp_path / "m" / "draft"))))
+    line = _one_line(
+        lambda: build_bundle(
+            EngineRequest(
+                preset=load_preset("gpt-oss-120b"),
+                target_gpu="b200",
+                dry_run=True,
+                out=str(tmp_path / "b"),
+                target=str(tmp_path / "m" / "target"),
+                draft=str(tmp_path / "m" / "draft"),
+            )
+        )
+    )
     assert "'deepseek_v3' is not a target family" in line and "gpt-oss (model_type gpt_oss)" in line
 
 
@@ -188,17 +213,34 @@ def test_layer_types_of_the_wrong_length_are_refused():
 # transformers' GptOssForCausalLM with random weights (MoE, alternating sliding-window layers of window 4,
 # attention sinks drawn large enough to matter). MXFP4 does not run on a CPU: the tiny target is dense
 # BF16/FP32 random weights, so this checks the architecture (MoE routing, sinks, windows), not MXFP4 numerics.
-TINY = dict(model_type="gpt_oss", architectures=["GptOssForCausalLM"], hidden_size=64, intermediate_size=64, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, vocab_size=96,
-            sliding_window=4, layer_types=["sliding_attention", "full_attention"] * 2, max_position_embeddings=256,
-            rope_theta=150000.0, rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                                               "original_max_position_embeddings": 4096, "truncate": False},
-            tie_word_embeddings=False, attention_bias=True, eos_token_id=None, pad_token_id=0)
+TINY = dict(
+    model_type="gpt_oss",
+    architectures=["GptOssForCausalLM"],
+    hidden_size=64,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    vocab_size=96,
+    sliding_window=4,
+    layer_types=["sliding_attention", "full_attention"] * 2,
+    max_position_embeddings=256,
+    rope_theta=150000.0,
+    rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "original_max_position_embeddings": 4096, "truncate": False},
+    tie_word_embeddings=False,
+    attention_bias=True,
+    eos_token_id=None,
+    pad_token_id=0,
+)
 
 
 def _tiny_gpt_oss(dtype, **over):
     import torch
     import transformers
+
     torch.manual_seed(0)
     cfg = {**TINY, **over}
     hcfg = transformers.GptOssConfig(**{k: v for k, v in cfg.items() if k not in ("model_type", "architectures")})
@@ -215,7 +257,9 @@ def _tiny_gpt_oss(dtype, **over):
 
 def test_runtime_target_matches_transformers_gpt_oss_with_windows_and_sinks():
     import torch
+
     from eagle3_trt.core.target import TargetModel
+
     cfg, ref = _tiny_gpt_oss(torch.float32)
     tm = TargetModel.from_state_dict(cfg, dict(ref.state_dict()), aux_layer_ids=(1, 2))
     assert tm.hf.config._attn_implementation == "eager" and tm.sliding_window == 4
@@ -235,19 +279,35 @@ def test_runtime_target_matches_transformers_gpt_oss_with_windows_and_sinks():
 
 def _tiny_engine(dtype, window: bool = True):
     import torch
+
     from eagle3_trt.convert.draft_format import DraftConfig
     from eagle3_trt.core.draft import Eagle3Draft
     from eagle3_trt.core.engine import SpeculativeEngine
     from eagle3_trt.core.target import TargetModel
+
     cfg, ref = _tiny_gpt_oss(dtype)
     aux = (0, 1, 2)  # 4 layers: TensorRT-LLM's {1, L//2-1, L-4} needs more than 5, so three distinct early layers
     tm = TargetModel.from_state_dict(cfg, dict(ref.state_dict()), dtype=dtype, aux_layer_ids=aux)
     if not window:
         tm.sliding_window = 0  # what the runtime did before: every layer full attention
-    dc = DraftConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                     rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None, max_position_embeddings=256, vocab_size=96,
-                     draft_vocab_size=96, target_hidden_size=64, aux_layer_ids=aux, num_aux_layers=3,
-                     torch_dtype=str(dtype).replace("torch.", ""), source_format="toy")
+    dc = DraftConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        max_position_embeddings=256,
+        vocab_size=96,
+        draft_vocab_size=96,
+        target_hidden_size=64,
+        aux_layer_ids=aux,
+        num_aux_layers=3,
+        torch_dtype=str(dtype).replace("torch.", ""),
+        source_format="toy",
+    )
     torch.manual_seed(1)
     draft = Eagle3Draft(dc).to(dtype).eval()
     return ref, SpeculativeEngine(tm, draft, None, max_draft_len=3, max_seq_len=256)
@@ -255,8 +315,9 @@ def _tiny_engine(dtype, window: bool = True):
 
 def _greedy(ref, p: list[int], n: int) -> list[int]:
     import torch
+
     with torch.no_grad():
-        return ref.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+        return ref.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(p) :].tolist()
 
 
 def test_speculative_decoding_on_tiny_gpt_oss_is_lossless():
@@ -264,7 +325,9 @@ def test_speculative_decoding_on_tiny_gpt_oss_is_lossless():
     padding), K=3 drafts from a random head: the output equals transformers' own greedy generation
     (FP32, so that no rounding decides a greedy tie), and it would not without the window."""
     import torch
+
     from eagle3_trt.core.engine import SamplingParams
+
     ref, eng = _tiny_engine(torch.float32)
     torch.manual_seed(5)
     prompts = [[int(t) for t in torch.randint(1, 96, (n,))] for n in (11, 6)]
@@ -279,7 +342,9 @@ def test_alpha_on_a_bf16_tiny_gpt_oss_with_a_random_head():
     """BF16 as the issue asks: the loop runs, drafts, verifies and measures acceptance (a random head:
     alpha is measured, not expected to be high)."""
     import torch
+
     from eagle3_trt.core.engine import SamplingParams
+
     _, eng = _tiny_engine(torch.bfloat16)
     torch.manual_seed(5)
     prompts = [[int(t) for t in torch.randint(1, 96, (n,))] for n in (11, 6, 9)]

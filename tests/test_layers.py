@@ -1,58 +1,85 @@
-"""The layer contracts in pyproject.toml hold: lint-imports over the tree as the wheel lays it out.
+"""One tree: the source tree is the import tree, and the layer contracts in pyproject.toml hold on it.
 
-The top-level folders are namespace subpackages of eagle3_trt in a checkout (no __init__.py, so
-that build/ never shadows PyPA's build). import-linter's graph builder only walks regular
-packages, so the test copies the sources under eagle3_trt/ with empty __init__.py files, the
-same modules and imports the wheel installs, and runs the real lint-imports on that copy.
+lint-imports runs from the repository root on the checkout as it is (make lint runs it too);
+a planted upward import in a copy of the package shows the contracts can fail.
 """
 
+import ast
+import importlib
+import pkgutil
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import eagle3_trt
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("convert", "core", "build", "runtime", "train", "triton_repo", "dynamo_serving", "clients")
+PKG = ROOT / "eagle3_trt"
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
-def _layout(dest: Path) -> Path:
-    pkg = dest / "eagle3_trt"
-    shutil.copytree(ROOT / "eagle3_trt", pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in FOLDERS:
-        shutil.copytree(ROOT / name, pkg / name, ignore=shutil.ignore_patterns("__pycache__", "data", "presets", "model_configs"))
-    for d in [pkg, *(p for p in pkg.rglob("*") if p.is_dir())]:
-        (d / "__init__.py").touch()
-    return dest
+def _subpackages() -> set[str]:
+    return {p.parent.name for p in PKG.glob("*/__init__.py")}
 
 
-def test_every_folder_is_in_a_layer():
+def test_every_module_sits_where_its_dotted_name_says():
+    """Every module under the package imports from the file its dotted name names; nothing edits __path__."""
+    assert Path(eagle3_trt.__file__).resolve() == PKG / "__init__.py"
+    seen = 0
+    for info in pkgutil.walk_packages(eagle3_trt.__path__, "eagle3_trt."):
+        spec = importlib.util.find_spec(info.name)
+        assert spec is not None and spec.origin, info.name
+        rel = info.name.split(".")[1:]
+        want = PKG.joinpath(*rel, "__init__.py") if info.ispkg else PKG.joinpath(*rel[:-1], rel[-1] + ".py")
+        assert Path(spec.origin).resolve() == want, (info.name, spec.origin)
+        seen += 1
+    on_disk = [p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts]
+    assert seen + 1 == len(on_disk), (seen, len(on_disk))  # + eagle3_trt/__init__.py itself
+    for p in on_disk:
+        assert "__path__" not in p.read_text().replace('"__path__"', ""), p
+    for d in (p.parent for p in on_disk):
+        assert (d / "__init__.py").is_file(), f"{d} is a namespace folder"
+        assert d.name != "build", f"{d}: a subpackage named build"
+
+
+def test_top_level_data_folders_hold_no_code():
+    """build/, convert/, models/, triton_repo/ are data (recipes, calibration, pairs, the Triton template)."""
+    for name in ("build", "convert", "models", "triton_repo"):
+        assert not list((ROOT / name).glob("__init__.py")), name
+        code = [p for p in (ROOT / name).rglob("*.py") if p != ROOT / "triton_repo" / "model" / "model.py"]
+        assert not code, code
+    assert "build" not in {p.name for p in PKG.iterdir()}
+
+
+def test_every_subpackage_is_in_a_contract():
     text = (ROOT / "pyproject.toml").read_text()
-    on_disk = {p.name for p in ROOT.iterdir() if p.is_dir() and any(p.glob("*.py")) and p.name not in ("tests", "benchmarks", "eagle3_trt")}
-    assert on_disk == set(FOLDERS), on_disk ^ set(FOLDERS)
-    for name in FOLDERS:
-        assert f'"eagle3_trt.{name}' in text or f"| eagle3_trt.{name}" in text, f"{name} is in no layer"
+    for name in sorted(_subpackages()):
+        assert f'"eagle3_trt.{name}' in text or f"| eagle3_trt.{name}" in text, f"{name} is in no contract"
 
 
-def test_import_linter_contracts_hold(tmp_path):
-    pytest.importorskip("importlinter")
-    root = _layout(tmp_path)
-    exe = Path(sys.executable).with_name("lint-imports")
-    r = subprocess.run([str(exe), "--config", str(ROOT / "pyproject.toml"), "--no-cache"], cwd=root,
-                       env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=300)
+def _lint(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=cwd,
+        env={"PYTHONPATH": str(pythonpath), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_import_linter_contracts_hold_on_the_checkout():
+    r = _lint(ROOT, ROOT)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
-    assert "0 broken" in r.stdout, r.stdout[-3000:]
+    assert " 0 broken" in r.stdout, r.stdout[-3000:]
 
 
 def test_a_broken_layer_is_caught(tmp_path):
     """The contract check can fail: an upward import planted in a copy of core/ breaks it."""
-    pytest.importorskip("importlinter")
-    root = _layout(tmp_path)
-    (root / "eagle3_trt" / "core" / "planted.py").write_text("from eagle3_trt.runtime import commands  # noqa\n")
-    exe = Path(sys.executable).with_name("lint-imports")
-    r = subprocess.run([str(exe), "--config", str(ROOT / "pyproject.toml"), "--no-cache"], cwd=root,
-                       env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=300)
+    shutil.copytree(PKG, tmp_path / "eagle3_trt", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "eagle3_trt" / "core" / "planted.py").write_text("from eagle3_trt.runtime import commands  # noqa\n")
+    r = _lint(tmp_path, tmp_path)
     assert r.returncode != 0 and "eagle3_trt.core.planted -> eagle3_trt.runtime.commands" in r.stdout, r.stdout[-3000:]
 
 
@@ -68,13 +95,11 @@ LOCAL_IMPORT_MODULES = {
 
 
 def _sources():
-    for name in ("eagle3_trt", *FOLDERS):
-        yield from sorted((ROOT / name).rglob("*.py"))
+    yield from sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
+    yield ROOT / "triton_repo" / "model" / "model.py"
 
 
 def _local_imports(path: Path):
-    import ast
-
     lines = path.read_text().splitlines()
     tree = ast.parse("\n".join(lines))
     for fn in ast.walk(tree):

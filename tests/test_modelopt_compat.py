@@ -53,9 +53,10 @@ def test_merge_converts_entries_to_the_config_form(form):
     modelopt_compat._merge(cfg, {"*k_bmm*": {"num_bits": (4, 3), "axis": None}, "default": {"enable": False}})
     modelopt_compat.disable_quantizers(cfg, ["*lm_head*"])
     if form == "list":
-        assert cfg["quant_cfg"] == [{"quantizer_name": "*k_bmm*", "cfg": {"num_bits": (4, 3), "axis": None}},
-                                    {"quantizer_name": "default", "enable": False},
-                                    {"quantizer_name": "*lm_head*", "enable": False}]
+        assert cfg["quant_cfg"] == [
+            {"quantizer_name": "*k_bmm*", "cfg": {"num_bits": (4, 3), "axis": None}},
+            {"quantizer_name": "default", "enable": False},
+            {"quantizer_name": "*lm_head*", "enable": False},
+        ]
     else:
-        assert cfg["quant_cfg"] == {"*k_bmm*": {"num_bits": (4, 3), "axis": None}, "default": {"enable": False},
-                                    "*lm_head*": {"enable": False}}
+        assert cfg["quant_cfg"] == {"*k_bmm*": {"num_bits": (4, 3), "axis": None}, "default": {"enable": False}, "*lm_head*": {"enable": False}}

@@ -21,14 +21,14 @@ import yaml
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from eagle3_trt.build.builder import EngineRequest, build_bundle
-from eagle3_trt.build.presets import load_preset
 from eagle3_trt.convert import mxfp4
 from eagle3_trt.convert.draft_format import load_draft
 from eagle3_trt.convert.target import read_target
 from eagle3_trt.convert.validate import validate_pair
 from eagle3_trt.core.target import TargetModel
 from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
+from eagle3_trt.pipeline.presets import load_preset
 from eagle3_trt.runtime.commands import run_alpha
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,8 +69,8 @@ def test_the_embedded_pair_ships_the_openai_layout():
     cfg = json.loads((PAIR / "target" / "config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "mxfp4" and cfg["model_type"] == "gpt_oss"
     with safe_open(str(PAIR / "target" / "model.safetensors"), "pt") as f:
-        dt = {k: str(f.get_slice(k).get_dtype()) for k in f.keys()}
-        shape = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        dt = {k: str(f.get_slice(k).get_dtype()) for k in f}
+        shape = {k: tuple(f.get_slice(k).get_shape()) for k in f}
     H, I, E = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_local_experts"]
     assert shape["model.layers.0.mlp.experts.gate_up_proj_blocks"] == (E, 2 * I, H // 32, 16)
     assert shape["model.layers.0.mlp.experts.down_proj_scales"] == (E, H, I // 32)
@@ -127,20 +127,30 @@ def test_validation_checks_every_layer_of_the_shipped_format(pair):
     detail = {c["check"]: c["detail"] for c in rep.checks}
     assert "4 experts in mxfp4" in detail["target_weights"] and "self_attn.sinks" in detail["target_weights"]
     assert detail["target_format"].startswith("mxfp4 as shipped")
-    with pytest.raises(UserError, match=r"quantization_config\.quant_method: fp8 on a target that ships MXFP4 weights .*re-quantizing .*hint: use --quant native"):
+    with pytest.raises(
+        UserError, match=r"quantization_config\.quant_method: fp8 on a target that ships MXFP4 weights .*re-quantizing .*hint: use --quant native"
+    ):
         validate_pair(read_target(t), load_draft(d), 512, quant="fp8")
 
 
-@pytest.mark.parametrize("damage, pattern", [
-    (lambda sd: sd.pop("model.layers.7.mlp.experts.down_proj_scales"),
-     r"model\.layers\.7\.mlp\.experts\.down_proj_scales missing: a gpt-oss decoder layer has it \(mxfp4 checkpoints ship it\)"),
-    (lambda sd: sd.pop("model.layers.3.self_attn.sinks"), r"model\.layers\.3\.self_attn\.sinks missing"),
-    (lambda sd: sd.update({"model.layers.2.mlp.experts.gate_up_proj_scales":
-                           sd["model.layers.2.mlp.experts.gate_up_proj_scales"].to(torch.int16)}),
-     r"gate_up_proj_scales: dtype int16, mxfp4 ships uint8"),
-    (lambda sd: sd.update({"model.layers.1.mlp.router.weight": sd["model.layers.1.mlp.router.weight"][:3]}),
-     r"model\.layers\.1\.mlp\.router\.weight: shape \(3, 128\), config\.json implies \(4, 128\)"),
-])
+@pytest.mark.parametrize(
+    "damage, pattern",
+    [
+        (
+            lambda sd: sd.pop("model.layers.7.mlp.experts.down_proj_scales"),
+            r"model\.layers\.7\.mlp\.experts\.down_proj_scales missing: a gpt-oss decoder layer has it \(mxfp4 checkpoints ship it\)",
+        ),
+        (lambda sd: sd.pop("model.layers.3.self_attn.sinks"), r"model\.layers\.3\.self_attn\.sinks missing"),
+        (
+            lambda sd: sd.update({"model.layers.2.mlp.experts.gate_up_proj_scales": sd["model.layers.2.mlp.experts.gate_up_proj_scales"].to(torch.int16)}),
+            r"gate_up_proj_scales: dtype int16, mxfp4 ships uint8",
+        ),
+        (
+            lambda sd: sd.update({"model.layers.1.mlp.router.weight": sd["model.layers.1.mlp.router.weight"][:3]}),
+            r"model\.layers\.1\.mlp\.router\.weight: shape \(3, 128\), config\.json implies \(4, 128\)",
+        ),
+    ],
+)
 def test_a_damaged_mxfp4_checkpoint_is_refused_in_one_line(pair, damage, pattern):
     t, d = pair
     _rewrite(t, damage)
@@ -162,8 +172,7 @@ def test_a_dense_gpt_oss_checkpoint_validates_against_the_bf16_table(pair):
 # ---- engine (--quant native) -> alpha on the embedded pair ---------------------------------------------
 @pytest.fixture(scope="module")
 def native_bundle(tmp_path_factory) -> Path:
-    return build_bundle(EngineRequest(preset=load_preset("tiny-gpt-oss"), target_gpu="b200",
-                                      out=str(tmp_path_factory.mktemp("go") / "native"))).bundle
+    return build_bundle(EngineRequest(preset=load_preset("tiny-gpt-oss"), target_gpu="b200", out=str(tmp_path_factory.mktemp("go") / "native"))).bundle
 
 
 def test_native_bundle_keeps_the_target_as_shipped(native_bundle):
@@ -191,8 +200,13 @@ def test_alpha_on_the_native_bundle_says_how_mxfp4_was_measured(native_bundle, t
 
 
 def test_fp8_kv_on_a_native_build_is_refused(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "eagle3_trt.cli", "engine", "--model", "tiny-gpt-oss", "--kv-cache", "fp8",
-                        "-o", str(tmp_path / "b")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle3_trt.cli", "engine", "--model", "tiny-gpt-oss", "--kv-cache", "fp8", "-o", str(tmp_path / "b")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("error: --kv-cache: fp8 with --quant native")
     assert not (tmp_path / "b").exists()
@@ -204,14 +218,20 @@ def test_a_sharded_mxfp4_target_builds_as_shipped_without_asking(tmp_path):
     sd = load_file(str(PAIR / "target" / "model.safetensors"))
     t = tmp_path / "target"
     shutil.copytree(PAIR / "target", t, ignore=shutil.ignore_patterns("*.safetensors"))
-    shards = {"model-00000-of-00002.safetensors": {k: v for k, v in sd.items() if not k.endswith("_scales")},
-              "model-00001-of-00002.safetensors": {k: v for k, v in sd.items() if k.endswith("_scales")}}
+    shards = {
+        "model-00000-of-00002.safetensors": {k: v for k, v in sd.items() if not k.endswith("_scales")},
+        "model-00001-of-00002.safetensors": {k: v for k, v in sd.items() if k.endswith("_scales")},
+    }
     for name, part in shards.items():
         save_file(part, str(t / name), metadata={"format": "pt"})
-    (t / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {k: name for name, part in shards.items() for k in part}}))
-    r = subprocess.run([sys.executable, "-m", "eagle3_trt.cli", "engine", "--target", str(t), "--draft", str(PAIR / "draft"),
-                        "-o", str(tmp_path / "b")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    (t / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {k: name for name, part in shards.items() for k in part}}))
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle3_trt.cli", "engine", "--target", str(t), "--draft", str(PAIR / "draft"), "-o", str(tmp_path / "b")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     man = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert man["quant"]["target"] == "native" and man["quant"]["target_native"] == "mxfp4"
@@ -230,12 +250,18 @@ def _set_quant_method(t: Path, method) -> None:
     (t / "config.json").write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("method, pattern", [
-    (None, r"config\.json:quantization_config: the weights ship the experts in mxfp4 \(blocks/scales\) but config\.json has no "
-           r"quantization_config"),
-    ("MXFP4", r"quantization_config\.quant_method: the weights ship the experts in mxfp4 .* has quant_method 'MXFP4'"),
-    ("gptq", r"quantization_config\.quant_method: the weights ship the experts in mxfp4 .* has quant_method 'gptq'"),
-])
+@pytest.mark.parametrize(
+    "method, pattern",
+    [
+        (
+            None,
+            r"config\.json:quantization_config: the weights ship the experts in mxfp4 \(blocks/scales\) but config\.json has no "
+            r"quantization_config",
+        ),
+        ("MXFP4", r"quantization_config\.quant_method: the weights ship the experts in mxfp4 .* has quant_method 'MXFP4'"),
+        ("gptq", r"quantization_config\.quant_method: the weights ship the experts in mxfp4 .* has quant_method 'gptq'"),
+    ],
+)
 def test_mxfp4_tensors_under_another_config_are_refused_by_the_config_field(pair, method, pattern):
     t, d = pair
     _set_quant_method(t, method)
@@ -252,9 +278,19 @@ def test_an_mxfp4_config_over_dense_experts_is_refused(pair):
 
 def test_a_hidden_size_mxfp4_cannot_hold_is_refused(tmp_path):
     """hidden 80 is not a multiple of 32: blocks can cover 64 columns (floor) or 96 (padded), never 80."""
-    cfg = transformers.GptOssConfig(hidden_size=80, intermediate_size=64, num_hidden_layers=6, num_attention_heads=2,
-                                    num_key_value_heads=1, head_dim=40, num_local_experts=4, num_experts_per_tok=2,
-                                    vocab_size=1024, sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 3)
+    cfg = transformers.GptOssConfig(
+        hidden_size=80,
+        intermediate_size=64,
+        num_hidden_layers=6,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=40,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        vocab_size=1024,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"] * 3,
+    )
     t = tmp_path / "target"
     transformers.GptOssForCausalLM(cfg).save_pretrained(t)
     sd = load_file(str(t / "model.safetensors"))
@@ -277,14 +313,20 @@ def test_a_bf16_gpt_oss_target_builds_in_bf16_and_modelopt_formats_are_refused(t
     fp8/nvfp4 refused (the runtime cannot measure ModelOpt's fused-expert export); native refused (nothing shipped)."""
     t = tmp_path / "target"
     shutil.copytree(PAIR / "target", t)
-    _rewrite(t, lambda sd: sd.update({k: (v.to(torch.bfloat16) if v.is_floating_point() else v)
-                                      for k, v in mxfp4.dense_experts({k: sd.pop(k) for k in list(sd)}).items()}))
+    _rewrite(
+        t,
+        lambda sd: sd.update(
+            {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in mxfp4.dense_experts({k: sd.pop(k) for k in list(sd)}).items()}
+        ),
+    )
     _set_quant_method(t, None)
     req = dict(preset=load_preset("tiny"), target=str(t), draft=str(PAIR / "draft"), target_gpu="h100")
     res = build_bundle(EngineRequest(**req, out=str(tmp_path / "b")))
     assert res.manifest.quant.target == "bf16"
-    for quant, pattern in (("fp8", r"fp8 on a gpt-oss target: ModelOpt's fp8/nvfp4 export .*\(hint: use --quant bf16"),
-                           ("native", r"native keeps an already-quantized target as shipped, but this target is not quantized")):
+    for quant, pattern in (
+        ("fp8", r"fp8 on a gpt-oss target: ModelOpt's fp8/nvfp4 export .*\(hint: use --quant bf16"),
+        ("native", r"native keeps an already-quantized target as shipped, but this target is not quantized"),
+    ):
         with pytest.raises(UserError, match=pattern):
             build_bundle(EngineRequest(**req, quant=quant, out=str(tmp_path / quant)))
         assert not (tmp_path / quant).exists()

@@ -1,5 +1,6 @@
-"""The wheel puts every top-level folder under eagle3_trt/ and nothing at top level."""
+"""The wheel is the package as it sits in the checkout, plus its data; installed, it builds the tiny bundle."""
 
+import json
 import subprocess
 import sys
 import zipfile
@@ -12,29 +13,70 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    pytest.importorskip("hatchling")
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return next(out.glob("eagle3_trt-*.whl"))
 
 
-def test_wheel_layout(wheel):
+def test_wheel_modules_are_the_checkout_s_modules(wheel):
+    """No code is remapped: every .py in the wheel is the file at the same path in the checkout."""
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops <= {"eagle3_trt", next(t for t in tops if t.endswith(".dist-info"))}, tops
-    for must in ("eagle3_trt/__init__.py", "eagle3_trt/cli.py", "eagle3_trt/build/bundle.py", "eagle3_trt/build/presets/tiny.yaml",
-                 "eagle3_trt/convert/validate.py", "eagle3_trt/convert/data/calib_prompts.jsonl",
-                 "eagle3_trt/convert/data/tiny_tokenizer/tokenizer.json", "eagle3_trt/core/draft.py"):
+    code = {n for n in names if n.endswith(".py") and not n.startswith("eagle3_trt/_data/")}
+    in_tree = {str(p.relative_to(ROOT)) for p in (ROOT / "eagle3_trt").rglob("*.py") if "__pycache__" not in p.parts}
+    assert code == in_tree, code ^ in_tree
+    for must in (
+        "eagle3_trt/_data/build/presets/tiny.yaml",
+        "eagle3_trt/_data/build/model_configs/llama3.3-70b/draft/config.json",
+        "eagle3_trt/_data/convert/data/calib_prompts.jsonl",
+        "eagle3_trt/_data/convert/data/tiny_tokenizer/tokenizer.json",
+        "eagle3_trt/_data/models/tiny/draft/model.safetensors",
+        "eagle3_trt/_data/triton_repo/model/config.pbtxt.tmpl",
+        "eagle3_trt/_data/triton_repo/model/model.py",
+    ):
         assert must in names, must
+    assert not any("/build/" in n for n in code), "a module under a folder named build"
 
 
-def test_installed_wheel_imports_without_the_source_tree(wheel, tmp_path):
+def test_installed_wheel_builds_the_tiny_bundle_outside_the_checkout(wheel, tmp_path):
+    """pip installs the wheel into a fresh target; from a directory outside the checkout,
+    `eagle3-trt engine --model tiny` builds the bundle from the wheel's own data."""
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)], check=True, timeout=300)
-    code = ("import eagle3_trt, eagle3_trt.build.presets as p; assert eagle3_trt.SOURCE_ROOT is None, eagle3_trt.SOURCE_ROOT; "
-            "print(p.available()); import importlib.util as u; assert u.find_spec('build') is None or 'eagle3_trt' not in str(u.find_spec('build').origin)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
-                       capture_output=True, text=True, timeout=120)
+    entry = next(target.glob("eagle3_trt-*.dist-info")) / "entry_points.txt"
+    assert "eagle3-trt = eagle3_trt.cli:main" in entry.read_text()
+    env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "EAGLE3_TRT_CACHE": str(tmp_path / "cache"), "HOME": str(tmp_path)}
+    code = (
+        "import eagle3_trt, eagle3_trt.resources as r, importlib.util as u; print(eagle3_trt.__file__); print(r.data_dir('models')); "
+        "print(r.checkout_root()); assert u.find_spec('build') is None or 'eagle3_trt' not in str(u.find_spec('build').origin)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "llama3.3-70b" in r.stdout and "tiny" in r.stdout
+    pkg, models, checkout = r.stdout.split()
+    assert pkg.startswith(str(target)) and models.startswith(str(target)) and checkout == "None", r.stdout
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from eagle3_trt.cli import main; sys.exit(main(sys.argv[1:]))",
+            "engine",
+            "--model",
+            "tiny",
+            "-o",
+            str(tmp_path / "bundle"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    assert manifest["preset"] == "tiny" and "git_sha" not in manifest  # built from a wheel, not a checkout

@@ -4,9 +4,7 @@ container usually runs as another uid) whatever the umask, and a build stopped w
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import signal
 import stat
 import subprocess
@@ -17,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_trt.triton_repo.server import free_ports
+from eagle3_trt.triton_serving.server import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # One OpenMP thread: spin-waiting threads on a busy 2-core machine make a 10 s build take a minute.
@@ -25,8 +23,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _cli(*args: str, umask: int = 0o077, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=timeout, umask=umask, env=ENV)
+    return subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, umask=umask, env=ENV)
 
 
 def _bad_modes(root: Path, executables: tuple[str, ...] = ()) -> list[str]:
@@ -69,14 +66,14 @@ def test_bundle_built_under_umask_077_is_world_readable(tmp_path):
 
 
 @pytest.mark.triton
-@pytest.mark.skipif(not (shutil.which("tritonserver") or importlib.util.find_spec("pytriton")),
-                    reason="no tritonserver: install nvidia-pytriton or use a Triton container")
+@pytest.mark.needs("tritonserver")
 def test_serve_and_stop_under_umask_077_leave_readable_files(fp8_bundle, tmp_path):
     repo, state = tmp_path / "repo", tmp_path / "state"
     assert _cli("package", str(fp8_bundle), "-o", str(repo)).returncode == 0
     http, grpc, metrics = free_ports(3)
-    r = _cli("serve", str(repo), "--state-dir", str(state), "--http-port", str(http), "--grpc-port", str(grpc),
-             "--metrics-port", str(metrics), "--timeout", "240")
+    r = _cli(
+        "serve", str(repo), "--state-dir", str(state), "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--timeout", "240"
+    )
     try:
         assert r.returncode == 0, r.stdout + r.stderr
         # The Python backend has imported model.py by now: its __pycache__ lands in the repository.
@@ -92,8 +89,14 @@ def test_serve_and_stop_under_umask_077_leave_readable_files(fp8_bundle, tmp_pat
 
 def test_sigterm_during_a_build_leaves_nothing(tmp_path):
     out = tmp_path / "bundle"
-    proc = subprocess.Popen([sys.executable, "-m", "eagle3_trt.cli", "engine", "--model", "tiny", "--target-gpu", "h100",
-                             "-o", str(out)], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eagle3_trt.cli", "engine", "--model", "tiny", "--target-gpu", "h100", "-o", str(out)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     try:
         deadline = time.monotonic() + 120
         staging: list[Path] = []

@@ -12,9 +12,11 @@ import sys
 
 import pytest
 
-from eagle3_trt.build.gpu_checks import check_formats
-from eagle3_trt.build.gpus import GPUS, KV_MIN_SM, MIN_SM, check_kv_for_gpu, check_quant_for_gpu, get_gpu
-from eagle3_trt.build.planner import (
+from eagle3_trt.cli import main
+from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline.gpu_checks import check_formats
+from eagle3_trt.pipeline.gpus import GPUS, KV_MIN_SM, MIN_SM, check_kv_for_gpu, check_quant_for_gpu, get_gpu
+from eagle3_trt.pipeline.planner import (
     MODEL_CONFIG_DIR,
     count_draft,
     count_target,
@@ -28,8 +30,6 @@ from eagle3_trt.build.planner import (
     read_config,
     target_weight_bytes,
 )
-from eagle3_trt.cli import main
-from eagle3_trt.errors import UserError
 
 T70 = read_config(MODEL_CONFIG_DIR / "llama3.3-70b/target/config.json")
 D70 = read_config(MODEL_CONFIG_DIR / "llama3.3-70b/draft/config.json")
@@ -259,8 +259,15 @@ def test_tiny_is_refused_without_configs_and_planned_with_them():
     with pytest.raises(UserError) as e:
         plan_for_preset("tiny", "h100", 1, None)
     assert "generated files" in e.value.what
-    tiny = {"hidden_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "intermediate_size": 128, "vocab_size": 1000, "max_position_embeddings": 512}
+    tiny = {
+        "hidden_size": 64,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+        "max_position_embeddings": 512,
+    }
     plan = plan_for_preset("tiny", "h100", 1, None, target_cfg=tiny, draft_cfg={**tiny, "num_hidden_layers": 1})
     assert plan.tp == 1 and plan.max_batch_size == 128 and plan.target.total == count_target(parse_shape(tiny)).total
 
@@ -303,7 +310,7 @@ def test_plan_steps():
 
 
 def test_planner_does_not_import_torch():
-    code = "import sys, eagle3_trt.build.planner as p; p.plan_for_preset('llama3.1-8b','h100',1,'fp8'); assert 'torch' not in sys.modules"
+    code = "import sys, eagle3_trt.pipeline.planner as p; p.plan_for_preset('llama3.1-8b','h100',1,'fp8'); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -317,6 +324,7 @@ def test_gpu_memory_is_what_nvidia_smi_reports():
 def test_one_gpu_table_gives_build_and_preflight_the_same_answers():
     """Build time (gpus.check_*_for_gpu) and bundle preflight (gpu_checks.check_formats) read
     the same rules: for every known GPU and format both accept or both refuse."""
+
     def refused(fn, *a) -> bool:
         try:
             fn(*a)

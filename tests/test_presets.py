@@ -1,8 +1,7 @@
-
 import pytest
 
-from eagle3_trt.build.presets import available, load_preset, load_preset_file, resolve_source
 from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline.presets import available, load_preset, load_preset_file, resolve_source
 
 
 def test_all_presets_load_with_expected_defaults():
@@ -53,6 +52,6 @@ def test_hf_cache_snapshot_is_found(tmp_path, monkeypatch):
     (tmp_path / "models--org--m" / "refs").mkdir()
     (tmp_path / "models--org--m" / "refs" / "main").write_text("abc123")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    from eagle3_trt.build.presets import Source
+    from eagle3_trt.pipeline.presets import Source
 
     assert resolve_source(Source(source="hf:org/m"), None, "target") == snap

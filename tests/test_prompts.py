@@ -29,18 +29,28 @@ def _jsonl(tmp_path: Path, *rows, name: str = "p.jsonl") -> Path:
 
 
 def test_every_jsonl_layout(tmp_path):
-    f = _jsonl(tmp_path,
-               {"question_id": 81, "category": "writing", "turns": ["one", "two"]},
-               "",
-               {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "three"},
-                             {"role": "assistant", "content": "reply"}, {"role": "user", "content": "four"}]},
-               {"prompt": "five", "text": "not this"},
-               {"id": "x", "text": "six"})
+    f = _jsonl(
+        tmp_path,
+        {"question_id": 81, "category": "writing", "turns": ["one", "two"]},
+        "",
+        {
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "three"},
+                {"role": "assistant", "content": "reply"},
+                {"role": "user", "content": "four"},
+            ]
+        },
+        {"prompt": "five", "text": "not this"},
+        {"id": "x", "text": "six"},
+    )
     recs = load_prompt_records(f)
-    assert recs == [PromptRecord("81", "writing", ("one", "two")),
-                    PromptRecord("3", "all", ("three", "four")),  # no id: the line number
-                    PromptRecord("4", "all", ("five",), RAW),  # raw completion text, no chat template
-                    PromptRecord("x", "all", ("six",), RAW)]
+    assert recs == [
+        PromptRecord("81", "writing", ("one", "two")),
+        PromptRecord("3", "all", ("three", "four")),  # no id: the line number
+        PromptRecord("4", "all", ("five",), RAW),  # raw completion text, no chat template
+        PromptRecord("x", "all", ("six",), RAW),
+    ]
     assert [r.kind for r in recs] == [CHAT, CHAT, RAW, RAW]
     assert load_prompts(f) == ["one", "three", "five", "six"]
     assert load_prompts(f, 2) == ["one", "three"]
@@ -70,18 +80,21 @@ def test_chat_template_per_record_kind(tmp_path):
     assert "\n" not in e.value.line() and '{"text": ...}' in e.value.line()
 
 
-@pytest.mark.parametrize("line, what", [
-    ("plain words", "not valid JSON"),
-    ('["a list"]', "expected a JSON object, got list"),
-    ('{"category": "x"}', 'no "turns", "messages", "prompt" or "text"'),
-    ('{"turns": []}', '"turns" is not a non-empty list'),
-    ('{"turns": ["ok", "  "]}', '"turns" is not a non-empty list'),
-    ('{"turns": "a string"}', '"turns" is not a non-empty list'),
-    ('{"messages": [{"role": "user"}]}', '"messages" is not a list of {role: str, content: str}'),
-    ('{"messages": [{"role": "assistant", "content": "only a reply"}]}', "no non-empty user message"),
-    ('{"prompt": 3}', '"prompt" is not a non-empty string'),
-    ('{"text": ""}', '"text" is not a non-empty string'),
-])
+@pytest.mark.parametrize(
+    "line, what",
+    [
+        ("plain words", "not valid JSON"),
+        ('["a list"]', "expected a JSON object, got list"),
+        ('{"category": "x"}', 'no "turns", "messages", "prompt" or "text"'),
+        ('{"turns": []}', '"turns" is not a non-empty list'),
+        ('{"turns": ["ok", "  "]}', '"turns" is not a non-empty list'),
+        ('{"turns": "a string"}', '"turns" is not a non-empty list'),
+        ('{"messages": [{"role": "user"}]}', '"messages" is not a list of {role: str, content: str}'),
+        ('{"messages": [{"role": "assistant", "content": "only a reply"}]}', "no non-empty user message"),
+        ('{"prompt": 3}', '"prompt" is not a non-empty string'),
+        ('{"text": ""}', '"text" is not a non-empty string'),
+    ],
+)
 def test_bad_line_names_file_and_line(tmp_path, line, what):
     f = _jsonl(tmp_path, {"turns": ["fine"]}, line)
     with pytest.raises(UserError) as e:

@@ -18,8 +18,15 @@ HEAD_DIM, MAX_POS = 64, 4096
 
 
 def hf(scaling: dict | None, theta=10000.0, max_pos=MAX_POS, seq_len=None, **top):
-    cfg = LlamaConfig(hidden_size=2 * HEAD_DIM, num_attention_heads=2, head_dim=HEAD_DIM, max_position_embeddings=max_pos,
-                      rope_theta=theta, rope_scaling=dict(scaling) if scaling else None, **top)
+    cfg = LlamaConfig(
+        hidden_size=2 * HEAD_DIM,
+        num_attention_heads=2,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=max_pos,
+        rope_theta=theta,
+        rope_scaling=dict(scaling) if scaling else None,
+        **top,
+    )
     kind = rope_params.scaling_kind(scaling)
     fn = ROPE_INIT_FUNCTIONS.get(kind) if kind != "none" else None
     if fn is None:  # plain rope: 4.57 has a "default" entry, 5.x computes it inside the rotary module
@@ -40,8 +47,10 @@ AGREE = {
     "default": ({"rope_type": "default"}, {}),
     "linear": ({"rope_type": "linear", "factor": 4.0}, {}),
     "linear legacy 'type' key": ({"type": "linear", "factor": 2.0}, {}),
-    "llama3": ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192}, {"theta": 500000.0, "max_pos": 131072}),
+    "llama3": (
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        {"theta": 500000.0, "max_pos": 131072},
+    ),
     # ModelOpt's default export (eagle_export_rope_scaling, modelopt/torch/speculative/config.py)
     "yarn (ModelOpt default export)": ({"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 2048}, {}),
     "yarn betas": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "beta_fast": 16, "beta_slow": 2}, {}),
@@ -145,8 +154,14 @@ def test_target_rotary_gets_trtllms_yarn_table():
 
     from eagle3_trt.core.target import _trtllm_rope
 
-    raw = dict(hidden_size=2 * HEAD_DIM, num_attention_heads=2, head_dim=HEAD_DIM, max_position_embeddings=MAX_POS,
-               rope_theta=10000.0, rope_scaling={"rope_type": "yarn", "factor": 8.0})
+    raw = dict(
+        hidden_size=2 * HEAD_DIM,
+        num_attention_heads=2,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=MAX_POS,
+        rope_theta=10000.0,
+        rope_scaling={"rope_type": "yarn", "factor": 8.0},
+    )
     rot = LlamaRotaryEmbedding(config=LlamaConfig(**{**raw, "rope_scaling": dict(raw["rope_scaling"])}))
     pos = torch.arange(5)[None] * 700
     hf_cos, _ = rot(torch.zeros(1, 5, 2 * HEAD_DIM), pos)

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from eagle3_trt.convert.tiny_pair import TinyShape, make_pair
-from eagle3_trt.train.trainer import distill_draft
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 from eagle3_trt.core.tree import DraftTree
+from eagle3_trt.train.trainer import distill_draft
 
 MAX_NEW = 24
 TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]
@@ -32,9 +32,8 @@ def _prompts(seed: int, n: int, vocab: int = 512) -> list[list[int]]:
 
 def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
     ids = torch.tensor([prompt])
-    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                      pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +57,7 @@ def other(tmp_path_factory):
     """A random Llama of another shape (GQA 6/3 heads, 10 layers, hidden 96) with a random draft."""
     from transformers import AutoModelForCausalLM
 
-    shape = TinyShape(hidden_size=96, num_hidden_layers=10, num_attention_heads=6, num_key_value_heads=3,
-                      intermediate_size=160, draft_intermediate_size=128)
+    shape = TinyShape(hidden_size=96, num_hidden_layers=10, num_attention_heads=6, num_key_value_heads=3, intermediate_size=160, draft_intermediate_size=128)
     t, d = make_pair(tmp_path_factory.mktemp("other"), shape=shape, seed=7)
     hf = AutoModelForCausalLM.from_pretrained(str(t), dtype=torch.float32).eval()
     eng = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=4)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3_trt.train.toy_pair import toy_engine
 from eagle3_trt.core.engine import SamplingParams
+from eagle3_trt.train.toy_pair import toy_engine
 
 V, DV, N_SAMPLES, PROMPT = 16, 12, 4000, [1, 2, 3]
 
@@ -39,9 +39,9 @@ def _exact_joint(hf, temperature: float, top_k: int, top_p: float) -> torch.Tens
         TopPLogitsWarper,
     )
 
-    warp = LogitsProcessorList([TemperatureLogitsWarper(temperature)]
-                               + ([TopKLogitsWarper(top_k)] if top_k else [])
-                               + ([TopPLogitsWarper(top_p)] if top_p < 1 else []))
+    warp = LogitsProcessorList(
+        [TemperatureLogitsWarper(temperature)] + ([TopKLogitsWarper(top_k)] if top_k else []) + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+    )
     t12 = torch.cartesian_prod(torch.arange(V), torch.arange(V))
     ids = torch.cat([torch.tensor(PROMPT).expand(V * V, -1), t12], dim=1)
     with torch.no_grad():
@@ -80,11 +80,14 @@ def _sample_counts(eng, params: SamplingParams, speculate: bool):
     return counts, acc, drafted
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p,speculate", [
-    (1.0, 0, 1.0, True),
-    (0.8, 6, 0.9, True),
-    (1.0, 0, 1.0, False),
-])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p,speculate",
+    [
+        (1.0, 0, 1.0, True),
+        (0.8, 6, 0.9, True),
+        (1.0, 0, 1.0, False),
+    ],
+)
 def test_speculative_samples_follow_target_distribution(pair, temperature, top_k, top_p, speculate):
     hf, eng = pair
     params = SamplingParams(max_tokens=4, temperature=temperature, top_k=top_k, top_p=top_p, seed=1234)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3_trt.train.toy_pair import toy_engine
 from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.stats import RequestStats, aggregate
+from eagle3_trt.train.toy_pair import toy_engine
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +51,9 @@ def _check(res, k_max: int, stop_ids=()):
         assert sum(s.accept_hist) <= s.target_forwards - 1
 
 
-@pytest.mark.parametrize("temperature,tree", [(0.0, None), (1.0, None), (0.0, [(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])],
-                         ids=["greedy-chain", "sampled-chain", "greedy-tree"])
+@pytest.mark.parametrize(
+    "temperature,tree", [(0.0, None), (1.0, None), (0.0, [(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])], ids=["greedy-chain", "sampled-chain", "greedy-tree"]
+)
 def test_stats_identities(eng, temperature, tree):
     params = SamplingParams(max_tokens=20, temperature=temperature, seed=0)
     batched = eng.generate(PROMPTS, params, tree=tree)

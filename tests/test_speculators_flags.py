@@ -21,10 +21,14 @@ def _to_speculators(draft_dir, extra_tensors=None, **flags):
     c = json.loads((draft_dir / "config.json").read_text())
     layer = {k: v for k, v in c.items() if k not in ("draft_vocab_size", "target_hidden_size", "architectures", "eagle_config")}
     cfg = {
-        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-        "transformer_layer_config": layer, "draft_vocab_size": c["draft_vocab_size"],
-        "target_hidden_size": c["target_hidden_size"], "norm_before_residual": False,
-        "speculators_config": {"algorithm": "eagle3"}, **flags,
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": layer,
+        "draft_vocab_size": c["draft_vocab_size"],
+        "target_hidden_size": c["target_hidden_size"],
+        "norm_before_residual": False,
+        "speculators_config": {"algorithm": "eagle3"},
+        **flags,
     }
     (draft_dir / "config.json").write_text(json.dumps(cfg))
     t = {k.replace("midlayer.", "layers.0."): v for k, v in load_file(str(draft_dir / "model.safetensors")).items()}
@@ -33,15 +37,20 @@ def _to_speculators(draft_dir, extra_tensors=None, **flags):
     return c["target_hidden_size"]
 
 
-@pytest.mark.parametrize("flag, attr, exported", [
-    ("norm_output", "return_hidden_post_norm", ("eagle_config", "return_hidden_post_norm")),
-    ("norm_before_fc", "norm_before_fc", ("eagle_config", "norm_before_fc")),
-    ("fc_norm", "fc_norm", ("fc_norm",)),
-])
+@pytest.mark.parametrize(
+    "flag, attr, exported",
+    [
+        ("norm_output", "return_hidden_post_norm", ("eagle_config", "return_hidden_post_norm")),
+        ("norm_before_fc", "norm_before_fc", ("eagle_config", "norm_before_fc")),
+        ("fc_norm", "fc_norm", ("fc_norm",)),
+    ],
+)
 def test_speculators_flag_is_carried(tiny_pair, flag, attr, exported):
     T = json.loads((tiny_pair[1] / "config.json").read_text())["target_hidden_size"]
-    extra = {"norm_before_fc": {"input_norm.weight": torch.ones(3 * T, dtype=torch.bfloat16)},
-             "fc_norm": {f"fc_norm.{i}.weight": torch.ones(T, dtype=torch.bfloat16) for i in range(3)}}.get(flag)
+    extra = {
+        "norm_before_fc": {"input_norm.weight": torch.ones(3 * T, dtype=torch.bfloat16)},
+        "fc_norm": {f"fc_norm.{i}.weight": torch.ones(T, dtype=torch.bfloat16) for i in range(3)},
+    }.get(flag)
     _to_speculators(tiny_pair[1], extra, **{flag: True})
     d = load_draft(tiny_pair[1])
     assert d.config.source_format == "speculators" and getattr(d.config, attr) is True
@@ -49,7 +58,7 @@ def test_speculators_flag_is_carried(tiny_pair, flag, attr, exported):
     for key in exported[:-1]:
         out = out[key]
     assert out[exported[-1]] is True
-    for name in (extra or {}):
+    for name in extra or {}:
         assert name in d.tensors
 
 

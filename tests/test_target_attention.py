@@ -29,8 +29,8 @@ def _left_padded(prompts: list[list[int]]):
     ids = torch.zeros(len(prompts), S, dtype=torch.long)
     valid = torch.zeros(len(prompts), S, dtype=torch.bool)
     for r, p in enumerate(prompts):
-        ids[r, S - len(p):] = torch.tensor(p)
-        valid[r, S - len(p):] = True
+        ids[r, S - len(p) :] = torch.tensor(p)
+        valid[r, S - len(p) :] = True
     pos = (valid.cumsum(-1) - 1).clamp(min=0)
     allowed = torch.tril(torch.ones(S, S, dtype=torch.bool))[None] & valid[:, None, :]
     allowed |= torch.eye(S, dtype=torch.bool)[None]

@@ -25,8 +25,7 @@ def data(tmp_path) -> Path:
 
 
 def opts(target: Path, data: Path, out: Path, **kw) -> TrainDraftOptions:
-    return TrainDraftOptions(target=target, data=data, out=out, steps=2, seq_len=32, eval_samples=1, eval_tokens=4,
-                             quiet=True, threads=1, **kw)
+    return TrainDraftOptions(target=target, data=data, out=out, steps=2, seq_len=32, eval_samples=1, eval_tokens=4, quiet=True, threads=1, **kw)
 
 
 def test_target_too_shallow_for_three_aux_layers(tmp_path, data):
@@ -43,11 +42,14 @@ def test_aux_layers_out_of_range(tmp_path, pair, data):
         train_draft(opts(pair[0], data, tmp_path / "out", aux_layers=(1, 3, 9)))
 
 
-@pytest.mark.parametrize("name,content", [
-    ("empty.jsonl", ""),
-    ("no_fields.jsonl", '{"text": ""}\n{"question": "no text field"}\n{"turns": ["", "  "]}\n'),
-    ("blank.txt", "\n\n   \n"),
-])
+@pytest.mark.parametrize(
+    "name,content",
+    [
+        ("empty.jsonl", ""),
+        ("no_fields.jsonl", '{"text": ""}\n{"question": "no text field"}\n{"turns": ["", "  "]}\n'),
+        ("blank.txt", "\n\n   \n"),
+    ],
+)
 def test_data_without_usable_text(tmp_path, pair, name, content):
     p = tmp_path / name
     p.write_text(content)

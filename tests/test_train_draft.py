@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from eagle3_trt.convert.draft_format import load_draft
+from eagle3_trt.convert.target import read_target
 from eagle3_trt.convert.tiny_pair import make_pair
 from eagle3_trt.core.draft import Eagle3Draft
-from eagle3_trt.convert.target import read_target
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 from eagle3_trt.core.target import TargetModel
 from eagle3_trt.train.evaluate import torch_threads
@@ -22,7 +22,7 @@ from eagle3_trt.train.hidden_states import HiddenCache
 from eagle3_trt.train.train_draft import TrainDraftOptions, train_draft
 from eagle3_trt.train.trainer import ttt_mask, ttt_unroll
 
-WORDS = "the cat sat on a mat and then it ran to the red house by the sea while a dog slept".split()
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "the", "red", "house", "by", "the", "sea", "while", "a", "dog", "slept"]
 
 
 def write_data(path: Path, n: int = 40, seed: int = 0) -> Path:
@@ -39,8 +39,9 @@ def hf_greedy(target_dir: Path, prompt: list[int], n: int, stop_ids: tuple[int, 
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, num_beams=1,
-                         eos_token_id=list(stop_ids) or None, pad_token_id=0)[0, len(prompt):].tolist()
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, num_beams=1, eos_token_id=list(stop_ids) or None, pad_token_id=0)[
+        0, len(prompt) :
+    ].tolist()
     cut = next((j + 1 for j, t in enumerate(out) if t in stop_ids), len(out))
     return out[:cut]
 
@@ -57,7 +58,7 @@ def pretrain_target(target: Path, data: Path, steps: int = 120) -> None:
     model = LlamaForCausalLM.from_pretrained(str(target), dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     with torch_threads(1):
-        for step in range(steps):
+        for _step in range(steps):
             batch = x[torch.randint(0, len(x), (8,))]
             loss = model(input_ids=batch, labels=batch).loss
             opt.zero_grad()
@@ -72,8 +73,21 @@ def finetuned(tmp_path_factory):
     target, draft = make_pair(root / "pair")
     data = write_data(root / "data.jsonl")
     pretrain_target(target, data)
-    opts = TrainDraftOptions(target=target, data=data, out=root / "head", init=draft, steps=40, seq_len=64, batch_size=8,
-                             lr=1e-3, eval_samples=8, eval_tokens=32, eval_prompt_len=16, quiet=True, threads=1)
+    opts = TrainDraftOptions(
+        target=target,
+        data=data,
+        out=root / "head",
+        init=draft,
+        steps=40,
+        seq_len=64,
+        batch_size=8,
+        lr=1e-3,
+        eval_samples=8,
+        eval_tokens=32,
+        eval_prompt_len=16,
+        quiet=True,
+        threads=1,
+    )
     report = train_draft(opts)
     return root, target, draft, report
 
@@ -139,8 +153,11 @@ def test_speculative_decoding_reproduces_greedy(finetuned):
 
     root, target, _, _ = finetuned
     tok = AutoTokenizer.from_pretrained(str(target))
-    eng = SpeculativeEngine(TargetModel.from_dir(target, dtype=torch.float32, aux_layer_ids=(1, 3, 4)),
-                            Eagle3Draft.from_checkpoint(load_draft(root / "head"), torch.float32), max_draft_len=3)
+    eng = SpeculativeEngine(
+        TargetModel.from_dir(target, dtype=torch.float32, aux_layer_ids=(1, 3, 4)),
+        Eagle3Draft.from_checkpoint(load_draft(root / "head"), torch.float32),
+        max_draft_len=3,
+    )
     accepted = 0
     with torch_threads(1):
         for words in (WORDS[:6], WORDS[3:12], WORDS[8:11]):
@@ -161,8 +178,27 @@ def test_fresh_head_via_cli_and_resume(tmp_path, monkeypatch):
 
     target, _ = make_pair(tmp_path / "pair")
     data = write_data(tmp_path / "data.jsonl", n=12)
-    args = ["--target", str(target), "--data", str(data), "--steps", "6", "--draft-vocab", "128", "--seq-len", "32",
-            "--batch-size", "4", "--eval-samples", "2", "--eval-tokens", "8", "--threads", "1", "--json"]
+    args = [
+        "--target",
+        str(target),
+        "--data",
+        str(data),
+        "--steps",
+        "6",
+        "--draft-vocab",
+        "128",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--eval-samples",
+        "2",
+        "--eval-tokens",
+        "8",
+        "--threads",
+        "1",
+        "--json",
+    ]
     res = CliRunner().invoke(train_draft_cmd, args + ["-o", str(tmp_path / "a")])
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
@@ -180,6 +216,7 @@ def test_fresh_head_via_cli_and_resume(tmp_path, monkeypatch):
         def stop(step, rec):
             if step == 3:
                 raise KeyboardInterrupt
+
         return real_train(self, on_step=stop)
 
     with monkeypatch.context() as mp:
@@ -201,9 +238,25 @@ def test_generate_trains_on_the_targets_own_continuations(finetuned, tmp_path):
     continuation (checked against plain greedy decoding in the cached training windows)."""
     _, target, draft, _ = finetuned
     data = write_data(tmp_path / "d.jsonl", n=6, seed=1)
-    report = train_draft(TrainDraftOptions(target=target, data=data, out=tmp_path / "o", init=draft, steps=1, seq_len=40,
-                                           generate=True, gen_tokens=24, eval_prompt_len=16, batch_size=4, eval_samples=1,
-                                           eval_tokens=4, quiet=True, threads=1, keep_work=True))
+    report = train_draft(
+        TrainDraftOptions(
+            target=target,
+            data=data,
+            out=tmp_path / "o",
+            init=draft,
+            steps=1,
+            seq_len=40,
+            generate=True,
+            gen_tokens=24,
+            eval_prompt_len=16,
+            batch_size=4,
+            eval_samples=1,
+            eval_tokens=4,
+            quiet=True,
+            threads=1,
+            keep_work=True,
+        )
+    )
     assert report["generated_responses"] is True
     batch = next(HiddenCache(tmp_path / "o.work" / "cache_train").iter_all(64))
     info = read_target(target)

@@ -7,14 +7,12 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 import torch
 
 from eagle3_trt.convert.draft_format import load_draft
 from eagle3_trt.convert.target import read_target
 
 PAIR = Path(__file__).resolve().parent.parent / "models" / "tiny"
-pytestmark = pytest.mark.skipif(not (PAIR / "tiny_pair.json").is_file(), reason="models/tiny not present")
 
 
 def test_layout_and_size_budget():

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.triton_repo.package import package_bundle
-from eagle3_trt.triton_repo.server import (
+from eagle3_trt.triton_serving.package import package_bundle
+from eagle3_trt.triton_serving.server import (
     HOST,
     ServerHandle,
     find_tritonserver,
@@ -22,6 +22,7 @@ from eagle3_trt.triton_repo.server import (
     stop_recorded,
 )
 
+
 def _have_tritonserver() -> bool:
     import importlib.util
     import shutil
@@ -29,8 +30,7 @@ def _have_tritonserver() -> bool:
     return bool(shutil.which("tritonserver") or importlib.util.find_spec("pytriton"))
 
 
-pytestmark = [pytest.mark.triton,
-              pytest.mark.skipif(not _have_tritonserver(), reason="no tritonserver: install nvidia-pytriton or use a Triton container")]
+pytestmark = [pytest.mark.triton, pytest.mark.needs("tritonserver")]
 
 
 @pytest.fixture()
@@ -74,10 +74,13 @@ def test_port_in_use_refused(repo, tmp_path):
             start_server(repo, state_dir=tmp_path / "s", **ports)
 
 
-@pytest.mark.parametrize("breakage, triton_says", [
-    ("model_yaml", "unknown_option: Extra inputs are not permitted"),
-    ("pbtxt", "no_such_field"),
-])
+@pytest.mark.parametrize(
+    "breakage, triton_says",
+    [
+        ("model_yaml", "unknown_option: Extra inputs are not permitted"),
+        ("pbtxt", "no_such_field"),
+    ],
+)
 def test_broken_repository_fails_fast_with_tritons_error(repo, tmp_path, breakage, triton_says):
     """Our pre-launch check is skipped so that Triton itself meets the broken model."""
     if breakage == "model_yaml":

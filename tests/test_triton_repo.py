@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 import yaml
 
-pytest.importorskip("tritonclient.grpc", reason="the [triton] extra (tritonclient) is not installed")
+from eagle3_trt.testing.pytest_guard import require
+
+require("tritonclient")
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.triton_repo.package import BASELINE_SUFFIX, check_repository, package_bundle
-from eagle3_trt.triton_repo.pbtxt import TEMPLATE, render_config, render_template, validate_config_text
-
+from eagle3_trt.triton_serving.package import BASELINE_SUFFIX, check_repository, package_bundle
+from eagle3_trt.triton_serving.pbtxt import TEMPLATE, render_config, render_template, validate_config_text
 
 
 @pytest.fixture()
@@ -72,7 +73,7 @@ def test_model_py_sets_locale_before_other_imports():
     src = (Path(__file__).resolve().parents[1] / "triton_repo" / "model" / "model.py").read_text()
     imports = [m.start() for m in re.finditer(r"^(import|from) ", src, re.M)]
     assert src.index('locale.setlocale(locale.LC_ALL, "C.UTF-8")') < imports[1]
-    assert src[imports[0]:].startswith("import locale")
+    assert src[imports[0] :].startswith("import locale")
 
 
 def test_package_refuses_overwrite_and_replaces_with_force(repo, fp8_bundle):
@@ -119,21 +120,39 @@ GOOD = render_config("eagle3", "/b", "reference")
     "edit, message",
     [
         (lambda t: t.replace("model_transaction_policy {\n  decoupled: true\n}", ""), "model_transaction_policy"),
-        (lambda t: t.replace("count: 1", "count: 2").replace('"eagle3_runtime"\n    value: { string_value: "reference"',
-                                                              '"eagle3_runtime"\n    value: { string_value: "trtllm"'), "gpu_device_ids"),
-        (lambda t: t.replace('name: "sampling_param_max_tokens"\n    data_type: TYPE_INT32',
-                             'name: "sampling_param_max_tokens"\n    data_type: TYPE_FP32'), "sampling_param_max_tokens' has data_type TYPE_FP32"),
+        (
+            lambda t: t.replace("count: 1", "count: 2").replace(
+                '"eagle3_runtime"\n    value: { string_value: "reference"', '"eagle3_runtime"\n    value: { string_value: "trtllm"'
+            ),
+            "gpu_device_ids",
+        ),
+        (
+            lambda t: t.replace('name: "sampling_param_max_tokens"\n    data_type: TYPE_INT32', 'name: "sampling_param_max_tokens"\n    data_type: TYPE_FP32'),
+            "sampling_param_max_tokens' has data_type TYPE_FP32",
+        ),
         (lambda t: t.replace("kind: KIND_CPU", "kind: KIND_GPU"), "KIND_GPU"),
         (lambda t: t.replace("max_batch_size: 0", "max_batch_size: 8"), "max_batch_size"),
-        (lambda t: t.replace("backend: \"python\"", "backend: \"python\"\ndecoupled: true"), "not a valid Triton ModelConfig"),
+        (lambda t: t.replace('backend: "python"', 'backend: "python"\ndecoupled: true'), "not a valid Triton ModelConfig"),
         (lambda t: t.replace('name: "text_input"', 'name: "prompt"'), "'text_input' missing"),
         (lambda t: t.replace('name: "eagle3"', 'name: "other"'), "model directory is 'eagle3'"),
-        (lambda t: t.replace("dims: [ -1 ]\n  },\n  {\n    name: \"streaming\"", "dims: [ -1 ]\n    optional: true\n  },\n  {\n    name: \"streaming\""),
-         "'text_input' must be required"),
+        (
+            lambda t: t.replace('dims: [ -1 ]\n  },\n  {\n    name: "streaming"', 'dims: [ -1 ]\n    optional: true\n  },\n  {\n    name: "streaming"'),
+            "'text_input' must be required",
+        ),
         (lambda t: t.replace("kind: KIND_CPU", "kind: KIND_GPUS"), "not a valid Triton ModelConfig"),
     ],
-    ids=["no-policy", "trtllm-instances-share-gpus", "wrong-dtype", "gpu-kind", "batching", "unknown-field", "missing-input",
-         "name-mismatch", "text-optional", "bad-enum"],
+    ids=[
+        "no-policy",
+        "trtllm-instances-share-gpus",
+        "wrong-dtype",
+        "gpu-kind",
+        "batching",
+        "unknown-field",
+        "missing-input",
+        "name-mismatch",
+        "text-optional",
+        "bad-enum",
+    ],
 )
 def test_validation_catches_broken_configs(edit, message):
     bad = edit(GOOD)
@@ -167,7 +186,7 @@ def test_check_repository_catches_yaml_problems(repo):
 
 
 def test_trtllm_kwargs_from_bundle(fp8_bundle):
-    from eagle3_trt.triton_repo.trtllm_serving import trtllm_kwargs
+    from eagle3_trt.triton_serving.trtllm_serving import trtllm_kwargs
 
     b = Path(fp8_bundle).resolve()
     res = trtllm_kwargs(b, {"kv_cache_config": {"free_gpu_memory_fraction": 0.5}}, speculation=True)
@@ -204,7 +223,7 @@ def _get(d):
     ],
 )
 def test_request_values_rejected_with_field_name(inputs, field):
-    from eagle3_trt.triton_repo.request_params import RequestError, parse_request
+    from eagle3_trt.triton_serving.request_params import RequestError, parse_request
 
     with pytest.raises(RequestError) as e:
         parse_request(_get(inputs))
@@ -212,7 +231,7 @@ def test_request_values_rejected_with_field_name(inputs, field):
 
 
 def test_request_limits_and_defaults():
-    from eagle3_trt.triton_repo.request_params import RequestError, parse_request, resolve_max_tokens
+    from eagle3_trt.triton_serving.request_params import RequestError, parse_request, resolve_max_tokens
 
     r = parse_request(_get({"text_input": [b"hi"], "speculative_decoding": [False], "sampling_param_stop": [b"x", b""]}))
     assert (r.speculative, r.streaming, r.stop, r.exclude_input_from_output) == (False, False, ("x",), False)
@@ -226,6 +245,7 @@ def test_request_limits_and_defaults():
 
 
 # ---- streaming text ---------------------------------------------------------------------------
+@pytest.mark.needs("shared")
 def test_incremental_detokenizer_matches_full_decode(shared_dir):
     from transformers import AutoTokenizer
 
@@ -236,7 +256,7 @@ def test_incremental_detokenizer_matches_full_decode(shared_dir):
     ids = tok.encode(text, add_special_tokens=False)
     for step in (1, 2, 3):
         d = IncrementalDetokenizer(tok)
-        parts = [d.add(ids[i:i + step]) for i in range(0, len(ids), step)] + [d.flush()]
+        parts = [d.add(ids[i : i + step]) for i in range(0, len(ids), step)] + [d.flush()]
         assert all("\ufffd" not in p for p in parts)  # never half a character
         assert "".join(parts) == tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 

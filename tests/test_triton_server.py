@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+
 def _have_tritonserver() -> bool:
     import importlib.util
     import shutil
@@ -27,21 +28,19 @@ def _have_tritonserver() -> bool:
     return bool(shutil.which("tritonserver") or importlib.util.find_spec("pytriton"))
 
 
-pytestmark = [pytest.mark.triton,
-              pytest.mark.skipif(not _have_tritonserver(), reason="no tritonserver: install nvidia-pytriton or use a Triton container")]
+pytestmark = [pytest.mark.triton, pytest.mark.needs("tritonserver")]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.", "Explain caching."]
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def server(fp8_bundle, tmp_path_factory):
-    from eagle3_trt.triton_repo.server import ServerHandle, free_ports
+    from eagle3_trt.triton_serving.server import ServerHandle, free_ports
 
     tmp = tmp_path_factory.mktemp("triton")
     repo, state = tmp / "repo", tmp / "state"
@@ -49,8 +48,9 @@ def server(fp8_bundle, tmp_path_factory):
     r = _cli("package", str(fp8_bundle), "-o", str(repo), "--with-unary")
     assert r.returncode == 0, r.stderr
     http, grpc, metrics = free_ports(3)
-    r = _cli("serve", str(repo), "--state-dir", str(state), "--http-port", str(http), "--grpc-port", str(grpc),
-             "--metrics-port", str(metrics), "--timeout", "240")
+    r = _cli(
+        "serve", str(repo), "--state-dir", str(state), "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--timeout", "240"
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"http://127.0.0.1:{http}" in r.stdout and f"127.0.0.1:{grpc}" in r.stdout
     handle = ServerHandle.load(state)
@@ -153,14 +153,16 @@ def test_prompt_echo_and_raw_http_generate(server, chat):
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["text_output"].startswith(text) and body["finish_reason"] in ("length", "stop")
-    r2 = requests.post(url, json={"text_input": text, "sampling_param_max_tokens": 4,
-                                  "sampling_param_exclude_input_from_output": True}, timeout=60)
+    r2 = requests.post(url, json={"text_input": text, "sampling_param_max_tokens": 4, "sampling_param_exclude_input_from_output": True}, timeout=60)
     assert body["text_output"] == text + r2.json()["text_output"]
     # Streaming over HTTP: server-sent events, the last carries finish_reason.
     events = []
-    with requests.post(f"{server.http_url}/v2/models/eagle3/generate_stream", stream=True, timeout=60,
-                       json={"text_input": text, "sampling_param_max_tokens": 4, "streaming": True,
-                             "sampling_param_exclude_input_from_output": True}) as s:
+    with requests.post(
+        f"{server.http_url}/v2/models/eagle3/generate_stream",
+        stream=True,
+        timeout=60,
+        json={"text_input": text, "sampling_param_max_tokens": 4, "streaming": True, "sampling_param_exclude_input_from_output": True},
+    ) as s:
         for line in s.iter_lines():
             if line.startswith(b"data:"):
                 events.append(json.loads(line[5:]))
@@ -194,7 +196,7 @@ def test_unary_http_infer_grpc_model_infer_and_generate(server, chat):
     with _client(server) as c:
         want = c.generate(text, GenerationParams(max_tokens=6))
     got = {}
-    for mod, url in ((th, server.http_url[len("http://"):]), (tg, server.grpc_url)):
+    for mod, url in ((th, server.http_url[len("http://") :]), (tg, server.grpc_url)):
         cl = mod.InferenceServerClient(url)
         t = mod.InferInput("text_input", [1], "BYTES")
         t.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
@@ -208,8 +210,11 @@ def test_unary_http_infer_grpc_model_infer_and_generate(server, chat):
             cl.infer("eagle3", [t, mt, ex])
         cl.close()
     assert got["tritonclient.http"] == got["tritonclient.grpc"] == (want.text, want.n_tokens)
-    r = requests.post(f"{server.http_url}/v2/models/eagle3_unary/generate", timeout=60,
-                      json={"text_input": text, "sampling_param_max_tokens": 6, "sampling_param_exclude_input_from_output": True})
+    r = requests.post(
+        f"{server.http_url}/v2/models/eagle3_unary/generate",
+        timeout=60,
+        json={"text_input": text, "sampling_param_max_tokens": 6, "sampling_param_exclude_input_from_output": True},
+    )
     assert r.status_code == 200 and r.json()["text_output"] == want.text, r.text
     r = requests.post(f"{server.http_url}/v2/models/eagle3_unary/generate", timeout=60, json={"text_input": text, "streaming": True})
     assert r.status_code == 400 and r.json()["error"].startswith("streaming: this model is not decoupled"), r.text
@@ -290,8 +295,20 @@ def test_bad_input_grpc(server, inputs, field):
         ({"text_input": "hi", "sampling_param_max_tokens": "many"}, 500, "Unable to parse 'data': attempt to access JSON non-signed-integer"),
         ({"text_input": "hi", "foo": {"a": 1}}, 400, "parameter 'foo' has invalid type"),
     ],
-    ids=["missing-text", "blank-prompt", "two-prompts", "max-tokens-over-limit", "neg-temperature", "top-p-2", "typo-max_tokens",
-         "unknown-key", "triton-text-number", "triton-max-tokens-float", "triton-max-tokens-string", "triton-object-param"],
+    ids=[
+        "missing-text",
+        "blank-prompt",
+        "two-prompts",
+        "max-tokens-over-limit",
+        "neg-temperature",
+        "top-p-2",
+        "typo-max_tokens",
+        "unknown-key",
+        "triton-text-number",
+        "triton-max-tokens-float",
+        "triton-max-tokens-string",
+        "triton-object-param",
+    ],
 )
 def test_bad_input_http(server, payload, status, says):
     import requests
@@ -322,7 +339,7 @@ def test_16_concurrent_streams(server, chat):
         try:
             with _client(server) as c:
                 results[i] = c.generate(chat(PROMPTS[i % 4]), p, stream=True)
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
@@ -367,8 +384,12 @@ def test_http_stream_disconnect_frees_request(server, chat):
     import requests
 
     before = _metrics(server)
-    with requests.post(f"{server.http_url}/v2/models/eagle3/generate_stream", stream=True, timeout=60,
-                       json={"text_input": chat(PROMPTS[2]), "streaming": True, "sampling_param_max_tokens": 300}) as r:
+    with requests.post(
+        f"{server.http_url}/v2/models/eagle3/generate_stream",
+        stream=True,
+        timeout=60,
+        json={"text_input": chat(PROMPTS[2]), "streaming": True, "sampling_param_max_tokens": 300},
+    ) as r:
         lines = r.iter_lines()
         assert next(line for line in lines if line.startswith(b"data:"))
     # The connection is closed here, mid-stream.
@@ -438,8 +459,25 @@ def test_bench_cli_writes_report(server, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"turns": [q]}) for q in PROMPTS) + "\n")
     out = tmp_path / "report"
-    r = _cli("bench", "--url", server.grpc_url, "--metrics-url", server.metrics_url, "--prompts", str(prompts),
-             "--concurrency", "1,2", "--requests", "2", "--max-tokens", "4", "--warmup", "1", "-o", str(out))
+    r = _cli(
+        "bench",
+        "--url",
+        server.grpc_url,
+        "--metrics-url",
+        server.metrics_url,
+        "--prompts",
+        str(prompts),
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "2",
+        "--max-tokens",
+        "4",
+        "--warmup",
+        "1",
+        "-o",
+        str(out),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads((out / "bench.json").read_text())
     arms = {(a["concurrency"], a["speculative"]) for a in data["arms"]}
@@ -462,9 +500,12 @@ def test_stop_input_cancels_by_request_id(server, chat):
     a = g.InferenceServerClient(server.grpc_url)
     a.start_stream(callback=lambda result, error: q.put((result, error)))
     try:
-        a.async_stream_infer("eagle3", _inputs(_text(chat(PROMPTS[0])), ("streaming", np.array([True]), "BOOL"),
-                                               ("sampling_param_max_tokens", np.array([300], np.int32), "INT32")),
-                             request_id="job-42", enable_empty_final_response=True)
+        a.async_stream_infer(
+            "eagle3",
+            _inputs(_text(chat(PROMPTS[0])), ("streaming", np.array([True]), "BOOL"), ("sampling_param_max_tokens", np.array([300], np.int32), "INT32")),
+            request_id="job-42",
+            enable_empty_final_response=True,
+        )
         r, e = q.get(timeout=60)
         assert e is None  # generating
         assert _grpc_raw(server, [_text("x"), ("stop", np.array([True]), "BOOL")], request_id="job-42") is None

@@ -13,15 +13,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytest.importorskip("tritonclient.grpc", reason="the [triton] extra (tritonclient) is not installed")
+from eagle3_trt.testing.pytest_guard import require
 
-from eagle3_trt.build.trtllm_adapter import DOCUMENTED_NESTED, DOCUMENTED_TOP_LEVEL
+require("tritonclient")
+
 from eagle3_trt.errors import UserError
-from eagle3_trt.triton_repo.instances import MPI_JOB_VARS, assign_gpus, instance_environment, instance_index
-from eagle3_trt.triton_repo.job import LlmServing, derive_positions
+from eagle3_trt.pipeline.trtllm_adapter import DOCUMENTED_NESTED, DOCUMENTED_TOP_LEVEL
 from eagle3_trt.runtime.llm_api import SamplingParams
-from eagle3_trt.triton_repo.package import UNARY_SUFFIX, package_bundle
-from eagle3_trt.triton_repo.request_params import GenRequest, RequestError, check_parameters
+from eagle3_trt.triton_serving.instances import MPI_JOB_VARS, assign_gpus, instance_environment, instance_index
+from eagle3_trt.triton_serving.job import LlmServing, derive_positions
+from eagle3_trt.triton_serving.package import UNARY_SUFFIX, package_bundle
+from eagle3_trt.triton_serving.request_params import GenRequest, RequestError, check_parameters
 
 
 # ---- model.yaml as upstream reads it --------------------------------------------------------------
@@ -84,9 +86,18 @@ def test_gpu_assignment_and_refusal():
 
 
 def test_each_instance_environment_for_llm():
-    inherited = {"PATH": "/bin", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "8", "PMIX_RANK": "0", "PMI_SIZE": "8",
-                 "OMPI_MCA_orte_hnp_uri": "x", "ORTE_FOO": "y", "OMPI_MCA_btl": "^openib", "PMIX_MCA_gds": "hash",
-                 "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    inherited = {
+        "PATH": "/bin",
+        "OMPI_COMM_WORLD_RANK": "0",
+        "OMPI_COMM_WORLD_SIZE": "8",
+        "PMIX_RANK": "0",
+        "PMI_SIZE": "8",
+        "OMPI_MCA_orte_hnp_uri": "x",
+        "ORTE_FOO": "y",
+        "OMPI_MCA_btl": "^openib",
+        "PMIX_MCA_gds": "hash",
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+    }
     envs = []
     for i in range(2):
         env, extra = instance_environment(inherited, gpu_device_ids="0,1;2,3", instance_count=2, model_instance_name=f"eagle3_0_{i}")
@@ -159,20 +170,32 @@ class _Sink:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """The shipped (trained) tiny pair, built: its draft is accepted, unlike the random pair's."""
-    from eagle3_trt.build.builder import EngineRequest, build_bundle
-    from eagle3_trt.build.presets import load_preset
     from eagle3_trt.convert.embedded import embedded_pair, heldout_prompts
+    from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
+    from eagle3_trt.pipeline.presets import load_preset
     from eagle3_trt.runtime.reference_llm import ReferenceLLM
 
     t, _ = embedded_pair("tiny")
     prompts = heldout_prompts(t.parent)
     if not prompts:
-        pytest.skip("the embedded pair has no held-out prompts")
+        raise AssertionError("every embedded pair ships held-out prompts")
     bundle = build_bundle(EngineRequest(preset=load_preset("tiny"), target_gpu="h100", out=str(tmp_path_factory.mktemp("emb") / "b"))).bundle
     llm = ReferenceLLM(bundle, device="cpu")
     summaries = []
-    sv = LlmServing(llm, SamplingParams, llm.tokenizer, max_seq_len=512, max_draft_len=3, speculation=True, per_request_speculation=True,
-                    default_max_tokens=16, cancel_period_ms=20, decoupled=True, on_done=summaries.append, log=print)
+    sv = LlmServing(
+        llm,
+        SamplingParams,
+        llm.tokenizer,
+        max_seq_len=512,
+        max_draft_len=3,
+        speculation=True,
+        per_request_speculation=True,
+        default_max_tokens=16,
+        cancel_period_ms=20,
+        decoupled=True,
+        on_done=summaries.append,
+        log=print,
+    )
     texts = [llm.tokenizer.decode(p) for p in prompts[:3]]
     yield sv, texts, summaries
     sv.shutdown()
@@ -180,8 +203,7 @@ def served(tmp_path_factory):
 
 def _run(sv, prompt, **kw):
     s = _Sink()
-    sv.submit(GenRequest(prompt=prompt, exclude_input_from_output=True, return_perf_metrics=True, return_stop_reason=True, **kw),
-              s, "", time.monotonic_ns())
+    sv.submit(GenRequest(prompt=prompt, exclude_input_from_output=True, return_perf_metrics=True, return_stop_reason=True, **kw), s, "", time.monotonic_ns())
     assert s.done.wait(120)
     return s
 
@@ -198,7 +220,7 @@ def test_stop_string_counts_only_returned_tokens(served):
     # stop at every later position: the count must equal the no-speculation count each time
     checked = 0
     for cut in range(4, min(len(text), 40), 3):
-        stop = text[cut:cut + 2]
+        stop = text[cut : cut + 2]
         if not stop.strip() or text.index(stop) != cut:
             continue
         on = _run(sv, prompt, max_tokens=24, stop=(stop,), streaming=True)
@@ -250,15 +272,17 @@ def test_stop_kills_a_hung_server_says_so_and_removes_its_shared_memory(tmp_path
     import sys
     import uuid
 
-    from eagle3_trt.triton_repo.server import ServerHandle
+    from eagle3_trt.triton_serving.server import ServerHandle
 
     prefix = f"eagle3_{uuid.uuid4().hex[:12]}_"
     shm = Path("/dev/shm")
-    if not shm.is_dir():
-        pytest.skip("no /dev/shm")
     # A "server" that ignores SIGTERM, as tritonserver does when its exit timeout hangs.
-    proc = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                             "print('up', flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     other = shm / "eagle3_someoneelse_0"
     try:
         assert proc.stdout.readline().strip() == "up"
@@ -269,8 +293,13 @@ def test_stop_kills_a_hung_server_says_so_and_removes_its_shared_memory(tmp_path
         state = tmp_path / "state"
         state.mkdir()
         ServerHandle(proc.pid, "repo", 1, 2, 3, str(state / "log"), str(state), [], 0.0, prefix).save()
-        r = subprocess.run([sys.executable, "-m", "eagle3_trt.cli", "stop", "--state-dir", str(state), "--timeout", "1"],
-                           capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+        r = subprocess.run(
+            [sys.executable, "-m", "eagle3_trt.cli", "stop", "--state-dir", str(state), "--timeout", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         assert r.returncode == 1, r.stdout + r.stderr
         assert "did not exit within 1 s of SIGTERM: killed its process group" in r.stderr
         assert "removed 2 shared-memory region(s)" in r.stderr

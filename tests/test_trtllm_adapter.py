@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_trt.build import bundle as fmt
-from eagle3_trt.build import llm_options
-from eagle3_trt.build import trtllm_adapter as ad
-from eagle3_trt.build.builder import EngineRequest, build_bundle
-from eagle3_trt.build.presets import load_preset
 from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline import bundle as fmt
+from eagle3_trt.pipeline import llm_options
+from eagle3_trt.pipeline import trtllm_adapter as ad
+from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
+from eagle3_trt.pipeline.presets import load_preset
 
 
 def kwargs_for(bundle: Path, **kw) -> ad.LlmKwargs:
@@ -57,9 +57,15 @@ def copy(bundle, tmp_path) -> Path:
 
 @pytest.mark.parametrize(
     "version, key",
-    [("1.2.0", "speculative_model_dir"), ("1.2.1", "speculative_model_dir"), ("1.2.0rc6.post1", "speculative_model_dir"),
-     ("1.3.0rc0", "speculative_model"), ("1.3.0rc5", "speculative_model"), ("1.4.0rc1", "speculative_model"),
-     (None, "speculative_model_dir")],
+    [
+        ("1.2.0", "speculative_model_dir"),
+        ("1.2.1", "speculative_model_dir"),
+        ("1.2.0rc6.post1", "speculative_model_dir"),
+        ("1.3.0rc0", "speculative_model"),
+        ("1.3.0rc5", "speculative_model"),
+        ("1.4.0rc1", "speculative_model"),
+        (None, "speculative_model_dir"),
+    ],
 )
 def test_draft_path_key_by_version(version, key):
     assert ad.speculative_model_key(version) == key
@@ -111,15 +117,16 @@ def test_unknown_names_are_refused_with_suggestions_before_any_import(bundle):
         kwargs_for(bundle, overrides={"speculative_config": {"num_speculative_tokens": 4}}, use_installed=False)
     assert "speculative_config.num_speculative_tokens" in e.value.what  # vLLM's name, not TensorRT-LLM's
     # The check never imports TensorRT-LLM (it may not exist, and importing it takes seconds).
-    code = (f"import sys; from eagle3_trt.build import trtllm_adapter as a; from eagle3_trt.build.bundle import open_bundle; "
-            f"a.to_llm_kwargs({str(bundle)!r}, open_bundle({str(bundle)!r}).options, use_installed=False); "
-            "assert 'tensorrt_llm' not in sys.modules and 'torch' not in sys.modules")
+    code = (
+        f"import sys; from eagle3_trt.pipeline import trtllm_adapter as a; from eagle3_trt.pipeline.bundle import open_bundle; "
+        f"a.to_llm_kwargs({str(bundle)!r}, open_bundle({str(bundle)!r}).options, use_installed=False); "
+        "assert 'tensorrt_llm' not in sys.modules and 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_overrides_merge_and_keep_the_schema_rules(bundle):
-    kw = kwargs_for(bundle, overrides={"kv_cache_config": {"free_gpu_memory_fraction": 0.6}, "enable_iter_perf_stats": True},
-                          use_installed=False).kwargs
+    kw = kwargs_for(bundle, overrides={"kv_cache_config": {"free_gpu_memory_fraction": 0.6}, "enable_iter_perf_stats": True}, use_installed=False).kwargs
     assert kw["kv_cache_config"]["free_gpu_memory_fraction"] == 0.6 and kw["kv_cache_config"]["dtype"] == "fp8"  # merged, not replaced
     assert kw["enable_iter_perf_stats"] is True
     with pytest.raises(UserError) as e:
@@ -153,8 +160,11 @@ def test_missing_files_and_bad_yaml_name_the_field(copy):
 def test_documented_table_covers_every_option_the_bundle_schema_writes():
     top = set(llm_options.LlmApiOptions.model_fields)
     assert top <= ad.DOCUMENTED_TOP_LEVEL, top - ad.DOCUMENTED_TOP_LEVEL
-    for key, cls in (("speculative_config", llm_options.Eagle3Options), ("kv_cache_config", llm_options.KvCacheOptions),
-                     ("cuda_graph_config", llm_options.CudaGraphOptions)):
+    for key, cls in (
+        ("speculative_config", llm_options.Eagle3Options),
+        ("kv_cache_config", llm_options.KvCacheOptions),
+        ("cuda_graph_config", llm_options.CudaGraphOptions),
+    ):
         names = set(cls.model_fields)
         assert names <= ad.DOCUMENTED_NESTED[key], (key, names - ad.DOCUMENTED_NESTED[key])
 
@@ -199,9 +209,8 @@ def test_recommendation_is_written_atomically_and_validated(copy):
 # --- against an installed TensorRT-LLM (GPU machines) ------------------------------------------
 
 
-@pytest.mark.trtllm
+@pytest.mark.needs("tensorrt_llm")
 def test_installed_tensorrt_llm_knows_every_name_we_emit(bundle):
-    pytest.importorskip("tensorrt_llm", reason="TensorRT-LLM is not installed (only in NVIDIA's containers / package index)")
     table = ad.installed_names()
     assert table is not None, "tensorrt_llm is installed but does not import (no GPU driver?)"
     res = kwargs_for(bundle)

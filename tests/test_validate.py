@@ -45,7 +45,17 @@ def fails(pair, *needles):
 
 def test_good_pair_passes_every_check(tiny_pair):
     rep = run(tiny_pair)
-    assert [c["check"] for c in rep.checks] == ["target_family", "target_weights", "target_tokenizer", "dtypes", "tokenizer", "shapes", "aux_layers", "vocab_map", "rope"]
+    assert [c["check"] for c in rep.checks] == [
+        "target_family",
+        "target_weights",
+        "target_tokenizer",
+        "dtypes",
+        "tokenizer",
+        "shapes",
+        "aux_layers",
+        "vocab_map",
+        "rope",
+    ]
     assert rep.aux_layer_ids == (1, 3, 4) and rep.aux_layers_are_default
 
 

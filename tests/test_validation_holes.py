@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_trt.build.presets import PRESET_DIR, available, load_preset, load_preset_file
 from eagle3_trt.cli import main
 from eagle3_trt.convert.target import read_target
 from eagle3_trt.convert.validate import ValidationReport, check_target_tokenizer
 from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline.presets import PRESET_DIR, available, load_preset, load_preset_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -102,8 +102,7 @@ def test_swapped_tokenizer_refused_by_validate_and_engine(tiny_pair, tmp_path, c
     t, d = tiny_pair
     new_bos, new_eos = _swap_token_ids(t / "tokenizer.json", "<|begin_of_text|>", "<|eot_id|>")
     rc, err = _cli(capsys, "validate", "--target", str(t), "--draft", str(d))
-    line = _one_line_error(err, f"{t / 'config.json'}:bos_token_id", f"0, but the tokenizer's bos_token '<|begin_of_text|>' is id {new_bos}",
-                           "hint:")
+    line = _one_line_error(err, f"{t / 'config.json'}:bos_token_id", f"0, but the tokenizer's bos_token '<|begin_of_text|>' is id {new_bos}", "hint:")
     assert rc == 2
     out = tmp_path / "bundle"
     for extra in ([], ["--dry-run"]):
@@ -112,18 +111,23 @@ def test_swapped_tokenizer_refused_by_validate_and_engine(tiny_pair, tmp_path, c
         _nothing_written(out)
 
 
-@pytest.mark.parametrize("edit, needles", [
-    ({"config.json": {"eos_token_id": [1]}}, ["config.json:eos_token_id", "1, but the tokenizer's eos_token '<|eot_id|>' is id 4"]),
-    ({"generation_config.json": {"eos_token_id": [1, 2]}}, ["generation_config.json:eos_token_id", "[1, 2], but the tokenizer's eos_token"]),
-    ({"config.json": {"pad_token_id": 3}}, ["config.json:pad_token_id", "3, but the tokenizer's pad_token '<|finetune_right_pad_id|>' is id 5"]),
-    ({"config.json": {"bos_token_id": 600}}, ["config.json:bos_token_id", "id 600 is outside the vocabulary 0..511"]),
-    ({"generation_config.json": {"pad_token_id": 512}}, ["generation_config.json:pad_token_id", "id 512 is outside the vocabulary"]),
-    ({"generation_config.json": {"bos_token_id": "0"}}, ["generation_config.json:bos_token_id", 'must be a valid integer, got "0"']),
-    ({"config.json": {"vocab_size": 500}}, ["config.json:vocab_size", "500, but tokenizer.json has 512 tokens with ids up to 511"]),
-    ({"tokenizer_config.json": {"bos_token": "<s>"}}, ["tokenizer_config.json:bos_token", "'<s>' is not a token of tokenizer.json"]),
-    ({"special_tokens_map.json": {"eos_token": {"content": "<|end_of_text|>"}}},
-     ["special_tokens_map.json:eos_token", "'<|end_of_text|>' but tokenizer_config.json says '<|eot_id|>'"]),
-])
+@pytest.mark.parametrize(
+    "edit, needles",
+    [
+        ({"config.json": {"eos_token_id": [1]}}, ["config.json:eos_token_id", "1, but the tokenizer's eos_token '<|eot_id|>' is id 4"]),
+        ({"generation_config.json": {"eos_token_id": [1, 2]}}, ["generation_config.json:eos_token_id", "[1, 2], but the tokenizer's eos_token"]),
+        ({"config.json": {"pad_token_id": 3}}, ["config.json:pad_token_id", "3, but the tokenizer's pad_token '<|finetune_right_pad_id|>' is id 5"]),
+        ({"config.json": {"bos_token_id": 600}}, ["config.json:bos_token_id", "id 600 is outside the vocabulary 0..511"]),
+        ({"generation_config.json": {"pad_token_id": 512}}, ["generation_config.json:pad_token_id", "id 512 is outside the vocabulary"]),
+        ({"generation_config.json": {"bos_token_id": "0"}}, ["generation_config.json:bos_token_id", 'must be a valid integer, got "0"']),
+        ({"config.json": {"vocab_size": 500}}, ["config.json:vocab_size", "500, but tokenizer.json has 512 tokens with ids up to 511"]),
+        ({"tokenizer_config.json": {"bos_token": "<s>"}}, ["tokenizer_config.json:bos_token", "'<s>' is not a token of tokenizer.json"]),
+        (
+            {"special_tokens_map.json": {"eos_token": {"content": "<|end_of_text|>"}}},
+            ["special_tokens_map.json:eos_token", "'<|end_of_text|>' but tokenizer_config.json says '<|eot_id|>'"],
+        ),
+    ],
+)
 def test_tokenizer_config_disagreements(tiny_pair, edit, needles):
     t = tiny_pair[0]
     for name, kv in edit.items():
@@ -175,13 +179,16 @@ def test_transformers_refuses_a_string_hidden_size_too(tiny_pair):
         AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(t)))
 
 
-@pytest.mark.parametrize("field, value, needle", [
-    ("num_key_value_heads", 3, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
-    ("max_position_embeddings", None, "missing required field"),
-    ("rope_theta", "1e4", 'must be a valid number, got "1e4"'),
-    ("tie_word_embeddings", "false", "must be a valid boolean"),
-    ("eos_token_id", [1, "x"], 'got "x"'),
-])
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("num_key_value_heads", 3, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+        ("max_position_embeddings", None, "missing required field"),
+        ("rope_theta", "1e4", 'must be a valid number, got "1e4"'),
+        ("tie_word_embeddings", "false", "must be a valid boolean"),
+        ("eos_token_id", [1, "x"], 'got "x"'),
+    ],
+)
 def test_schema_names_file_and_field(tiny_pair, field, value, needle):
     t = tiny_pair[0]
     _edit(t / "config.json", **{field: value})
@@ -243,12 +250,12 @@ def test_bad_calibration_file_refused_before_the_target_is_loaded(tiny_pair, tmp
     calib = tmp_path / "calib.jsonl"
     calib.write_text('{"turns": ["fine"]}\n{"turn": ["typo"]}\n')
     out = tmp_path / "bundle"
-    rc, err = _cli(capsys, "engine", "--target", str(t), "--draft", str(d), "--target-gpu", "h100", "-o", str(out),
-                   "--calib", str(calib), "--calib-samples", "2")
+    rc, err = _cli(
+        capsys, "engine", "--target", str(t), "--draft", str(d), "--target-gpu", "h100", "-o", str(out), "--calib", str(calib), "--calib-samples", "2"
+    )
     assert rc == 2
     _one_line_error(err, f"{calib}:2", 'no "turns"')
-    rc, err = _cli(capsys, "engine", "--target", str(t), "--draft", str(d), "--target-gpu", "h100", "-o", str(out),
-                   "--calib", str(tmp_path / "missing.jsonl"))
+    rc, err = _cli(capsys, "engine", "--target", str(t), "--draft", str(d), "--target-gpu", "h100", "-o", str(out), "--calib", str(tmp_path / "missing.jsonl"))
     assert rc == 2
     _one_line_error(err, "missing.jsonl", "prompt file not found")
     _nothing_written(out)
@@ -257,11 +264,14 @@ def test_bad_calibration_file_refused_before_the_target_is_loaded(tiny_pair, tmp
 def test_calib_max_length_capped_at_max_position_embeddings(tiny_pair, tmp_path, capsys):
     t, d = tiny_pair
     out = tmp_path / "bundle"
-    rc, err = _cli(capsys, "engine", "--target", str(t), "--draft", str(d), "--target-gpu", "h100", "-o", str(out),
-                   "--calib-max-length", "200000")
+    rc, err = _cli(capsys, "engine", "--target", str(t), "--draft", str(d), "--target-gpu", "h100", "-o", str(out), "--calib-max-length", "200000")
     assert rc == 2
-    _one_line_error(err, "--calib-max-length", "200000 tokens per calibration prompt exceeds the target's max_position_embeddings (1024",
-                    "pass --calib-max-length 1024 or less")
+    _one_line_error(
+        err,
+        "--calib-max-length",
+        "200000 tokens per calibration prompt exceeds the target's max_position_embeddings (1024",
+        "pass --calib-max-length 1024 or less",
+    )
     for bad in ("0", "-5"):
         rc = main(["engine", "--target", str(t), "--draft", str(d), "-o", str(out), "--calib-max-length", bad])
         err = capsys.readouterr().err
@@ -303,9 +313,33 @@ def test_interrupt_during_calibration_exits_promptly_and_cleans_up(tiny_pair, tm
     # stderr on a pseudo-terminal: rich then draws its live progress, which names the stage
     master, slave = pty.openpty()
     env = {**os.environ, "TERM": "xterm", "COLUMNS": "200"}
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, "engine", "--target", str(t), "--draft", str(d), "--target-gpu", "h100",
-                             "-o", str(out), "--calib", str(calib), "--calib-samples", "400", "--calib-max-length", "1024"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave, env=env, cwd=REPO)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _CHILD,
+            "engine",
+            "--target",
+            str(t),
+            "--draft",
+            str(d),
+            "--target-gpu",
+            "h100",
+            "-o",
+            str(out),
+            "--calib",
+            str(calib),
+            "--calib-samples",
+            "400",
+            "--calib-max-length",
+            "1024",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        env=env,
+        cwd=REPO,
+    )
     os.close(slave)
     try:
         _read_until(master, b"calibrate + quantize target", proc, timeout=120)

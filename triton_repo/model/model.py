@@ -2,7 +2,7 @@
 #
 # Tensor interface: TensorRT-LLM's Triton llmapi model (see config.pbtxt). model.yaml next to this
 # file is upstream's (triton_config + the LLM() options); eagle3.yaml selects the runtime
-# (reference | trtllm) and the bundle. The work is done by eagle3_trt.triton_repo.job.LlmServing,
+# (reference | trtllm) and the bundle. The work is done by eagle3_trt.triton_serving.job.LlmServing,
 # which drives an object shaped like tensorrt_llm.LLM: tensorrt_llm.LLM itself (trtllm_serving) or
 # the toolkit's ReferenceLLM (reference_llm). This file is the Triton glue: requests in,
 # responses and Prometheus metrics out, and each instance's GPUs and MPI environment.
@@ -16,9 +16,9 @@ try:
 except locale.Error:
     pass
 
-import os  # noqa: E402
-import site  # noqa: E402
-import sys  # noqa: E402
+import os
+import site
+import sys
 
 
 def _adopt_path(dirs, drop_system_site=False):
@@ -89,7 +89,9 @@ class _Metrics:
             "al": pb_utils.MetricFamily("eagle3_acceptance_length", "Tokens produced per target verification step (accepted drafts + 1)", H),
             "drafted_pos": pb_utils.MetricFamily("eagle3_drafted_tokens_by_position_total", "Draft tokens proposed, by draft position (1 = first)", C),
             "accepted_pos": pb_utils.MetricFamily("eagle3_accepted_tokens_by_position_total", "Draft tokens accepted, by draft position (1 = first)", C),
-            "spec_off": pb_utils.MetricFamily("eagle3_requests_speculation_off_total", "Requests served without the draft (speculative_decoding=false or a baseline model)", C),
+            "spec_off": pb_utils.MetricFamily(
+                "eagle3_requests_speculation_off_total", "Requests served without the draft (speculative_decoding=false or a baseline model)", C
+            ),
             "active": pb_utils.MetricFamily("eagle3_active_requests", "Requests in flight in the model", G),
         }
         f = self.families
@@ -192,7 +194,7 @@ class _Responder:
 class _Sink:
     """One request's responses, sent through its decoupled response sender by the responder."""
 
-    __slots__ = ("sender", "text_dtype", "responder", "dead")
+    __slots__ = ("dead", "responder", "sender", "text_dtype")
 
     def __init__(self, sender, text_dtype, responder: _Responder):
         self.sender = sender
@@ -245,7 +247,7 @@ class _Sink:
 def _request_parameters(request) -> dict:
     try:
         return json.loads(request.parameters() or "{}")
-    except Exception:  # noqa: BLE001 - an old backend without parameters(): nothing to check
+    except Exception:
         return {}
 
 
@@ -264,24 +266,28 @@ class TritonPythonModel:
         # runs Python isolated, PYTHONPATH ignored). instances is light (no torch, no CUDA): the
         # instance's GPUs and the MPI clean-up are applied before any runtime module is imported.
         from eagle3_trt.errors import UserError
-        from eagle3_trt.triton_repo.instances import instance_environment
+        from eagle3_trt.triton_serving.instances import instance_environment
 
         model_config = json.loads(args["model_config"])
         params = model_config.get("parameters", {})
         count = int(model_config.get("instance_group", [{}])[0].get("count", 1))
         try:
             env, llm_extra = instance_environment(
-                os.environ, gpu_device_ids=params.get("gpu_device_ids", {}).get("string_value", ""), instance_count=count,
-                model_instance_name=args.get("model_instance_name", ""), require_gpus=raw.get("runtime") == "trtllm")
+                os.environ,
+                gpu_device_ids=params.get("gpu_device_ids", {}).get("string_value", ""),
+                instance_count=count,
+                model_instance_name=args.get("model_instance_name", ""),
+                require_gpus=raw.get("runtime") == "trtllm",
+            )
         except UserError as e:
             raise pb_utils.TritonModelException(e.line()) from None
         for k in [k for k in os.environ if k not in env]:
             del os.environ[k]
         os.environ.update(env)
 
-        from eagle3_trt.triton_repo.job import Emission, LlmServing
-        from eagle3_trt.triton_repo.model_yaml import load_model_yaml, load_serving_yaml, read_bundle, resolve_bundle
-        from eagle3_trt.triton_repo.request_params import RequestError, check_parameters, parse_request
+        from eagle3_trt.triton_serving.job import Emission, LlmServing
+        from eagle3_trt.triton_serving.model_yaml import load_model_yaml, load_serving_yaml, read_bundle, resolve_bundle
+        from eagle3_trt.triton_serving.request_params import RequestError, check_parameters, parse_request
 
         self._Emission = Emission
         self._RequestError = RequestError
@@ -296,8 +302,8 @@ class TritonPythonModel:
         decoupled = bool(pb_utils.using_decoupled_model_transaction_policy(model_config))
         if decoupled != my.triton_config.decoupled:
             raise pb_utils.TritonModelException(
-                f"config.pbtxt decoupled={decoupled} but {yaml_path} triton_config.decoupled={my.triton_config.decoupled}; "
-                "regenerate with `eagle3-trt package`")
+                f"config.pbtxt decoupled={decoupled} but {yaml_path} triton_config.decoupled={my.triton_config.decoupled}; regenerate with `eagle3-trt package`"
+            )
         self.text_dtype = pb_utils.triton_string_to_numpy(pb_utils.get_output_config_by_name(model_config, "text_output")["data_type"])
 
         self.responder = _Responder()
@@ -313,16 +319,24 @@ class TritonPythonModel:
         else:
             from transformers import AutoTokenizer  # heavy; only the trtllm runtime needs a tokenizer of its own
 
-            from eagle3_trt.triton_repo.trtllm_serving import build_trtllm
+            from eagle3_trt.triton_serving.trtllm_serving import build_trtllm
 
             llm, sp_cls = build_trtllm(my.llm_kwargs, llm_extra)
             tokenizer, per_request = AutoTokenizer.from_pretrained(str(info.bundle.tokenizer_dir)), False
         self.metrics = _Metrics(self.model_name, info.max_draft_len if cfg.speculation else 0)
         self.serving = LlmServing(
-            llm, sp_cls, tokenizer, max_seq_len=info.max_seq_len, max_draft_len=info.max_draft_len, speculation=cfg.speculation,
-            per_request_speculation=per_request, default_max_tokens=cfg.default_max_tokens,
-            cancel_period_ms=my.triton_config.cancellation_check_period_ms, decoupled=decoupled,
-            on_done=lambda s: self.metrics.done(s), log=lambda m: pb_utils.Logger.log_warn(f"[eagle3] {m}"),
+            llm,
+            sp_cls,
+            tokenizer,
+            max_seq_len=info.max_seq_len,
+            max_draft_len=info.max_draft_len,
+            speculation=cfg.speculation,
+            per_request_speculation=per_request,
+            default_max_tokens=cfg.default_max_tokens,
+            cancel_period_ms=my.triton_config.cancellation_check_period_ms,
+            decoupled=decoupled,
+            on_done=lambda s: self.metrics.done(s),
+            log=lambda m: pb_utils.Logger.log_warn(f"[eagle3] {m}"),
         )
         pb_utils.Logger.log_info(
             f"[eagle3] model '{self.model_name}' ready: runtime={cfg.runtime} bundle={info.path} "

@@ -1,0 +1,102 @@
+"""Write unified Hugging Face checkpoints that TensorRT-LLM's PyTorch runtime loads.
+
+Target: ModelOpt's ``export_hf_checkpoint`` (safetensors, ``hf_quant_config.json``, inline
+``quantization_config``), then the config gets the legacy field spellings (hf_compat) and
+the tokenizer files. Draft: the flat SafeAILab layout (``fc``, ``midlayer.*``, ``norm``,
+``lm_head``, ``d2t``); quantized drafts go through ModelOpt's transformers exporter so FP8/NVFP4
+tensors, scales and the q/k/v shared input scale match what a quantized target gets.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from eagle3_trt.atomic import make_dirs, write_json
+from eagle3_trt.convert import modelopt_compat
+from eagle3_trt.convert.checkpoint_io import read_json
+from eagle3_trt.convert.draft_format import DraftCheckpoint, trtllm_config
+from eagle3_trt.convert.hf_compat import with_legacy_fields
+from eagle3_trt.convert.streaming import stream_convert
+
+FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "generation_config.json")
+
+
+def copy_tokenizer(src: Path, dst: Path) -> list[str]:
+    make_dirs(dst)
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (Path(src) / name).is_file():
+            shutil.copy2(Path(src) / name, dst / name)
+            copied.append(name)
+    return copied
+
+
+def export_target(model, out_dir: Path, source_dir: Path) -> None:
+    make_dirs(out_dir)
+    modelopt_compat.export_hf_checkpoint(model, out_dir)
+    cfg_path = out_dir / "config.json"
+    write_json(cfg_path, with_legacy_fields(json.loads(cfg_path.read_text())))
+    copy_tokenizer(source_dir, out_dir)
+
+
+def export_target_bf16(source_dir: Path, out_dir: Path) -> None:
+    """An unquantized target without loading it: every tensor streamed shard by shard, floating-point
+    ones cast to BF16 (``streaming.stream_convert``: memory stays at one 64 MiB chunk whatever the
+    checkpoint size, so a 140 GB target costs disk bandwidth, not RAM). Quantized targets go through
+    ModelOpt instead (``export_target``), which needs the model loaded for calibration anyway."""
+    stream_convert(Path(source_dir), Path(out_dir), lambda name: name, cast=lambda name, dtype: "bfloat16" if dtype in FLOAT_DTYPES else None)
+    cfg = with_legacy_fields(read_json(Path(source_dir) / "config.json"))
+    for key in ("torch_dtype", "dtype"):  # transformers 4.x writes torch_dtype, 5.x dtype
+        if key in cfg:
+            cfg[key] = "bfloat16"
+    write_json(Path(out_dir) / "config.json", cfg)
+    copy_tokenizer(Path(source_dir), Path(out_dir))
+
+
+def export_target_native(source_dir: Path, out_dir: Path) -> None:
+    """An already-quantized target kept as shipped (``--quant native``, e.g. gpt-oss's MXFP4 experts):
+    every tensor streamed unchanged, the config as it is (TensorRT-LLM reads its quantization_config)."""
+    stream_convert(Path(source_dir), Path(out_dir), lambda name: name, cast=lambda name, dtype: None)
+    write_json(Path(out_dir) / "config.json", read_json(Path(source_dir) / "config.json"))
+    copy_tokenizer(Path(source_dir), Path(out_dir))
+
+
+def export_draft_bf16(ckpt: DraftCheckpoint, out_dir: Path) -> None:
+    """Normalized tensors as BF16 safetensors (d2t/t2d keep their integer/bool dtypes)."""
+    make_dirs(out_dir)
+    tensors = {}
+    for k, t in ckpt.tensors.items():
+        tensors[k] = (t.to(torch.bfloat16) if t.is_floating_point() else t).contiguous()
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    write_json(out_dir / "config.json", trtllm_config(ckpt.config, ckpt.raw_config))
+
+
+def export_draft_quantized(draft_module, ckpt: DraftCheckpoint, out_dir: Path) -> dict:
+    """Export a ModelOpt-quantized Eagle3Draft; returns the hf_quant_config written."""
+    state, hf_quant = modelopt_compat.export_bare_module(draft_module, torch.bfloat16)
+    make_dirs(out_dir)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    if "t2d" in ckpt.tensors:
+        tensors["t2d"] = ckpt.tensors["t2d"]
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    cfg = trtllm_config(ckpt.config, ckpt.raw_config)
+    q = hf_quant["quantization"]
+    cfg["quantization_config"] = {
+        "quant_method": "modelopt",
+        "quant_algo": q.get("quant_algo"),
+        "kv_cache_quant_algo": q.get("kv_cache_quant_algo"),
+        "exclude_modules": q.get("exclude_modules", []),
+        "producer": hf_quant.get("producer"),
+    }
+    for k in ("group_size",):
+        if k in q:
+            cfg["quantization_config"][k] = q[k]
+    write_json(out_dir / "config.json", cfg)
+    write_json(out_dir / "hf_quant_config.json", hf_quant)
+    return hf_quant

@@ -1,0 +1,139 @@
+"""The one prompt loader: calibration (quantize), acceptance (alpha, compile) and the rollout benchmark.
+
+Two file kinds, chosen by the suffix so a file is read one way from its first line to its last:
+
+- ``.jsonl`` / ``.ndjson`` / ``.json``: one JSON object per line, each one of
+  ``{"turns": ["user message", ...]}`` (the MT-Bench layout; ``category`` and ``question_id`` /
+  ``id`` are kept) or ``{"messages": [{"role": ..., "content": ...}, ...]}`` (its user messages
+  are the turns): a *chat* record, sent through the chat template; ``{"prompt": "..."}`` or
+  ``{"text": "..."}``: a *raw completion* record, the text sent as it is (an OpenAI
+  ``/v1/completions`` prompt), for code completion and other non-chat traffic. Keys are tried
+  in that order; other keys are ignored.
+- anything else: plain text, one prompt a line, the line kept as written: a user turn by
+  default, raw text with ``--no-chat-template``.
+
+How a record is encoded (``use_chat_template``): chat records always through the template (a
+chat record cannot be sent raw: ``--no-chat-template`` refuses it), raw records never unless
+``--chat-template`` forces it, plain-text lines by the flag (template by default).
+
+Blank lines are skipped. A line that is not one of these is a UserError naming ``file:line``,
+never a silently dropped record: a calibration set or an acceptance measurement that quietly
+lost prompts would still produce numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle3_trt.errors import UserError
+from eagle3_trt.resources import data_dir
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+# The shipped prompt set (MT-Bench layout, 8 categories): calibration default and the compile smoke test.
+SHIPPED_PROMPTS = data_dir("convert") / "data" / "calib_prompts.jsonl"
+CHAT, RAW, LINE = "chat", "raw", "line"  # PromptRecord.kind: turns/messages, prompt/text, a plain-text line
+FORMAT_HINT = (
+    'one JSON object per line with "turns" (list of user messages), "messages" ([{role, content}]), '
+    '"prompt" or "text" (raw completion text); or a plain-text file with one prompt a line'
+)
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One conversation's user turns (a raw record: its one text). ``id``: ``question_id``/``id``
+    or the line number. ``kind``: CHAT ("turns"/"messages"), RAW ("prompt"/"text") or LINE (a
+    plain-text file's line)."""
+
+    id: str
+    category: str
+    turns: tuple[str, ...]
+    kind: str = CHAT
+
+    @property
+    def first(self) -> str:
+        return self.turns[0]
+
+
+def _turns(obj: dict, where: str) -> tuple[list[str], str]:
+    if "turns" in obj:
+        turns = obj["turns"]
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+            raise UserError(where, '"turns" is not a non-empty list of non-empty strings', FORMAT_HINT)
+        return turns, CHAT
+    if "messages" in obj:
+        msgs = obj["messages"]
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs):
+            raise UserError(where, '"messages" is not a list of {role: str, content: str}', FORMAT_HINT)
+        turns = [m["content"] for m in msgs if m["role"] == "user" and m["content"].strip()]
+        if not turns:
+            raise UserError(where, '"messages" has no non-empty user message', FORMAT_HINT)
+        return turns, CHAT
+    for key in ("prompt", "text"):
+        if key in obj:
+            if not isinstance(obj[key], str) or not obj[key].strip():
+                raise UserError(where, f'"{key}" is not a non-empty string', FORMAT_HINT)
+            return [obj[key]], RAW
+    raise UserError(where, 'no "turns", "messages", "prompt" or "text"', FORMAT_HINT)
+
+
+def load_prompt_records(path: str | Path, limit: int | None = None, *, option: str = "--prompts") -> list[PromptRecord]:
+    """The first ``limit`` records (all when None) of a prompt file; ``option`` names the CLI flag in hints."""
+    path = Path(path)
+    if limit is not None and limit < 1:
+        raise UserError(option, f"asks for {limit} prompts", "ask for at least 1")
+    if not path.is_file():
+        raise UserError(path, "prompt file not found", f"pass {option} FILE: {FORMAT_HINT}")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise UserError(path, f"not UTF-8 text ({e.reason} at byte {e.start})", FORMAT_HINT) from None
+    jsonl = path.suffix.lower() in JSONL_SUFFIXES
+    out: list[PromptRecord] = []
+    for n, line in enumerate(lines, 1):
+        if limit is not None and len(out) >= limit:
+            break
+        if not line.strip():
+            continue
+        if not jsonl:
+            out.append(PromptRecord(str(n), "all", (line,), LINE))
+            continue
+        where = f"{path}:{n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(where, f"not valid JSON ({e.msg})", FORMAT_HINT) from None
+        if not isinstance(obj, dict):
+            raise UserError(where, f"expected a JSON object, got {type(obj).__name__}", FORMAT_HINT)
+        turns, kind = _turns(obj, where)
+        rid = obj.get("question_id", obj.get("id"))
+        out.append(PromptRecord(str(n if rid is None else rid), str(obj.get("category") or "all"), tuple(turns), kind))
+    if not out:
+        raise UserError(path, "no prompts in the file", FORMAT_HINT)
+    return out
+
+
+def use_chat_template(
+    records: list[PromptRecord], chat_template: bool | None, *, source: str | Path = "prompts", option: str = "--no-chat-template"
+) -> list[bool]:
+    """Per record: encode through the chat template? ``chat_template``: None (each record by its
+    kind), True (every record, raw ones as one user turn) or False (raw text; chat records are
+    refused, a conversation has no raw form). Checked before any model is loaded."""
+    if chat_template is False:
+        chat = next((r for r in records if r.kind == CHAT), None)
+        if chat is not None:
+            raise UserError(
+                source,
+                f'record {chat.id} is a chat record ("turns"/"messages"), which {option} cannot send raw',
+                f'use {{"text": ...}} or {{"prompt": ...}} records (or a plain-text file) for raw completion traffic, or drop {option}',
+            )
+        return [False] * len(records)
+    if chat_template:
+        return [True] * len(records)
+    return [r.kind != RAW for r in records]
+
+
+def load_prompts(path: str | Path, limit: int | None = None, *, option: str = "--prompts") -> list[str]:
+    """The first turn of each of the first ``limit`` records (single-turn uses: calibration, benchmarks)."""
+    return [r.first for r in load_prompt_records(path, limit, option=option)]

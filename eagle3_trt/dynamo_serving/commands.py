@@ -1,0 +1,100 @@
+"""CLI commands: ``serve-dynamo``, ``status-dynamo``, ``stop-dynamo`` (registered by eagle3_trt/cli.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from eagle3_trt.dynamo_serving.launcher import DEFAULT_HTTP_PORT, DEFAULT_STATE_DIR, STOP_TIMEOUT_S, start, status, stop_recorded
+
+_STATE = click.option(
+    "--state-dir",
+    default=str(DEFAULT_STATE_DIR),
+    show_default=True,
+    type=click.Path(path_type=Path),
+    help="state.json, the logs and the discovery store go here",
+)
+
+
+@click.command("serve-dynamo")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="reference-runtime workers behind the frontend")
+@click.option("--http-port", default=DEFAULT_HTTP_PORT, show_default=True, help="the frontend's OpenAI port (127.0.0.1)")
+@click.option("--model-name", default="eagle3", show_default=True, help="the model name clients send")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--torch-threads", type=click.IntRange(min=1), default=None, help="per worker (default: CPU cores / workers)")
+@click.option("--no-speculation", is_flag=True, help="serve the target alone (A/B baseline)")
+@click.option("--migration-limit", default=3, show_default=True, help="times the frontend moves a request off a failed worker")
+@click.option("--timeout", "timeout_s", default=300.0, show_default=True, help="seconds to wait for every worker to register")
+@_STATE
+def serve_dynamo_cmd(
+    bundle: Path,
+    workers: int,
+    http_port: int,
+    model_name: str,
+    device: str,
+    torch_threads: int | None,
+    no_speculation: bool,
+    migration_limit: int,
+    timeout_s: float,
+    state_dir: Path,
+) -> None:
+    """Start NVIDIA Dynamo's OpenAI frontend and N reference-runtime workers for BUNDLE on 127.0.0.1.
+
+    File discovery and the TCP request plane: no etcd, no NATS. Prints the OpenAI URL."""
+    t0 = time.monotonic()
+    click.echo(f"starting Dynamo: frontend + {workers} worker(s) for {bundle} (logs: {state_dir})", err=True)
+    dep = start(
+        bundle,
+        workers=workers,
+        state_dir=state_dir,
+        http_port=http_port,
+        model_name=model_name,
+        torch_threads=torch_threads,
+        device=device,
+        speculation=not no_speculation,
+        migration_limit=migration_limit,
+        timeout_s=timeout_s,
+    )
+    click.echo(f"ready in {time.monotonic() - t0:.1f} s: model '{dep.model}' on {len(dep.workers)} worker(s)")
+    click.echo(f"  OpenAI  {dep.url}   (POST {dep.url}/chat/completions, {dep.url}/completions)")
+    for w in dep.workers:
+        click.echo(f"  {w.role}  pid {w.pid}, metrics http://127.0.0.1:{w.port}/metrics")
+    suffix = "" if state_dir == DEFAULT_STATE_DIR else f" --state-dir {state_dir}"
+    click.echo(f"status: eagle3-trt status-dynamo{suffix}    stop: eagle3-trt stop-dynamo{suffix} (or make stop)")
+
+
+@click.command("status-dynamo")
+@_STATE
+def status_dynamo_cmd(state_dir: Path) -> None:
+    """One line per process started by serve-dynamo; exit 1 when one is dead.
+
+    A process that runs but does not answer its health check also gives exit 1."""
+    dep, lines, ok = status(state_dir)
+    if dep is None:
+        click.echo("no Dynamo deployment running")
+        raise SystemExit(1)
+    click.echo(f"model '{dep.model}' from {dep.bundle}")
+    for ln in lines:
+        click.echo(ln)
+    if not ok:
+        raise SystemExit(1)
+
+
+@click.command("stop-dynamo")
+@_STATE
+@click.option("--timeout", "timeout_s", default=STOP_TIMEOUT_S, show_default=True, help="seconds after SIGTERM before a process is killed")
+def stop_dynamo_cmd(state_dir: Path, timeout_s: float) -> None:
+    """Stop what serve-dynamo started and remove its discovery store.
+
+    Exit 1 when a process had to be killed after --timeout."""
+    res = stop_recorded(state_dir, timeout_s)
+    if res is None:
+        click.echo("no Dynamo deployment running")
+        return
+    if res.killed:
+        click.echo(f"stopped Dynamo: {', '.join(res.stopped) or 'nothing'} exited; killed {', '.join(res.killed)} after {timeout_s:.0f} s", err=True)
+        raise SystemExit(1)
+    click.echo(f"stopped Dynamo ({', '.join(res.stopped)})")

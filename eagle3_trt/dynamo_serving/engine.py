@@ -1,0 +1,298 @@
+"""The reference runtime as a NVIDIA Dynamo backend: ``dynamo.common.backend.LLMEngine`` over ``ReferenceLLM``.
+
+Dynamo's frontend tokenizes (chat template included), routes, detokenizes and applies stop
+strings; a backend receives token ids and streams token ids back (contract:
+``dynamo/common/backend/engine.py`` and ``README.md`` in the ``ai-dynamo`` 1.6.1 wheel). This engine
+drives exactly the LLM-API-shaped interface the Triton model drives (``generate_async`` with
+``SamplingParams``, an async-iterable ``RequestOutput``, ``abort``, ``request_perf_metrics``), so
+Triton and Dynamo sit on one serving path. On a GPU box the same interface is
+``tensorrt_llm.LLM`` behind ``python -m dynamo.trtllm`` (see ``launch/dynamo-*.sh`` of a bundle).
+
+Per-request speculative statistics go out twice:
+  * on the last chunk as ``engine_data.eagle3`` (draft tokens, accepted draft tokens, acceptance
+    rate and length, target forwards); the frontend returns it in ``nvext.engine_data`` when the
+    request asks for it with ``"nvext": {"extra_fields": ["engine_data"]}``;
+  * as Prometheus counters and a histogram prefixed ``eagle3_`` on the worker's ``/metrics``
+    (Dynamo's system server, ``DYN_SYSTEM_PORT``), bridged with
+    ``dynamo.common.backend.metrics.register_engine_registry``.
+
+Per request, speculation is switched off with the annotation ``eagle3_speculative=false``
+(``"nvext": {"annotations": ["eagle3_speculative=false"]}``): the frontend's ``nvext`` accepts no
+other free-form field (unknown keys are a 400), and it forwards ``nvext.annotations`` unchanged
+as the request's ``annotations`` (seen with Dynamo 1.6.1). It maps to the ``eagle3_speculative``
+sampling flag the Triton model's ``speculative_decoding`` input sets, so A/B runs (``eagle3-trt
+bench --openai-url``) switch the same thing on both serving paths.
+
+Requests the reference runtime cannot honour (n > 1, beam search, guided decoding, penalties,
+min_tokens, ignore_eos, logprobs, echo, a prompt plus max_tokens over the bundle's max_seq_len) are refused with
+``InvalidArgument`` naming the field, which the frontend answers as a 4xx; none is ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any
+
+from dynamo._core import Context
+from dynamo.common.backend import EngineConfig, LLMEngine, WorkerConfig
+from dynamo.common.backend.engine import LlmRegistration
+from dynamo.common.backend.metrics import register_engine_registry
+from dynamo.common.backend.run import run
+from dynamo.llm.exceptions import InvalidArgument
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from eagle3_trt.pipeline.bundle import open_bundle
+from eagle3_trt.runtime.llm_api import SamplingParams
+from eagle3_trt.runtime.reference_llm import ReferenceLLM
+
+log = logging.getLogger("eagle3_trt.dynamo")
+
+DEFAULT_NAMESPACE = "eagle3"
+DEFAULT_COMPONENT = "backend"
+DEFAULT_MODEL_NAME = "eagle3"
+METRIC_PREFIX = "eagle3_"
+
+# Sampling options the reference runtime implements; everything else must be absent or neutral.
+# The per-request speculation switch carried in ``annotations`` (see the module docstring).
+SPECULATION_ANNOTATION = "eagle3_speculative"
+
+_NEUTRAL = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "use_beam_search": (None, False),
+    "repetition_penalty": (None, 1.0),
+    "min_p": (None, 0.0),
+    "length_penalty": (None, 1.0),
+    "guided_decoding": (None,),
+}
+
+
+class SpecMetrics:
+    """The worker's speculative-decoding counters (one private registry, bridged into /metrics)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        p = METRIC_PREFIX
+        self.requests = Counter(f"{p}requests", "finished requests", ["finish_reason"], registry=self.registry)
+        self.output_tokens = Counter(f"{p}output_tokens", "tokens returned to clients", registry=self.registry)
+        self.draft_tokens = Counter(f"{p}draft_tokens", "draft tokens proposed", registry=self.registry)
+        self.accepted = Counter(f"{p}accepted_draft_tokens", "draft tokens accepted by the target", registry=self.registry)
+        self.forwards = Counter(f"{p}target_forwards", "target forward passes", registry=self.registry)
+        self.acceptance_length = Histogram(
+            f"{p}request_acceptance_length",
+            "per request: tokens per target forward (prefill included)",
+            buckets=(1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0),
+            registry=self.registry,
+        )
+
+    def record(self, finish_reason: str, n_tokens: int, stats: dict[str, Any]) -> None:
+        self.requests.labels(finish_reason=finish_reason).inc()
+        self.output_tokens.inc(n_tokens)
+        self.forwards.inc(stats["target_forwards"])
+        if stats["speculative"]:
+            self.draft_tokens.inc(stats["draft_tokens"])
+            self.accepted.inc(stats["accepted_draft_tokens"])
+            if stats["acceptance_length"]:
+                self.acceptance_length.observe(stats["acceptance_length"])
+
+
+def speculative_stats(perf: Any, n_tokens: int, speculative: bool) -> dict[str, Any]:
+    """engine_data.eagle3 from a ``RequestPerfMetrics`` (the fields TensorRT-LLM names, plus ours)."""
+    spec = getattr(perf, "speculative_decoding", None)
+    drafted = int(getattr(spec, "total_draft_tokens", 0) or 0)
+    accepted = int(getattr(spec, "total_accepted_draft_tokens", 0) or 0)
+    forwards = int(getattr(perf, "eagle3_target_forwards", 0) or 0)
+    # Tokens per target forward, prefill included: the definition of core/stats.py and of the Triton
+    # model's acceptance_length output, so one request reports one AL on both serving paths (the mean
+    # of the per-step lengths would leave the prefill forward out and read higher).
+    al = n_tokens / forwards if forwards else 0.0
+    return {
+        "speculative": bool(speculative and drafted),
+        "draft_tokens": drafted,
+        "accepted_draft_tokens": accepted,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "acceptance_length": round(al, 4),
+        "target_forwards": forwards,
+        "completion_tokens": n_tokens,
+    }
+
+
+class Eagle3ReferenceEngine(LLMEngine):
+    """``ReferenceLLM`` (the toolkit's PyTorch EAGLE-3 runtime) behind Dynamo's backend contract."""
+
+    def __init__(self, bundle: Path, *, served_model_name: str, device: str, torch_threads: int | None, speculation: bool):
+        self.bundle = bundle
+        self.served_model_name = served_model_name
+        self.device = device
+        self.torch_threads = torch_threads
+        self.speculation = speculation
+        self.llm: ReferenceLLM | None = None
+        self.max_seq_len = 0
+        self.metrics = SpecMetrics()
+        self._inflight: dict[str, Any] = {}
+
+    @classmethod
+    async def from_args(cls, argv: list[str] | None = None) -> tuple[Eagle3ReferenceEngine, WorkerConfig]:
+        p = argparse.ArgumentParser(prog="python -m eagle3_trt.dynamo_serving.worker", description="eagle3-trt reference runtime as a Dynamo worker")
+        p.add_argument("--bundle", required=True, type=Path)
+        p.add_argument("--served-model-name", default=DEFAULT_MODEL_NAME)
+        p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+        p.add_argument("--component", default=DEFAULT_COMPONENT)
+        p.add_argument("--endpoint", default="generate")
+        p.add_argument("--discovery-backend", default=os.environ.get("DYN_DISCOVERY_BACKEND", "file"))
+        p.add_argument("--request-plane", default=os.environ.get("DYN_REQUEST_PLANE", "tcp"))
+        p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+        p.add_argument("--torch-threads", type=int, default=None)
+        p.add_argument("--no-speculation", action="store_true", help="serve the target alone (A/B baseline)")
+        a = p.parse_args(argv)
+        bundle = a.bundle.resolve()
+        engine = cls(bundle, served_model_name=a.served_model_name, device=a.device, torch_threads=a.torch_threads, speculation=not a.no_speculation)
+        wc = WorkerConfig(
+            namespace=a.namespace,
+            component=a.component,
+            endpoint=a.endpoint,
+            # The model card (tokenizer, chat template, generation config) is read from the
+            # bundle's target directory; clients address the model by served_model_name.
+            model_name=str(bundle / "target"),
+            served_model_name=a.served_model_name,
+            endpoint_types="chat,completions",
+            discovery_backend=a.discovery_backend,
+            request_plane=a.request_plane,
+            # No KV events: the reference runtime has no paged KV cache to report.
+            enable_kv_routing=False,
+        )
+        return engine, wc
+
+    async def start(self, worker_id: int) -> EngineConfig:
+        del worker_id
+        b = open_bundle(self.bundle)
+        self.max_seq_len = b.max_seq_len
+        self.llm = await asyncio.to_thread(ReferenceLLM, self.bundle, device=self.device, torch_threads=self.torch_threads, speculation=self.speculation)
+        log.info("eagle3 reference runtime ready: %s (max_seq_len %d, speculation %s)", self.bundle, self.max_seq_len, self.speculation)
+        return EngineConfig(
+            model=str(self.bundle / "target"),
+            served_model_name=self.served_model_name,
+            llm=LlmRegistration(context_length=self.max_seq_len, enable_eagle=self.speculation),
+        )
+
+    async def register_prometheus(self, metrics: Any) -> None:
+        register_engine_registry(metrics, self.metrics.registry, prefix_filters=[METRIC_PREFIX])
+
+    # -- request mapping --------------------------------------------------------------------------
+    @staticmethod
+    def request_speculative(request: dict[str, Any]) -> bool:
+        """False when the request carries ``eagle3_speculative=false``; a malformed value is refused
+        rather than read as "on", so a typo cannot silently turn an A/B baseline into speculation."""
+        speculative = True
+        for a in request.get("annotations") or []:
+            name, sep, value = str(a).partition("=")
+            if name != SPECULATION_ANNOTATION:
+                continue  # the frontend's own annotations and anything else are not ours
+            if not sep or value.lower() not in ("true", "false"):
+                raise InvalidArgument(f"annotation {a!r}: expected {SPECULATION_ANNOTATION}=true or {SPECULATION_ANNOTATION}=false")
+            speculative = value.lower() == "true"
+        return speculative
+
+    def sampling_params(self, request: dict[str, Any]) -> SamplingParams:
+        """Dynamo's PreprocessedRequest (sampling_options, stop_conditions) -> SamplingParams."""
+        so = request.get("sampling_options") or {}
+        sc = request.get("stop_conditions") or {}
+        for name, neutral in _NEUTRAL.items():
+            if so.get(name) not in neutral:
+                raise InvalidArgument(f"{name}={so.get(name)!r}: not supported by the eagle3-trt reference runtime")
+        if sc.get("ignore_eos"):
+            raise InvalidArgument("ignore_eos: not supported by the eagle3-trt reference runtime")
+        if sc.get("min_tokens"):
+            raise InvalidArgument("min_tokens: not supported by the eagle3-trt reference runtime")
+        # The frontend puts OpenAI's logprobs / top_logprobs (and, for completions' echo, prompt_logprobs)
+        # in output_options and builds that part of the answer from what the engine returns; the reference
+        # runtime returns no logprobs, so without this the request would be answered as if they were absent
+        # (seen with Dynamo 1.6.1: logprobs=2 gave none, echo=true gave no prompt text).
+        oo = request.get("output_options") or {}
+        if oo.get("logprobs") is not None:
+            raise InvalidArgument(f"logprobs={oo['logprobs']!r}: not supported by the eagle3-trt reference runtime")
+        if oo.get("prompt_logprobs") is not None:
+            raise InvalidArgument("echo / prompt_logprobs: not supported by the eagle3-trt reference runtime")
+        n_prompt = len(request.get("token_ids") or [])
+        if n_prompt == 0:
+            raise InvalidArgument("the prompt is empty")
+        budget = self.max_seq_len - n_prompt
+        if budget < 1:
+            raise InvalidArgument(f"the prompt is {n_prompt} tokens; this model's context (max_seq_len) is {self.max_seq_len}")
+        max_tokens = sc.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = budget
+        elif max_tokens < 1:
+            raise InvalidArgument(f"max_tokens={max_tokens}: must be at least 1")
+        elif max_tokens > budget:
+            raise InvalidArgument(f"max_tokens={max_tokens} with a {n_prompt}-token prompt exceeds max_seq_len {self.max_seq_len}")
+        top_k = so.get("top_k")
+        try:
+            return SamplingParams(
+                max_tokens=int(max_tokens),
+                temperature=so.get("temperature"),
+                top_p=so.get("top_p"),
+                top_k=int(top_k) if top_k is not None and top_k > 0 else None,
+                seed=so.get("seed"),
+                stop=list(sc.get("stop") or []) or None,
+                frequency_penalty=float(so.get("frequency_penalty") or 0.0),
+                presence_penalty=float(so.get("presence_penalty") or 0.0),
+                return_perf_metrics=True,
+                eagle3_speculative=self.request_speculative(request),
+            )
+        except ValueError as e:  # SamplingParams names the field it refuses
+            raise InvalidArgument(str(e)) from None
+
+    # -- the contract ---------------------------------------------------------------------------
+    async def generate(self, request: dict[str, Any], context: Context) -> AsyncGenerator[dict[str, Any], None]:
+        assert self.llm is not None, "generate() before start()"
+        sp = self.sampling_params(request)
+        ids = [int(t) for t in request["token_ids"]]
+        out = self.llm.generate_async(ids, sp, streaming=True)
+        rid = context.id()
+        self._inflight[rid] = out
+        sent = 0
+        try:
+            async for o in out:
+                c = o.outputs[0]
+                new = list(c.token_ids[sent:])
+                sent = len(c.token_ids)
+                if not o.finished:
+                    if new:
+                        yield {"token_ids": new, "index": 0}
+                    if context.is_stopped():
+                        out.abort()
+                    continue
+                reason = c.finish_reason or "stop"
+                stats = speculative_stats(c.request_perf_metrics, sent, self.speculation and sp.eagle3_speculative)
+                self.metrics.record(reason, sent, stats)
+                yield {
+                    "token_ids": new,
+                    "index": 0,
+                    "finish_reason": reason,
+                    "completion_usage": {"prompt_tokens": len(ids), "completion_tokens": sent, "total_tokens": len(ids) + sent},
+                    "engine_data": {"eagle3": stats},
+                }
+        finally:
+            if not out.finished:  # the consumer went away (client disconnect, worker shutdown)
+                out.abort()
+            self._inflight.pop(rid, None)
+
+    async def abort(self, context: Context) -> None:
+        out = self._inflight.get(context.id())
+        if out is not None:
+            out.abort()
+
+    async def cleanup(self) -> None:
+        if self.llm is not None:
+            llm, self.llm = self.llm, None
+            await asyncio.to_thread(llm.shutdown)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(Eagle3ReferenceEngine, argv)

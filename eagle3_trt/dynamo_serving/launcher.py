@@ -1,0 +1,358 @@
+"""Start, watch and stop a local Dynamo deployment: one OpenAI frontend and N reference-runtime workers.
+
+Everything runs on 127.0.0.1 with no etcd and no NATS: file discovery (``--discovery-backend
+file``, the store under ``DYN_FILE_KV``) and the TCP request plane, as ``ai-dynamo`` 1.6.1 supports
+on a plain machine. Each process runs in its own session (process group) and logs to a file in
+the state directory; ``state.json`` records the pids, ports and logs so that ``status`` and
+``stop`` find them from another shell. ``stop`` removes the discovery store and the state file.
+
+Host binding: the frontend gets ``--http-host 127.0.0.1``; the request plane, the response-stream
+server and each worker's system server (``/health``, ``/metrics``) get 127.0.0.1 through
+``DYN_TCP_RPC_HOST``, ``DYN_TCP_RESPONSE_STREAM_HOST`` and ``DYN_SYSTEM_HOST`` (variable names read
+from the ``dynamo._core`` 1.6.1 binary; without them the response-stream server binds the
+host's address).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from eagle3_trt.atomic import make_dirs, write_json
+from eagle3_trt.errors import UserError
+from eagle3_trt.procs import HOST, group_alive, pid_alive, port_is_free
+
+DEFAULT_STATE_DIR = Path(".serve-dynamo")
+# Not Triton's 8000: `eagle3-trt serve` and `serve-dynamo` with their defaults run side by side
+# (the same port as the Makefile's DYNAMO_PORT and the README's curl example).
+DEFAULT_HTTP_PORT = 8080
+STATE_FILE = "state.json"
+DISCOVERY_DIR = "discovery"
+NAMESPACE = "eagle3"
+STOP_TIMEOUT_S = 30.0
+INSTALL_HINT = "make serve-dynamo installs it; by hand: pip install -e '.[dynamo]' && pip install --no-deps ai-dynamo==1.6.1"
+
+
+@dataclass
+class Proc:
+    role: str  # frontend | worker-<i>
+    pid: int
+    port: int  # frontend: HTTP; worker: system server (/health, /metrics)
+    log: str
+
+    def alive(self) -> bool:
+        return pid_alive(self.pid)
+
+
+@dataclass
+class Deployment:
+    state_dir: str
+    bundle: str
+    model: str
+    url: str
+    discovery_dir: str
+    frontend: Proc
+    workers: list[Proc] = field(default_factory=list)
+    started_unix: float = 0.0
+
+    @property
+    def procs(self) -> list[Proc]:
+        return [self.frontend, *self.workers]
+
+    def save(self) -> None:
+        write_json(Path(self.state_dir) / STATE_FILE, asdict(self))
+
+    @classmethod
+    def load(cls, state_dir: Path) -> Deployment | None:
+        p = Path(state_dir) / STATE_FILE
+        if not p.is_file():
+            return None
+        try:
+            d = json.loads(p.read_text())
+            return cls(**{**d, "frontend": Proc(**d["frontend"]), "workers": [Proc(**w) for w in d["workers"]]})
+        except (ValueError, KeyError, TypeError) as e:
+            raise UserError(p, f"unreadable ({e})", f"remove {state_dir} after checking no Dynamo process is left") from None
+
+
+# Dynamo 1.6.1 parses DYN_SYSTEM_PORT as an i16 ("invalid value unsigned int `32937`, expected i16
+# for key SYSTEM_PORT"), so worker system ports are drawn below 32768, not from the kernel's
+# ephemeral range.
+_SYSTEM_PORTS = range(20000, 32768)
+
+
+def free_port(taken: set[int] = frozenset()) -> int:  # type: ignore[assignment]
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.choice(_SYSTEM_PORTS)
+        if port not in taken and port_is_free(port):
+            return port
+    raise UserError("serve-dynamo", f"no free port in {_SYSTEM_PORTS.start}-{_SYSTEM_PORTS.stop - 1} on {HOST}")
+
+
+def _get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except (OSError, ValueError):
+        return 0, ""
+
+
+def log_error_line(log: Path) -> str:
+    """The most telling line of a dead process's log: the last exception or error, else the last line."""
+    try:
+        lines = [ln.strip() for ln in Path(log).read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "(no log)"
+    for ln in reversed(lines):
+        if ("Error" in ln or "Exception" in ln or " ERROR " in ln) and not ln.startswith("File "):
+            return _strip_ansi(ln)[-300:]
+    return _strip_ansi(lines[-1])[-300:] if lines else "(empty log)"
+
+
+def _strip_ansi(s: str) -> str:
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "\x1b":
+            j = s.find("m", i)
+            i = j + 1 if j >= 0 else len(s)
+            continue
+        out.append(s[i])
+        i += 1
+    return "".join(out)
+
+
+def dynamo_env(discovery: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "DYN_FILE_KV": str(discovery),
+            "DYN_DISCOVERY_BACKEND": "file",
+            "DYN_REQUEST_PLANE": "tcp",
+            "DYN_TCP_RPC_HOST": HOST,
+            "DYN_TCP_RESPONSE_STREAM_HOST": HOST,
+            "DYN_SYSTEM_HOST": HOST,
+            "DYN_EVENT_PLANE_HOST": HOST,
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.setdefault("DYN_LOG", "info")
+    return env
+
+
+def check_dynamo() -> None:
+    for mod in ("dynamo.frontend", "dynamo.common.backend"):
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            raise UserError("ai-dynamo", f"{mod} is not importable in {sys.executable}", INSTALL_HINT)
+
+
+def _spawn(argv: list[str], env: dict[str, str], log: Path) -> int:
+    with open(log, "ab") as f:  # the process's own output stream, appended to by it alone
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return p.pid
+
+
+def start(
+    bundle: Path,
+    *,
+    workers: int = 2,
+    state_dir: Path = DEFAULT_STATE_DIR,
+    http_port: int = DEFAULT_HTTP_PORT,
+    model_name: str = "eagle3",
+    torch_threads: int | None = None,
+    device: str = "cpu",
+    speculation: bool = True,
+    migration_limit: int = 3,
+    timeout_s: float = 300.0,
+) -> Deployment:
+    """Start the frontend and ``workers`` workers; return once every worker is registered and the
+    model is listed. Any failure stops what was started and raises a one-line UserError."""
+    bundle = Path(bundle).resolve()
+    if not (bundle / "manifest.json").is_file():
+        raise UserError(bundle, "is not an engine bundle (no manifest.json)", "build one with `make engine` or `eagle3-trt engine`")
+    if workers < 1:
+        raise UserError("--workers", f"{workers}: must be at least 1")
+    state_dir = Path(state_dir).resolve()
+    old = Deployment.load(state_dir)
+    if old is not None and any(p.alive() for p in old.procs):
+        raise UserError(state_dir, f"a Dynamo deployment is already running ({old.url})", "stop it first: eagle3-trt stop-dynamo")
+    if not port_is_free(http_port):
+        raise UserError(f"{HOST}:{http_port}", "port in use", "pick another with --http-port (make serve-dynamo DYNAMO_PORT=...) or stop what holds it")
+    check_dynamo()
+    make_dirs(state_dir)
+    discovery = state_dir / DISCOVERY_DIR
+    shutil.rmtree(discovery, ignore_errors=True)  # a stale store would advertise dead workers
+    make_dirs(discovery)
+    env = dynamo_env(discovery)
+    threads = torch_threads or max(1, (os.cpu_count() or 1) // workers)
+
+    fe_log = state_dir / "frontend.log"
+    fe_log.unlink(missing_ok=True)
+    fe = Proc(
+        "frontend",
+        _spawn(
+            [
+                sys.executable,
+                "-m",
+                "dynamo.frontend",
+                "--http-host",
+                HOST,
+                "--http-port",
+                str(http_port),
+                "--discovery-backend",
+                "file",
+                "--request-plane",
+                "tcp",
+                "--namespace",
+                NAMESPACE,
+                "--router-mode",
+                "round-robin",
+                "--migration-limit",
+                str(migration_limit),
+            ],
+            env,
+            fe_log,
+        ),
+        http_port,
+        str(fe_log),
+    )
+    dep = Deployment(str(state_dir), str(bundle), model_name, f"http://{HOST}:{http_port}/v1", str(discovery), fe, [], time.time())
+    try:
+        for i in range(workers):
+            port = free_port({http_port, *(w.port for w in dep.workers)})
+            log = state_dir / f"worker-{i}.log"
+            log.unlink(missing_ok=True)
+            wenv = {**env, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_PORT": str(port)}
+            argv = [
+                sys.executable,
+                "-m",
+                "eagle3_trt.dynamo_serving.worker",
+                "--bundle",
+                str(bundle),
+                "--served-model-name",
+                model_name,
+                "--namespace",
+                NAMESPACE,
+                "--device",
+                device,
+                "--torch-threads",
+                str(threads),
+            ]
+            if not speculation:
+                argv.append("--no-speculation")
+            dep.workers.append(Proc(f"worker-{i}", _spawn(argv, wenv, log), port, str(log)))
+        dep.save()
+        _wait_ready(dep, timeout_s)
+    except BaseException:
+        stop(dep)
+        raise
+    return dep
+
+
+def _registered(dep: Deployment) -> int:
+    inst = Path(dep.discovery_dir) / "v1" / "instances"
+    return sum(1 for p in inst.rglob("*") if p.is_file()) if inst.is_dir() else 0
+
+
+def _wait_ready(dep: Deployment, timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    while True:
+        for p in dep.procs:
+            if not p.alive():
+                raise UserError(p.role, f"exited during startup: {log_error_line(Path(p.log))}", f"log: {p.log}")
+        healthy = all(_get(f"http://{HOST}:{w.port}/health")[0] == 200 for w in dep.workers)
+        code, body = _get(f"{dep.url}/models")
+        listed = code == 200 and f'"{dep.model}"' in body
+        if healthy and listed and _registered(dep) >= len(dep.workers):
+            return
+        if time.monotonic() > end:
+            raise UserError(
+                "serve-dynamo", f"not ready after {timeout_s:.0f} s (workers healthy: {healthy}, model listed: {listed})", f"logs in {dep.state_dir}"
+            )
+        time.sleep(0.5)
+
+
+def status(state_dir: Path = DEFAULT_STATE_DIR) -> tuple[Deployment | None, list[str], bool]:
+    """(deployment, one line per process, all up)."""
+    dep = Deployment.load(state_dir)
+    if dep is None:
+        return None, [], False
+    lines, ok = [], True
+    for p in dep.procs:
+        if not p.alive():
+            ok = False
+            lines.append(f"{p.role:<9} pid {p.pid:<7} DEAD (its last error or log line: {log_error_line(Path(p.log))}; log: {p.log})")
+            continue
+        if p.role == "frontend":
+            code, _ = _get(f"{dep.url}/models")
+            what = f"up, {dep.url}" if code == 200 else f"running but /v1/models answers {code or 'nothing'}"
+        else:
+            code, _ = _get(f"http://{HOST}:{p.port}/health")
+            what = f"up, metrics http://{HOST}:{p.port}/metrics" if code == 200 else f"running but /health answers {code or 'nothing'}"
+        ok = ok and code == 200
+        lines.append(f"{p.role:<9} pid {p.pid:<7} {what}")
+    return dep, lines, ok
+
+
+@dataclass
+class StopResult:
+    stopped: list[str]
+    killed: list[str]
+
+
+def stop(dep: Deployment, timeout_s: float = STOP_TIMEOUT_S) -> StopResult:
+    """SIGTERM every process group (workers first, so the frontend sees them leave), SIGKILL what is
+    left after ``timeout_s``; then remove the discovery store and the state file."""
+    res = StopResult([], [])
+    order = [*dep.workers, dep.frontend]
+    for p in order:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    end = time.monotonic() + timeout_s
+    pending = list(order)
+    while pending and time.monotonic() < end:
+        pending = [p for p in pending if p.alive() or group_alive(p.pid)]
+        if pending:
+            time.sleep(0.2)
+    for p in order:
+        if p in pending:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            res.killed.append(p.role)
+        else:
+            res.stopped.append(p.role)
+    deadline = time.monotonic() + 10
+    while any(p.alive() or group_alive(p.pid) for p in pending) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    shutil.rmtree(dep.discovery_dir, ignore_errors=True)
+    (Path(dep.state_dir) / STATE_FILE).unlink(missing_ok=True)
+    return res
+
+
+def stop_recorded(state_dir: Path = DEFAULT_STATE_DIR, timeout_s: float = STOP_TIMEOUT_S) -> StopResult | None:
+    dep = Deployment.load(state_dir)
+    if dep is None:
+        shutil.rmtree(Path(state_dir) / DISCOVERY_DIR, ignore_errors=True)
+        return None
+    return stop(dep, timeout_s)

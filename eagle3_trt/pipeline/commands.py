@@ -1,0 +1,106 @@
+"""Click commands of the build stage that the lead registers in eagle3_trt/cli.py: plan, compile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline import compile as comp
+from eagle3_trt.pipeline.gpus import GPUS
+from eagle3_trt.pipeline.planner import format_plan, plan_for_preset, plan_steps
+from eagle3_trt.pipeline.presets import load_preset_file
+
+
+@click.command("plan")
+@click.argument("model", required=False)
+@click.option(
+    "--preset-file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="a preset YAML file of your own instead of MODEL (its checkpoints' config.json files are read)",
+)
+@click.option("--gpu", "gpu", type=click.Choice(sorted(GPUS)), default="h100", show_default=True, help="GPU model of every GPU")
+@click.option("--gpus", "num_gpus", type=int, default=1, show_default=True, help="GPUs on the node")
+@click.option(
+    "--quant",
+    type=click.Choice(["fp8", "nvfp4", "bf16", "native"]),
+    default=None,
+    help="target weights (default: the preset's for the GPU generation; native keeps an already-quantized target as shipped)",
+)
+@click.option("--tp", type=int, default=None, help="tensor parallel size (default: the smallest that fits)")
+@click.option("--pp", type=int, default=1, show_default=True, help="pipeline parallel size (not with speculation)")
+@click.option("--max-seq-len", type=int, default=None, help="tokens per sequence (default: the preset's)")
+@click.option("--max-batch-size", type=int, default=None, help="default: the most full-length sequences that fit, capped at 128")
+@click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
+def plan_cmd(
+    model: str | None,
+    preset_file: str | None,
+    gpu: str,
+    num_gpus: int,
+    quant: str | None,
+    tp: int | None,
+    pp: int,
+    max_seq_len: int | None,
+    max_batch_size: int | None,
+    as_json: bool,
+) -> None:
+    """Plan MODEL (a registry preset) or --preset-file on --gpus N x --gpu from config files alone:
+    memory, TP layout, KV cache, batch sizes, and the steps `make engine` will run."""
+    if bool(model) == bool(preset_file):
+        raise UserError(
+            "MODEL/--preset-file",
+            "both given" if model else "neither given",
+            "pass a registry preset name (eagle3-trt presets) or --preset-file PATH, exactly one",
+        )
+    preset = load_preset_file(Path(preset_file)) if preset_file else model
+    assert preset is not None
+    plan = plan_for_preset(preset, gpu, num_gpus, quant, tp, max_seq_len=max_seq_len, max_batch_size=max_batch_size, pp=pp)
+    steps = plan_steps(plan)
+    if as_json:
+        click.echo(json.dumps({**plan.to_dict(), "steps": steps}, indent=2))
+        return
+    click.echo(format_plan(plan))
+    click.echo("steps of `make engine`:")
+    for i, s in enumerate(steps, 1):
+        click.echo(f"  {i}. {s}")
+
+
+@click.command("compile")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--target-gpu",
+    default=None,
+    type=click.Choice(sorted(GPUS)),
+    help="check the bundle against this GPU (CPU-only CI); on a GPU machine it must match the GPU present",
+)
+@click.option("--check-only", is_flag=True, help="run the checks that need neither TensorRT-LLM nor a GPU, then stop")
+@click.option("--prompts", type=int, default=16, show_default=True, help="prompts for the acceptance measurement")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="tokens generated per prompt")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
+def compile_cmd(bundle: str, target_gpu: str | None, check_only: bool, prompts: int, max_tokens: int, as_json: bool) -> None:
+    """Load BUNDLE in TensorRT-LLM (EAGLE-3 one-model, CUDA graphs), run a smoke generation and a
+    short acceptance measurement, and record results, GPU and versions in its manifest.json."""
+    if check_only:
+        pf = comp.preflight(bundle, target_gpu, require_runtime=False, detected=comp.detect_gpus())
+        summary = comp.preflight_summary(pf)
+        if as_json:
+            click.echo(json.dumps(summary, indent=2, default=str))
+        else:
+            gpu = pf.gpu.label if pf.gpu else "no GPU named (pass --target-gpu)"
+            click.echo(f"checks passed for {bundle} on {gpu}: " + "; ".join(pf.checks))
+            for n in summary["notes"]:
+                click.echo(f"  note: {n}")
+        return
+    rec = comp.compile_bundle(bundle, target_gpu, prompts=prompts, max_tokens=max_tokens, log=lambda s: click.echo(s, err=True))
+    if as_json:
+        click.echo(json.dumps(rec, indent=2, default=str))
+        return
+    acc = rec.get("acceptance", {})
+    click.echo(
+        f"compiled {bundle} on {rec['gpu']['name']} (SM{rec['gpu']['sm']}), TensorRT-LLM {rec['versions']['tensorrt_llm']}: "
+        f"load {rec['timings'].get('load_s')} s, alpha {acc.get('alpha')}, acceptance length {acc.get('acceptance_length')}, "
+        f"{acc.get('tokens_per_s')} tok/s; recorded in manifest.json"
+    )

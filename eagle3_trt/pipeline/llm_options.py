@@ -1,0 +1,131 @@
+"""TensorRT-LLM LLM-API options for EAGLE-3 one-model, as written into a bundle's llm_api_options.yaml.
+
+Field names follow NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py (``TorchLlmArgs``, ``Eagle3DecodingConfig``). The same YAML feeds
+``LLM(**options)``, ``trtllm-serve --config`` and the Triton llmapi model.yaml. Paths are
+relative to the bundle directory and resolved by whoever loads the bundle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from eagle3_trt.errors import UserError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Eagle3Options(_Strict):
+    decoding_type: Literal["Eagle3"] = "Eagle3"
+    max_draft_len: int = Field(ge=1, description="draft length K; tokens proposed per target forward")
+    speculative_model: str = Field("draft", description="draft checkpoint dir (older releases: speculative_model_dir)")
+    # One-model (drafting and verification inside the target's forward) is TensorRT-LLM's default and,
+    # since PR #17366, the only mode; newer releases dropped the field, so it is written only if False.
+    eagle3_one_model: bool | None = Field(None, description="None = TensorRT-LLM's default (one-model)")
+    eagle3_layers_to_capture: list[int] | None = Field(None, description="target layer outputs fed to fc; None = {1, L//2-1, L-4}")
+    max_concurrency: int | None = Field(None, ge=1, description="no speculation above this batch size")
+    draft_len_schedule: dict[int, int] | None = Field(None, description="batch size -> draft length")
+    acceptance_rate_window_size: int | None = Field(None, ge=1)
+    acceptance_rate_threshold: float | None = Field(None, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Eagle3Options:
+        if self.max_concurrency is not None and self.draft_len_schedule is not None:
+            raise ValueError("max_concurrency and draft_len_schedule cannot both be set (TensorRT-LLM translates one into the other)")
+        if self.draft_len_schedule:
+            smallest = min(self.draft_len_schedule)
+            if self.draft_len_schedule[smallest] != self.max_draft_len:
+                raise ValueError("draft_len_schedule: the smallest batch size must map to max_draft_len")
+            if any(v > self.max_draft_len or v < 0 for v in self.draft_len_schedule.values()):
+                raise ValueError("draft_len_schedule values must be in 0..max_draft_len")
+        if (self.acceptance_rate_window_size is None) != (self.acceptance_rate_threshold is None):
+            raise ValueError("acceptance_rate_window_size and acceptance_rate_threshold go together")
+        if self.eagle3_layers_to_capture is not None and len(set(self.eagle3_layers_to_capture)) != len(self.eagle3_layers_to_capture):
+            raise ValueError("eagle3_layers_to_capture must be distinct")
+        return self
+
+
+class KvCacheOptions(_Strict):
+    free_gpu_memory_fraction: float = Field(0.9, gt=0.0, le=1.0)
+    enable_block_reuse: bool = True
+    dtype: Literal["auto", "fp8", "nvfp4"] = "auto"
+    tokens_per_block: int = Field(32, ge=1)
+
+
+class CudaGraphOptions(_Strict):
+    batch_sizes: list[int] | None = None
+    max_batch_size: int | None = None
+    enable_padding: bool = False
+
+    @model_validator(mode="after")
+    def _max_matches(self) -> CudaGraphOptions:
+        if self.batch_sizes and self.max_batch_size is not None and self.max_batch_size != max(self.batch_sizes):
+            raise ValueError("cuda_graph_config.max_batch_size must equal max(batch_sizes)")
+        return self
+
+
+class MoeOptions(_Strict):
+    # MoeConfig.backend's values (tensorrt_llm/llmapi/llm_args.py @ 0004396720054fd8, default AUTO; older releases
+    # default CUTLASS and also accept WIDEEP; TRITON arrived with gpt-oss support, which those releases need anyway)
+    backend: Literal[
+        "AUTO", "CUTLASS", "CUTEDSL", "WIDEEP", "TRTLLM", "DEEPGEMM", "DENSEGEMM", "VANILLA", "TRITON", "MARLIN", "MEGAMOE_DEEPGEMM", "MEGAMOE_CUTEDSL"
+    ] = Field("AUTO", description="MoE kernels")
+
+
+class LlmApiOptions(_Strict):
+    model: str = Field("target", description="quantized target checkpoint dir")
+    tokenizer: str | None = Field("target", description="tokenizer dir")
+    backend: Literal["pytorch"] = "pytorch"
+    trust_remote_code: bool = False
+    dtype: str = "auto"
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    # MoE targets: experts split over this many of the tensor_parallel_size GPUs (the rest is moe_tp)
+    moe_expert_parallel_size: int | None = Field(None, ge=1)
+    max_batch_size: int = Field(64, ge=1)
+    max_num_tokens: int = Field(8192, ge=1)
+    max_seq_len: int | None = Field(None, ge=1)
+    enable_chunked_prefill: bool = False
+    disable_overlap_scheduler: bool = False
+    kv_cache_config: KvCacheOptions = KvCacheOptions()
+    cuda_graph_config: CudaGraphOptions | None = CudaGraphOptions()
+    moe_config: MoeOptions | None = Field(None, description="MoE targets: the kernels (None: TensorRT-LLM's default)")
+    speculative_config: Eagle3Options
+    return_perf_metrics: bool = True
+
+    @model_validator(mode="after")
+    def _no_pp_with_spec(self) -> LlmApiOptions:
+        if self.pipeline_parallel_size > 1:
+            raise ValueError("pipeline parallelism is not supported with speculative decoding in TensorRT-LLM")
+        return self
+
+    @model_validator(mode="after")
+    def _ep_divides_tp(self) -> LlmApiOptions:
+        if self.moe_expert_parallel_size is not None and self.tensor_parallel_size % self.moe_expert_parallel_size:
+            raise ValueError("moe_expert_parallel_size must divide tensor_parallel_size (TensorRT-LLM: moe_tp x moe_ep = tp)")
+        return self
+
+    def to_yaml_dict(self) -> dict:
+        d = self.model_dump(mode="json", exclude_none=True)
+        # JSON mode turns int dict keys into strings; draft_len_schedule is dict[int, int].
+        sched = d.get("speculative_config", {}).get("draft_len_schedule")
+        if sched is not None:
+            d["speculative_config"]["draft_len_schedule"] = {int(k): v for k, v in sched.items()}
+        return d
+
+
+def validate_options(raw: dict[str, Any], where: Path | str) -> LlmApiOptions:
+    """``raw`` as LlmApiOptions, or a one-line UserError naming ``where`` and the first bad field."""
+    try:
+        return LlmApiOptions.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        hint = "see build/llm_options.py for the fields the bundle may set"
+        if err["type"] == "extra_forbidden":
+            hint = "the bundle schema allows only the options it knows; put experiments in overrides"
+        raise UserError(f"{where}:{loc}", err["msg"], hint) from None

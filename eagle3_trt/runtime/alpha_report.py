@@ -1,0 +1,106 @@
+"""The alpha report for people: deltas against the reference pair and the console summary."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.table import Table
+
+from eagle3_trt.core.stats import AggregateStats
+from eagle3_trt.runtime.measure import Measurement
+
+
+def compare(primary: Measurement, reference: Measurement | None) -> dict:
+    """alpha / AL deltas (primary - reference), overall and per category present in both."""
+    if reference is None:
+        return {}
+
+    def d(a: AggregateStats, b: AggregateStats) -> dict:
+        return {
+            "alpha": a.alpha - b.alpha,
+            "acceptance_length": a.acceptance_length - b.acceptance_length,
+            "cumulative_acceptance": [x - y for x, y in zip(a.cumulative_acceptance, b.cumulative_acceptance)],
+        }
+
+    pc, rc = primary.by_category(), reference.by_category()
+    return {"overall": d(primary.overall(), reference.overall()), "by_category": {c: d(pc[c], rc[c]) for c in pc if c in rc}}
+
+
+def summary_console(report: dict, width: int = 110) -> Console:
+    """A recording rich Console holding the human summary of an alpha report (for summary.txt)."""
+    con = Console(record=True, width=width, file=io.StringIO(), highlight=False)
+    render_summary(report, con)
+    return con
+
+
+def render_summary(report: dict, con: Console) -> None:
+    """Tables of the report (per category, per position, sweep), warnings, diagnostics, recommendation."""
+    pairs = report["pairs"]
+    prim = pairs["bundle"]
+    ref = pairs.get("reference")
+    tab = Table(title=f"acceptance on {report['settings']['prompts']} (greedy, K={report['settings']['max_draft_len']})")
+    tab.add_column("category")
+    tab.add_column("turns", justify="right")
+    tab.add_column(f"alpha {prim['label']}", justify="right")
+    if ref:
+        tab.add_column(f"alpha {ref['label']}", justify="right")
+        tab.add_column("delta", justify="right")
+    tab.add_column("AL", justify="right")
+    if ref:
+        tab.add_column("AL ref", justify="right")
+    cats = list(prim["by_category"]) + ["overall"]
+    for c in cats:
+        a = prim["overall"] if c == "overall" else prim["by_category"][c]
+        row = [c, str(a["requests"]), f"{a['alpha']:.3f}"]
+        if ref:
+            b = ref["overall"] if c == "overall" else ref["by_category"].get(c)
+            row += [f"{b['alpha']:.3f}", f"{a['alpha'] - b['alpha']:+.3f}"] if b else ["-", "-"]
+        row.append(f"{a['acceptance_length']:.2f}")
+        if ref:
+            row.append(f"{b['acceptance_length']:.2f}" if b else "-")
+        tab.add_row(*row, style="bold" if c == "overall" else None)
+    con.print(tab)
+    pos = Table(title="per-position acceptance (overall): cumulative P(first k accepted) / conditional P(k | 1..k-1)")
+    pos.add_column("pair")
+    K = len(prim["overall"]["cumulative_acceptance"])
+    for k in range(K):
+        pos.add_column(f"k={k + 1}", justify="right")
+    for p in [prim] + ([ref] if ref else []):
+        o = p["overall"]
+        pos.add_row(p["label"], *[f"{c:.2f} / {q:.2f}" for c, q in zip(o["cumulative_acceptance"], o["conditional_acceptance"])])
+    con.print(pos)
+    if prim.get("sweep"):
+        sw = Table(title="draft length sweep (one continuation, replayed per K): measured vs the cost model's E_K")
+        sw.add_column("K", justify="right")
+        for col in ("alpha", "AL measured", "AL predicted"):
+            sw.add_column(col, justify="right")
+        for k, v in prim["sweep"].items():
+            sw.add_row(k, f"{v['alpha']:.3f}", f"{v['acceptance_length']:.2f}", f"{v['predicted_acceptance_length']:.2f}")
+        con.print(sw)
+    for p in [prim] + ([ref] if ref else []):
+        raw = p.get("raw_prompts", 0)
+        if raw:
+            con.print(
+                f"note: {p['label']}: {raw} of {len(p['requests'])} prompts measured as raw completion text (no chat template, BOS as the tokenizer adds it)",
+                highlight=False,
+            )
+        if not p.get("chat_template", True) and raw < len(p["requests"]):
+            con.print(f"[yellow]warning:[/] {p['label']}: the tokenizer has no chat template; chat prompts were sent as plain text")
+        for sk in p.get("skipped", []):
+            con.print(f"[yellow]skipped[/] ({p['label']}): {sk}")
+    if report.get("numerics_note"):
+        con.print(f"note: {report['numerics_note']}", highlight=False)
+    for c in report.get("diagnostics", []):
+        mark = "[red]PROBLEM[/]" if not c["ok"] else "[cyan]info[/]" if c.get("info") else "[green]ok[/]"
+        con.print(f"{mark} {c['check']}: {c['detail']}", highlight=False)
+    rec = report.get("recommendation")
+    if rec:
+        ev = rec["evidence"]
+        mc = rec["max_concurrency"]
+        con.print(
+            f"recommendation for {ev['gpu']['name']} (TP{ev['tp']}): max_draft_len={rec['max_draft_len']}, "
+            + (f"speculation off above concurrency {mc}" if mc else "speculation does not pay at any batch size")
+            + f" (predicted speedup at batch {ev['chosen_at_concurrency']}: {ev['speedup_at_concurrency']:.2f}x)",
+            highlight=False,
+        )

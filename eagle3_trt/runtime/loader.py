@@ -1,0 +1,42 @@
+"""An engine bundle -> the reference runtime's SpeculativeEngine.
+
+The model core (core/engine.py) knows checkpoint directories, not bundles; this is where a
+bundle's facts (K, aux layers, directories, max_seq_len, recorded BF16 sources) are mapped onto
+``SpeculativeEngine.from_checkpoints``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eagle3_trt.core.engine import SpeculativeEngine
+from eagle3_trt.pipeline.bundle import Bundle, open_bundle
+
+
+def engine_from_bundle(
+    bundle: Bundle | Path | str, *, device: str = "cpu", dtype=None, max_draft_len: int | None = None, reference: bool = False
+) -> SpeculativeEngine:
+    """The bundle as built (quantized weights dequantized, activations fake-quantized), at the
+    bundle's K unless ``max_draft_len`` says otherwise.
+
+    ``reference=True``: the BF16 target and draft the bundle was built from (paths recorded in
+    its manifest), with the bundle's K and aux layers; a one-line UserError when they are gone.
+    """
+    b = bundle if isinstance(bundle, Bundle) else open_bundle(Path(bundle))
+    k = b.k if max_draft_len is None else int(max_draft_len)
+    if reference:
+        tdir, ddir = b.source_dirs()
+        return SpeculativeEngine.from_checkpoints(
+            tdir, ddir, max_draft_len=k, aux_layer_ids=b.aux_layer_ids, quantized=False, max_seq_len=b.max_seq_len, device=device, dtype=dtype
+        )
+    return SpeculativeEngine.from_checkpoints(
+        b.target_dir,
+        b.draft_dir,
+        tokenizer_dir=b.tokenizer_dir,
+        max_draft_len=k,
+        aux_layer_ids=b.aux_layer_ids,
+        quantized=True,
+        max_seq_len=b.max_seq_len,
+        device=device,
+        dtype=dtype,
+    )

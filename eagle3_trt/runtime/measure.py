@@ -1,0 +1,196 @@
+"""Acceptance of a bundle on a prompt set: every turn of every conversation, per category.
+
+``measure`` encodes each chat turn with the bundle's chat template (later turns see the target's
+own earlier replies) and each raw completion record as TensorRT-LLM encodes a completion
+prompt, measures greedy acceptance with the estimator (or by running speculative generation,
+which gives identical counts) and returns a ``Measurement``: per-turn stats that
+aggregate overall, per category and per swept draft length.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from eagle3_trt.convert.prompts import PromptRecord, use_chat_template
+from eagle3_trt.core.engine import SamplingParams
+from eagle3_trt.core.stats import AggregateStats, RequestStats, aggregate
+from eagle3_trt.errors import UserError
+from eagle3_trt.runtime.cost_model import expected_tokens
+from eagle3_trt.runtime.estimator import estimate
+
+
+def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a conversation ending with the assistant's turn header (the bundle's chat template)."""
+    if tokenizer is None:
+        raise UserError("tokenizer", "the bundle has no tokenizer", "rebuild the bundle; it ships tokenizer/")
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    # no template: drafts lose much acceptance without the format they were trained on; say so in the report
+    text = "\n\n".join(m["content"] for m in messages)
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def encode_raw(tokenizer, text: str) -> list[int]:
+    """Token ids of a raw completion prompt, as TensorRT-LLM's OpenAI server encodes one: no
+    template, special tokens (BOS) as the tokenizer adds them by default
+    (NVIDIA/TensorRT-LLM tensorrt_llm/serve/openai_protocol.py: ``CompletionRequest.add_special_tokens``
+    defaults to True, passed to the input processor's ``tokenizer.encode``; chat requests default
+    to False because the template carries BOS; read through the search index, file id 55330891886,
+    commit not reported)."""
+    if tokenizer is None:
+        raise UserError("tokenizer", "the bundle has no tokenizer", "rebuild the bundle; it ships tokenizer/")
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+@dataclass
+class TurnResult:
+    record_id: str
+    category: str
+    turn: int
+    prompt_tokens: int
+    stats: RequestStats
+    continuation: list[int]
+    prompt_ids: list[int] = field(default_factory=list, repr=False)
+    stats_by_k: dict[int, RequestStats] = field(default_factory=dict, repr=False)  # with a K sweep
+
+    def to_dict(self) -> dict:
+        s = self.stats
+        return {
+            "id": self.record_id,
+            "category": self.category,
+            "turn": self.turn,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": s.generated_tokens,
+            "draft_tokens": s.draft_tokens,
+            "accepted_tokens": s.accepted_tokens,
+            "target_forwards": s.target_forwards,
+            "alpha": s.acceptance_rate,
+            "acceptance_length": s.acceptance_length,
+            "accepted_per_position": s.accepted_per_position,
+            "drafted_per_position": s.drafted_per_position,
+        }
+
+
+@dataclass
+class Measurement:
+    label: str
+    results: list[TurnResult]
+    skipped: list[str]
+    seconds: float
+    chat_template: bool  # the tokenizer has a chat template
+    raw_prompts: int = 0  # measured turns encoded as raw completion text (no template)
+
+    def by_category(self) -> dict[str, AggregateStats]:
+        cats: dict[str, list[RequestStats]] = {}
+        for r in self.results:
+            cats.setdefault(r.category, []).append(r.stats)
+        return {c: aggregate(v) for c, v in sorted(cats.items())}
+
+    def overall(self) -> AggregateStats:
+        return aggregate(r.stats for r in self.results)
+
+    def sweep(self) -> dict[int, dict]:
+        """Per swept K: measured alpha and acceptance length, next to the acceptance length the cost
+        model predicts from the largest K's per-position acceptance (E_K = 1 + sum of the first K)."""
+        ks = sorted(set.intersection(*(set(r.stats_by_k) for r in self.results))) if self.results else []
+        if not ks:
+            return {}
+        cum = aggregate(r.stats_by_k[ks[-1]] for r in self.results).cumulative_acceptance
+        out = {}
+        for k in ks:
+            a = aggregate(r.stats_by_k[k] for r in self.results)
+            out[k] = {
+                "alpha": a.alpha,
+                "acceptance_length": a.acceptance_length,
+                "predicted_acceptance_length": expected_tokens(cum, k),
+                "cumulative_acceptance": a.cumulative_acceptance,
+            }  # measured at this K: recommend predicts K from it
+        return out
+
+    def to_dict(self) -> dict:
+        d = {
+            "label": self.label,
+            "overall": self.overall().to_dict(),
+            "by_category": {c: a.to_dict() for c, a in self.by_category().items()},
+            "requests": [r.to_dict() for r in self.results],
+            "skipped": self.skipped,
+            "seconds": self.seconds,
+            "chat_template": self.chat_template,
+            "raw_prompts": self.raw_prompts,
+        }
+        sw = self.sweep()
+        if sw:
+            d["sweep"] = {str(k): v for k, v in sw.items()}
+        return d
+
+
+def measure(
+    engine,
+    records: Sequence[PromptRecord],
+    *,
+    label: str,
+    max_tokens: int = 128,
+    turns: str = "all",
+    method: str = "estimator",
+    batch_size: int = 16,
+    k: int | None = None,
+    sweep: Sequence[int] = (),
+    chat_template: bool | None = None,
+) -> Measurement:
+    """Greedy acceptance of ``engine`` on every turn of every record (later turns see the target's own replies).
+
+    ``sweep``: draft lengths to measure as well (estimator only: one continuation serves every K).
+    ``chat_template``: None encodes each record by its kind (chat turns through the template, raw
+    completion records as they are), True / False forces it (``convert.prompts.use_chat_template``).
+    """
+    if turns not in ("all", "first"):
+        raise UserError("--turns", f"{turns!r}", "use 'all' or 'first'")
+    if method not in ("estimator", "generate"):
+        raise UserError("--method", f"{method!r}", "use 'estimator' or 'generate'")
+    if sweep and method != "estimator":
+        raise UserError("--sweep", "needs the estimator", "drop --method generate (the estimator's counts are identical)")
+    templated = use_chat_template(list(records), chat_template)
+    t0 = time.perf_counter()
+    tok = engine.tokenizer
+    history: dict[int, list[dict]] = {i: [] for i in range(len(records))}
+    results: list[TurnResult] = []
+    skipped: list[str] = []
+    n_raw = 0
+    n_turns = 1 if turns == "first" else max(len(r.turns) for r in records)
+    for t in range(n_turns):
+        idx, prompts = [], []
+        for i, rec in enumerate(records):
+            if t >= len(rec.turns) or history[i] is None:
+                continue
+            msgs = history[i] + [{"role": "user", "content": rec.turns[t]}]
+            ids = encode_chat(tok, msgs) if templated[i] else encode_raw(tok, rec.turns[t])
+            if len(ids) >= engine.max_seq_len - 1:
+                skipped.append(f"{rec.id} turn {t + 1}: {len(ids)} prompt tokens >= max_seq_len {engine.max_seq_len}")
+                history[i] = None  # type: ignore[assignment]
+                continue
+            history[i] = msgs
+            idx.append(i)
+            prompts.append(ids)
+        if not prompts:
+            break
+        if method == "estimator":
+            est = estimate(engine, prompts, max_tokens, k=k, batch_size=batch_size, sweep=sweep)
+            stats, conts = est.stats, est.continuations
+            by_k = [{kk: v[n] for kk, v in est.by_k.items()} if sweep else {} for n in range(len(prompts))]
+        else:
+            stats, conts = [], []
+            for s in range(0, len(prompts), batch_size):
+                for rr in engine.generate(prompts[s : s + batch_size], SamplingParams(max_tokens=max_tokens)):
+                    stats.append(rr.stats)
+                    conts.append(rr.token_ids)
+            by_k = [{} for _ in prompts]
+        stop = set(engine.eos_token_ids)
+        for i, p, st, c, bk in zip(idx, prompts, stats, conts, by_k):
+            results.append(TurnResult(records[i].id, records[i].category, t + 1, len(p), st, c, p, bk))
+            n_raw += not templated[i]
+            reply = tok.decode([x for x in c if x not in stop], skip_special_tokens=True) if tok is not None else ""
+            history[i] = history[i] + [{"role": "assistant", "content": reply}]
+    return Measurement(label, results, skipped, time.perf_counter() - t0, bool(getattr(tok, "chat_template", None)), n_raw)

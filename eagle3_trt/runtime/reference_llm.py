@@ -1,0 +1,342 @@
+"""``ReferenceLLM``: the toolkit's ``SpeculativeEngine`` behind TensorRT-LLM's LLM-API shape.
+
+``generate_async(prompt_token_ids, SamplingParams(...), streaming=True)`` returns a
+``RequestOutput`` to ``async for`` over, as ``tensorrt_llm.LLM`` does (see ``llm_api.py`` for the
+exact surface and the upstream commits). One scheduler thread steps every in-flight request in
+turn (one target forward each per round), so concurrent streams all progress, ``abort()`` takes
+effect between steps, and the engine is only ever called from one thread.
+
+Like TensorRT-LLM, this object detokenizes and applies stop strings (the text stops before the
+stop string). Unlike a naive loop it also trims the token ids at the token that completed the
+stop string: tokens the target accepted past it are not returned, not counted in
+``len(token_ids)``, and are taken out of the acceptance statistics, so speculation on and off
+report the same token count for the same text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from eagle3_trt.core.engine import SamplingParams as EngineSamplingParams
+from eagle3_trt.runtime.detok import IncrementalDetokenizer, StopMatcher
+from eagle3_trt.runtime.llm_api import (
+    CompletionOutput,
+    RequestPerfMetrics,
+    SamplingParams,
+    SpeculativeDecodingMetrics,
+    TimingMetrics,
+    ns_to_timedelta,
+)
+from eagle3_trt.runtime.loader import engine_from_bundle
+
+
+def eos_token_ids(tokenizer, bundle: Path) -> tuple[int, ...]:
+    """EOS ids from generation_config.json (Llama 3 lists several) plus the tokenizer's."""
+    ids: list[int] = []
+    try:
+        eos = json.loads((bundle / "target" / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError):
+        eos = None
+    ids += eos if isinstance(eos, list) else ([eos] if isinstance(eos, int) else [])
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    return tuple(dict.fromkeys(ids))
+
+
+@dataclass
+class _Update:
+    new_token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None
+    stop_reason: str | None
+    perf: RequestPerfMetrics
+    error: str | None = None
+
+
+class RequestOutput:
+    """What ``generate_async`` returns: async-iterable, each step yields this object updated."""
+
+    def __init__(self, request_id: int, prompt_token_ids: list[int], streaming: bool, cancel: threading.Event):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.outputs = [CompletionOutput(0)]
+        self.finished = False
+        self._streaming = streaming
+        self._cancel = cancel
+        self._lock = threading.Lock()
+        self._pending: collections.deque[_Update] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+        self._cond = threading.Condition(self._lock)
+        try:
+            self._loop = asyncio.get_running_loop()
+            self._event = asyncio.Event()
+        except RuntimeError:  # called outside an event loop: only result() works
+            pass
+
+    # -- producer side (scheduler thread) -----------------------------------------------------
+    def _put(self, u: _Update) -> None:
+        with self._cond:
+            self._pending.append(u)
+            self._cond.notify_all()
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._event.set)  # type: ignore[union-attr]
+            except RuntimeError:  # the consumer's loop is closed: nobody is listening
+                pass
+
+    # -- consumer side ------------------------------------------------------------------------
+    def _apply(self, u: _Update) -> None:
+        o = self.outputs[0]
+        o.token_ids = o.token_ids + u.new_token_ids
+        o.text = u.text
+        o.finish_reason = u.finish_reason
+        o.stop_reason = u.stop_reason
+        o.request_perf_metrics = u.perf
+        self.finished = u.finished
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        assert self._event is not None, "generate_async was called outside an event loop"
+        while True:
+            with self._lock:
+                u = self._pending.popleft() if self._pending else None
+                if u is None:
+                    self._event.clear()
+            if u is not None:
+                self._apply(u)
+                if u.error is not None:
+                    # TensorRT-LLM raises a failed request's error from the result iterator.
+                    raise RuntimeError(u.error)
+                return self
+            await self._event.wait()
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        """Block until finished (for callers without an event loop)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.finished:
+            with self._cond:
+                while not self._pending:
+                    left = None if end is None else end - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError("request not finished")
+                    self._cond.wait(left)
+                u = self._pending.popleft()
+            self._apply(u)
+        return self
+
+    def abort(self) -> None:
+        self._cancel.set()
+
+    def aborted(self) -> bool:
+        return self._cancel.is_set()
+
+
+@dataclass
+class _Req:
+    out: RequestOutput
+    params: SamplingParams
+    gen: object
+    detok: IncrementalDetokenizer
+    stops: StopMatcher
+    arrival_ns: int
+    cancel: threading.Event
+    speculate: bool
+    text: str = ""
+    n_tokens: int = 0
+    unsent: list[int] = field(default_factory=list)
+    first_scheduled_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+    stats: object = None  # the engine's last RequestStats snapshot
+    accepted_trim: int = 0  # accepted drafts taken back at a stop string
+    trimmed_pp: list[int] = field(default_factory=list)
+    als: list[int] = field(default_factory=list)
+
+
+class ReferenceLLM:
+    """``tensorrt_llm.LLM``'s serving surface over ``SpeculativeEngine`` (see the module docstring)."""
+
+    def __init__(self, bundle: Path, *, device: str = "auto", torch_threads: int | None = None, speculation: bool = True):
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.bundle = Path(bundle)
+        self.engine = engine_from_bundle(self.bundle, device=device)
+        self.tokenizer = self.engine.tokenizer
+        self.speculation = speculation
+        self.eos_ids = eos_token_ids(self.tokenizer, self.bundle)
+        self._tok_lock = threading.Lock()  # HF fast tokenizers must not decode from two threads at once
+        self._ids = itertools.count(1)
+        self._inbox: queue.Queue[_Req | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="eagle3-reference-llm", daemon=True)
+        self._thread.start()
+
+    # -- the LLM API ----------------------------------------------------------------------------
+    def generate_async(self, inputs, sampling_params: SamplingParams | None = None, streaming: bool = False) -> RequestOutput:
+        sp = sampling_params or SamplingParams()
+        if isinstance(inputs, dict):
+            ids = list(inputs["prompt_token_ids"])
+        elif isinstance(inputs, str):
+            with self._tok_lock:
+                ids = list(self.tokenizer.encode(inputs))
+        else:
+            ids = [int(i) for i in inputs]
+        if sp.greedy:
+            temperature, top_p, top_k = 0.0, 1.0, 0
+        else:
+            temperature = 1.0 if sp.temperature is None else float(sp.temperature)
+            top_p = 1.0 if sp.top_p is None else float(sp.top_p)
+            top_k = 0 if sp.top_k is None else int(sp.top_k)
+        eparams = EngineSamplingParams(
+            max_tokens=int(sp.max_tokens), temperature=temperature, top_p=top_p, top_k=top_k, seed=sp.seed, stop_token_ids=self.eos_ids
+        )
+        cancel = threading.Event()
+        out = RequestOutput(next(self._ids), ids, streaming, cancel)
+        speculate = self.speculation and sp.eagle3_speculative
+        req = _Req(
+            out,
+            sp,
+            self.engine.stream(ids, eparams, speculate=speculate),
+            IncrementalDetokenizer(self.tokenizer, lock=self._tok_lock),
+            StopMatcher(sp.stop_strings),
+            time.monotonic_ns(),
+            cancel,
+            speculate,
+        )
+        self._inbox.put(req)
+        return out
+
+    def shutdown(self) -> None:
+        self._inbox.put(None)
+        self._thread.join(timeout=30)
+
+    # -- scheduler thread -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        active: list[_Req] = []
+        while True:
+            block = not active
+            while True:
+                try:
+                    item = self._inbox.get(block=block)
+                except queue.Empty:
+                    break
+                if item is None:
+                    for r in active:
+                        self._finish(r, "", "cancelled")
+                    return
+                active.append(item)
+                block = False
+            for r in list(active):
+                if self._step(r):
+                    active.remove(r)
+
+    def _close(self, r: _Req) -> None:
+        try:
+            r.gen.close()  # type: ignore[attr-defined]  # frees the request's KV cache
+        except Exception:
+            pass
+
+    def _step(self, r: _Req) -> bool:
+        """Advance one request by one target forward; True when it is finished."""
+        if r.cancel.is_set():
+            self._close(r)
+            self._finish(r, "", "cancelled")
+            return True
+        now = time.monotonic_ns()
+        r.first_scheduled_ns = r.first_scheduled_ns or now
+        try:
+            step = next(r.gen)  # type: ignore[call-overload]
+        except StopIteration:
+            self._finish(r, self._flush(r), "stop")
+            return True
+        except Exception as e:
+            self._close(r)
+            self._finish(r, "", "error", error=f"{type(e).__name__}: {e}")
+            return True
+        prev = r.stats
+        r.stats = step.stats
+        now = time.monotonic_ns()
+        if step.new_token_ids:
+            r.first_token_ns = r.first_token_ns or now
+            r.last_token_ns = now
+        # Feed the step's tokens one at a time, so a stop string is located at the exact token
+        # that completes it; the rest of the step is not returned.
+        kept: list[int] = []
+        delta = ""
+        for tok in step.new_token_ids:
+            kept.append(int(tok))
+            delta += r.stops.feed(r.detok.add([tok]))
+            if r.stops.matched is not None:
+                break
+        self._account(r, prev, len(step.new_token_ids), len(kept))
+        r.n_tokens += len(kept)
+        r.unsent += kept
+        r.text += delta
+        if r.stops.matched is not None:
+            self._close(r)
+            self._finish(r, "", "stop", stop_reason=r.stops.matched)
+            return True
+        if step.finished:
+            self._finish(r, self._flush(r), step.finish_reason or "stop")
+            return True
+        if r.out._streaming:
+            r.out._put(_Update(r.unsent, r.text, False, None, None, self._perf(r)))
+            r.unsent = []
+        return False
+
+    def _account(self, r: _Req, prev, produced: int, kept: int) -> None:
+        """Per-step acceptance; when a stop string cut the step short, the tokens after it are
+        taken back from the accepted drafts (the last kept token stands in for the bonus)."""
+        st = r.stats
+        drafted = st.draft_tokens - (prev.draft_tokens if prev else 0)
+        accepted = st.accepted_tokens - (prev.accepted_tokens if prev else 0)
+        if drafted > 0:
+            r.als.append(min(accepted, kept - 1) + 1 if kept < produced else accepted + 1)
+        if kept < produced:
+            keep_acc = max(0, min(accepted, kept - 1))
+            r.accepted_trim += accepted - keep_acc
+            if len(r.trimmed_pp) < len(st.accepted_per_position):
+                r.trimmed_pp += [0] * (len(st.accepted_per_position) - len(r.trimmed_pp))
+            for pos in range(keep_acc, accepted):
+                r.trimmed_pp[pos] += 1
+
+    def _flush(self, r: _Req) -> str:
+        return r.stops.feed(r.detok.flush()) + r.stops.flush()
+
+    def _perf(self, r: _Req) -> RequestPerfMetrics:
+        st = r.stats
+        if st is None or not r.speculate:
+            spec = SpeculativeDecodingMetrics()
+            forwards = getattr(st, "target_forwards", 0) if st is not None else 0
+        else:
+            acc = st.accepted_tokens - r.accepted_trim
+            acc_pp = [a - (r.trimmed_pp[i] if i < len(r.trimmed_pp) else 0) for i, a in enumerate(st.accepted_per_position)]
+            spec = SpeculativeDecodingMetrics(
+                acc / st.draft_tokens if st.draft_tokens else 0.0, acc, st.draft_tokens, list(st.drafted_per_position), acc_pp, list(r.als)
+            )
+            forwards = st.target_forwards
+        timing = TimingMetrics(*(ns_to_timedelta(t) for t in (r.arrival_ns, r.first_scheduled_ns, r.first_token_ns, r.last_token_ns)))
+        return RequestPerfMetrics(timing_metrics=timing, speculative_decoding=spec, eagle3_target_forwards=int(forwards))
+
+    def _finish(self, r: _Req, tail: str, reason: str, stop_reason: str | None = None, error: str | None = None) -> None:
+        r.text += tail
+        perf = self._perf(r)
+        r.out._put(_Update(r.unsent, r.text, True, None if error else reason, stop_reason, perf, error))
+        r.unsent = []

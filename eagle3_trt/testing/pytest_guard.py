@@ -1,0 +1,220 @@
+"""Every test runs, or says why not: the suite's own pytest plugin.
+
+Loaded explicitly (``-p eagle3_trt.testing.pytest_guard`` in pyproject's addopts) while plugin
+autoloading is off (``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``, set by ``make test``). Installed
+packages register global plugins: ai-dynamo 1.6.1's ``triton_tests``/``trtllm_tests`` return
+True from ``pytest_ignore_collect`` for any ``test_triton_*``/``test_trtllm_*`` file, and 101 of
+this suite's tests vanished with a green summary. This plugin makes such losses fail the run:
+
+- every ``test_*.py`` under the paths pytest was given must yield collected tests;
+- no module may be skipped at collection, and nothing deselected unless the user asked
+  (``-k``, ``-m``, ``--deselect``);
+- a test may be skipped only through a declared requirement, ``@pytest.mark.needs("name")``,
+  which this plugin checks; a skip from anywhere else is a failure;
+- the run ends with one line: how many ran, passed and were skipped, and why, by requirement.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+
+def _importable(name: str) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            return False
+
+    return check
+
+
+def _cuda() -> bool:
+    # torch is heavy and optional for the check itself; the suite always has it
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _tritonserver() -> bool:
+    return bool(shutil.which("tritonserver") or _importable("pytriton")())
+
+
+def _tmpfs() -> bool:
+    """Root and a kernel that lets us mount a tmpfs (full-disk tests fill one)."""
+    if os.geteuid() != 0:
+        return False
+    with tempfile.TemporaryDirectory() as d:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", d], capture_output=True)
+        if r.returncode:
+            return False
+        subprocess.run(["umount", d], capture_output=True)
+    return True
+
+
+def _shared() -> bool:
+    return (Path(__file__).resolve().parents[2].parent / "shared" / "data").is_dir()
+
+
+def _make_venv() -> bool:
+    return bool(shutil.which("make")) and (Path(sys.executable).parent.parent / ".eagle3-trt-installed").is_file()
+
+
+# name -> (check, what is missing when it fails)
+REQUIREMENTS: dict[str, tuple[Callable[[], bool], str]] = {
+    "cuda": (_cuda, "a CUDA GPU"),
+    "no_cuda": (lambda: not _cuda(), "a machine without a CUDA GPU (the test checks the CPU refusal)"),
+    "tensorrt_llm": (_importable("tensorrt_llm"), "TensorRT-LLM (NVIDIA's containers or package index)"),
+    "no_tensorrt_llm": (lambda: not _importable("tensorrt_llm")(), "a machine without TensorRT-LLM"),
+    "tritonserver": (_tritonserver, "a tritonserver binary (nvidia-pytriton, the [triton] extra)"),
+    "tritonclient": (_importable("tritonclient"), "tritonclient (the [triton] extra)"),
+    "dynamo": (_importable("dynamo.frontend"), "NVIDIA Dynamo (ai-dynamo; make test installs it)"),
+    "openai": (_importable("openai"), "the openai client (the [dynamo] extra)"),
+    "kubernetes_validate": (_importable("kubernetes_validate"), "kubernetes-validate (the [dynamo] extra)"),
+    "vllm_or_sglang": (lambda: _importable("vllm")() or _importable("sglang")(), "vLLM or SGLang"),
+    "tmpfs": (_tmpfs, "root and permission to mount a tmpfs"),
+    "shared": (_shared, "../shared next to the repository"),
+    "make_venv": (_make_venv, "make and the Makefile's .venv"),
+    "dev_shm": (lambda: Path("/dev/shm").is_dir(), "/dev/shm"),
+}
+
+# test files skipped whole by require(): path -> requirement
+_MODULE_SKIPS: dict[Path, str] = {}
+
+
+def require(*names: str) -> None:
+    """At the top of a test module whose imports need an optional package: skip the whole module,
+    counted under the requirement, when one is missing (the guard accepts no other module skip)."""
+    caller = Path(inspect.stack()[1].filename).resolve()
+    for name in names:
+        if name not in REQUIREMENTS:
+            raise ValueError(f"unknown requirement {name!r} (declared: {', '.join(REQUIREMENTS)})")
+        if not _met(name):
+            _MODULE_SKIPS[caller] = name
+            pytest.skip(f"needs {name}: {REQUIREMENTS[name][1]}", allow_module_level=True)
+
+
+_CHECKS: dict[str, bool] = {}
+
+
+def _met(name: str) -> bool:
+    if name not in _CHECKS:
+        _CHECKS[name] = REQUIREMENTS[name][0]()
+    return _CHECKS[name]
+
+
+def _user_selected(config: pytest.Config) -> bool:
+    return bool(config.getoption("keyword", "") or config.getoption("markexpr", "") or config.getoption("deselect", None))
+
+
+def _reason(report: pytest.TestReport) -> str:
+    lr = report.longrepr
+    return str(lr[2]) if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+
+
+@dataclass(eq=False)  # pluggy keeps plugins in sets: hash by identity
+class SuiteGuard:
+    """One per run: what was collected, skipped and why, and what went missing."""
+
+    config: pytest.Config
+    skipped_by_need: dict[str, str] = field(default_factory=dict)  # nodeid -> requirement
+    outcomes: Counter[str] = field(default_factory=Counter)
+    skipped_needs: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+    skipped_files: set[Path] = field(default_factory=set)
+    deselected: int = 0
+    collected: int = 0
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        self.deselected += len(items)
+        if items and not _user_selected(self.config):
+            self.problems.append(f"{len(items)} tests deselected by a plugin, not by -k/-m/--deselect")
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if not report.skipped:
+            return
+        need = _MODULE_SKIPS.get((self.config.rootpath / report.nodeid.split("::")[0]).resolve())
+        self.skipped_files.add((self.config.rootpath / report.nodeid.split("::")[0]).resolve())
+        if need is None:
+            self.problems.append(f"{report.nodeid or 'a collector'} skipped at collection")
+        else:
+            self.skipped_needs[f"{need} (whole file)"] += 1
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            for mark in item.iter_markers("needs"):
+                unknown = [n for n in mark.args if n not in REQUIREMENTS]
+                if unknown:
+                    raise pytest.UsageError(f"{item.nodeid}: unknown requirement {unknown} (declared: {', '.join(REQUIREMENTS)})")
+                missing = [n for n in mark.args if not _met(n)]
+                if missing:
+                    self.skipped_by_need[item.nodeid] = missing[0]
+                    item.add_marker(pytest.mark.skip(reason=f"needs {missing[0]}: {REQUIREMENTS[missing[0]][1]}"))
+                    break
+
+    def _expected_files(self) -> set[Path]:
+        out: set[Path] = set()
+        base = Path(self.config.invocation_params.dir)
+        for arg in self.config.args:
+            p = base / arg.split("::")[0]
+            if p.is_dir():
+                out.update(q.resolve() for q in p.rglob("test_*.py") if "__pycache__" not in q.parts)
+            elif p.is_file() and p.name.startswith("test_") and "::" not in arg:
+                out.add(p.resolve())
+        return out
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.collected = len(session.items)
+        if _user_selected(self.config):
+            return
+        seen = {Path(str(item.path)).resolve() for item in session.items}
+        for f in sorted(self._expected_files() - seen - self.skipped_files):
+            self.problems.append(f"{f.name} collected no tests (ignored by a plugin, or empty)")
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            self.outcomes[report.outcome] += 1
+        if report.skipped and hasattr(report, "wasxfail"):
+            self.outcomes["xfailed"] += 1
+        elif report.skipped:
+            need = self.skipped_by_need.get(report.nodeid)
+            if need is None:
+                self.problems.append(f"{report.nodeid} skipped without a declared requirement ({_reason(report)})")
+            else:
+                self.skipped_needs[need] += 1
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.problems and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        tr = terminalreporter
+        for p in self.problems:
+            tr.write_line(f"suite guard: {p}", red=True)
+        why = ", ".join(f"{n} {need}" for need, n in sorted(self.skipped_needs.items())) or "none"
+        ran = self.outcomes["passed"] + self.outcomes["failed"]
+        tr.write_line(
+            f"suite: {self.collected} collected, {ran} ran ({self.outcomes['passed']} passed, "
+            f"{self.outcomes['failed']} failed, {self.outcomes['xfailed']} xfailed as declared), {sum(self.skipped_needs.values())} skipped by requirement "
+            f"({why}), {self.deselected} deselected, {len(self.problems)} guard problems",
+            bold=True,
+            red=bool(self.problems or self.outcomes["failed"]),
+        )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"needs(*names): the test needs these; skipped (and counted) when one is missing. Names: {', '.join(REQUIREMENTS)}")
+    config.pluginmanager.register(SuiteGuard(config), "eagle3-suite-guard")

@@ -1,0 +1,132 @@
+"""`eagle3-trt train-draft`: train or fine-tune an EAGLE-3 head on your own prompts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from eagle3_trt.errors import UserError
+from eagle3_trt.train.train_draft import TrainDraftOptions, summary_lines, train_draft
+
+
+def _aux(value: str | None) -> tuple[int, ...] | None:
+    if not value:
+        return None
+    try:
+        return tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise UserError("--aux-layers", f"{value!r} is not a comma-separated list of layer numbers", "e.g. --aux-layers 1,15,28") from None
+
+
+@click.command("train-draft")
+@click.option(
+    "--target",
+    "target",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Target HF checkpoint directory (BF16, or a ModelOpt FP8/NVFP4 export: dequantized for training).",
+)
+@click.option(
+    "--data",
+    "data",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help='JSONL with "text", "turns" (user prompts) or "messages" per line, or a plain .txt file.',
+)
+@click.option(
+    "--init",
+    "init",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Existing EAGLE-3 head to fine-tune (SafeAILab, ModelOpt or speculators layout); keeps its draft vocabulary.",
+)
+@click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path), help="Output draft directory.")
+@click.option("--steps", default=2000, show_default=True, type=int, help="Optimizer steps.")
+@click.option("--max-draft-len", default=3, show_default=True, type=int, help="Draft steps unrolled in training (TTT) and drafted in the evaluation.")
+@click.option(
+    "--draft-vocab", default=32000, show_default=True, type=int, help="Draft vocabulary size (most frequent tokens of the data); ignored with --init."
+)
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]))
+@click.option("--resume", is_flag=True, help="Continue from the checkpoint in <output>.work/ of an interrupted run with the same inputs.")
+@click.option(
+    "--generate",
+    is_flag=True,
+    help="Train on the target's own output: it answers prompt-only chats (turns), and continues the first 64 tokens of each text window.",
+)
+@click.option("--gen-tokens", default=256, show_default=True, type=int, help="Longest generated answer/continuation with --generate.")
+@click.option("--seq-len", default=512, show_default=True, type=int, help="Training window in tokens.")
+@click.option("--batch-size", default=8, show_default=True, type=int)
+@click.option("--lr", default=None, type=float, help="Peak learning rate [default: 3e-4, 1e-4 with --init].")
+@click.option("--aux-layers", default=None, help="Capture layers, TensorRT-LLM convention (outputs of layers i) [default: the head's, else 1,L/2-1,L-4].")
+@click.option("--eval-samples", default=16, show_default=True, type=int, help="Held-out prompts for the acceptance measurement.")
+@click.option("--eval-tokens", default=64, show_default=True, type=int, help="Tokens generated per held-out prompt.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--threads", default=None, type=int, help="torch CPU threads (1 is fastest on a busy shared machine).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
+@click.option("--keep-work", is_flag=True, help="Keep <output>.work/ (hidden-state cache, checkpoints) after success.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+def train_draft_cmd(
+    target: Path,
+    data: Path,
+    init: Path | None,
+    out: Path,
+    steps: int,
+    max_draft_len: int,
+    draft_vocab: int,
+    device: str,
+    resume: bool,
+    generate: bool,
+    gen_tokens: int,
+    seq_len: int,
+    batch_size: int,
+    lr: float | None,
+    aux_layers: str | None,
+    eval_samples: int,
+    eval_tokens: int,
+    seed: int,
+    threads: int | None,
+    overwrite: bool,
+    keep_work: bool,
+    as_json: bool,
+) -> None:
+    """Train (or fine-tune with --init) an EAGLE-3 draft head for TARGET on your prompts.
+
+    The target teacher-forces the data (or answers the prompts with --generate); the outputs of
+    its three capture layers are cached under <output>.work/, and the head is trained with
+    EAGLE-3's training-time test over --max-draft-len steps. The result is a SafeAILab /
+    TensorRT-LLM layout head (LlamaForCausalLMEagle3: fc, midlayer.*, norm, lm_head, d2t, t2d)
+    with train_report.json, whose held-out acceptance is measured by greedy speculative decoding.
+    """
+    opts = TrainDraftOptions(
+        target=target,
+        data=data,
+        out=out,
+        init=init,
+        steps=steps,
+        max_draft_len=max_draft_len,
+        draft_vocab=draft_vocab,
+        device=device,
+        resume=resume,
+        generate=generate,
+        gen_tokens=gen_tokens,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        lr=lr,
+        seed=seed,
+        aux_layers=_aux(aux_layers),
+        eval_samples=eval_samples,
+        eval_tokens=eval_tokens,
+        overwrite=overwrite,
+        keep_work=keep_work,
+        quiet=as_json,
+        threads=threads,
+    )
+    report = train_draft(opts)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    for line in summary_lines(report):
+        click.echo(line)
+    click.echo(f"wrote {out} (report: {out / 'train_report.json'})")

@@ -1,0 +1,188 @@
+"""The target's side of draft training: aux hidden states, cached to disk as safetensors shards.
+
+EAGLE-3 feeds the draft the outputs of three target decoder layers (TensorRT-LLM convention:
+``aux_layer_ids`` = outputs of layers i, 0-based), and trains it against the target's own
+next-token distribution. Both come from one teacher-forced target pass per window; they are
+written once to shards (aux states and the target's post-norm last hidden state, bf16) so that
+training runs many epochs without the target and a killed run restarts from the cache.
+The target's logits are recomputed from the last hidden state with its lm_head at train time:
+that is far smaller on disk than logits over a 128k vocabulary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer
+
+from eagle3_trt.atomic import staged_dir
+from eagle3_trt.convert.target import TargetInfo
+from eagle3_trt.core.target import TargetModel
+from eagle3_trt.errors import UserError
+
+SHARD_BYTES = 256 << 20
+IN_MEMORY_BYTES = 1 << 30
+CACHE_SCHEMA = 1
+
+
+def check_aux_layers(info: TargetInfo, aux: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The three capture layers (TensorRT-LLM convention), validated against the target depth."""
+    L = info.num_hidden_layers
+    ids = tuple(aux) if aux is not None else info.default_aux_layers()
+    where = f"{info.path}/config.json:num_hidden_layers"
+    if len(ids) != 3 or len(set(ids)) != 3 or min(ids) < 0 or max(ids) >= L:
+        if aux is None:
+            raise UserError(
+                where,
+                f"{L} decoder layers give capture layers {list(ids)} (TensorRT-LLM default 1, L//2-1, L-4), not three distinct layers",
+                "EAGLE-3 needs a target with at least 7 decoder layers; use a deeper target",
+            )
+        raise UserError("--aux-layers", f"{list(ids)} are not three distinct layers in 0..{L - 1}", f"the target has {L} decoder layers")
+    return tuple(sorted(ids))
+
+
+def target_tokenizer(target_dir: Path):
+    """The target's tokenizer: in the target directory, or in an engine bundle's tokenizer/ beside it."""
+    target_dir = Path(target_dir)
+    tok_dir = target_dir
+    if not (target_dir / "tokenizer.json").is_file() and not (target_dir / "tokenizer.model").is_file():
+        if (target_dir.parent / "tokenizer" / "tokenizer.json").is_file():  # an engine bundle's target/
+            tok_dir = target_dir.parent / "tokenizer"
+        else:
+            raise UserError(target_dir, "no tokenizer (tokenizer.json) next to the target", "copy the tokenizer files of the model into the target directory")
+    return AutoTokenizer.from_pretrained(str(tok_dir), trust_remote_code=False)
+
+
+def cache_key(target_dir: Path, aux: tuple[int, ...], seq_len: int, windows: list[list[int]]) -> str:
+    """Identity of a hidden-state cache: target config + weight file sizes, capture layers, data."""
+    h = hashlib.sha256()
+    target_dir = Path(target_dir)
+    h.update((target_dir / "config.json").read_bytes())
+    for f in sorted(target_dir.glob("*.safetensors")):
+        h.update(f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}".encode())
+    h.update(json.dumps([CACHE_SCHEMA, list(aux), seq_len]).encode())
+    for w in windows:
+        h.update(json.dumps(w).encode())
+    return h.hexdigest()[:24]
+
+
+def collect(
+    target: TargetModel,
+    windows: list[list[int]],
+    cache_dir: Path,
+    key: str,
+    seq_len: int,
+    pad_id: int,
+    batch_size: int = 8,
+    on_batch: Callable[[int], None] | None = None,
+) -> HiddenCache:
+    """Teacher-force every window through the target and write shards; reuses a matching cache."""
+    cache_dir = Path(cache_dir)
+    manifest = cache_dir / "manifest.json"
+    if manifest.is_file():
+        try:
+            if json.loads(manifest.read_text()).get("key") == key:
+                if on_batch:
+                    on_batch(len(windows))
+                return HiddenCache(cache_dir)
+        except json.JSONDecodeError:
+            pass
+    T = target.hidden_size
+    A = len(target.aux_layer_ids)
+    per_sample = seq_len * (A + 1) * T * 2 + seq_len * 9
+    per_shard = max(1, min(len(windows), SHARD_BYTES // per_sample))
+    shards: list[int] = []
+    buf: dict[str, list[torch.Tensor]] = {"input_ids": [], "real": [], "aux": [], "last": []}
+    with staged_dir(cache_dir) as tmp:
+
+        def flush() -> None:
+            if not buf["input_ids"]:
+                return
+            tensors = {k: torch.cat(v).contiguous() for k, v in buf.items()}
+            save_file(tensors, str(tmp / f"shard_{len(shards):05d}.safetensors"))
+            shards.append(int(tensors["input_ids"].shape[0]))
+            for v in buf.values():
+                v.clear()
+
+        for start in range(0, len(windows), batch_size):
+            chunk = windows[start : start + batch_size]
+            ids = torch.full((len(chunk), seq_len), pad_id, dtype=torch.int64)
+            real = torch.zeros((len(chunk), seq_len), dtype=torch.bool)
+            for r, w in enumerate(chunk):
+                ids[r, : len(w)] = torch.tensor(w[:seq_len])
+                real[r, : len(w)] = True
+            aux, last = target.teacher_forced(ids)
+            buf["input_ids"].append(ids)
+            buf["real"].append(real)
+            buf["aux"].append(aux.to("cpu", torch.bfloat16))
+            buf["last"].append(last.to("cpu", torch.bfloat16))
+            if sum(t.shape[0] for t in buf["input_ids"]) >= per_shard:
+                flush()
+            if on_batch:
+                on_batch(len(chunk))
+        flush()
+        meta = {"schema": CACHE_SCHEMA, "key": key, "seq_len": seq_len, "aux_layer_ids": list(target.aux_layer_ids), "target_hidden_size": T, "shards": shards}
+        (tmp / "manifest.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return HiddenCache(cache_dir)
+
+
+class HiddenCache:
+    """Read side of the shards: a deterministic, resumable batch order (step -> batch)."""
+
+    def __init__(self, cache_dir: Path):
+        self.dir = Path(cache_dir)
+        self.meta = json.loads((self.dir / "manifest.json").read_text())
+        self.counts: list[int] = list(self.meta["shards"])
+        total_bytes = sum(f.stat().st_size for f in self.dir.glob("shard_*.safetensors"))
+        self._keep_all = total_bytes <= IN_MEMORY_BYTES
+        self._loaded: dict[int, dict[str, torch.Tensor]] = {}
+        self._plan: tuple[tuple[int, int, int], list[tuple[int, list[int]]]] | None = None
+
+    def __len__(self) -> int:
+        return sum(self.counts)
+
+    def _shard(self, i: int) -> dict[str, torch.Tensor]:
+        if i not in self._loaded:
+            if not self._keep_all:
+                self._loaded.clear()
+            self._loaded[i] = load_file(str(self.dir / f"shard_{i:05d}.safetensors"))
+        return self._loaded[i]
+
+    def batches_per_epoch(self, batch_size: int) -> int:
+        return sum(math.ceil(n / batch_size) for n in self.counts)
+
+    def _epoch_plan(self, epoch: int, batch_size: int, seed: int) -> list[tuple[int, list[int]]]:
+        rng = random.Random(f"{seed}:{epoch}")
+        order = list(range(len(self.counts)))
+        rng.shuffle(order)
+        plan = []
+        for s in order:
+            idx = list(range(self.counts[s]))
+            rng.shuffle(idx)
+            plan += [(s, idx[j : j + batch_size]) for j in range(0, len(idx), batch_size)]
+        return plan
+
+    def batch(self, step: int, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
+        """Batch number `step` of the endless, seeded order; the same step always gives the same batch."""
+        bpe = self.batches_per_epoch(batch_size)
+        epoch, j = divmod(step, bpe)
+        key = (epoch, batch_size, seed)
+        if self._plan is None or self._plan[0] != key:
+            self._plan = (key, self._epoch_plan(epoch, batch_size, seed))
+        shard, idx = self._plan[1][j]
+        data = self._shard(shard)
+        sel = torch.tensor(idx)
+        return {k: v[sel] for k, v in data.items()}
+
+    def iter_all(self, batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
+        for s, n in enumerate(self.counts):
+            data = self._shard(s)
+            for j in range(0, n, batch_size):
+                yield {k: v[j : j + batch_size] for k, v in data.items()}

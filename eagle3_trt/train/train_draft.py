@@ -1,0 +1,341 @@
+"""`train-draft` end to end: data -> target hidden states -> TTT training -> export -> held-out acceptance.
+
+Work files (hidden-state cache, checkpoints) live in ``<out>.work/`` beside the output, so an
+interrupted run continues with ``--resume``; the output directory itself appears only when
+everything succeeded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from eagle3_trt.atomic import make_dirs
+from eagle3_trt.convert.checkpoint_io import read_json
+from eagle3_trt.convert.draft_format import DraftCheckpoint, expected_shapes, load_draft
+from eagle3_trt.convert.target import TargetInfo, read_target
+from eagle3_trt.core.draft import Eagle3Draft
+from eagle3_trt.core.target import TargetModel
+from eagle3_trt.errors import UserError
+from eagle3_trt.train import data as data_mod
+from eagle3_trt.train.draft_vocab import DraftVocab, build_draft_vocab, count_tokens, coverage
+from eagle3_trt.train.evaluate import greedy_generate, measure_acceptance, torch_threads
+from eagle3_trt.train.export import draft_config_for, export_draft
+from eagle3_trt.train.hidden_states import cache_key, check_aux_layers, collect, target_tokenizer
+from eagle3_trt.train.trainer import TargetHead, Trainer, TrainSettings, new_draft, teacher_forced_accuracy
+
+
+@dataclass
+class TrainDraftOptions:
+    target: Path
+    data: Path
+    out: Path
+    init: Path | None = None
+    steps: int = 2000
+    max_draft_len: int = 3
+    draft_vocab: int = 32000
+    device: str = "auto"
+    resume: bool = False
+    generate: bool = False
+    gen_tokens: int = 256
+    seq_len: int = 512
+    batch_size: int = 8
+    lr: float | None = None  # default: 3e-4 fresh, 1e-4 when fine-tuning --init
+    seed: int = 0
+    aux_layers: tuple[int, ...] | None = None
+    eval_fraction: float = 0.1
+    eval_samples: int = 16
+    eval_tokens: int = 64
+    eval_prompt_len: int = 64
+    intermediate_size: int | None = None
+    save_every: int = 200
+    overwrite: bool = False
+    keep_work: bool = False
+    work_dir: Path | None = None
+    quiet: bool = False
+    threads: int | None = None  # torch intra-op threads on CPU (None: torch's default)
+    extra_files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def work(self) -> Path:
+        return Path(self.work_dir) if self.work_dir else Path(str(self.out) + ".work")
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("--device", f"{device} requested but torch sees no CUDA device", "use --device cpu")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise UserError("--device", f"{device!r} is not cpu or cuda", "use --device cpu or --device cuda")
+    return device
+
+
+def check_init_fits(ckpt: DraftCheckpoint, info: TargetInfo, aux: tuple[int, ...]) -> None:
+    """One clear error when a --init head cannot serve this target."""
+    c = ckpt.config
+    where = str(ckpt.path)
+    hint = "pass a head trained for this target, or leave out --init to train a fresh one"
+    if any(k.endswith(("weight_scale", "input_scale")) for k in ckpt.tensors) or "quantization_config" in ckpt.raw_config:
+        raise UserError(where, "is a quantized head (FP8/NVFP4 scales present)", "fine-tune the BF16 head it was made from, then quantize again")
+    problems = []
+    if c.vocab_size != info.vocab_size:
+        problems.append(f"vocab_size {c.vocab_size} != target {info.vocab_size}")
+    if c.target_hidden_size != info.hidden_size:
+        problems.append(f"target_hidden_size {c.target_hidden_size} != target hidden_size {info.hidden_size}")
+    if c.hidden_size != info.hidden_size:
+        problems.append(f"hidden_size {c.hidden_size} != target hidden_size {info.hidden_size} (the head shares the target's embeddings)")
+    if c.num_aux_layers != len(aux):
+        problems.append(f"fc takes {c.num_aux_layers} aux layers, the target captures {len(aux)}")
+    if problems:
+        raise UserError(where, "does not fit the target: " + "; ".join(problems), hint)
+    shapes = expected_shapes(c)
+    for name, shape in shapes.items():
+        t = ckpt.tensors.get(name)
+        if t is None:
+            raise UserError(where, f"tensor {name} is missing", hint)
+        if tuple(t.shape) != shape:
+            raise UserError(where, f"tensor {name} has shape {list(t.shape)}, expected {list(shape)} for its config", hint)
+    d2t = ckpt.tensors.get("d2t")
+    if d2t is not None:
+        tid = torch.arange(d2t.numel()) + d2t.to(torch.int64)
+        if int(tid.min()) < 0 or int(tid.max()) >= info.vocab_size:
+            raise UserError(where, "d2t maps draft ids outside the target vocabulary", hint)
+
+
+def _run_key(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+class _Bars:
+    """Rich progress bars, or nothing when quiet."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+        self.p = None
+
+    def __enter__(self):
+        if not self.quiet:
+            self.p = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+            )
+            self.p.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.p is not None:
+            self.p.__exit__(*exc)
+
+    def task(self, desc: str, total: int) -> Callable[[int, str], None]:
+        if self.p is None:
+            return lambda advance=1, info="": None
+        tid = self.p.add_task(desc, total=total, info="")
+        p = self.p
+
+        def advance(n: int = 1, info: str = "") -> None:
+            p.update(tid, advance=n, info=info)
+
+        return advance
+
+
+def train_draft(o: TrainDraftOptions) -> dict:
+    with torch_threads(o.threads):
+        return _train_draft(o)
+
+
+def _train_draft(o: TrainDraftOptions) -> dict:
+    t_start = time.time()
+    device = resolve_device(o.device)
+    info = read_target(Path(o.target))
+    target_cfg = read_json(Path(o.target) / "config.json")
+    init = load_draft(Path(o.init)) if o.init else None
+    aux_req = o.aux_layers
+    if aux_req is None and init is not None and init.config.aux_layer_ids:
+        aux_req = tuple(init.config.aux_layer_ids)
+    aux = check_aux_layers(info, aux_req)
+    if init is not None:
+        check_init_fits(init, info, aux)
+    if o.steps < 1:
+        raise UserError("--steps", f"{o.steps} is not a positive number of steps")
+    if o.max_draft_len < 1:
+        raise UserError("--max-draft-len", f"{o.max_draft_len} must be at least 1")
+    if Path(o.out).exists() and not o.overwrite:
+        raise UserError(o.out, "output directory exists", "pass --overwrite or choose another -o")
+    records = data_mod.load_records(Path(o.data), chars_per_record=o.seq_len * 4)
+
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    timings: dict[str, float] = {}
+    with _Bars(o.quiet) as bars:
+        t = time.time()
+        # the target as the runtime runs it: a quantized ModelOpt export is dequantized with its
+        # activations fake-quantized, so training sees the pair that will serve
+        target = TargetModel.from_dir(Path(o.target), device=device, dtype=dtype, aux_layer_ids=aux)
+        tokenizer = target_tokenizer(Path(o.target))
+        stop_ids = tuple(info.eos_token_ids)
+        enc = data_mod.Encoder(tokenizer, o.seq_len, o.eval_prompt_len)
+        train_recs, held_recs = data_mod.split_records(records, o.eval_fraction, o.seed)
+        gen = None
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        if o.generate:
+            adv = bars.task("target responses (chats)", sum(len(r.messages or ()) for r in train_recs if r.prompts_only))
+
+            def gen(prompt: list[int]) -> list[int]:
+                (out,) = greedy_generate(target, [prompt], o.gen_tokens, stop_ids, pad)
+                adv(1)
+                return out
+
+        train_w = [w for r in train_recs for w in enc.windows(r, gen)]
+        held_w = [w for r in held_recs for w in enc.windows(r, None)]
+        if not train_w and not held_w:
+            raise UserError(o.data, "no usable text: every record tokenizes to fewer than 2 tokens", data_mod.FORMAT_HINT)
+        if not held_w:  # one long document: hold out windows instead of records
+            if len(train_w) < 2:
+                raise UserError(o.data, "too little text to hold out an evaluation split (one window)", "add more text, or lower --seq-len")
+            n_eval = max(1, round(o.eval_fraction * len(train_w)))
+            held_w, train_w = train_w[-n_eval:], train_w[:-n_eval]
+        if not train_w:
+            train_w, held_w = held_w[:-1] or held_w, held_w[-1:]
+        if o.generate:
+            # Raw text: the target continues each window's opening, so the head learns the
+            # target's own greedy text, which is what it is asked to predict when serving.
+            todo = [i for i, w in enumerate(train_w) if w.from_text and len(w.ids) > o.eval_prompt_len]
+            adv = bars.task("target continuations (text)", len(todo))
+            n_new = max(1, min(o.gen_tokens, o.seq_len - o.eval_prompt_len))
+            conts = greedy_generate(target, [train_w[i].ids[: o.eval_prompt_len] for i in todo], n_new, stop_ids, pad, o.batch_size, on_batch=lambda n: adv(n))
+            for i, c in zip(todo, conts):
+                p = train_w[i].ids[: o.eval_prompt_len]
+                train_w[i] = data_mod.Window(ids=p + c, prompt=p, from_text=False)
+        timings["prepare_s"] = round(time.time() - t, 2)
+
+        # -- draft vocabulary --
+        counts = count_tokens(w.ids for w in train_w)
+        if init is not None:
+            d2t = init.tensors.get("d2t")
+            vocab = DraftVocab.from_d2t(d2t, info.vocab_size) if d2t is not None else DraftVocab(torch.arange(info.vocab_size), info.vocab_size)
+        else:
+            specials = [i for i in tokenizer.all_special_ids if i is not None]
+            vocab = build_draft_vocab(counts, info.vocab_size, o.draft_vocab, specials)
+
+        # -- target hidden states, cached --
+        t = time.time()
+        seq_len = min(o.seq_len, max(len(w.ids) for w in train_w + held_w))
+        work = o.work
+        make_dirs(work)
+        caches = {}
+        for name, ws in (("train", train_w), ("heldout", held_w)):
+            ids = [w.ids for w in ws]
+            key = cache_key(Path(o.target), aux, seq_len, ids)
+            adv = bars.task(f"hidden states ({name})", len(ids))
+            caches[name] = collect(target, ids, work / f"cache_{name}", key, seq_len, pad, o.batch_size, on_batch=lambda n, adv=adv: adv(n))
+        timings["hidden_states_s"] = round(time.time() - t, 2)
+
+        # -- head --
+        head = TargetHead(
+            embed=target.hf.model.embed_tokens.weight.detach().to(torch.float32 if device == "cpu" else dtype),
+            lm_head=target.hf.lm_head.weight.detach().to(torch.float32 if device == "cpu" else dtype),
+            norm=target.hf.model.norm.weight.detach().float(),
+        )
+        if init is not None:
+            cfg = replace(init.config, aux_layer_ids=aux)  # record the layers it was trained on
+            draft = Eagle3Draft.from_checkpoint(init, dtype=torch.float32, device="cpu")
+        else:
+            cfg = draft_config_for(info, target_cfg, vocab.size, aux, o.intermediate_size)
+            draft = new_draft(cfg, vocab, head, o.seed)
+        prompts = data_mod.eval_prompts(held_w, o.eval_samples, o.eval_prompt_len, o.seed)
+
+        def evaluate(label: str) -> dict:
+            adv = bars.task(f"acceptance ({label})", len(prompts))
+            draft.eval()
+            d = draft.to(device, dtype)
+            rep = measure_acceptance(target, d, prompts, o.eval_tokens, o.max_draft_len, stop_ids, on_prompt=lambda i: adv(1))
+            tf = teacher_forced_accuracy(d, head, vocab, caches["heldout"], o.max_draft_len, o.batch_size, device, dtype)
+            draft.to(torch.float32)
+            return {**rep.to_dict(), "teacher_forced_accuracy": [round(x, 4) for x in tf]}
+
+        before = None
+        if init is not None:
+            t = time.time()
+            before = evaluate("before")
+            timings["eval_before_s"] = round(time.time() - t, 2)
+
+        # -- training --
+        settings = TrainSettings(
+            steps=o.steps,
+            batch_size=o.batch_size,
+            lr=o.lr or (1e-4 if init is not None else 3e-4),
+            max_draft_len=o.max_draft_len,
+            seed=o.seed,
+            save_every=o.save_every,
+        )
+        run_key = _run_key(caches["train"].meta["key"], asdict(settings), str(o.init), vocab.target_ids.tolist()[:64], vocab.size)
+        trainer = Trainer(draft, head, vocab, caches["train"], settings, work / "ckpt", device, run_key)
+        resumed_from = 0
+        if o.resume and trainer.resume():
+            resumed_from = trainer.step
+        t = time.time()
+        adv = bars.task("training", o.steps)
+        adv(resumed_from)
+        trainer.train(on_step=lambda s, r: adv(1, f"loss {r['loss']:.3f} acc {'/'.join(f'{a:.2f}' for a in r['acc'])}"))
+        timings["train_s"] = round(time.time() - t, 2)
+        draft = trainer.draft
+
+        t = time.time()
+        after = evaluate("after")
+        timings["eval_s"] = round(time.time() - t, 2)
+
+    report = {
+        "schema": 1,
+        "target": str(o.target),
+        "data": str(o.data),
+        "init": str(o.init) if o.init else None,
+        "aux_layer_ids": list(aux),
+        "max_draft_len": o.max_draft_len,
+        "draft_vocab_size": vocab.size,
+        "draft_vocab_coverage": round(coverage(counts, vocab), 4),
+        "seq_len": seq_len,
+        "train_windows": len(train_w),
+        "heldout_windows": len(held_w),
+        "eval_prompts": len(prompts),
+        "eval_tokens": o.eval_tokens,
+        "generated_responses": bool(o.generate),
+        "settings": asdict(settings),
+        "device": device,
+        "resumed_from_step": resumed_from,
+        "final_loss": trainer.history[-1]["loss"] if trainer.history else None,
+        "before": before,
+        "after": after,
+        "timings": {**timings, "total_s": round(time.time() - t_start, 2)},
+    }
+    files = {"train_report.json": json.dumps(report, indent=2) + "\n", **o.extra_files}
+    export_draft(draft, cfg, vocab, Path(o.out), target_cfg, files, overwrite=o.overwrite)
+    if not o.keep_work:
+        shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def summary_lines(report: dict) -> list[str]:
+    a = report["after"]
+    lines = [
+        f"held-out acceptance length {a['acceptance_length']:.2f} tokens/pass (K={report['max_draft_len']}, {a['prompts']} prompts, {a['tokens']} tokens)",
+        "per-step acceptance " + " ".join(f"{i + 1}:{x:.2f}" for i, x in enumerate(a["per_step"])),
+        "teacher-forced top-1 " + " ".join(f"{i + 1}:{x:.2f}" for i, x in enumerate(a["teacher_forced_accuracy"])),
+    ]
+    if report.get("before"):
+        b = report["before"]
+        lines.insert(1, f"before training: {b['acceptance_length']:.2f} tokens/pass")
+    return lines

@@ -1,0 +1,389 @@
+"""The serving driver: Triton requests in, ``generate_async`` on an LLM-API object, responses out.
+
+Triton-free on purpose (the model in ``model/model.py`` supplies a ``Sink`` built on
+``triton_python_backend_utils``), and runtime-free: ``LlmServing`` drives any object with
+TensorRT-LLM's LLM-API shape (``llm_api.py``): ``tensorrt_llm.LLM`` in production,
+``reference_llm.ReferenceLLM`` in the tests, through the same code.
+
+* ``Job``: one request from arrival to its final response: streaming or buffered output, the
+  prompt echo, per-response token counts, perf metrics, the ``RequestSummary`` for metrics.
+* ``LlmServing``: encodes prompts, builds ``SamplingParams``, runs every request as a coroutine on
+  one asyncio loop thread (as upstream's llmapi model does), tracks in-flight requests by request
+  id (the ``stop`` input), polls client cancellation every ``cancel_period_ms`` and aborts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from eagle3_trt.runtime.llm_api import to_ns
+from eagle3_trt.triton_serving.request_params import GenRequest, RequestError, resolve_max_tokens
+
+
+@dataclass(frozen=True)
+class PerfSnapshot:
+    arrival_ns: int
+    first_scheduled_ns: int
+    first_token_ns: int
+    last_token_ns: int
+    draft_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float
+    acceptance_length: float
+    speculation: bool
+
+
+@dataclass(frozen=True)
+class Emission:
+    text: str
+    n_tokens: int
+    final: bool
+    finish_reason: str | None = None
+    stop_reason: str | None = None
+    perf: PerfSnapshot | None = None
+
+
+@dataclass
+class RequestSummary:
+    status: str  # ok | cancelled | error
+    speculation: bool
+    generated_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    step_acceptance_lengths: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+
+
+class Sink(Protocol):
+    def emit(self, e: Emission) -> None: ...
+    def fail(self, message: str, cancelled: bool = False, bad_request: bool = False) -> None: ...
+    def is_cancelled(self) -> bool: ...
+
+
+def prompt_has_bos(tokenizer, prompt: str) -> bool:
+    """A chat-templated prompt already starts with BOS: encoding must not add a second one."""
+    bos = getattr(tokenizer, "bos_token", None)
+    return bool(bos) and prompt.startswith(bos)
+
+
+def derive_positions(step_tokens: list[int], max_draft_len: int) -> tuple[list[int], list[int], list[int]]:
+    """(acceptance lengths, drafted per position, accepted per position) from the tokens each
+    streamed iteration added, for an LLM that reports only totals (TensorRT-LLM): every
+    iteration after the first verified ``max_draft_len`` drafted tokens (a linear chain) and
+    accepted ``n - 1`` of them."""
+    als = [n for n in step_tokens[1:] if n > 0]
+    drafted = [len(als)] * max_draft_len
+    accepted = [sum(1 for n in als if n - 1 > k) for k in range(max_draft_len)]
+    return als, drafted, accepted
+
+
+class Job:
+    """One request: turns the LLM's cumulative outputs into Triton responses."""
+
+    def __init__(self, req: GenRequest, sink: Sink, request_id: str, arrival_ns: int, speculation: bool, max_draft_len: int):
+        self.req = req
+        self.sink = sink
+        self.request_id = request_id
+        self.arrival_ns = arrival_ns
+        self.speculation = speculation
+        self.max_draft_len = max_draft_len
+        self.out: Any = None  # the LLM's RequestOutput
+        self.sent_text = 0  # characters of the LLM's text already sent
+        self.sent_tokens = 0
+        self.sent_any = False
+        self.n_tokens = 0
+        self.step_tokens: list[int] = []  # tokens added by each streamed iteration
+        self.first_token_ns = 0
+        self.last_token_ns = 0
+        self.perf_metrics: Any = None
+        self.done = False
+        self.cancelled = False
+        # A stop string can only be cut once it is complete: hold back that much text, so that
+        # nothing sent is later cut away (TensorRT-LLM truncates its text at the match).
+        self.hold = max((len(s) for s in req.stop), default=1) - 1
+
+    def _prefix(self) -> str:
+        if self.req.exclude_input_from_output or self.sent_any:
+            return ""
+        return self.req.prompt
+
+    def on_output(self, o, finished: bool) -> None:
+        """One update of the LLM's ``outputs[0]`` (cumulative text and token ids)."""
+        now = time.monotonic_ns()
+        n = len(o.token_ids)
+        if n > self.n_tokens:
+            self.first_token_ns = self.first_token_ns or now
+            self.last_token_ns = now
+        self.step_tokens.append(max(0, n - self.n_tokens))
+        self.n_tokens = n
+        if getattr(o, "request_perf_metrics", None) is not None:
+            self.perf_metrics = o.request_perf_metrics
+        text = o.text
+        if finished:
+            self.finish(text[self.sent_text :], str(o.finish_reason or "stop"), o.stop_reason)
+        elif self.req.streaming:
+            upto = max(self.sent_text, len(text) - self.hold)
+            if upto > self.sent_text or n > self.sent_tokens:
+                self._send(Emission(self._prefix() + text[self.sent_text : upto], n - self.sent_tokens, False))
+                self.sent_text = upto
+
+    def _send(self, e: Emission) -> None:
+        self.sent_any = True
+        self.sent_tokens = self.n_tokens
+        self.sink.emit(e)
+
+    def finish(self, text: str, finish_reason: str, stop_reason=None) -> None:
+        if self.done:
+            return
+        self.done = True
+        n = self.n_tokens - (self.sent_tokens if self.req.streaming else 0)
+        perf = self.perf() if self.req.return_perf_metrics else None
+        stop = None
+        if self.req.return_stop_reason and stop_reason is not None:
+            stop = str(stop_reason)
+        self._send(Emission(self._prefix() + text, max(0, n), True, finish_reason, stop, perf))
+
+    def fail(self, message: str, cancelled: bool = False) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.sink.fail(message, cancelled)
+
+    # -- metrics ----------------------------------------------------------------------------
+    def _spec(self):
+        pm = self.perf_metrics
+        return getattr(pm, "speculative_decoding", None) if pm is not None else None
+
+    def target_forwards(self) -> int:
+        pm = self.perf_metrics
+        fw = getattr(pm, "eagle3_target_forwards", None) if pm is not None else None
+        return int(fw) if fw else sum(1 for n in self.step_tokens if n > 0)
+
+    def perf(self) -> PerfSnapshot:
+        pm, spec = self.perf_metrics, self._spec()
+        tm = getattr(pm, "timing_metrics", None)
+        draft = int(getattr(spec, "total_draft_tokens", 0) or 0) if self.speculation else 0
+        acc = int(getattr(spec, "total_accepted_draft_tokens", 0) or 0) if self.speculation else 0
+        fw = self.target_forwards()
+        return PerfSnapshot(
+            to_ns(getattr(tm, "arrival_time", None)) or self.arrival_ns,
+            to_ns(getattr(tm, "first_scheduled_time", None)) or self.arrival_ns,
+            to_ns(getattr(tm, "first_token_time", None)) or self.first_token_ns,
+            to_ns(getattr(tm, "last_token_time", None)) or self.last_token_ns,
+            draft,
+            acc,
+            acc / draft if draft else 0.0,
+            self.n_tokens / fw if fw else 0.0,
+            self.speculation,
+        )
+
+    def summary(self, status: str) -> RequestSummary:
+        spec = self._spec()
+        draft = int(getattr(spec, "total_draft_tokens", 0) or 0)
+        acc = int(getattr(spec, "total_accepted_draft_tokens", 0) or 0)
+        if not self.speculation:
+            return RequestSummary(status, False, self.n_tokens)
+        if spec is not None and hasattr(spec, "eagle3_acceptance_lengths"):
+            als, dpp, app = (list(spec.eagle3_acceptance_lengths), list(spec.eagle3_drafted_per_position), list(spec.eagle3_accepted_per_position))
+        else:
+            als, dpp, app = derive_positions(self.step_tokens, self.max_draft_len)
+        return RequestSummary(status, True, self.n_tokens, draft, acc, als, dpp, app)
+
+
+class LlmServing:
+    """Drives an LLM-API object (``tensorrt_llm.LLM`` or ``ReferenceLLM``) for the Triton model."""
+
+    def __init__(
+        self,
+        llm,
+        sampling_params_cls,
+        tokenizer,
+        *,
+        max_seq_len: int,
+        max_draft_len: int,
+        speculation: bool,
+        per_request_speculation: bool,
+        default_max_tokens: int,
+        cancel_period_ms: int,
+        decoupled: bool,
+        on_done: Callable[[RequestSummary], None],
+        log: Callable[[str], None],
+    ):
+        self.llm = llm
+        self.SamplingParams = sampling_params_cls
+        self.tokenizer = tokenizer
+        self.max_seq_len = max_seq_len
+        self.max_draft_len = max_draft_len if speculation else 0
+        self.speculation = speculation
+        self.per_request_speculation = per_request_speculation
+        self.default_max_tokens = default_max_tokens
+        self.cancel_period_s = cancel_period_ms / 1000.0
+        self.decoupled = decoupled
+        self.on_done = on_done
+        self.log = log
+        self._jobs: set[Job] = set()
+        self._by_id: dict[str, set[Job]] = {}
+        self._lock = threading.Lock()
+        # HF fast tokenizers are not safe to use from two threads at once ("Already borrowed").
+        self._tok_lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="eagle3-serving", daemon=True)
+        self._thread.start()
+        self._running = True
+        self._canceller = threading.Thread(target=self._cancellation_loop, name="eagle3-cancel", daemon=True)
+        self._canceller.start()
+
+    # -- requests ---------------------------------------------------------------------------
+    def encode(self, prompt: str) -> list[int]:
+        with self._tok_lock:
+            return list(self.tokenizer.encode(prompt, add_special_tokens=not prompt_has_bos(self.tokenizer, prompt)))
+
+    def sampling_params(self, req: GenRequest, max_tokens: int):
+        kw: dict[str, Any] = {"max_tokens": max_tokens, "return_perf_metrics": True}
+        for name in ("temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty"):
+            v = getattr(req, name)
+            if v is not None:
+                kw[name] = v
+        if not req.temperature:
+            # No temperature or 0 means greedy here; TensorRT-LLM expresses greedy as top_k=1.
+            kw.pop("temperature", None)
+            kw.pop("top_p", None)
+            kw["top_k"] = 1
+        if req.stop:
+            kw["stop"] = list(req.stop)
+        if not req.speculative and self.speculation:
+            if not self.per_request_speculation:
+                raise RequestError(
+                    "speculative_decoding",
+                    "the trtllm runtime cannot switch speculation off per request; package with --with-baseline and send to the <name>_nospec model",
+                )
+            kw["eagle3_speculative"] = False
+        try:
+            return self.SamplingParams(**kw)
+        except ValueError as e:  # the runtime refuses a value: name the request's field
+            msg = str(e)
+            name = msg.split(":", 1)[0].strip()
+            raise RequestError(f"sampling_param_{name}" if name in kw else "request", msg) from None
+
+    def submit(self, req: GenRequest, sink: Sink, request_id: str, arrival_ns: int) -> None:
+        """Check and start a request; RequestError for bad values (nothing was started)."""
+        if req.streaming and not self.decoupled:
+            # Upstream's wording (llmapi model.py: "Streaming is only supported in decoupled mode.").
+            raise RequestError(
+                "streaming", "this model is not decoupled; stream from the decoupled model (generate_stream or a gRPC stream), or set streaming false"
+            )
+        ids = self.encode(req.prompt)
+        max_tokens = resolve_max_tokens(req, len(ids), self.max_seq_len, self.default_max_tokens)
+        sp = self.sampling_params(req, max_tokens)
+        speculation = self.speculation and req.speculative
+        job = Job(req, sink, request_id, arrival_ns, speculation, self.max_draft_len)
+        with self._lock:
+            self._jobs.add(job)
+            if request_id:
+                self._by_id.setdefault(request_id, set()).add(job)
+        asyncio.run_coroutine_threadsafe(self._run(job, ids, sp), self._loop)
+
+    async def _run(self, job: Job, ids: list[int], sp) -> None:
+        status = "ok"
+        try:
+            # Always streamed from the LLM: per-iteration data for the metrics, and the client's
+            # own streaming flag decides only what is sent.
+            job.out = self.llm.generate_async(ids, sp, streaming=True)
+            if job.done:  # cancelled before it started
+                job.out.abort()
+                status = "cancelled"
+                return
+            async for out in job.out:
+                if job.done:  # cancelled (stop input or client) meanwhile
+                    status = "cancelled"
+                    return
+                job.on_output(out.outputs[0], bool(out.finished))
+                if job.done:
+                    return
+            if not job.done:
+                job.finish("", "stop")
+        except Exception as e:
+            status = "error"
+            self.log(f"request failed in the runtime: {type(e).__name__}: {e}")
+            job.fail(f"generation failed: {type(e).__name__}: {e}")
+        finally:
+            if job.cancelled:
+                status = "cancelled"
+            self._forget(job)
+            try:
+                self.on_done(job.summary(status))
+            except Exception as e:
+                self.log(f"metrics update failed: {e}")
+
+    def _forget(self, job: Job) -> None:
+        with self._lock:
+            self._jobs.discard(job)
+            s = self._by_id.get(job.request_id)
+            if s is not None:
+                s.discard(job)
+                if not s:
+                    del self._by_id[job.request_id]
+
+    # -- cancellation -----------------------------------------------------------------------
+    def _cancel(self, job: Job, message: str) -> None:
+        """From any thread: the job's state is only ever touched on the loop thread."""
+        try:
+            self._loop.call_soon_threadsafe(self._cancel_on_loop, job, message)
+        except RuntimeError:  # loop already closed at shutdown
+            pass
+
+    @staticmethod
+    def _cancel_on_loop(job: Job, message: str) -> None:
+        if job.done:
+            return
+        job.cancelled = True
+        job.fail(message, cancelled=True)
+        if job.out is not None:
+            job.out.abort()
+
+    def stop_request(self, request_id: str) -> int:
+        """Cancel in-flight requests carrying ``request_id`` (upstream's ``stop`` input); how many."""
+        with self._lock:
+            jobs = list(self._by_id.get(request_id, ())) if request_id else []
+        for j in jobs:
+            self._cancel(j, "Request cancelled by client")
+        return len(jobs)
+
+    def _cancellation_loop(self) -> None:
+        """Upstream's cancellation_loop: poll every in-flight request's sender."""
+        while self._running:
+            time.sleep(self.cancel_period_s)
+            with self._lock:
+                jobs = list(self._jobs)
+            for j in jobs:
+                if j.done:
+                    continue
+                try:
+                    gone = bool(j.sink.is_cancelled())
+                except Exception:
+                    gone = True
+                if gone:
+                    self._cancel(j, "Request cancelled by client")
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._jobs)
+
+    def shutdown(self) -> None:
+        self._running = False
+        with self._lock:
+            jobs = list(self._jobs)
+        for j in jobs:
+            j.fail("server is shutting down")
+        try:
+            self.llm.shutdown()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+            self._canceller.join(timeout=5)

@@ -1,0 +1,186 @@
+"""Turn one Triton request's input tensors into checked generation parameters.
+
+Pure Python/numpy (no Triton import) so the same rules run in the model and can be read in
+one place. Every rejection names the input tensor, so a client sees which field to fix, and
+the model sends it as INVALID_ARG (HTTP 400).
+
+Triton itself answers first (before the model runs) for unknown *input tensors* on gRPC/``/infer``,
+a missing required input and a JSON value its parser cannot convert to the declared type; what
+it says then is Triton's (see the README). On HTTP ``/generate``, a JSON key that is not an input
+becomes a request *parameter*: ``check_parameters`` refuses those by name, so a typo such as
+``max_tokens`` for ``sampling_param_max_tokens`` is not silently ignored.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from eagle3_trt.triton_serving.interface import INPUT_BY_NAME
+
+
+class RequestError(ValueError):
+    """A bad value in a request; ``field`` is the input tensor name."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    prompt: str
+    streaming: bool = False
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    exclude_input_from_output: bool = False
+    return_perf_metrics: bool = False
+    return_stop_reason: bool = False
+    speculative: bool = True
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    stop_request: bool = False
+
+
+Getter = Callable[[str], "np.ndarray | None"]
+
+
+def _scalar(get: Getter, name: str):
+    arr = get(name)
+    if arr is None:
+        return None
+    arr = np.asarray(arr)
+    if arr.size != 1:
+        raise RequestError(name, f"expected one value, got shape {list(arr.shape)}")
+    return arr.reshape(-1)[0]
+
+
+def _bool(get: Getter, name: str, default: bool) -> bool:
+    v = _scalar(get, name)
+    return default if v is None else bool(v)
+
+
+def _float(get: Getter, name: str) -> float | None:
+    v = _scalar(get, name)
+    if v is None:
+        return None
+    f = float(v)
+    if not math.isfinite(f):
+        raise RequestError(name, f"must be a finite number, got {f}")
+    return f
+
+
+def _int(get: Getter, name: str) -> int | None:
+    v = _scalar(get, name)
+    return None if v is None else int(v)
+
+
+def _text(v) -> str:
+    if isinstance(v, bytes):
+        return v.decode("utf-8")
+    return str(v)
+
+
+def check_parameters(params: dict, known_inputs: tuple[str, ...] | None = None) -> None:
+    """Refuse request parameters: on /generate they are JSON keys that are not inputs (typos).
+
+    Keys starting with ``triton_`` are the client library's own (tritonclient sends
+    ``triton_enable_empty_final_response`` on gRPC streams) and are allowed.
+    """
+    if known_inputs is None:
+        known_inputs = tuple(INPUT_BY_NAME)
+    for key in params:
+        if str(key).startswith("triton_"):
+            continue
+        close = difflib.get_close_matches(str(key), known_inputs, n=1, cutoff=0.6)
+        close = close or [n for n in known_inputs if n.endswith("_" + str(key))][:1]
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise RequestError(str(key), f"not an input of this model{hint}; unknown fields are refused, not ignored")
+
+
+def parse_request(get: Getter) -> GenRequest:
+    """Read and check every input; raises RequestError naming the first bad field."""
+    stop_request = _bool(get, "stop", False)
+    arr = get("text_input")
+    if arr is None:
+        if stop_request:
+            return GenRequest(prompt="", stop_request=True)
+        raise RequestError("text_input", "missing (required)")
+    arr = np.asarray(arr).reshape(-1)
+    if arr.size != 1:
+        raise RequestError("text_input", f"exactly one prompt per request is supported, got {arr.size}")
+    try:
+        prompt = _text(arr[0])
+    except UnicodeDecodeError as e:
+        raise RequestError("text_input", f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if not prompt.strip() and not stop_request:
+        raise RequestError("text_input", "empty prompt")
+
+    max_tokens = _int(get, "sampling_param_max_tokens")
+    if max_tokens is not None and max_tokens <= 0:
+        raise RequestError("sampling_param_max_tokens", f"must be >= 1, got {max_tokens}")
+    temperature = _float(get, "sampling_param_temperature")
+    if temperature is not None and temperature < 0:
+        raise RequestError("sampling_param_temperature", f"must be >= 0, got {temperature}")
+    top_p = _float(get, "sampling_param_top_p")
+    if top_p is not None and not (0.0 < top_p <= 1.0):
+        raise RequestError("sampling_param_top_p", f"must be in (0, 1], got {top_p}")
+    top_k = _int(get, "sampling_param_top_k")
+    if top_k is not None and top_k < 0:
+        raise RequestError("sampling_param_top_k", f"must be >= 0 (0 disables), got {top_k}")
+    best_of = _int(get, "sampling_param_best_of")
+    if best_of is not None and best_of != 1:
+        raise RequestError("sampling_param_best_of", f"only 1 is supported, got {best_of}")
+    if _bool(get, "return_cumulative_logprob", False):
+        raise RequestError("return_cumulative_logprob", "not supported by this model")
+    seed = _scalar(get, "sampling_param_seed")
+
+    stop_arr = get("sampling_param_stop")
+    stop: tuple[str, ...] = ()
+    if stop_arr is not None:
+        try:
+            stop = tuple(s for s in (_text(v) for v in np.asarray(stop_arr).reshape(-1)) if s)
+        except UnicodeDecodeError:
+            raise RequestError("sampling_param_stop", "not valid UTF-8") from None
+
+    return GenRequest(
+        prompt=prompt,
+        streaming=_bool(get, "streaming", False),
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=None if seed is None else int(seed),
+        stop=stop,
+        exclude_input_from_output=_bool(get, "sampling_param_exclude_input_from_output", False),
+        return_perf_metrics=_bool(get, "sampling_param_return_perf_metrics", False),
+        return_stop_reason=_bool(get, "return_stop_reason", False),
+        speculative=_bool(get, "speculative_decoding", True),
+        frequency_penalty=_float(get, "sampling_param_frequency_penalty"),
+        presence_penalty=_float(get, "sampling_param_presence_penalty"),
+        stop_request=stop_request,
+    )
+
+
+def resolve_max_tokens(req: GenRequest, prompt_len: int, max_seq_len: int, default: int) -> int:
+    """The bundle's limit: prompt + generated tokens must fit in max_seq_len."""
+    room = max_seq_len - prompt_len
+    if room < 1:
+        raise RequestError("text_input", f"prompt is {prompt_len} tokens; the bundle's max_seq_len is {max_seq_len}")
+    if req.max_tokens is None:
+        return min(default, room)
+    if req.max_tokens > room:
+        raise RequestError(
+            "sampling_param_max_tokens",
+            f"{req.max_tokens} exceeds the bundle's limit: max_seq_len {max_seq_len} - prompt {prompt_len} tokens = {room}",
+        )
+    return req.max_tokens

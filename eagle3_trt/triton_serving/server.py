@@ -1,0 +1,376 @@
+"""Start and stop a real ``tritonserver`` on 127.0.0.1 with a generated repository.
+
+Where the server comes from:
+  * a TensorRT-LLM / Triton container: ``tritonserver`` on PATH (its own Python backend);
+  * a CPU machine: the ``nvidia-pytriton`` wheel, which bundles ``tritonserver``, the
+    Python backend and per-Python-version backend stubs. The stub is copied into a backend
+    directory we own, and ``LD_LIBRARY_PATH`` gets the wheel's ``.libs`` folder and this
+    Python's own libdir (otherwise the stub loads the system libpython against our standard
+    library and fails with "'_thread.RLock' object has no attribute '_recursion_count'": seen
+    with nvidia-pytriton 0.7.0 / tritonserver 2.51.0, system Python 3.11.2 vs pyenv 3.11.7).
+
+The server runs in its own session (process group), logs to a file, and leaves a
+``server.json`` in the state directory so ``eagle3-trt stop`` can find it.
+
+Stopping: SIGTERM, then Triton waits ``--exit-timeout-secs`` (``EXIT_TIMEOUT_S``) for in-flight
+work (an open gRPC stream counts, even one Triton rejected) and unloads the models. ``stop`` waits
+longer than that before it kills the process group, says so when it had to kill (and exits
+non-zero), and in every case removes the Python backend's shared-memory regions of that server
+(``/dev/shm/<shm_prefix>*``), which a killed server leaves behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import site
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from eagle3_trt.atomic import FILE_MODE, make_dirs, staged_dir, write_json
+from eagle3_trt.errors import UserError
+from eagle3_trt.procs import HOST, group_alive, pid_alive, port_is_free
+from eagle3_trt.triton_serving.package import check_repository, package_import_root
+
+STATE_FILE = "server.json"
+DEFAULT_STATE_DIR = Path(".serve")
+SHM_DIR = Path("/dev/shm")
+# Triton's own drain time on SIGTERM; `stop` waits STOP_TIMEOUT_S (> this) before it kills.
+EXIT_TIMEOUT_S = 15
+STOP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    executable: Path
+    kind: str  # "pytriton" | "path"
+    backend_src: Path | None = None  # pytriton: backends/python
+    stub: Path | None = None  # pytriton: python_backend_stubs/<py>/triton_python_backend_stub
+    lib_dirs: tuple[str, ...] = ()
+
+
+def find_tritonserver() -> TritonInstall:
+    """Prefer tritonserver on PATH (container); else the nvidia-pytriton wheel's copy."""
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return TritonInstall(Path(on_path), "path")
+    try:
+        import pytriton  # noqa: F401
+    except ImportError:
+        raise UserError(
+            "tritonserver",
+            "not on PATH and the nvidia-pytriton wheel is not installed",
+            "pip install 'nvidia-pytriton==0.7.0' (CPU machines) or run inside a Triton/TensorRT-LLM container",
+        ) from None
+    root = Path(sys.modules["pytriton"].__file__).resolve().parent / "tritonserver"
+    exe = root / "bin" / "tritonserver"
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / py / "triton_python_backend_stub"
+    backend = root / "backends" / "python"
+    for p, what in ((exe, "tritonserver binary"), (stub, f"Python {py} backend stub"), (backend / "libtriton_python.so", "Python backend")):
+        if not p.exists():
+            raise UserError(p, f"{what} missing from the nvidia-pytriton wheel", "reinstall nvidia-pytriton==0.7.0")
+    libs = root.parent.parent / "nvidia_pytriton.libs"
+    pylib = sysconfig.get_config_var("LIBDIR") or ""
+    return TritonInstall(exe, "pytriton", backend, stub, tuple(str(p) for p in (libs, Path(pylib)) if str(p) and Path(p).is_dir()))
+
+
+def prepare_backend_dir(install: TritonInstall, state_dir: Path) -> Path | None:
+    """pytriton: backends/python = the wheel's backend + the stub for this Python."""
+    if install.kind != "pytriton":
+        return None
+    bdir = state_dir / "backends"
+    with staged_dir(bdir / "python") as pdir:
+        shutil.copytree(install.backend_src, pdir, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)  # type: ignore[arg-type]
+        shutil.copy2(install.stub, pdir / "triton_python_backend_stub")  # type: ignore[arg-type]
+    return bdir
+
+
+def server_env(install: TritonInstall) -> dict[str, str]:
+    """Environment for tritonserver and its Python-backend stubs.
+
+    The stub embeds Python in isolated mode: it ignores PYTHONPATH and sees the base
+    interpreter's site-packages, not this virtual environment's. The model therefore
+    reads EAGLE3_SYS_PATH (and EAGLE3_DROP_SYSTEM_SITE) first thing and adopts the
+    launching interpreter's import path; PYTHONPATH is still set for other tools.
+    """
+    env = dict(os.environ)
+    if install.lib_dirs:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*install.lib_dirs, *filter(None, [env.get("LD_LIBRARY_PATH")])])
+    paths = [package_import_root(), *site.getsitepackages()]
+    env["EAGLE3_SYS_PATH"] = os.pathsep.join(dict.fromkeys(paths))
+    in_venv = sys.prefix != sys.base_prefix
+    env["EAGLE3_DROP_SYSTEM_SITE"] = "1" if in_venv and not _venv_includes_system_site() else "0"
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env.setdefault("LC_ALL", "C.UTF-8")
+    env.setdefault("LANG", "C.UTF-8")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _venv_includes_system_site() -> bool:
+    cfg = Path(sys.prefix) / "pyvenv.cfg"
+    try:
+        for line in cfg.read_text().splitlines():
+            key, _, val = line.partition("=")
+            if key.strip() == "include-system-site-packages":
+                return val.strip().lower() == "true"
+    except OSError:
+        pass
+    return False
+
+
+def free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((HOST, 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+@dataclass
+class ServerHandle:
+    pid: int
+    repo: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log_file: str
+    state_dir: str
+    models: list[str] = field(default_factory=list)
+    started_at: float = 0.0
+    shm_prefix: str = ""  # the Python backend's shared-memory region names start with this
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{HOST}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{HOST}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HOST}:{self.metrics_port}/metrics"
+
+    def save(self) -> None:
+        write_json(Path(self.state_dir) / STATE_FILE, asdict(self))
+
+    @classmethod
+    def load(cls, state_dir: Path) -> ServerHandle:
+        path = Path(state_dir) / STATE_FILE
+        try:
+            return cls(**json.loads(path.read_text()))
+        except FileNotFoundError:
+            raise UserError(path, "no server recorded here", "start one with `eagle3-trt serve REPO`") from None
+
+    def alive(self) -> bool:
+        return pid_alive(self.pid)
+
+
+def log_errors(log_file: Path, tail: int = 25) -> str:
+    """Triton's error lines (E-prefixed glog lines, Python tracebacks) from the log, else its tail."""
+    try:
+        lines = Path(log_file).read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "(no log written)"
+    errs = [ln for ln in lines if ln.startswith("E") or "Error" in ln or "error:" in ln or "Traceback" in ln]
+    picked = errs[-tail:] if errs else lines[-tail:]
+    return "\n".join(picked)
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/v2/health/ready", timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+def start_server(
+    repo: Path,
+    *,
+    state_dir: Path = DEFAULT_STATE_DIR,
+    http_port: int = 8000,
+    grpc_port: int = 8001,
+    metrics_port: int = 8002,
+    timeout_s: float = 600.0,
+    log_verbose: int = 0,
+    validate: bool = True,
+    extra_args: tuple[str, ...] = (),
+) -> ServerHandle:
+    """Launch tritonserver, wait for /v2/health/ready; on failure stop it and raise with Triton's error."""
+    repo = Path(repo).resolve()
+    state_dir = Path(state_dir).resolve()
+    models = check_repository(repo) if validate else []
+    make_dirs(state_dir)
+    try:
+        prev = ServerHandle.load(state_dir)
+        if prev.alive():
+            raise UserError(state_dir / STATE_FILE, f"a server is already running here (pid {prev.pid}, {prev.http_url})", "`eagle3-trt stop` first")
+    except UserError as e:
+        if "already running" in e.what:
+            raise
+    for name, port in (("--http-port", http_port), ("--grpc-port", grpc_port), ("--metrics-port", metrics_port)):
+        if not port_is_free(port):
+            raise UserError(name, f"port {port} on {HOST} is in use", "pick another port or stop what holds it")
+
+    install = find_tritonserver()
+    backend_dir = prepare_backend_dir(install, state_dir)
+    shm_prefix = f"eagle3_{uuid.uuid4().hex[:12]}_"
+    log_file = state_dir / "tritonserver.log"
+    cmd = [
+        str(install.executable),
+        f"--model-repository={repo}",
+        f"--http-address={HOST}",
+        f"--http-port={http_port}",
+        f"--grpc-address={HOST}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-address={HOST}",
+        f"--metrics-port={metrics_port}",
+        "--allow-gpu-metrics=false",
+        # Our config.pbtxt is complete; mirror upstream's launcher so that is what gets tested.
+        "--disable-auto-complete-config",
+        "--exit-on-error=true",
+        "--strict-readiness=true",
+        f"--log-verbose={log_verbose}",
+        # Two servers on one host must not share the Python backend's shared-memory names.
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+        *extra_args,
+    ]
+    if backend_dir is not None:
+        cmd.append(f"--backend-directory={backend_dir}")
+    env = server_env(install)
+    with open(log_file, "wb") as log:
+        os.chmod(log_file, FILE_MODE)
+        log.write((" ".join(cmd) + "\n").encode())
+        log.flush()
+        # umask 022: the Python backend writes __pycache__ into the repository's model directories and
+        # the backend directory; under a umask of 077 those would be 0700, unreadable to other users.
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True, umask=0o022)
+    handle = ServerHandle(proc.pid, str(repo), http_port, grpc_port, metrics_port, str(log_file), str(state_dir), models, time.time(), shm_prefix)
+    handle.save()
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rc = proc.poll()
+        if rc is not None:
+            _forget(state_dir)
+            raise UserError(
+                "tritonserver",
+                f"exited with code {rc} before becoming ready; Triton said:\n{log_errors(log_file)}",
+                f"full log: {log_file}",
+            )
+        if _ready(handle.http_url):
+            return handle
+        if time.monotonic() > deadline:
+            stop_server(handle)
+            raise UserError(
+                "tritonserver",
+                f"not ready after {timeout_s:.0f} s; last log lines:\n{log_errors(log_file)}",
+                f"raise --timeout or read {log_file}",
+            )
+        time.sleep(0.25)
+
+
+def _forget(state_dir: Path) -> None:
+    try:
+        (Path(state_dir) / STATE_FILE).unlink()
+    except FileNotFoundError:
+        pass
+
+
+@dataclass(frozen=True)
+class StopResult:
+    pid: int
+    was_alive: bool
+    killed: bool  # did not exit within the timeout after SIGTERM: its process group got SIGKILL
+    removed_shm: tuple[str, ...]  # shared-memory regions it left behind, now removed
+
+    def __bool__(self) -> bool:
+        return self.was_alive
+
+    def lines(self, timeout_s: float) -> list[str]:
+        out = []
+        if self.killed:
+            out.append(
+                f"tritonserver (pid {self.pid}) did not exit within {timeout_s:.0f} s of SIGTERM: killed its process group "
+                "(in-flight requests were lost; see its log)"
+            )
+        if self.removed_shm:
+            out.append(f"removed {len(self.removed_shm)} shared-memory region(s) it left behind: {', '.join(self.removed_shm)}")
+        return out
+
+
+def remove_shm_regions(prefix: str, shm_dir: Path = SHM_DIR) -> tuple[str, ...]:
+    """Delete ``shm_dir/<prefix>*`` (the regions of one server, named by its unique prefix)."""
+    if not prefix.startswith("eagle3_") or len(prefix) < 12:  # never a broad pattern
+        return ()
+    removed = []
+    for p in sorted(Path(shm_dir).glob(prefix + "*")):
+        try:
+            p.unlink()
+            removed.append(str(p))
+        except FileNotFoundError:
+            pass
+    return tuple(removed)
+
+
+def stop_server(handle: ServerHandle, timeout_s: float = STOP_TIMEOUT_S, shm_dir: Path = SHM_DIR) -> StopResult:
+    """SIGTERM the server (it unloads models, stubs exit), then SIGKILL its process group if it
+    hangs; then remove its shared-memory regions. Truthy when a running server was stopped."""
+    pid = handle.pid
+    was_alive = pid_alive(pid)
+    killed = False
+    if was_alive:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + timeout_s
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if pid_alive(pid):
+            killed = True
+            try:
+                os.killpg(pid, signal.SIGKILL)  # the group started with the server: stubs included
+            except (ProcessLookupError, PermissionError):
+                pass
+            deadline = time.monotonic() + 5
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+    # The stubs exit after the server; give them a moment before looking for their regions.
+    deadline = time.monotonic() + 5
+    while group_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    removed = remove_shm_regions(handle.shm_prefix, shm_dir) if handle.shm_prefix else ()
+    _forget(Path(handle.state_dir))
+    return StopResult(pid, was_alive, killed, removed)
+
+
+def stop_recorded(state_dir: Path = DEFAULT_STATE_DIR, timeout_s: float = STOP_TIMEOUT_S) -> StopResult | None:
+    """Stop the server recorded in ``state_dir``; None when nothing was recorded there."""
+    try:
+        handle = ServerHandle.load(state_dir)
+    except UserError:
+        return None
+    return stop_server(handle, timeout_s)
