@@ -48,9 +48,9 @@ FIELDS = ("draft_tokens", "accepted_tokens", "target_forwards", "generated_token
 
 
 def build(k: int, device: str, threads: int, pair: str = "random"):
-    from eagle3_trt.convert.tiny_pair import make_pair
-    from eagle3_trt.core.engine import SpeculativeEngine
-    from eagle3_trt.train.toy_pair import sharpen_target
+    from eagle3_trt.convert.load import load_engine
+    from eagle3_trt.testing.tiny_pair import make_pair
+    from eagle3_trt.testing.toy_pair import sharpen_target
     from eagle3_trt.train.trainer import distill_draft
 
     torch.set_num_threads(threads)
@@ -59,10 +59,10 @@ def build(k: int, device: str, threads: int, pair: str = "random"):
 
         t, d = embedded_pair("tiny")
         print(f"pair: the embedded trained tiny pair ({t.parent})")
-        return SpeculativeEngine.from_pair(t, d, device=device, dtype=torch.float32, max_draft_len=k)
+        return load_engine(t, d, device=device, dtype=torch.float32, max_draft_len=k)
     tmp = Path(tempfile.mkdtemp(prefix="bench-alpha-"))
     t, d = make_pair(tmp)
-    eng = SpeculativeEngine.from_pair(t, d, device=device, dtype=torch.float32, max_draft_len=k)
+    eng = load_engine(t, d, device=device, dtype=torch.float32, max_draft_len=k)
     sharpen_target(eng.target)
     rng = random.Random(0)
     train = [[0] + [rng.randrange(6, 512) for _ in range(rng.randrange(4, 14))] for _ in range(256)]

@@ -62,7 +62,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from eagle3_trt.convert.quantize import DEFAULT_CALIB_FILE
-    from eagle3_trt.convert.tiny_pair import TinyShape, make_pair
+    from eagle3_trt.testing.tiny_pair import TinyShape, make_pair
 
     work = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     shape = TinyShape(

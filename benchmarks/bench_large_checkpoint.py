@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # source checkout without install
 
-from eagle3_trt.convert.checkpoint_io import sha256_file, tensor_shapes
 from eagle3_trt.convert.streaming import INDEX_FILE, stream_convert
+from eagle3_trt.formats.checkpoint_io import sha256_file, tensor_shapes
 
 GB = 1e9
 GOAL_BASE = 2 * GB
@@ -263,7 +263,7 @@ def _verify_copy(src: Path, dst: Path) -> bool:
         out = {}
         for f in sorted(root.glob("*.safetensors")):
             with safe_open(str(f), framework="pt") as h:
-                for k in h:
+                for k in h.keys():  # safe_open handles are not iterable
                     t = h.get_tensor(k)
                     out[k.removeprefix(strip)] = hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy()).hexdigest()
                     del t

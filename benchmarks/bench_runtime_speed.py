@@ -44,11 +44,12 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 avoids OpenMP spin on shared cores)")
     a = ap.parse_args()
 
-    from eagle3_trt.convert.tiny_pair import TinyShape, make_pair
-    from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
+    from eagle3_trt.convert.load import load_engine
+    from eagle3_trt.core.engine import SamplingParams
     from eagle3_trt.core.stats import aggregate
     from eagle3_trt.core.tree import parse_tree
-    from eagle3_trt.train.toy_pair import sharpen_target
+    from eagle3_trt.testing.tiny_pair import TinyShape, make_pair
+    from eagle3_trt.testing.toy_pair import sharpen_target
     from eagle3_trt.train.trainer import distill_draft
 
     torch.set_num_threads(a.threads)
@@ -58,13 +59,13 @@ def main() -> int:
         from eagle3_trt.convert.embedded import embedded_pair, heldout_prompts
 
         t, d = embedded_pair("tiny")
-        eng = SpeculativeEngine.from_pair(t, d, device=a.device, dtype=torch.float32, max_draft_len=a.k)
+        eng = load_engine(t, d, device=a.device, dtype=torch.float32, max_draft_len=a.k)
         held = heldout_prompts(t.parent)
         prompts = [held[i % len(held)] for i in range(a.prompts)]
         print(f"embedded trained pair on {a.device}, {len(prompts)} held-out prompts of {len(prompts[0])} tokens")
     else:
         t, d = make_pair(Path(tempfile.mkdtemp(prefix="bench-speed-")), shape=TinyShape(**SHAPES[a.shape]))
-        eng = SpeculativeEngine.from_pair(t, d, device=a.device, dtype=torch.float32, max_draft_len=a.k)
+        eng = load_engine(t, d, device=a.device, dtype=torch.float32, max_draft_len=a.k)
         sharpen_target(eng.target, 20.0 if a.shape == "tiny" else 8.0)
         train = [[0] + [rng.randrange(6, 512) for _ in range(rng.randrange(4, 14))] for _ in range(256)]
         t0 = time.perf_counter()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from eagle3_trt import __version__
-from eagle3_trt.errors import GateFailed, UserError
+from eagle3_trt.errors import GateFailed, SignalInterrupt, UserError
 
 PIPELINE = """\
 EAGLE-3 speculative decoding for TensorRT-LLM (PyTorch runtime, one-model) and Triton.
@@ -307,11 +308,11 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(f"gate failed: {e}", err=True)
         return GateFailed.exit_code
     except click.exceptions.Abort as e:
-        # SIGINT: 130; SIGTERM (eagle3_trt.atomic raises KeyboardInterrupt("signal 15") for it): 143,
-        # the 128 + signal number a shell reports, so `docker stop` and Ctrl-C can be told apart
+        # SIGINT: 130; SIGTERM (eagle3_trt.atomic raises SignalInterrupt(15) for it): 143, the
+        # 128 + signal number a shell reports, so `docker stop` and Ctrl-C can be told apart
         cause = e.__cause__ or e.__context__
-        sig = 15 if isinstance(cause, KeyboardInterrupt) and str(cause).startswith("signal 15") else 2
-        click.echo("interrupted (SIGTERM)" if sig == 15 else "aborted", err=True)
+        sig = cause.signum if isinstance(cause, SignalInterrupt) else int(signal.SIGINT)
+        click.echo("interrupted (SIGTERM)" if sig == signal.SIGTERM else "aborted", err=True)
         return 128 + sig
     except click.ClickException as e:
         e.show()

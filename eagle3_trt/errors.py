@@ -6,13 +6,15 @@ and exits non-zero; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import os
+
 
 class UserError(Exception):
     """Bad input the user can fix: names the file/field, says what is wrong, gives a hint."""
 
     exit_code = 2
 
-    def __init__(self, where: str, what: str, hint: str | None = None):
+    def __init__(self, where: str | os.PathLike[str], what: str, hint: str | None = None):
         self.where = str(where)
         self.what = what
         self.hint = hint
@@ -29,3 +31,12 @@ class GateFailed(Exception):
     """A measured figure is below the deployment gate (exit code 3, distinct from bad input)."""
 
     exit_code = 3
+
+
+class SignalInterrupt(KeyboardInterrupt):
+    """A signal (SIGTERM) turned into an interrupt so clean-up runs; ``signum`` says which, so the
+    CLI can exit 128 + signum without reading the message."""
+
+    def __init__(self, signum: int, note: str | None = None):
+        self.signum = int(signum)
+        super().__init__(f"signal {self.signum}" + (f" ({note})" if note else ""))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -19,21 +18,9 @@ def _one_torch_thread():
     torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _isolated_cache(tmp_path_factory):
-    """Keep generated models out of the user's ~/.cache."""
-    old = os.environ.get("EAGLE3_TRT_CACHE")
-    os.environ["EAGLE3_TRT_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("EAGLE3_TRT_CACHE", None)
-    else:
-        os.environ["EAGLE3_TRT_CACHE"] = old
-
-
 @pytest.fixture(scope="session")
 def tiny_pair_session(tmp_path_factory) -> tuple[Path, Path]:
-    from eagle3_trt.convert.tiny_pair import make_pair
+    from eagle3_trt.testing.tiny_pair import make_pair
 
     return make_pair(tmp_path_factory.mktemp("tiny-pair"))
 

@@ -17,9 +17,8 @@ import yaml
 from transformers import AutoTokenizer
 
 from eagle3_trt.cli import main
+from eagle3_trt.convert.load import load_engine
 from eagle3_trt.convert.prompts import load_prompt_records
-from eagle3_trt.convert.tiny_pair import make_draft
-from eagle3_trt.core.engine import SpeculativeEngine
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
 from eagle3_trt.pipeline.bundle import open_bundle
@@ -27,6 +26,7 @@ from eagle3_trt.pipeline.llm_options import LlmApiOptions
 from eagle3_trt.pipeline.presets import load_preset
 from eagle3_trt.runtime.commands import run_alpha
 from eagle3_trt.runtime.measure import encode_chat
+from eagle3_trt.testing.tiny_pair import make_draft
 from eagle3_trt.train.export import save_draft
 from eagle3_trt.train.trainer import distill_draft
 
@@ -52,7 +52,7 @@ def prompts_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def bundle(tiny_pair_session, prompts_file, tmp_path_factory) -> Path:
     t, d = tiny_pair_session
-    eng = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=3)
+    eng = load_engine(t, d, dtype=torch.float32, max_draft_len=3)
     recs = load_prompt_records(prompts_file)
     prompts = [encode_chat(eng.tokenizer, [{"role": "user", "content": r.turns[0]}]) for r in recs]
     distill_draft(eng, prompts, steps=150, lr=5e-3, gen_tokens=32, batch=6)

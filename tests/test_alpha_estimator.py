@@ -2,7 +2,7 @@
 
 The draft of the embedded tiny pair is distilled onto the tiny target for a few seconds in the
 fixture (a random draft accepts nothing, which would make every comparison vacuous). The target's
-layers are "sharpened" first (see ``train.toy_pair.sharpen_target``) so that its hidden states carry
+layers are "sharpened" first (see ``testing.toy_pair.sharpen_target``) so that its hidden states carry
 context and the draft has to use them: otherwise wrong aux layers could not lower alpha.
 Prompts are half from the distillation set and half unseen.
 """
@@ -15,12 +15,13 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from eagle3_trt.convert.tiny_pair import make_draft, make_pair
+from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 from eagle3_trt.core.stats import aggregate
 from eagle3_trt.runtime.diagnostics import diagnose_sequences
 from eagle3_trt.runtime.estimator import estimate
-from eagle3_trt.train.toy_pair import sharpen_target
+from eagle3_trt.testing.tiny_pair import make_draft, make_pair
+from eagle3_trt.testing.toy_pair import sharpen_target
 from eagle3_trt.train.trainer import distill_draft
 
 FIELDS = (
@@ -43,7 +44,7 @@ def _prompts(seed: int, n: int) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     t, d = make_pair(tmp_path_factory.mktemp("pair"))
-    eng = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=3)
+    eng = load_engine(t, d, dtype=torch.float32, max_draft_len=3)
     sharpen_target(eng.target)
     train = _prompts(11, 256)
     distill_draft(eng, train, steps=200, lr=5e-3, gen_tokens=24)
@@ -55,7 +56,7 @@ def hidden_only(tmp_path_factory, setup):
     """A second draft on the same target that predicts from the target's aux states only."""
     eng, _ = setup
     t, d = make_pair(tmp_path_factory.mktemp("pair2"))
-    fresh = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=3)
+    fresh = load_engine(t, d, dtype=torch.float32, max_draft_len=3)
     h = SpeculativeEngine(
         eng.target, fresh.draft, eng.tokenizer, max_draft_len=3, eos_token_ids=eng.eos_token_ids, max_seq_len=eng.max_seq_len, pad_token_id=eng.pad_token_id
     )
@@ -208,7 +209,7 @@ def test_random_draft_is_flagged_by_agreement_and_not_blamed_on_d2t(setup, tmp_p
     seqs, lens = _greedy_seqs(eng, _prompts(13, 12))
     t, d = make_pair(tmp_path / "pair")
     make_draft(d, seed=3)  # an untrained head, not the one the fixture distilled
-    fresh = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=3)
+    fresh = load_engine(t, d, dtype=torch.float32, max_draft_len=3)
     rnd = SpeculativeEngine(
         eng.target, fresh.draft, eng.tokenizer, max_draft_len=3, eos_token_ids=eng.eos_token_ids, max_seq_len=eng.max_seq_len, pad_token_id=eng.pad_token_id
     )

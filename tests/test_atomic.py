@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -166,6 +167,20 @@ def test_sigterm_removes_the_staging_dir(tmp_path):
     assert _leftovers(dest) == []
 
 
+def test_sigint_at_its_default_action_removes_the_staging_dir_too(tmp_path):
+    # SIGINT reset to the default action (kill, no exception): the writer takes it over for the write.
+    dest = tmp_path / "out"
+    code = "import signal; signal.signal(signal.SIGINT, signal.SIG_DFL)\n" + WRITER
+    proc = subprocess.Popen([sys.executable, "-c", code, str(dest), "sleep"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("ready"), proc.stderr.read()
+    staging = Path(line.split(" ", 1)[1].strip())
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "done" not in out and "KeyboardInterrupt" in err
+    assert not staging.exists() and not dest.exists() and _leftovers(dest) == []
+
+
 # SIGTERM lands while a __del__ runs: Python swallows the handler's exception ("Exception ignored
 # in ...") and carries on. Seen for real: a build stopped during transformers' imports (regex's
 # Group.__del__) completed and exited 0. argv[2]: how long the body goes on afterwards.
@@ -210,6 +225,59 @@ def test_sigterm_handler_is_only_installed_while_writing(tmp_path):
     with staged_dir(tmp_path / "o"):
         assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def _handlers() -> tuple:
+    return signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+
+
+@pytest.mark.parametrize("how", ["success", "error"])
+def test_signal_handlers_are_restored_after_a_staged_dir(tmp_path, how):
+    before = _handlers()
+    with pytest.raises(RuntimeError) if how == "error" else contextlib.nullcontext(), staged_dir(tmp_path / "o") as tmp:
+        (tmp / "f").write_text("x")
+        if how == "error":
+            raise RuntimeError("body failed")
+    assert _handlers() == before
+    write_text(tmp_path / "f.txt", "x")
+    assert _handlers() == before
+
+
+def test_default_sigint_and_sigterm_are_taken_over_only_during_the_write_and_put_back(tmp_path):
+    # Both at their default action (kill without clean-up): the writer takes both over for the
+    # write, and afterwards the very same dispositions are back, not the writer's handler.
+    old_int, old_term = _handlers()
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with staged_dir(tmp_path / "o"):
+            inside = _handlers()
+        assert signal.SIG_DFL not in inside
+        assert _handlers() == (signal.SIG_DFL, signal.SIG_DFL)
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+
+
+def test_a_handler_the_process_installed_is_left_alone_and_kept(tmp_path):
+    def mine(signum, frame):
+        raise AssertionError("not sent")
+
+    old_term = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, mine)
+        with staged_dir(tmp_path / "o"):
+            assert signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+
+
+def test_process_handlers_are_untouched_by_importing_the_writer():
+    # Importing eagle3_trt (and its atomic writer) must not change any signal disposition.
+    code = "import signal; b = (signal.getsignal(2), signal.getsignal(15)); import eagle3_trt.atomic, eagle3_trt.cli; print(b == (signal.getsignal(2), signal.getsignal(15)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr
 
 
 # ---------------------------------------------------------------- (d) SIGKILL leftovers

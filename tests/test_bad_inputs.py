@@ -36,8 +36,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3_trt.atomic import staged_dir
-from eagle3_trt.convert.tiny_pair import make_pair
 from eagle3_trt.pipeline.presets import PRESET_DIR
+from eagle3_trt.testing.tiny_pair import make_pair
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CASE_TIMEOUT_S = 120

@@ -20,12 +20,13 @@ import yaml
 from eagle3_trt import cli
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline import bundle as fmt
+from eagle3_trt.pipeline import bundle_write
 from eagle3_trt.pipeline import compile as comp
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
 from eagle3_trt.pipeline.presets import load_preset
+from eagle3_trt.pipeline.trtllm_adapter import serving_llm_kwargs
 from eagle3_trt.runtime.loader import engine_from_bundle
 from eagle3_trt.triton_serving.model_yaml import read_bundle
-from eagle3_trt.triton_serving.trtllm_serving import trtllm_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "convert" / "data" / "calib_prompts.jsonl"
@@ -47,7 +48,7 @@ def every_reader_k(b: Path) -> dict[str, int]:
         "reference runtime (bundle)": engine_from_bundle(b).max_draft_len,
         "reference runtime (BF16 sources)": engine_from_bundle(b, reference=True).max_draft_len,
         "triton read_bundle": read_bundle(b).max_draft_len,
-        "triton trtllm kwargs": trtllm_kwargs(b, {}, speculation=True).kwargs["speculative_config"]["max_draft_len"],
+        "serving LLM() kwargs": serving_llm_kwargs(b, fmt.open_bundle(b).options).kwargs["speculative_config"]["max_draft_len"],
         "compile preflight": comp.preflight(b, "h100", require_runtime=False).llm.kwargs["speculative_config"]["max_draft_len"],
         "launch/trtllm-serve.yaml": yaml.safe_load((launch / "trtllm-serve.yaml").read_text())["speculative_config"]["max_draft_len"],
         "launch/sglang.sh": int(steps),
@@ -169,7 +170,7 @@ def test_update_refuses_a_bundle_that_does_not_match_its_manifest(fp8_bundle, tm
     f.write_bytes(f.read_bytes()[:-8])
     before = (b / fmt.OPTIONS_FILE).read_text()
     with pytest.raises(UserError) as e:
-        fmt.update(b, options=fmt.read_options(b))
+        bundle_write.update(b, options=fmt.read_options(b))
     assert "draft/model.safetensors: changed" in e.value.what and "--force" in e.value.hint
     assert (b / fmt.OPTIONS_FILE).read_text() == before
 

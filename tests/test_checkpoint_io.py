@@ -4,8 +4,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eagle3_trt.convert.checkpoint_io import load_tensors, sha256_file, tensor_shapes, weight_files
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.checkpoint_io import load_tensors, sha256_file, tensor_shapes, weight_files
 
 
 def test_truncated_safetensors_is_named(tmp_path):

@@ -14,6 +14,7 @@ import pytest
 from eagle3_trt.cli import main as cli_main
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline import bundle as fmt
+from eagle3_trt.pipeline import bundle_write
 from eagle3_trt.pipeline import compile as comp
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
 from eagle3_trt.pipeline.gpu_checks import check_formats, detect_gpu, gpu_key
@@ -110,7 +111,7 @@ def test_tensor_parallel_larger_than_visible_gpus_is_refused(fp8_copy):
     from eagle3_trt.pipeline.gpu_checks import DetectedGpu
 
     opts = fmt.open_bundle(fp8_copy).options.model_copy(update={"tensor_parallel_size": 4})
-    fmt.update(fp8_copy, options=opts)
+    bundle_write.update(fp8_copy, options=opts)
     one = DetectedGpu("NVIDIA H100 80GB HBM3", "h100", 90, 1, 85_520_809_984)
     with pytest.raises(UserError) as e:
         comp.preflight(fp8_copy, None, require_runtime=False, detected=one)

@@ -173,7 +173,7 @@ def test_rejects_bad_inputs():
 def test_moe_verification_reads_the_experts_its_tokens_route_to():
     """gpt-oss-120b at TP1 (whole-model figures), memory-bound with no fixed costs: a forward over n tokens
     reads the dense part plus E * (1 - (1 - a/E)^n) of the 128 experts, by hand."""
-    from eagle3_trt.pipeline.planner import count_target, moe_cost_inputs, parse_shape, read_config
+    from eagle3_trt.pipeline.model_size import count_target, moe_cost_inputs, parse_shape, read_config
     from eagle3_trt.pipeline.presets import PRESET_DIR
     from eagle3_trt.runtime.cost_model import forward_time_s
 

@@ -23,13 +23,15 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from eagle3_trt.cli import main
-from eagle3_trt.convert.draft_format import for_max_seq_len, load_draft, trtllm_config
+from eagle3_trt.convert.draft_format import for_max_seq_len, load_draft
+from eagle3_trt.convert.load import load_engine
 from eagle3_trt.convert.target import read_target
-from eagle3_trt.convert.tiny_pair import make_pair
 from eagle3_trt.convert.validate import validate_pair
 from eagle3_trt.core.draft import Eagle3Draft
-from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
+from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.draft_config import trtllm_config
+from eagle3_trt.testing.tiny_pair import make_pair
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +177,7 @@ def test_variant_heads_decode_exactly_and_export(tiny_pair, tmp_path, name):
     config carries the flag where TensorRT-LLM reads it."""
     nested, top = VARIANTS[name]
     make_variant(tiny_pair[1], nested, top)
-    eng = SpeculativeEngine.from_pair(tiny_pair[0], tiny_pair[1], dtype=torch.float32, max_draft_len=3)
+    eng = load_engine(tiny_pair[0], tiny_pair[1], dtype=torch.float32, max_draft_len=3)
     prompt = [[0, 17, 42, 99, 7, 3, 250]]
     p = SamplingParams(max_tokens=12)
     assert eng.generate(prompt, p)[0].token_ids == eng.generate(prompt, p, speculate=False)[0].token_ids
@@ -194,7 +196,7 @@ def test_shipped_embed_tokens_ignored_when_hidden_sizes_match(tiny_pair):
     W = load_file(str(tiny_pair[1] / "model.safetensors"))
     W["embed_tokens.weight"] = torch.randn(512, W["fc.weight"].shape[0]).to(torch.bfloat16)
     save_file(W, str(tiny_pair[1] / "model.safetensors"))
-    eng = SpeculativeEngine.from_pair(tiny_pair[0], tiny_pair[1], dtype=torch.float32)
+    eng = load_engine(tiny_pair[0], tiny_pair[1], dtype=torch.float32)
     ids = torch.tensor([[3, 5, 7]])
     assert eng.draft_embed is None and torch.equal(eng.draft_embedding(ids), eng.target.embed(ids))
     rep = validate_pair(read_target(tiny_pair[0]), load_draft(tiny_pair[1]), 512)

@@ -27,10 +27,9 @@ from eagle3_trt.testing.pytest_guard import require
 require("dynamo", "openai")
 import openai
 
-from eagle3_trt.dynamo_serving.engine import speculative_stats
 from eagle3_trt.dynamo_serving.launcher import Deployment, free_port
-from eagle3_trt.runtime.llm_api import RequestPerfMetrics, SamplingParams, SpeculativeDecodingMetrics
-from eagle3_trt.runtime.reference_llm import ReferenceLLM
+from eagle3_trt.runtime.factory import open_llm
+from eagle3_trt.runtime.llm_api import RequestPerfMetrics, SamplingParams, SpeculativeDecodingMetrics, spec_stats
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "List three prime numbers:", "Explain caching in one line."]
@@ -59,7 +58,7 @@ def dep(fp8_bundle, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def direct(fp8_bundle):
-    llm = ReferenceLLM(fp8_bundle, device="cpu", torch_threads=1)
+    llm = open_llm(fp8_bundle, "reference", device="cpu", torch_threads=1)
     yield llm
     llm.shutdown()
 
@@ -150,9 +149,9 @@ def test_acceptance_length_counts_the_prefill_forward():
         ),
         eagle3_target_forwards=18,
     )
-    st = speculative_stats(perf, 30, True)
+    st = spec_stats(perf, 30, True).as_dict()
     assert st["acceptance_length"] == round(30 / 18, 4) and st["target_forwards"] == 18
-    assert speculative_stats(RequestPerfMetrics(eagle3_target_forwards=8), 8, False)["acceptance_length"] == 1.0
+    assert spec_stats(RequestPerfMetrics(eagle3_target_forwards=8), 8, False).as_dict()["acceptance_length"] == 1.0
 
 
 def test_32_concurrent_requests_spread_over_both_workers(client, dep, direct):

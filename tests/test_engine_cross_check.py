@@ -18,8 +18,9 @@ from transformers import LlamaForCausalLM
 
 from eagle3_trt.convert.draft_format import load_draft
 from eagle3_trt.convert.embedded import embedded_pair, heldout_prompts
+from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.draft import Eagle3Draft
-from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
+from eagle3_trt.core.engine import SamplingParams
 
 K, MAX_NEW = 3, 40
 
@@ -102,7 +103,7 @@ def models(pair):
 def test_engine_accept_lengths_match_the_naive_chain(pair, models):
     t, d, prompts = pair
     hf, draft, aux = models
-    eng = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=K)
+    eng = load_engine(t, d, dtype=torch.float32, max_draft_len=K)
     eng.eos_token_ids = ()  # run to the token budget: more iterations to compare
     accepted = _check(eng, hf, draft, aux, prompts)
     assert accepted >= len(prompts) * 5  # long accepted runs were compared, not only rejections
@@ -113,7 +114,7 @@ def test_the_cross_check_catches_a_drifted_engine(pair, models):
     off-by-one in the layer convention) disagrees with the re-derivation."""
     t, d, prompts = pair
     hf, draft, aux = models
-    eng = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=K, aux_layer_ids=[i + 1 for i in aux])
+    eng = load_engine(t, d, dtype=torch.float32, max_draft_len=K, aux_layer_ids=[i + 1 for i in aux])
     eng.eos_token_ids = ()
     with pytest.raises(AssertionError):
         _check(eng, hf, draft, aux, prompts)

@@ -16,13 +16,13 @@ import transformers
 from safetensors import safe_open
 
 from eagle3_trt.convert.draft_format import load_draft
-from eagle3_trt.convert.families import FAMILIES, LLAMA, QWEN3
+from eagle3_trt.convert.load import load_target
 from eagle3_trt.convert.target import read_target
 from eagle3_trt.convert.validate import validate_pair
-from eagle3_trt.core.target import TargetModel
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.families import FAMILIES, LLAMA, QWEN3
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
-from eagle3_trt.pipeline.planner import count_target, parse_shape, read_config
+from eagle3_trt.pipeline.model_size import count_target, parse_shape, read_config
 from eagle3_trt.pipeline.presets import load_preset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +126,7 @@ def test_validation_refuses_a_qwen3_checkpoint_without_q_norm(qwen_pair, tmp_pat
 # ---- the reference runtime computes what transformers computes, aux capture included -------------
 def test_runtime_target_matches_transformers_qwen3():
     ids = load_draft(PAIR / "draft").config.aux_layer_ids
-    tm = TargetModel.from_dir(PAIR / "target", dtype=torch.float32, aux_layer_ids=ids)
+    tm = load_target(PAIR / "target", dtype=torch.float32, aux_layer_ids=ids)
     assert type(tm.hf).__name__ == "Qwen3ForCausalLM" and tm.family is QWEN3
     hf = transformers.Qwen3ForCausalLM.from_pretrained(PAIR / "target", torch_dtype=torch.float32).eval()
     x = torch.tensor([[5, 17, 300, 42, 99, 7, 512, 3]])

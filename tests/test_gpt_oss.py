@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_trt.convert.families import GPT_OSS, family_of
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.families import GPT_OSS, family_of
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
 from eagle3_trt.pipeline.gpus import get_gpu
-from eagle3_trt.pipeline.planner import count_target, parse_shape, plan_for_preset, read_config
+from eagle3_trt.pipeline.model_size import count_target, parse_shape, read_config
+from eagle3_trt.pipeline.plan_presets import plan_for_preset
 from eagle3_trt.pipeline.presets import load_preset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -280,10 +281,10 @@ def test_runtime_target_matches_transformers_gpt_oss_with_windows_and_sinks():
 def _tiny_engine(dtype, window: bool = True):
     import torch
 
-    from eagle3_trt.convert.draft_format import DraftConfig
     from eagle3_trt.core.draft import Eagle3Draft
     from eagle3_trt.core.engine import SpeculativeEngine
     from eagle3_trt.core.target import TargetModel
+    from eagle3_trt.formats.draft_config import DraftConfig
 
     cfg, ref = _tiny_gpt_oss(dtype)
     aux = (0, 1, 2)  # 4 layers: TensorRT-LLM's {1, L//2-1, L-4} needs more than 5, so three distinct early layers

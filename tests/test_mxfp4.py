@@ -23,9 +23,9 @@ from safetensors.torch import load_file, save_file
 
 from eagle3_trt.convert import mxfp4
 from eagle3_trt.convert.draft_format import load_draft
+from eagle3_trt.convert.load import load_target
 from eagle3_trt.convert.target import read_target
 from eagle3_trt.convert.validate import validate_pair
-from eagle3_trt.core.target import TargetModel
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
 from eagle3_trt.pipeline.presets import load_preset
@@ -69,8 +69,8 @@ def test_the_embedded_pair_ships_the_openai_layout():
     cfg = json.loads((PAIR / "target" / "config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "mxfp4" and cfg["model_type"] == "gpt_oss"
     with safe_open(str(PAIR / "target" / "model.safetensors"), "pt") as f:
-        dt = {k: str(f.get_slice(k).get_dtype()) for k in f}
-        shape = {k: tuple(f.get_slice(k).get_shape()) for k in f}
+        dt = {k: str(f.get_slice(k).get_dtype()) for k in f.keys()}
+        shape = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     H, I, E = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_local_experts"]
     assert shape["model.layers.0.mlp.experts.gate_up_proj_blocks"] == (E, 2 * I, H // 32, 16)
     assert shape["model.layers.0.mlp.experts.down_proj_scales"] == (E, H, I // 32)
@@ -88,7 +88,7 @@ def test_runtime_equals_transformers_loading_the_mxfp4_checkpoint():
     cfg = json.loads((PAIR / "target" / "config.json").read_text())
     ref = transformers.AutoModelForCausalLM.from_pretrained(PAIR / "target", dtype=torch.float32).eval()
     ref.float()  # transformers keeps the dequantized experts in BF16 (exact: every MXFP4 value is a BF16 value)
-    tm = TargetModel.from_dir(PAIR / "target", dtype=torch.float32, aux_layer_ids=(1, 3, 4))
+    tm = load_target(PAIR / "target", dtype=torch.float32, aux_layer_ids=(1, 3, 4))
     want_sd, got_sd = ref.state_dict(), tm.hf.state_dict()
     assert want_sd.keys() == got_sd.keys()
     assert [k for k in want_sd if not torch.equal(want_sd[k], got_sd[k])] == []
@@ -344,4 +344,4 @@ def test_a_nan_exponent_is_refused_when_the_runtime_loads_the_target(pair):
 
     _rewrite(t, poison)
     with pytest.raises(UserError, match=r"down_proj_scales: 1 blocks have the E8M0 NaN exponent \(255\)"):
-        TargetModel.from_dir(t)
+        load_target(t)

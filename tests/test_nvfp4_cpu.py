@@ -1,7 +1,7 @@
 import torch
 
 from eagle3_trt.convert import modelopt_compat
-from eagle3_trt.convert.nvfp4_cpu import E2M1_MAX, nvfp4_fake_quant, round_to_e2m1
+from eagle3_trt.core.nvfp4 import E2M1_MAX, nvfp4_fake_quant, round_to_e2m1
 
 
 def test_e2m1_grid_and_ties_to_even():

@@ -25,6 +25,7 @@ import yaml
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline import bundle as fmt
+from eagle3_trt.pipeline import bundle_write
 from eagle3_trt.pipeline import other_engines as oe
 from eagle3_trt.pipeline import trtllm_adapter as ad
 from eagle3_trt.pipeline import trtllm_versions as tv
@@ -40,7 +41,7 @@ with open(os.environ["ARGV_OUT"], "w") as f:
 
 def write_recommendation(bundle: Path, k: int, **kw) -> None:
     """What `recommend --write` does: new options through bundle.update, which re-renders launch/."""
-    fmt.update(bundle, options=ad.recommend(fmt.open_bundle(bundle).options, k, **kw))
+    bundle_write.update(bundle, options=ad.recommend(fmt.open_bundle(bundle).options, k, **kw))
 
 
 @pytest.fixture(scope="module")

@@ -16,20 +16,11 @@ from eagle3_trt.cli import main
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.gpu_checks import check_formats
 from eagle3_trt.pipeline.gpus import GPUS, KV_MIN_SM, MIN_SM, check_kv_for_gpu, check_quant_for_gpu, get_gpu
-from eagle3_trt.pipeline.planner import (
-    MODEL_CONFIG_DIR,
-    count_draft,
-    count_target,
-    format_plan,
-    graph_batch_sizes,
-    kv_bytes_per_token,
-    make_plan,
-    parse_shape,
-    plan_for_preset,
-    plan_steps,
-    read_config,
-    target_weight_bytes,
-)
+from eagle3_trt.pipeline.memory import graph_batch_sizes, kv_bytes_per_token, target_weight_bytes
+from eagle3_trt.pipeline.model_size import count_draft, count_target, parse_shape, read_config
+from eagle3_trt.pipeline.plan_presets import MODEL_CONFIG_DIR, plan_for_preset
+from eagle3_trt.pipeline.plan_report import format_plan, plan_steps
+from eagle3_trt.pipeline.planner import make_plan
 
 T70 = read_config(MODEL_CONFIG_DIR / "llama3.3-70b/target/config.json")
 D70 = read_config(MODEL_CONFIG_DIR / "llama3.3-70b/draft/config.json")
@@ -310,7 +301,7 @@ def test_plan_steps():
 
 
 def test_planner_does_not_import_torch():
-    code = "import sys, eagle3_trt.pipeline.planner as p; p.plan_for_preset('llama3.1-8b','h100',1,'fp8'); assert 'torch' not in sys.modules"
+    code = "import sys, eagle3_trt.pipeline.plan_presets as p; p.plan_for_preset('llama3.1-8b','h100',1,'fp8'); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -1,5 +1,6 @@
 import pytest
 
+from eagle3_trt.convert.embedded import embedded_pair
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.presets import available, load_preset, load_preset_file, resolve_source
 
@@ -55,3 +56,10 @@ def test_hf_cache_snapshot_is_found(tmp_path, monkeypatch):
     from eagle3_trt.pipeline.presets import Source
 
     assert resolve_source(Source(source="hf:org/m"), None, "target") == snap
+
+
+def test_an_absent_embedded_pair_is_a_user_error_naming_it():
+    # models/ always ships, so there is no stand-in to make: the name is refused
+    with pytest.raises(UserError) as e:
+        embedded_pair("no-such-pair")
+    assert e.value.where == "embedded:no-such-pair"

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3_trt.convert.dequantize import dequant_fp8, dequant_nvfp4, load_checkpoint_dequantized
-from eagle3_trt.convert.nvfp4_cpu import nvfp4_fake_quant
+from eagle3_trt.core.nvfp4 import nvfp4_fake_quant
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

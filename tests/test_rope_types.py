@@ -10,9 +10,9 @@ import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from eagle3_trt.convert import rope_params
 from eagle3_trt.core import rope
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats import rope_params
 
 HEAD_DIM, MAX_POS = 64, 4096
 

@@ -16,9 +16,10 @@ import random
 import pytest
 import torch
 
-from eagle3_trt.convert.tiny_pair import TinyShape, make_pair
+from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 from eagle3_trt.core.tree import DraftTree
+from eagle3_trt.testing.tiny_pair import TinyShape, make_pair
 from eagle3_trt.train.trainer import distill_draft
 
 MAX_NEW = 24
@@ -42,8 +43,8 @@ def tiny(tmp_path_factory):
 
     t, d = make_pair(tmp_path_factory.mktemp("pair"))
     hf = AutoModelForCausalLM.from_pretrained(str(t), dtype=torch.float32).eval()
-    random_draft = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=3)
-    trained = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=3)
+    random_draft = load_engine(t, d, dtype=torch.float32, max_draft_len=3)
+    trained = load_engine(t, d, dtype=torch.float32, max_draft_len=3)
     train_prompts = _prompts(1, 24)
     distill_draft(trained, train_prompts, steps=120, lr=5e-3, gen_tokens=32)
     # half seen in distillation (long accepted runs), half unseen (mostly rejections)
@@ -60,7 +61,7 @@ def other(tmp_path_factory):
     shape = TinyShape(hidden_size=96, num_hidden_layers=10, num_attention_heads=6, num_key_value_heads=3, intermediate_size=160, draft_intermediate_size=128)
     t, d = make_pair(tmp_path_factory.mktemp("other"), shape=shape, seed=7)
     hf = AutoModelForCausalLM.from_pretrained(str(t), dtype=torch.float32).eval()
-    eng = SpeculativeEngine.from_pair(t, d, dtype=torch.float32, max_draft_len=4)
+    eng = load_engine(t, d, dtype=torch.float32, max_draft_len=4)
     prompts = _prompts(3, 4)
     return {"eng": eng, "prompts": prompts, "refs": [_hf_greedy(hf, p, MAX_NEW) for p in prompts]}
 

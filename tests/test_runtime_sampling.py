@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from eagle3_trt.core.engine import SamplingParams
-from eagle3_trt.train.toy_pair import toy_engine
+from eagle3_trt.testing.toy_pair import toy_engine
 
 V, DV, N_SAMPLES, PROMPT = 16, 12, 4000, [1, 2, 3]
 

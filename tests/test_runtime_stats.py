@@ -11,7 +11,7 @@ import pytest
 
 from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.stats import RequestStats, aggregate
-from eagle3_trt.train.toy_pair import toy_engine
+from eagle3_trt.testing.toy_pair import toy_engine
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3_trt.cli import main
-from eagle3_trt.convert.draft_format import load_draft, trtllm_config
+from eagle3_trt.convert.draft_format import load_draft
+from eagle3_trt.formats.draft_config import trtllm_config
 
 
 def _to_speculators(draft_dir, extra_tensors=None, **flags):

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3_trt.convert.checkpoint_io import tensor_shapes
 from eagle3_trt.convert.streaming import INDEX_FILE, read_header, stream_convert, write_tensors
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.checkpoint_io import tensor_shapes
 
 
 @pytest.fixture

@@ -13,15 +13,16 @@ import contextlib
 import pytest
 import torch
 
-from eagle3_trt.convert.tiny_pair import TinyShape, make_pair
+from eagle3_trt.convert.load import load_target
 from eagle3_trt.core.target import GQA_ATTENTION, TargetModel, attention_implementation, column_windows
+from eagle3_trt.testing.tiny_pair import TinyShape, make_pair
 
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     # GQA (4 query heads over 2 KV heads) as in the tiny pair
     t, _ = make_pair(tmp_path_factory.mktemp("pair"), TinyShape(num_hidden_layers=4))
-    return TargetModel.from_dir(t, dtype=torch.float32, aux_layer_ids=(0, 1, 3)), t
+    return load_target(t, dtype=torch.float32, aux_layer_ids=(0, 1, 3)), t
 
 
 def _left_padded(prompts: list[list[int]]):

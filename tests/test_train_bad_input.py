@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_trt.convert.tiny_pair import TinyShape, make_pair
 from eagle3_trt.errors import UserError
+from eagle3_trt.testing.tiny_pair import TinyShape, make_pair
 from eagle3_trt.train.train_draft import TrainDraftOptions, train_draft
 
 

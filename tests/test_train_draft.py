@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from eagle3_trt.convert.draft_format import load_draft
+from eagle3_trt.convert.load import load_target
 from eagle3_trt.convert.target import read_target
-from eagle3_trt.convert.tiny_pair import make_pair
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
-from eagle3_trt.core.target import TargetModel
+from eagle3_trt.testing.tiny_pair import make_pair
 from eagle3_trt.train.evaluate import torch_threads
 from eagle3_trt.train.hidden_states import HiddenCache
 from eagle3_trt.train.train_draft import TrainDraftOptions, train_draft
@@ -154,7 +154,7 @@ def test_speculative_decoding_reproduces_greedy(finetuned):
     root, target, _, _ = finetuned
     tok = AutoTokenizer.from_pretrained(str(target))
     eng = SpeculativeEngine(
-        TargetModel.from_dir(target, dtype=torch.float32, aux_layer_ids=(1, 3, 4)),
+        load_target(target, dtype=torch.float32, aux_layer_ids=(1, 3, 4)),
         Eagle3Draft.from_checkpoint(load_draft(root / "head"), torch.float32),
         max_draft_len=3,
     )

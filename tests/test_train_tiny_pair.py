@@ -42,19 +42,19 @@ def test_card_states_the_recorded_figure():
 
 
 def test_heldout_acceptance_is_real():
+    from eagle3_trt.convert.load import load_target
     from eagle3_trt.core.draft import Eagle3Draft
     from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
-    from eagle3_trt.core.target import TargetModel
+    from eagle3_trt.testing.tiny_recipe import Recipe, read_corpus
     from eagle3_trt.train.data import Encoder, Record, eval_prompts
     from eagle3_trt.train.evaluate import measure_acceptance, torch_threads
     from eagle3_trt.train.hidden_states import target_tokenizer
-    from eagle3_trt.train.make_tiny_pair import Recipe, read_corpus
 
     r = Recipe()
     _, held, _ = read_corpus()
     info = read_target(PAIR / "target")
     ck = load_draft(PAIR / "draft")
-    target = TargetModel.from_dir(PAIR / "target", dtype=torch.float32, aux_layer_ids=ck.config.aux_layer_ids)
+    target = load_target(PAIR / "target", dtype=torch.float32, aux_layer_ids=ck.config.aux_layer_ids)
     draft = Eagle3Draft.from_checkpoint(ck, torch.float32)
     enc = Encoder(target_tokenizer(PAIR / "target"), r.draft_seq, r.eval_prompt_len)
     windows = [w for text in held.values() for w in enc.windows(Record(text=text))]

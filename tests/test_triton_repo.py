@@ -16,6 +16,7 @@ from eagle3_trt.testing.pytest_guard import require
 require("tritonclient")
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.triton_serving.model_yaml import load_model_yaml
 from eagle3_trt.triton_serving.package import BASELINE_SUFFIX, check_repository, package_bundle
 from eagle3_trt.triton_serving.pbtxt import TEMPLATE, render_config, render_template, validate_config_text
 
@@ -185,19 +186,32 @@ def test_check_repository_catches_yaml_problems(repo):
         check_repository(repo)
 
 
-def test_trtllm_kwargs_from_bundle(fp8_bundle):
-    from eagle3_trt.triton_serving.trtllm_serving import trtllm_kwargs
+def test_serving_llm_kwargs_one_translation_for_model_yaml_and_the_trtllm_runtime(fp8_bundle, tmp_path):
+    """The trtllm runtime's LLM() kwargs and the model.yaml `package` writes come from one function:
+    the same options, differing only in what each asks for (installed names vs portable, paths)."""
+    from eagle3_trt.pipeline.bundle import open_bundle
+    from eagle3_trt.pipeline.trtllm_adapter import serving_llm_kwargs
 
-    b = Path(fp8_bundle).resolve()
-    res = trtllm_kwargs(b, {"kv_cache_config": {"free_gpu_memory_fraction": 0.5}}, speculation=True)
+    b = open_bundle(Path(fp8_bundle).resolve())
+    res = serving_llm_kwargs(b.path, b.options, overrides={"kv_cache_config": {"free_gpu_memory_fraction": 0.5}})
     kw = res.kwargs
-    assert kw["model"] == str(b / "target")
+    assert kw["model"] == str(b.path / "target")
     spec = kw["speculative_config"]
-    assert spec["decoding_type"] == "Eagle3" and str(b / "draft") in (spec.get("speculative_model"), spec.get("speculative_model_dir"))
+    assert spec["decoding_type"] == "Eagle3" and str(b.path / "draft") in (spec.get("speculative_model"), spec.get("speculative_model_dir"))
     assert kw["kv_cache_config"]["free_gpu_memory_fraction"] == 0.5 and kw["kv_cache_config"]["dtype"] == "fp8"  # merged
-    assert "speculative_config" not in trtllm_kwargs(b, {}, speculation=False).kwargs
+    assert "speculative_config" not in serving_llm_kwargs(b.path, b.options, speculation=False).kwargs
     with pytest.raises(UserError):
-        trtllm_kwargs(b, {"no_such_llm_option": 1}, speculation=True)
+        serving_llm_kwargs(b.path, b.options, overrides={"no_such_llm_option": 1})
+
+    # what `package` writes into model.yaml is that translation, for both the spec and the baseline model
+    repo = tmp_path / "repo"
+    package_bundle(b.path, repo, with_baseline=True)
+    for name, speculation in (("eagle3", True), ("eagle3_nospec", False)):
+        written = load_model_yaml(repo / name / "1" / "model.yaml").llm_kwargs
+        assert written == serving_llm_kwargs(b.path, b.options, speculation=speculation, portable=True).kwargs
+    # and for a bundle the server sees elsewhere: the same options, paths joined onto that directory
+    moved = serving_llm_kwargs(b.path, b.options, portable=True, bundle_path="/srv/bundle").kwargs
+    assert moved["model"] == "/srv/bundle/target" and moved["speculative_config"]["max_draft_len"] == kw["speculative_config"]["max_draft_len"]
 
 
 # ---- request values -----------------------------------------------------------------------------

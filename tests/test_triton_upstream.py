@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ require("tritonclient")
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.trtllm_adapter import DOCUMENTED_NESTED, DOCUMENTED_TOP_LEVEL
-from eagle3_trt.runtime.llm_api import SamplingParams
+from eagle3_trt.runtime.llm_api import SamplingParamError, SamplingParams
 from eagle3_trt.triton_serving.instances import MPI_JOB_VARS, assign_gpus, instance_environment, instance_index
 from eagle3_trt.triton_serving.job import LlmServing, derive_positions
 from eagle3_trt.triton_serving.package import UNARY_SUFFIX, package_bundle
@@ -173,23 +174,20 @@ def served(tmp_path_factory):
     from eagle3_trt.convert.embedded import embedded_pair, heldout_prompts
     from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
     from eagle3_trt.pipeline.presets import load_preset
-    from eagle3_trt.runtime.reference_llm import ReferenceLLM
+    from eagle3_trt.runtime.factory import open_llm
 
     t, _ = embedded_pair("tiny")
     prompts = heldout_prompts(t.parent)
     if not prompts:
         raise AssertionError("every embedded pair ships held-out prompts")
     bundle = build_bundle(EngineRequest(preset=load_preset("tiny"), target_gpu="h100", out=str(tmp_path_factory.mktemp("emb") / "b"))).bundle
-    llm = ReferenceLLM(bundle, device="cpu")
+    llm = open_llm(bundle, "reference", device="cpu")
     summaries = []
     sv = LlmServing(
         llm,
-        SamplingParams,
-        llm.tokenizer,
         max_seq_len=512,
         max_draft_len=3,
         speculation=True,
-        per_request_speculation=True,
         default_max_tokens=16,
         cancel_period_ms=20,
         decoupled=True,
@@ -262,8 +260,40 @@ def test_reference_llm_api_shape(served):
     assert out.finished and out.outputs[0].finish_reason == "cancelled"
     assert seen == sorted(seen) and seen[-1] < 200
     assert out.outputs[0].request_perf_metrics.speculative_decoding.total_draft_tokens > 0
-    with pytest.raises(ValueError, match="frequency_penalty"):
+    # refused with the field named as data (the Triton driver maps it to sampling_param_<field>)
+    with pytest.raises(SamplingParamError, match="frequency_penalty") as e:
         SamplingParams(frequency_penalty=0.5)
+    assert e.value.field == "frequency_penalty"
+
+
+def test_refused_sampling_value_names_the_request_field(served):
+    """The runtime's refusal reaches the client as the request tensor it came from, nothing started."""
+    sv, texts, _ = served
+    before = sv.in_flight()
+    with pytest.raises(RequestError) as e:
+        sv.submit(GenRequest(prompt=texts[0], presence_penalty=0.5), _Sink(), "", time.monotonic_ns())
+    assert e.value.field == "sampling_param_presence_penalty" and "not supported by the reference runtime" in e.value.message
+    assert sv.in_flight() == before
+
+
+def test_serve_refuses_a_state_dir_whose_server_is_alive_and_ignores_an_empty_one(tmp_path):
+    """A live recorded server is refused (by its pid, before anything starts); no record is no refusal."""
+    from eagle3_trt.triton_serving.server import STATE_FILE, ServerHandle, start_server
+
+    state = tmp_path / "state"
+    state.mkdir()
+    ServerHandle(os.getpid(), str(tmp_path), 1, 2, 3, str(tmp_path / "log"), str(state)).save()
+    with pytest.raises(UserError, match="a server is already running here"):
+        start_server(tmp_path, state_dir=state, validate=False)
+    (state / STATE_FILE).unlink()
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:  # past the state check: the next refusal is the port, so nothing was started
+        with pytest.raises(UserError, match=f"port {busy.getsockname()[1]}"):
+            start_server(tmp_path, state_dir=state, http_port=busy.getsockname()[1], validate=False)
+    finally:
+        busy.close()
 
 
 # ---- stop: says when it had to kill, leaves no shared memory behind --------------------------------

@@ -12,7 +12,7 @@ import yaml
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline import bundle as fmt
-from eagle3_trt.pipeline import llm_options
+from eagle3_trt.pipeline import bundle_write, llm_options
 from eagle3_trt.pipeline import trtllm_adapter as ad
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
 from eagle3_trt.pipeline.presets import load_preset
@@ -25,7 +25,7 @@ def kwargs_for(bundle: Path, **kw) -> ad.LlmKwargs:
 
 def write_recommendation(bundle: Path, k: int, **kw) -> llm_options.LlmApiOptions:
     """What `recommend --write` does: the adapter's options, written by bundle.update."""
-    return fmt.update(bundle, options=ad.recommend(fmt.open_bundle(bundle).options, k, **kw)).options
+    return bundle_write.update(bundle, options=ad.recommend(fmt.open_bundle(bundle).options, k, **kw)).options
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def bundle(tmp_path_factory) -> Path:
     tokenizer files a full build copies into target/."""
     import shutil
 
-    from eagle3_trt.convert.tiny_pair import TOKENIZER_DIR
+    from eagle3_trt.testing.tiny_pair import TOKENIZER_DIR
 
     out = tmp_path_factory.mktemp("adapter") / "llama8b"
     b = build_bundle(EngineRequest(preset=load_preset("llama3.1-8b"), out=str(out), dry_run=True)).bundle

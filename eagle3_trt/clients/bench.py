@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from eagle3_trt import __version__
 from eagle3_trt.clients.llm_client import GenerationParams, LLMClient, Timed
@@ -270,6 +271,7 @@ def evaluate_gate(arms: list[ArmResult], alpha_threshold: float = DEFAULT_ALPHA_
     on = [a for a in arms if a.speculative]
     # Pool alpha over every speculative run; prefer the server's counters when present.
     draft_m = [a for a in on if a.alpha_metrics is not None]
+    alpha: float | None
     if draft_m:
         alpha = sum(a.alpha_metrics for a in draft_m) / len(draft_m)  # type: ignore[misc]
         source = "metrics endpoint"
@@ -281,7 +283,7 @@ def evaluate_gate(arms: list[ArmResult], alpha_threshold: float = DEFAULT_ALPHA_
     by_c: dict[int, dict[bool, ArmResult]] = {}
     for a in arms:
         by_c.setdefault(a.concurrency, {})[a.speculative] = a
-    rows = []
+    rows: list[dict[str, Any]] = []
     for c in sorted(by_c):
         a_on, a_off = by_c[c].get(True), by_c[c].get(False)
         p_on = a_on.itl_p99_s if a_on else None
@@ -304,7 +306,7 @@ def evaluate_gate(arms: list[ArmResult], alpha_threshold: float = DEFAULT_ALPHA_
         )
     judged = [r for r in rows if r["itl_ok"] is not None]
     not_judged = [r["concurrency"] for r in rows if r["itl_ok"] is None]
-    switch = None
+    switch: int | None = None
     for r in judged:
         if not r["itl_ok"]:
             break
@@ -499,9 +501,9 @@ def run_bench(
             metrics_ok = False
 
     if cfg.warmup:
-        with open_client(cfg) as c:
+        with open_client(cfg) as client:
             for i in range(cfg.warmup):
-                c.generate(cfg.prompts[i % len(cfg.prompts)], GenerationParams(max_tokens=min(8, cfg.max_tokens)), stream=True)
+                client.generate(cfg.prompts[i % len(cfg.prompts)], GenerationParams(max_tokens=min(8, cfg.max_tokens)), stream=True)
 
     arms: list[ArmResult] = []
     records: list[RequestRecord] = []

@@ -24,6 +24,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.generation import token_text
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
 
@@ -37,18 +38,12 @@ def tokenizer_dir(path: Path) -> Path:
     raise UserError(path, "no tokenizer_config.json found (looked in tokenizer/, target/ and the directory itself)", "pass the engine bundle directory")
 
 
-def _token_text(v) -> str | None:
-    if isinstance(v, dict):  # serialized AddedToken
-        return v.get("content")
-    return v if isinstance(v, str) else None
-
-
 class ChatTemplate:
     def __init__(self, template: str, special: dict[str, str], source: Path):
         self.template = template
         self.special = special
         self.source = source
-        self._compiled = None
+        self._compiled: jinja2.Template | None = None
 
     @classmethod
     def from_dir(cls, path: Path) -> ChatTemplate:
@@ -65,10 +60,10 @@ class ChatTemplate:
             template = next((t.get("template") for t in template if t.get("name") == "default"), None)
         if not template:
             raise UserError(cfg_path, "the tokenizer has no chat_template", "send raw text with --no-chat-template")
-        special = {k: t for k in _SPECIAL_KEYS if (t := _token_text(cfg.get(k))) is not None}
+        special = {k: t for k in _SPECIAL_KEYS if (t := token_text(cfg.get(k))) is not None}
         return cls(template, special, d)
 
-    def _compile(self):
+    def _compile(self) -> jinja2.Template:
         def raise_exception(message):
             raise jinja2.exceptions.TemplateError(message)
 
@@ -83,15 +78,16 @@ class ChatTemplate:
 
     def render(self, messages: list[dict]) -> str:
         try:
-            if self._compiled is None:
-                self._compiled = self._compile()
-            return self._compiled.render(messages=messages, add_generation_prompt=True, **self.special)
+            compiled = self._compiled = self._compiled or self._compile()
+            return compiled.render(messages=messages, add_generation_prompt=True, **self.special)
         except jinja2.exceptions.TemplateSyntaxError:
             # e.g. {% generation %} blocks: let transformers render it.
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(str(self.source), trust_remote_code=False)
-            return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            assert isinstance(text, str)  # tokenize=False returns the rendered text
+            return text
 
 
 @lru_cache(maxsize=8)

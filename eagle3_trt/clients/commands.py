@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from eagle3_trt.clients.bench import BenchConfig, describe_environment, open_client, parse_concurrency, run_bench
 from eagle3_trt.clients.chat import PromptFormatter
@@ -23,6 +23,7 @@ from eagle3_trt.convert.prompts import load_prompts
 from eagle3_trt.dynamo_serving.launcher import DEFAULT_STATE_DIR as DYNAMO_STATE_DIR
 from eagle3_trt.dynamo_serving.launcher import Deployment
 from eagle3_trt.errors import GateFailed, UserError
+from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME
 
 STATE_FILE = Path(".serve") / "server.json"
 
@@ -111,7 +112,7 @@ def make_formatter(client, bundle: Path | None, raw: bool, system: str | None):
 def _common(f):
     opts = [
         click.option("--url", default=None, help="host:port (gRPC, default 127.0.0.1:8001 or the server `eagle3-trt serve` started)"),
-        click.option("--model", default="eagle3", show_default=True, help="Triton model name"),
+        click.option("--model", default=SERVED_MODEL_NAME, show_default=True, help="Triton model name"),
         click.option(
             "--bundle",
             type=click.Path(file_okay=False, path_type=Path),
@@ -338,7 +339,7 @@ def bench_cmd(
     total = sum(2 * cfg.budget(c) for c in levels)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False) as prog:
         overall = prog.add_task("all requests", total=total)
-        current = {"task": None}
+        current: dict[str, TaskID | None] = {"task": None}
 
         def progress(label: str, n: int):
             if current["task"] is not None:

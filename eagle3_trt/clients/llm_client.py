@@ -24,6 +24,7 @@ import numpy as np
 import requests
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME
 from eagle3_trt.triton_serving.interface import PERF_OUTPUTS
 
 # The final response's perf tensors, as the model declares them.
@@ -178,7 +179,7 @@ class LLMClient:
 
     server_kind = "triton"  # what the bench's report names (OpenAIClient: "dynamo")
 
-    def __init__(self, url: str = "127.0.0.1:8001", model: str = "eagle3", http: bool = False, timeout_s: float = 600.0):
+    def __init__(self, url: str = "127.0.0.1:8001", model: str = SERVED_MODEL_NAME, http: bool = False, timeout_s: float = 600.0):
         self.http = http
         self.url = normalize_url(url, http)
         self.model = model

@@ -31,6 +31,7 @@ import requests
 
 from eagle3_trt.clients.llm_client import Chunk, GenerationParams, Result, ServerError
 from eagle3_trt.errors import UserError
+from eagle3_trt.runtime.llm_api import ENGINE_DATA_KEY, SERVED_MODEL_NAME
 
 DEFAULT_PARAMS = GenerationParams()  # frozen: one shared default
 
@@ -81,7 +82,7 @@ class OpenAIClient:
     def __init__(
         self,
         url: str = "http://127.0.0.1:8080/v1",
-        model: str = "eagle3",
+        model: str = SERVED_MODEL_NAME,
         timeout_s: float = 600.0,
         chat: bool = True,
         system: str | None = None,
@@ -177,7 +178,7 @@ class OpenAIClient:
                 raise ServerError(_error_message(r))
             d = r.json()
             choice = (d.get("choices") or [{}])[0]
-            stats = ((d.get("nvext") or {}).get("engine_data") or {}).get("eagle3")
+            stats = ((d.get("nvext") or {}).get("engine_data") or {}).get(ENGINE_DATA_KEY)
             yield Chunk(
                 self._text(choice),
                 int((d.get("usage") or {}).get("completion_tokens") or 0),
@@ -206,7 +207,7 @@ class OpenAIClient:
                 choice = d["choices"][0]
                 nv = d.get("nvext") or {}
                 fr = choice.get("finish_reason")
-                stats = (nv.get("engine_data") or {}).get("eagle3")
+                stats = (nv.get("engine_data") or {}).get(ENGINE_DATA_KEY)
                 final_seen = final_seen or fr is not None
                 # The final chunk is yielded at once (its arrival time is the request's end); reading on
                 # to [DONE] afterwards keeps the connection reusable for the next request.

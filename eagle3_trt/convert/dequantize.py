@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from eagle3_trt.convert import mxfp4
-from eagle3_trt.convert.checkpoint_io import iter_tensors, read_json, weight_files
-from eagle3_trt.convert.nvfp4_cpu import unpack_e2m1
+from eagle3_trt.core.nvfp4 import unpack_e2m1
+from eagle3_trt.formats.checkpoint_io import iter_tensors, read_json, weight_files
 
 SCALE_SUFFIXES = ("weight_scale", "weight_scale_2", "input_scale", "k_scale", "v_scale", "pre_quant_scale")
 

@@ -18,10 +18,11 @@ from safetensors.torch import save_file
 
 from eagle3_trt.atomic import make_dirs, write_json
 from eagle3_trt.convert import modelopt_compat
-from eagle3_trt.convert.checkpoint_io import read_json
-from eagle3_trt.convert.draft_format import DraftCheckpoint, trtllm_config
-from eagle3_trt.convert.hf_compat import with_legacy_fields
+from eagle3_trt.convert.draft_format import DraftCheckpoint
 from eagle3_trt.convert.streaming import stream_convert
+from eagle3_trt.formats.checkpoint_io import read_json
+from eagle3_trt.formats.draft_config import trtllm_config
+from eagle3_trt.formats.hf_compat import with_legacy_fields
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "generation_config.json")

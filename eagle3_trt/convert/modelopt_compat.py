@@ -20,10 +20,11 @@ import dataclasses
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from eagle3_trt.convert.nvfp4_cpu import is_nvfp4, nvfp4_fake_quant
+from eagle3_trt.core.nvfp4 import is_nvfp4, nvfp4_fake_quant
 from eagle3_trt.errors import UserError
 
 # Marks set on the functions we install, so installing twice is a no-op.
@@ -143,8 +144,8 @@ def export_bare_module(module: torch.nn.Module, dtype: torch.dtype) -> tuple[dic
             "this ModelOpt version has no transformers exporter for a bare module",
             "use nvidia-modelopt 0.37 or 0.4x, or leave the draft in BF16 (the default)",
         )
-    frozen = module.config
-    module.config = types.SimpleNamespace(**dataclasses.asdict(frozen), use_cache=False)
+    frozen: Any = module.config  # the draft's DraftConfig dataclass (nn.Module's typing says Tensor | Module)
+    module.config = types.SimpleNamespace(**dataclasses.asdict(frozen), use_cache=False)  # type: ignore[assignment]
     forward = module.forward
 
     def probe_tolerant(*args, **kwargs):

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from eagle3_trt.convert.families import MX_BLOCK as BLOCK  # weights per E8M0 scale
-from eagle3_trt.convert.nvfp4_cpu import E2M1_MAX, E2M1_VALUES, unpack_e2m1
+from eagle3_trt.core.nvfp4 import E2M1_MAX, E2M1_VALUES, unpack_e2m1
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.families import MX_BLOCK as BLOCK  # weights per E8M0 scale
 
 E8M0_BIAS = 127
 E8M0_NAN = 255  # the one E8M0 code that is not a power of two

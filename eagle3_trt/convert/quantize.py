@@ -15,11 +15,12 @@ from pathlib import Path
 
 import torch
 
-from eagle3_trt.convert import hf_compat, modelopt_compat
-from eagle3_trt.convert.families import family_of
+from eagle3_trt.convert import modelopt_compat
 from eagle3_trt.convert.prompts import SHIPPED_PROMPTS, load_prompts
 from eagle3_trt.convert.target import TargetInfo
+from eagle3_trt.core import hf_compat
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.families import family_of
 
 DEFAULT_CALIB_FILE = SHIPPED_PROMPTS  # --calib's default
 ALWAYS_EXCLUDED = ("*lm_head*", "*embed_tokens*")

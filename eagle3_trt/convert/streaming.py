@@ -17,6 +17,7 @@ one file); export them to safetensors for truly streaming conversion.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import struct
@@ -28,8 +29,8 @@ from typing import Any, BinaryIO
 import torch
 
 from eagle3_trt.atomic import make_dirs, staged_dir, write_json
-from eagle3_trt.convert.checkpoint_io import weight_files
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.checkpoint_io import weight_files
 
 CHUNK_BYTES = 64 << 20
 DEFAULT_SHARD_BYTES = 5 * 10**9  # the Hugging Face default (5GB)
@@ -143,7 +144,7 @@ def _torch_dtype(code: str):
     return getattr(torch, ST_DTYPES[code][0])
 
 
-def _copy_bytes(src: BinaryIO, dst: BinaryIO, offset: int, nbytes: int, buf: bytearray) -> None:
+def _copy_bytes(src: io.BufferedReader, dst: BinaryIO, offset: int, nbytes: int, buf: bytearray) -> None:
     src.seek(offset)
     view = memoryview(buf)
     left = nbytes
@@ -161,7 +162,7 @@ class _CastBuffers:
 
     def __init__(self, nbytes: int):
         self.raw = torch.empty(nbytes, dtype=torch.uint8)
-        self.view = memoryview(self.raw.numpy())
+        self.view = self.raw.numpy().data  # a flat byte memoryview of the torch-owned buffer
         self.out: dict[str, Any] = {}
 
     def output(self, dtype, count: int):
@@ -173,7 +174,7 @@ class _CastBuffers:
         return cur[:need].view(dtype)
 
 
-def _cast_bytes(src: BinaryIO, dst: BinaryIO, t: _OutTensor, bufs: _CastBuffers) -> None:
+def _cast_bytes(src: io.BufferedReader, dst: BinaryIO, t: _OutTensor, bufs: _CastBuffers) -> None:
     in_dtype, out_dtype = _torch_dtype(t.src.dtype), _torch_dtype(t.dtype)
     in_size = ST_DTYPES[t.src.dtype][1]
     step = (len(bufs.view) // in_size) * in_size
@@ -189,7 +190,7 @@ def _cast_bytes(src: BinaryIO, dst: BinaryIO, t: _OutTensor, bufs: _CastBuffers)
         left -= n
 
 
-def _read_tensor(src: BinaryIO, ref: TensorRef):
+def _read_tensor(src: io.BufferedReader, ref: TensorRef):
     src.seek(ref.offset)
     data = bytearray(ref.nbytes)
     if src.readinto(data) != ref.nbytes:
@@ -286,7 +287,7 @@ def stream_convert(
     make_dirs(dst_dir.parent)
     buf = bytearray(CHUNK_BYTES)
     cast_bufs = _CastBuffers(CHUNK_BYTES) if any(t.mode == "cast" for t in plan) else None
-    handles: dict[Path, BinaryIO] = {}
+    handles: dict[Path, io.BufferedReader] = {}
     threads = _single_thread() if any(t.mode != "copy" for t in plan) else None
     try:
         with staged_dir(dst_dir) as tmp:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from eagle3_trt.convert.checkpoint_io import read_json
-from eagle3_trt.convert.families import Family, family_of
-from eagle3_trt.convert.hf_config import parse_config
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.checkpoint_io import read_json
+from eagle3_trt.formats.families import Family, family_of
+from eagle3_trt.formats.hf_config import parse_config
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 
@@ -34,7 +34,7 @@ class TargetInfo:
     pad_token_id: int | None
     tie_word_embeddings: bool
     quantized: bool
-    family: str = "llama"  # convert/families.py's entry for model_type
+    family: str = "llama"  # formats/families.py's entry for model_type
     quant_method: str | None = None  # config.json quantization_config.quant_method of a shipped-quantized target
 
     @property
@@ -50,12 +50,12 @@ class TargetInfo:
         return family_of(self.model_type)
 
     def default_aux_layers(self) -> tuple[int, ...]:
-        """TensorRT-LLM's default capture for this target (its family's rule, convert/families.py)."""
+        """TensorRT-LLM's default capture for this target (its family's rule, formats/families.py)."""
         return self.family_spec.default_aux_layers(self.num_hidden_layers)
 
 
 def read_target(path: Path) -> TargetInfo:
-    """The target's config.json through the toolkit's one config schema (convert/hf_config.py):
+    """The target's config.json through the toolkit's one config schema (formats/hf_config.py):
     ``validate`` and ``engine`` both start here, so a field is accepted or refused the same way by both."""
     path = Path(path)
     cfg_path = path / "config.json"

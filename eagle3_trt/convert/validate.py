@@ -12,13 +12,15 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_trt.convert import rope_params
-from eagle3_trt.convert.checkpoint_io import read_json, tensor_shapes
-from eagle3_trt.convert.draft_format import DraftCheckpoint, expected_shapes
-from eagle3_trt.convert.families import ATTENTION, MX_BLOCK, family_named, layer_shape_symbols, quant_refusal, resolve_shape
-from eagle3_trt.convert.hf_config import GenerationConfigIds, parse_config
+from eagle3_trt.convert.draft_format import DraftCheckpoint
 from eagle3_trt.convert.target import SUPPORTED_DTYPES, TargetInfo
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats import rope_params
+from eagle3_trt.formats.checkpoint_io import read_json, tensor_shapes
+from eagle3_trt.formats.draft_config import expected_shapes
+from eagle3_trt.formats.families import ATTENTION, MX_BLOCK, family_named, layer_shape_symbols, quant_refusal, resolve_shape
+from eagle3_trt.formats.generation import eos_ids_of
+from eagle3_trt.formats.hf_config import GenerationConfigIds, parse_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
@@ -215,7 +217,7 @@ def check_tokenizers(target: TargetInfo, draft: DraftCheckpoint, rep: Validation
         # and TensorRT-LLM never reads a draft's bos/eos: not evidence of another tokenizer here.
         return
     d_eos = draft.raw_config.get("eos_token_id")
-    d_eos_set = set(d_eos if isinstance(d_eos, list) else [d_eos]) - {None}
+    d_eos_set = set(eos_ids_of(d_eos)) - {None}
     if d_eos_set and target.eos_token_ids and not d_eos_set & set(target.eos_token_ids):
         raise UserError(
             f"{draft.path / 'config.json'}:eos_token_id",
@@ -392,7 +394,7 @@ def check_vocab_map(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationR
 
 
 def check_rope(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int, rep: ValidationReport) -> None:
-    """Rope types as TensorRT-LLM reads them (convert/rope_params.py); what the reference runtime cannot
+    """Rope types as TensorRT-LLM reads them (formats/rope_params.py); what the reference runtime cannot
     compute the way TensorRT-LLM serves it is refused here, in one line, not met later as a traceback."""
     c = draft.config
     tfile, dfile = Path(target.path) / "config.json", draft.path / "config.json"
@@ -426,7 +428,7 @@ def check_rope(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int, rep
 
 def check_dtypes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationReport, quant: str | None = None) -> None:
     """A shipped-quantized target against ``quant`` (None: plain ``validate``) by the planner's policy
-    (convert/families.py ``quant_refusal``); a ModelOpt export (hf_quant_config.json) counts as quantized."""
+    (formats/families.py ``quant_refusal``); a ModelOpt export (hf_quant_config.json) counts as quantized."""
     if target.quantized:
         cfg_file = Path(target.path) / "config.json"
         method = target.quant_method
@@ -454,7 +456,7 @@ def check_dtypes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationRepo
 
 
 def check_target_weights(target: TargetInfo, rep: ValidationReport) -> None:
-    """Header-only pass over every target shard against the family's layer table (convert/families.py):
+    """Header-only pass over every target shard against the family's layer table (formats/families.py):
     corrupt or truncated files, missing layers and shapes config.json does not imply fail here, before a
     multi-GB load, with the file and tensor named. A natively quantized checkpoint (gpt-oss MXFP4) is
     checked against the tensors its format ships (blocks and scales) with their dtypes."""
@@ -562,7 +564,7 @@ def _check_shipped_layout(target: TargetInfo, family, shapes: dict, method: str 
 
 
 def check_target_family(target: TargetInfo, rep: ValidationReport) -> None:
-    """The target's family (convert/families.py) and what it implies, reported; flags the family's
+    """The target's family (formats/families.py) and what it implies, reported; flags the family's
     TensorRT-LLM model does not implement are refused (config only: the dry run runs this too)."""
     fam = target.family_spec
     cfg_file = Path(target.path) / "config.json"

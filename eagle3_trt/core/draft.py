@@ -9,7 +9,7 @@ the same names TensorRT-LLM loads.
 
 The variants TensorRT-LLM's loader honours (tensorrt_llm/_torch/models/modeling_speculative.py @
 00679c66c3e38f6d2651ad0a5bef0f94d862e36c) are computed as there; the config flags are described in
-``convert.draft_format`` (NESTED_FLAGS / TOP_LEVEL_FLAGS):
+``formats.draft_config`` (NESTED_FLAGS / TOP_LEVEL_FLAGS):
 
 - ``fuse`` = ``Eagle3ForCausalLM.apply_eagle3_fc``: only when the aux width differs from hidden_size,
   [fc_norm per chunk | input_norm over the whole width] then fc.
@@ -22,12 +22,24 @@ The variants TensorRT-LLM's loader honours (tensorrt_llm/_torch/models/modeling_
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eagle3_trt.convert.draft_format import DraftConfig
 from eagle3_trt.core import rope
+from eagle3_trt.formats.draft_config import DraftConfig
+
+# per-layer draft KV cache: (keys, values) [B, Hkv, L, D]
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+class DraftWeights(Protocol):
+    """What ``Eagle3Draft.from_checkpoint`` reads: a normalized head (``convert.draft_format.DraftCheckpoint``)."""
+
+    config: DraftConfig
+    tensors: dict[str, Any]
 
 
 class RMSNorm(nn.Module):
@@ -53,7 +65,7 @@ class DraftAttention(nn.Module):
         self.v_proj = nn.Linear(width, self.kv * self.d, bias=c.attention_bias)
         self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=c.attention_bias)
 
-    def forward(self, x, cos, sin, past: tuple | None, mask: torch.Tensor | None):
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past: KV | None, mask: torch.Tensor | None) -> tuple[torch.Tensor, KV]:
         B, S, _ = x.shape
         q = self.q_proj(x).view(B, S, self.h, self.d).transpose(1, 2)
         k = self.k_proj(x).view(B, S, self.kv, self.d).transpose(1, 2)
@@ -82,8 +94,9 @@ class DraftMLP(nn.Module):
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
 
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
 
 
 class DraftLayer(nn.Module):
@@ -98,7 +111,9 @@ class DraftLayer(nn.Module):
         self.self_attn = DraftAttention(c)
         self.mlp = DraftMLP(c)
 
-    def forward(self, embeds, hidden, cos, sin, past, mask):
+    def forward(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past: KV | None, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, KV]:
         residual = hidden
         if self.regular:
             x = self.hidden_norm(hidden)
@@ -111,6 +126,11 @@ class DraftLayer(nn.Module):
 
 
 class Eagle3Draft(nn.Module):
+    # buffers and attributes set in __init__ / by the loader, typed here (nn.Module's own typing says Tensor | Module)
+    d2t: torch.Tensor
+    rope_freqs: torch.Tensor
+    fake_quant_handles: list[Any]  # activation fake-quant hooks of a quantized head (convert.load)
+
     def __init__(self, c: DraftConfig, fc_bias: bool | None = None):
         super().__init__()
         self.config = c
@@ -133,7 +153,7 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("rope_freqs", freqs, persistent=False)
 
     @classmethod
-    def from_checkpoint(cls, ckpt, dtype: torch.dtype = torch.bfloat16, device="cpu") -> Eagle3Draft:
+    def from_checkpoint(cls, ckpt: DraftWeights, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu") -> Eagle3Draft:
         """Build from a normalized DraftCheckpoint (convert.draft_format.load_draft).
 
         Tensors TensorRT-LLM would not load for this config (an fc.bias without ``bias: true``, an
@@ -161,13 +181,14 @@ class Eagle3Draft(nn.Module):
             aux_hidden = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks)], dim=-1)
         elif hasattr(self, "input_norm"):
             aux_hidden = self.input_norm(aux_hidden)
-        return self.fc(aux_hidden)
+        out: torch.Tensor = self.fc(aux_hidden)
+        return out
 
     @property
     def device(self) -> torch.device:
         return self.fc.weight.device
 
-    def get_dummy_inputs(self) -> dict:
+    def get_dummy_inputs(self) -> dict[str, Any]:
         """Inputs for one tiny forward; ModelOpt's exporter runs it to find layers sharing an input."""
         c, dev, dt = self.config, self.device, self.fc.weight.dtype
         return {
@@ -182,11 +203,11 @@ class Eagle3Draft(nn.Module):
         embeds: torch.Tensor,
         hidden: torch.Tensor | None,
         positions: torch.Tensor,
-        past: tuple | None = None,
+        past: KV | None = None,
         mask: torch.Tensor | None = None,
         aux: torch.Tensor | None = None,
         with_logits: bool = True,
-    ):
+    ) -> tuple[torch.Tensor, torch.Tensor | None, KV]:
         """One draft pass. Returns (hidden to feed back [B,S,H], draft logits [B,S,D], (k, v)).
 
         The hidden state returned is what TensorRT-LLM feeds to the next draft step: the pre-norm
@@ -196,6 +217,8 @@ class Eagle3Draft(nn.Module):
         """
         if aux is not None:
             hidden = self.fuse(aux)
+        if hidden is None:
+            raise ValueError("a draft pass needs the hidden state or the target's aux states")
         if hasattr(self, "eh_proj"):
             hidden = self.eh_proj(torch.cat([self.enorm(embeds), hidden], dim=-1))
         cos, sin = rope.cos_sin(positions, self.rope_freqs, embeds.dtype, self.rope_scale)
@@ -206,7 +229,8 @@ class Eagle3Draft(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of hidden states as ``forward`` returns them."""
-        return self.lm_head(h if self.config.return_hidden_post_norm else self.norm(h))
+        out: torch.Tensor = self.lm_head(h if self.config.return_hidden_post_norm else self.norm(h))
+        return out
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

@@ -26,30 +26,17 @@ position p (the hidden state's position), as in EAGLE's reference code.
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-from transformers import AutoTokenizer
 
-from eagle3_trt.convert.dequantize import load_checkpoint_dequantized
-from eagle3_trt.convert.draft_format import DraftCheckpoint, load_draft
-from eagle3_trt.convert.families import default_aux_layers_of
-from eagle3_trt.convert.target import read_target
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.stats import RequestStats
-from eagle3_trt.core.target import (
-    TargetModel,
-    input_scales_of,
-    install_activation_fake_quant,
-    kv_cache_fp8,
-    quant_algo_of,
-    read_kv_scales,
-)
+from eagle3_trt.core.target import TargetModel
 from eagle3_trt.core.tree import DraftTree, parse_tree
 from eagle3_trt.errors import UserError
 
@@ -138,14 +125,14 @@ class SpeculativeEngine:
         self,
         target: TargetModel,
         draft: Eagle3Draft | None,
-        tokenizer=None,
+        tokenizer: Any = None,
         *,
         max_draft_len: int = 3,
-        eos_token_ids=(),
+        eos_token_ids: Iterable[int] = (),
         max_seq_len: int | None = None,
         draft_embed: torch.nn.Embedding | None = None,
         pad_token_id: int = 0,
-    ):
+    ) -> None:
         self.target = target
         self.draft = draft
         self.tokenizer = tokenizer
@@ -168,85 +155,12 @@ class SpeculativeEngine:
     def refresh_draft_vocab(self) -> None:
         """Re-read the draft's ``d2t`` (draft id -> target id) after it changed in place (distillation)."""
         d = self.draft
+        if d is None:
+            raise ValueError("a target-only engine has no draft vocabulary")
         self._d2t_ids = (torch.arange(d.config.draft_vocab_size, device=self.device) + d.d2t.to(self.device)).long()
 
-    # ---- loading ----------------------------------------------------------------------------
-    @classmethod
-    def from_pair(cls, target_dir, draft_dir, device="cpu", dtype=None, max_draft_len=3, aux_layer_ids=None) -> SpeculativeEngine:
-        """A BF16 (or FP16/FP32) Hugging Face target directory and an EAGLE-3 draft directory."""
-        dtype = _default_dtype(device, dtype)
-        info = read_target(Path(target_dir))
-        ckpt = load_draft(Path(draft_dir))
-        aux = tuple(aux_layer_ids or ckpt.config.aux_layer_ids or info.default_aux_layers())
-        target = TargetModel.from_dir(Path(target_dir), device=device, dtype=dtype, aux_layer_ids=aux)
-        draft, embed = _build_draft(ckpt, dtype, device)
-        return cls(
-            target,
-            draft,
-            _load_tokenizer(Path(target_dir)),
-            max_draft_len=max_draft_len,
-            eos_token_ids=_eos_ids(Path(target_dir)),
-            max_seq_len=info.max_position_embeddings,
-            draft_embed=embed,
-            pad_token_id=_pad_id(Path(target_dir)),
-        )
-
-    @classmethod
-    def from_checkpoints(
-        cls,
-        target_dir,
-        draft_dir,
-        *,
-        max_draft_len: int,
-        aux_layer_ids=None,
-        quantized: bool,
-        tokenizer_dir=None,
-        max_seq_len: int | None = None,
-        device="cpu",
-        dtype=None,
-    ) -> SpeculativeEngine:
-        """A target and a draft checkpoint directory, with K and the aux layers given by the caller.
-
-        ``quantized=True``: ModelOpt unified checkpoints as exported by the build stage; each dir's
-        own quantization config (hf_quant_config.json / config.json) says what to dequantize, and
-        activations and the FP8 KV cache are fake-quantized as the GPU would compute them.
-        ``quantized=False``: BF16 (or FP16/FP32) Hugging Face checkpoints, run as they are.
-        ``aux_layer_ids`` None: the draft config's, else TensorRT-LLM's default rule.
-        """
-        if not quantized:
-            eng = cls.from_pair(target_dir, draft_dir, device=device, dtype=dtype, max_draft_len=max_draft_len, aux_layer_ids=aux_layer_ids)
-            if max_seq_len:
-                eng.max_seq_len = int(max_seq_len)
-            return eng
-        dtype = _default_dtype(device, dtype)
-        tdir, ddir = Path(target_dir), Path(draft_dir)
-        cfg, sd, quant = load_checkpoint_dequantized(tdir, dtype=dtype)
-        meta = load_draft(ddir)
-        aux = aux_layer_ids or meta.config.aux_layer_ids or default_aux_layers_of(cfg)
-        target = TargetModel.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=tuple(aux), quant=quant)
-        if kv_cache_fp8(tdir):
-            target.kv_scales = read_kv_scales(tdir)
-        _dcfg, dsd, dquant = load_checkpoint_dequantized(ddir, dtype=dtype)
-        dense = {k2: v for k2, v in dsd.items() if not k2.endswith((".input_scale", ".weight_scale", ".weight_scale_2", ".k_scale", ".v_scale"))}
-        # A packed NVFP4 fc.weight halves in_features in the raw file; count aux layers on the dense one.
-        n_aux = dense["fc.weight"].shape[1] // meta.config.target_hidden_size
-        ckpt = DraftCheckpoint(path=ddir, config=replace(meta.config, num_aux_layers=n_aux), tensors=dense, raw_config=meta.raw_config)
-        draft, embed = _build_draft(ckpt, dtype, device)
-        draft.fake_quant_handles = install_activation_fake_quant(draft, input_scales_of(dquant, dsd), quant_algo_of(dquant))
-        tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None and Path(tokenizer_dir).is_dir() else tdir
-        return cls(
-            target,
-            draft,
-            _load_tokenizer(tok_dir),
-            max_draft_len=max_draft_len,
-            eos_token_ids=_eos_ids(tdir, tok_dir),
-            max_seq_len=int(max_seq_len or cfg.get("max_position_embeddings") or 2048),
-            draft_embed=embed,
-            pad_token_id=_pad_id(tdir),
-        )
-
     # ---- public API -------------------------------------------------------------------------
-    def stream(self, prompt_ids: list[int], params: SamplingParams, speculate: bool = True, tree=None) -> Iterator[StepOutput]:
+    def stream(self, prompt_ids: list[int], params: SamplingParams, speculate: bool = True, tree: Any = None) -> Iterator[StepOutput]:
         """Generate for one request, yielding the tokens each target forward produced."""
         for rows, new in self._decode([list(prompt_ids)], params, speculate, tree):
             r = rows[0]
@@ -277,7 +191,7 @@ class SpeculativeEngine:
         return res, [torch.cat(sink[b])[: len(r.tokens) - 1] if b in sink else torch.zeros(0, A) for b, r in enumerate(rows)]
 
     # ---- the decoding loop ------------------------------------------------------------------
-    def _tree_for(self, speculate: bool, tree, params: SamplingParams) -> DraftTree | None:
+    def _tree_for(self, speculate: bool, tree: Any, params: SamplingParams) -> DraftTree | None:
         if not speculate or self.draft is None:
             return None
         t = parse_tree(tree)
@@ -292,7 +206,9 @@ class SpeculativeEngine:
         return t
 
     @torch.inference_mode()  # no autograd state at all: measurably less per-op overhead than no_grad
-    def _decode(self, prompts: list[list[int]], params: SamplingParams, speculate: bool, tree_spec, aux_sink: dict[int, list[torch.Tensor]] | None = None):
+    def _decode(
+        self, prompts: list[list[int]], params: SamplingParams, speculate: bool, tree_spec: Any, aux_sink: dict[int, list[torch.Tensor]] | None = None
+    ) -> Iterator[tuple[list[_Row], list[list[int]]]]:
         tree = self._tree_for(speculate, tree_spec, params)
         if not prompts:
             return
@@ -396,15 +312,16 @@ class SpeculativeEngine:
         active = [not r.finished for r in rows]
         k_eff = [self._k_eff(r, tree) for r in rows]
         T = tree.size if tree is not None and max(k_eff) > 0 else 0
+        drafted = tree if T else None  # the tree of this step's draft tokens, None when none are drafted
         node_tok = torch.zeros(B, T, dtype=torch.long)
         q_full: list[list[torch.Tensor | None]] = [[None] * T for _ in range(B)]
-        if T:
-            node_tok, q_full = self._draft(rows, st, tree, k_eff)
+        if drafted is not None:
+            node_tok, q_full = self._draft(rows, st, drafted, k_eff)
 
         # Verification: one target forward over [root, tree nodes].
         root_pos = torch.tensor([len(r.tokens) - 1 for r in rows])
         ids = torch.cat([torch.tensor([[r.root if not r.finished else self.pad_token_id] for r in rows]), node_tok], dim=1)
-        depth = torch.tensor([0] + (list(tree.depth) if T else []))
+        depth = torch.tensor([0] + (list(drafted.depth) if drafted is not None else []))
         pos = root_pos[:, None] + depth[None]
         enabled = torch.zeros(B, 1 + T, dtype=torch.bool)
         for b in range(B):
@@ -412,9 +329,10 @@ class SpeculativeEngine:
                 enabled[b] = depth <= k_eff[b]
         anc = torch.eye(1 + T, dtype=torch.bool)
         anc[:, 0] = True
-        if T:
-            anc[1:, 1:] = tree.ancestors()
+        if drafted is not None:
+            anc[1:, 1:] = drafted.ancestors()
         new_allowed = (anc[None] & enabled[:, None, :] & enabled[:, :, None]) | torch.eye(1 + T, dtype=torch.bool)[None]
+        assert st.t_valid is not None  # set by _prefill
         past = st.t_valid.cpu()[:, None, :].expand(B, 1 + T, -1) & enabled[:, :, None]
         logits, aux = self.target.forward(ids, pos, torch.cat([past, new_allowed], dim=-1), st.cache)
 
@@ -428,9 +346,7 @@ class SpeculativeEngine:
             r.stats.target_forwards += 1
             if st.aux_sink is not None:
                 st.aux_sink[b].append(aux[b, :1])
-            path, bonus, reached = self._accept(
-                r, logits[b], node_tok[b].tolist(), q_full[b], tree if T else None, k_eff[b], greedy[b] if greedy is not None else None
-            )
+            path, bonus, reached = self._accept(r, logits[b], node_tok[b].tolist(), q_full[b], drafted, k_eff[b], greedy[b] if greedy is not None else None)
             accepted = len(path)
             new_valid[b, 0] = True
             for n in path:
@@ -442,6 +358,7 @@ class SpeculativeEngine:
             if tree is not None:
                 # append: inputs not yet committed (no draft pass ran this step) must be kept
                 if r.pend_tok:
+                    assert r.pend_aux is not None  # pending tokens always come with their aux states
                     r.pend_aux = torch.cat([r.pend_aux, aux[b, cols]])
                 else:
                     r.pend_aux, r.pend_pos = aux[b, cols], len(r.tokens) - 1
@@ -451,7 +368,14 @@ class SpeculativeEngine:
         return out
 
     def _accept(
-        self, r: _Row, logits: torch.Tensor, node_tok: list[int], q_full, tree: DraftTree | None, k_eff: int, greedy: list[int] | None = None
+        self,
+        r: _Row,
+        logits: torch.Tensor,
+        node_tok: list[int],
+        q_full: list[torch.Tensor | None],
+        tree: DraftTree | None,
+        k_eff: int,
+        greedy: list[int] | None = None,
     ) -> tuple[list[int], int | None, int]:
         """(accepted node path, bonus token or None when the path ends in a stop token, positions offered).
 
@@ -462,6 +386,7 @@ class SpeculativeEngine:
         if tree is None or k_eff == 0:
             return path, (greedy[0] if greedy is not None else self._sample(logits[0], r)), 0
         if r.params.greedy:
+            assert greedy is not None  # computed by _step for greedy batches
             while True:
                 y = greedy[1 + cur if cur >= 0 else 0]
                 nxt = next((c for c in tree.children(cur) if tree.depth[c] <= k_eff and node_tok[c] == y), None)
@@ -477,6 +402,7 @@ class SpeculativeEngine:
             node = d - 1
             p = process_logits(logits[node], prm.temperature, prm.top_k, prm.top_p)  # row `node` = parent of `node`
             q = q_full[node]
+            assert q is not None  # _draft samples every chain node within k_eff and keeps its distribution
             x = node_tok[node]
             u = float(torch.rand((), generator=r.gen, device=p.device))
             if float(q[x]) > 0 and u * float(q[x]) < float(p[x]):
@@ -498,13 +424,14 @@ class SpeculativeEngine:
 
     _draft_embed = draft_embedding
 
-    def _draft(self, rows: list[_Row], st: _BatchState, tree: DraftTree, k_eff: list[int]):
+    def _draft(self, rows: list[_Row], st: _BatchState, tree: DraftTree, k_eff: list[int]) -> tuple[torch.Tensor, list[list[torch.Tensor | None]]]:
         """Commit pending draft inputs (step 1 at every newly accepted position), then draft the tree.
 
         Returns (node target ids [B, T] on CPU, per row per node the draft distribution over target
         ids for sampling, else None).
         """
         draft, dev, B = self.draft, self.device, len(rows)
+        assert draft is not None  # _tree_for drafts only with a draft
         lens = [len(r.pend_tok) if not r.finished else 0 for r in rows]
         m = max(lens)
         A = self.target.hidden_size * len(self.target.aux_layer_ids)
@@ -513,6 +440,7 @@ class SpeculativeEngine:
         pos = torch.zeros(B, m, dtype=torch.long)
         for b, r in enumerate(rows):
             if lens[b]:
+                assert r.pend_aux is not None  # pending tokens always come with their aux states
                 aux[b, : lens[b]] = r.pend_aux
                 tok[b, : lens[b]] = torch.tensor(r.pend_tok)
                 pos[b] = r.pend_pos + torch.arange(m)
@@ -587,7 +515,7 @@ class SpeculativeEngine:
 class _BatchState:
     """KV caches of one batch: target (HF DynamicCache) and draft (k, v), with per-row column validity."""
 
-    def __init__(self, cache):
+    def __init__(self, cache: Any) -> None:
         self.cache = cache
         self.t_valid: torch.Tensor | None = None  # [B, C] bool
         self.d_kv: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -595,56 +523,10 @@ class _BatchState:
         self.aux_sink: dict[int, list[torch.Tensor]] | None = None
 
     def append_target(self, new_valid: torch.Tensor) -> None:
+        assert self.t_valid is not None  # set by _prefill
         self.t_valid = torch.cat([self.t_valid, new_valid], dim=1)
         used = self.t_valid.any(dim=0).nonzero()
         keep = int(used.max()) + 1 if used.numel() else 0
         if keep < self.t_valid.shape[1]:
             self.cache.crop(keep)
             self.t_valid = self.t_valid[:, :keep]
-
-
-def _default_dtype(device, dtype):
-    if dtype is not None:
-        return dtype
-    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-
-
-def _build_draft(ckpt, dtype, device):
-    """The draft and the embedding table it reads: its own exactly when TensorRT-LLM gives it one
-    (target_hidden_size != hidden_size, ``DraftConfig.own_embedding``), else None (the target's)."""
-    draft = Eagle3Draft.from_checkpoint(ckpt, dtype=dtype, device=device)
-    return draft, getattr(draft, "embed_tokens", None)
-
-
-def _load_tokenizer(path: Path):
-    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer.model").is_file():
-        return None
-    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
-
-
-def _eos_ids(*dirs: Path) -> tuple[int, ...]:
-    ids: list[int] = []
-    for d in dirs:
-        for name in ("generation_config.json", "config.json"):
-            f = Path(d) / name
-            if f.is_file():
-                v = json.loads(f.read_text()).get("eos_token_id")
-                ids += v if isinstance(v, list) else ([v] if v is not None else [])
-        tc = Path(d) / "tokenizer_config.json"
-        tj = Path(d) / "tokenizer.json"
-        if tc.is_file() and tj.is_file():
-            eos = json.loads(tc.read_text()).get("eos_token")
-            eos = eos.get("content") if isinstance(eos, dict) else eos
-            added = {t["content"]: t["id"] for t in json.loads(tj.read_text()).get("added_tokens", [])}
-            if eos in added:
-                ids.append(added[eos])
-    return tuple(dict.fromkeys(int(i) for i in ids))
-
-
-def _pad_id(path: Path) -> int:
-    f = Path(path) / "config.json"
-    if f.is_file():
-        v = json.loads(f.read_text()).get("pad_token_id")
-        if isinstance(v, int):
-            return v
-    return 0

@@ -5,7 +5,7 @@ none, linear, dynamic, llama3, yarn, longrope; mrope is multimodal-only and refu
 is reproduced from NVIDIA/TensorRT-LLM's ``RopeEmbeddingUtils`` (tensorrt_llm/functional.py, 2026
 version, search-index id 57079567367) as dispatched by ``RopeParams.create_rope_const_params``
 (tensorrt_llm/_torch/attention/backends/interface.py @ 1262edbc3809b30af94c3cf2ec2736a14642b821).
-The parameters come from ``eagle3_trt.convert.rope_params.from_config`` (TensorRT-LLM's defaults).
+The parameters come from ``eagle3_trt.formats.rope_params.from_config`` (TensorRT-LLM's defaults).
 
 Where TensorRT-LLM differs from transformers' ``ROPE_INIT_FUNCTIONS``, TensorRT-LLM wins (it is
 what serves the head); tests/test_rope_types.py pins both the agreements and the differences:
@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from eagle3_trt.convert.rope_params import RopeParams
+from eagle3_trt.formats.rope_params import RopeParams
 
 
 def _plain(dim: int, theta: float) -> torch.Tensor:
@@ -81,7 +81,7 @@ def _yarn(p: RopeParams) -> tuple[torch.Tensor, float]:
         return (dim * math.log(p.original_max_positions / (rot * 2 * math.pi))) / (2 * math.log(base))
 
     low = max(math.floor(correction_dim(p.beta_fast)), 0)
-    high = min(math.ceil(correction_dim(p.beta_slow)), dim - 1)
+    high: float = min(math.ceil(correction_dim(p.beta_slow)), dim - 1)
     if low == high:
         high += 0.001  # TensorRT-LLM's singularity guard
     ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)

@@ -24,7 +24,9 @@ forward, the prefill forward (which produces the first token) included, so K = 0
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 
 def _ratio(a: float, b: float) -> float:
@@ -84,7 +86,7 @@ class RequestStats:
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(acceptance_rate=self.acceptance_rate, acceptance_length=self.acceptance_length, wall_time_s=self.wall_time_s)
         return d
@@ -145,7 +147,7 @@ class AggregateStats:
     def conditional_acceptance(self) -> list[float]:
         return [_ratio(a, r) for a, r in zip(self.accepted_per_position, self.reached_per_position)]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "requests": self.requests,
             "alpha": self.alpha,
@@ -165,7 +167,7 @@ class AggregateStats:
         }
 
 
-def aggregate(stats) -> AggregateStats:
+def aggregate(stats: Iterable[RequestStats]) -> AggregateStats:
     agg = AggregateStats()
     for s in stats:
         agg.add(s)

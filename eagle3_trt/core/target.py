@@ -1,7 +1,7 @@
 """The target model for the reference runtime: a Hugging Face decoder that also returns aux hidden states.
 
 The model is the stock transformers class of the target's family (``LlamaForCausalLM``,
-``Qwen3ForCausalLM``, ...: convert/families.py) built from the checkpoint's config (so it computes
+``Qwen3ForCausalLM``, ...: formats/families.py) built from the checkpoint's config (so it computes
 exactly what transformers computes), driven through ``model.model`` with an explicit 4-D additive
 attention mask and explicit position ids. That one calling convention covers everything the
 runtime needs on both transformers generations it meets (4.57 in TensorRT-LLM containers, 5.x
@@ -13,7 +13,8 @@ Aux hidden states are captured with forward hooks on the decoder layers: TensorR
 ``eagle3_layers_to_capture`` id i means the *output* of decoder layer i (0-based), which in
 ``output_hidden_states`` terms is index i + 1.
 
-Quantized bundles: weights arrive dequantized (``convert.dequantize.load_checkpoint_dequantized``);
+Quantized bundles: weights arrive dequantized (``convert.dequantize.load_checkpoint_dequantized``,
+called by ``convert.load.load_target``);
 activations of the quantized Linear layers are fake-quantized here with the exported static
 ``input_scale`` (FP8: per-tensor E4M3 cast; NVFP4: E2M1 in 16-element blocks with E4M3 block
 scales under the exported global scale). See ``install_activation_fake_quant`` for how close
@@ -25,29 +26,24 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import json
-import re
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 import transformers
-from safetensors import safe_open
 
-from eagle3_trt.convert import hf_compat, rope_params
-from eagle3_trt.convert.checkpoint_io import iter_tensors, read_json, weight_files
-from eagle3_trt.convert.dequantize import load_checkpoint_dequantized
-from eagle3_trt.convert.families import family_of_config
-from eagle3_trt.convert.nvfp4_cpu import E2M1_MAX, E4M3_MAX, nvfp4_fake_quant
-from eagle3_trt.core import rope
+from eagle3_trt.core import hf_compat, rope
+from eagle3_trt.core.nvfp4 import E2M1_MAX, E4M3_MAX, nvfp4_fake_quant
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats import rope_params
+from eagle3_trt.formats.families import family_of_config
 
 FP8_MAX = 448.0
 # Tensors a ModelOpt export carries next to the weights; the HF module has no slot for them.
 QUANT_SUFFIXES = (".input_scale", ".weight_scale", ".weight_scale_2", ".k_scale", ".v_scale", ".output_scale")
 
 
-def quant_algo_of(quant: dict | None) -> str | None:
+def quant_algo_of(quant: dict[str, Any] | None) -> str | None:
     """Activation format ('fp8' | 'nvfp4' | None) from either hf_quant_config layout or the dequantizer's info."""
     if not quant:
         return None
@@ -65,7 +61,8 @@ def quant_algo_of(quant: dict | None) -> str | None:
 
 def split_quant_tensors(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(weights, quantization scalars) of a (dequantized) state dict."""
-    weights, scales = {}, {}
+    weights: dict[str, torch.Tensor] = {}
+    scales: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
         (scales if k.endswith(QUANT_SUFFIXES) else weights)[k] = v
     return weights, scales
@@ -76,14 +73,14 @@ def _fp8_fake_quant(x: torch.Tensor, scale: float) -> torch.Tensor:
     return (q.float() * scale).to(x.dtype)
 
 
-def input_scales_of(quant: dict | None, scales: dict[str, torch.Tensor]) -> dict[str, float]:
+def input_scales_of(quant: dict[str, Any] | None, scales: dict[str, torch.Tensor]) -> dict[str, float]:
     """Module name -> static input scale, from the dequantizer's info and/or leftover tensors."""
     out = {k[: -len(".input_scale")]: float(v.float().reshape(-1)[0]) for k, v in scales.items() if k.endswith(".input_scale")}
     out.update({str(k): float(v) for k, v in ((quant or {}).get("input_scales") or {}).items()})
     return out
 
 
-def install_activation_fake_quant(module: torch.nn.Module, input_scales: dict[str, float], algo: str | None, prefix: str = "") -> list:
+def install_activation_fake_quant(module: torch.nn.Module, input_scales: dict[str, float], algo: str | None, prefix: str = "") -> list[Any]:
     """Fake-quantize the inputs of every Linear that has an exported ``input_scale``; returns the hook handles.
 
     Fidelity to the quantized pair as TensorRT-LLM runs it: weights are bit-exact after
@@ -115,36 +112,22 @@ def install_activation_fake_quant(module: torch.nn.Module, input_scales: dict[st
     return handles
 
 
-def read_kv_scales(ckpt_dir: Path) -> dict[int, tuple[float, float]]:
-    """layer -> (k_scale, v_scale) of an FP8 KV cache, read from the checkpoint's ``*.k_scale`` / ``*.v_scale``."""
-    found: dict[int, dict[str, float]] = {}
-    pat = re.compile(r"layers\.(\d+)\..*\.([kv])_scale$")
-    for f in weight_files(Path(ckpt_dir)):
-        if f.suffix != ".safetensors":
-            continue
-        with safe_open(str(f), framework="pt") as h:
-            for k in h:
-                m = pat.search(k)
-                if m:
-                    found.setdefault(int(m.group(1)), {})[m.group(2)] = float(h.get_tensor(k).float().reshape(-1)[0])
-    return {i: (v["k"], v["v"]) for i, v in found.items() if "k" in v and "v" in v}
-
-
-def kv_cache_fp8(ckpt_dir: Path) -> bool:
-    hq = Path(ckpt_dir) / "hf_quant_config.json"
-    if not hq.is_file():
-        return False
-    q = json.loads(hq.read_text())
-    q = q.get("quantization", q)
-    return str(q.get("kv_cache_quant_algo") or "").upper() == "FP8"
-
-
 GQA_ATTENTION = "eagle3_sdpa_gqa"
 # (lo, hi, c0) attention windows over batch rows, set by ``column_windows``
 _COLUMN_WINDOWS: contextvars.ContextVar[tuple[tuple[int, int, int], ...] | None] = contextvars.ContextVar("eagle3_column_windows", default=None)
 
 
-def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+def _sdpa_gqa(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers' SDPA attention, on CPU without the K/V expansion per query head, and with
     ``column_windows`` applied.
 
@@ -156,7 +139,7 @@ def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     expansion (and the fused kernels it allows) stays.
     """
 
-    def attend(q, k, v, mask):
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         if mask is not None and q.device.type == "cpu":
             out = torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=q.shape[1] != k.shape[1]
@@ -172,7 +155,7 @@ def _sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=No
 
 
 @contextlib.contextmanager
-def column_windows(windows: Iterable[tuple[int, int, int]]):
+def column_windows(windows: Iterable[tuple[int, int, int]]) -> Iterator[None]:
     """Inside this block, batch rows [lo, hi) attend only over cache columns >= c0, per (lo, hi, c0).
 
     For a left-padded batch of very different prompt lengths: the skipped columns are padding
@@ -194,8 +177,9 @@ def attention_implementation() -> str:
 
 
 @functools.cache
-def _prealloc_cache_class():
-    class _Prealloc(hf_compat.dynamic_cache_class()):
+def _prealloc_cache_class() -> type[Any]:
+    # the base is transformers' DynamicCache, resolved on first use (transformers imports lazily)
+    class _Prealloc(hf_compat.dynamic_cache_class()):  # type: ignore[misc]
         """A DynamicCache whose per-layer K/V live in buffers with room to grow.
 
         ``DynamicCache`` concatenates on every append: a copy of the whole cache per layer and
@@ -214,7 +198,9 @@ def _prealloc_cache_class():
             L = max(ks[0].shape[2] for ks, _ in parts)
             if capacity < L:
                 raise ValueError(f"capacity {capacity} < cached length {L}")
-            self._k, self._v, self._n = [], [], []
+            self._k: list[torch.Tensor] = []
+            self._v: list[torch.Tensor] = []
+            self._n: list[int] = []
             for li in range(len(parts[0][0])):
                 H, D = parts[0][0][li].shape[1], parts[0][0][li].shape[3]
                 kb = parts[0][0][li].new_zeros(B, H, capacity, D)
@@ -229,7 +215,7 @@ def _prealloc_cache_class():
                 self._v.append(vb)
                 self._n.append(L)
 
-        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
             sc = self.kv_scales.get(layer_idx)
             if sc is not None:
                 key_states, value_states = _fp8_fake_quant(key_states, sc[0]), _fp8_fake_quant(value_states, sc[1])
@@ -242,19 +228,19 @@ def _prealloc_cache_class():
             self._n[layer_idx] = n + s
             return kb[:, :, : n + s], vb[:, :, : n + s]
 
-        def get_seq_length(self, layer_idx: int | None = 0, *args, **kwargs) -> int:
+        def get_seq_length(self, layer_idx: int | None = 0, *args: Any, **kwargs: Any) -> int:
             return self._n[layer_idx or 0] if self._n else 0
 
-        def get_mask_sizes(self, query, layer_idx: int = 0, *args, **kwargs) -> tuple[int, int]:
+        def get_mask_sizes(self, query: int | torch.Tensor, layer_idx: int = 0, *args: Any, **kwargs: Any) -> tuple[int, int]:
             return self.get_seq_length(layer_idx) + hf_compat.mask_query_length(query), 0
 
         def __len__(self) -> int:
             return len(self._k)
 
-        def crop(self, *args, **kwargs):
+        def crop(self, *args: Any, **kwargs: Any) -> None:
             raise NotImplementedError("the preallocated cache does not roll back")
 
-        def reorder_cache(self, *args, **kwargs):
+        def reorder_cache(self, *args: Any, **kwargs: Any) -> None:
             raise NotImplementedError("use keep_rows")
 
         batch_select_indices = reorder_cache
@@ -268,24 +254,25 @@ def _prealloc_cache_class():
 
 
 @functools.cache
-def _fq_cache_class():
-    class FakeQuantKVCache(hf_compat.dynamic_cache_class()):
+def _fq_cache_class() -> type[Any]:
+    class FakeQuantKVCache(hf_compat.dynamic_cache_class()):  # type: ignore[misc]  # DynamicCache, as in _prealloc_cache_class
         """DynamicCache whose stored K/V go through the FP8 per-tensor cast the FP8 KV cache applies."""
 
         def __init__(self, kv_scales: dict[int, tuple[float, float]] | None = None):
             super().__init__()
             self.kv_scales = dict(kv_scales or {})
 
-        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
             sc = self.kv_scales.get(layer_idx)
             if sc is not None:
                 key_states, value_states = _fp8_fake_quant(key_states, sc[0]), _fp8_fake_quant(value_states, sc[1])
-            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+            out: tuple[torch.Tensor, torch.Tensor] = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+            return out
 
     return FakeQuantKVCache
 
 
-def _trtllm_rope(rotary, cfg: dict) -> None:
+def _trtllm_rope(rotary: Any, cfg: dict[str, Any]) -> None:
     """Give the target TensorRT-LLM's rotary tables where transformers' function differs from it
     (yarn, longrope: see core/rope.py's docstring); other types keep transformers' own tables, which
     equal TensorRT-LLM's to float rounding. ``rope_type = "default"`` stops transformers' per-forward
@@ -304,10 +291,10 @@ def _trtllm_rope(rotary, cfg: dict) -> None:
 class TargetModel:
     """The family's HF causal LM + aux-layer capture, called with explicit masks, positions and cache.
 
-    Everything below ``from_state_dict`` is family-generic: every family in convert/families.py is a
+    Everything below ``from_state_dict`` is family-generic: every family in formats/families.py is a
     transformers decoder with ``model.layers`` whose outputs are TensorRT-LLM's capture points."""
 
-    def __init__(self, hf_model, aux_layer_ids: Iterable[int] | None, config: dict):
+    def __init__(self, hf_model: Any, aux_layer_ids: Iterable[int] | None, config: dict[str, Any]):
         self.family = family_of_config(config, "target config")
         self.hf = hf_model.eval()
         for p in self.hf.parameters():  # frozen: decoding and draft training only read the target
@@ -325,26 +312,26 @@ class TargetModel:
         # sliding-window layers (gpt-oss: layer_types "sliding_attention", window sliding_window)
         types = getattr(hf_model.config, "layer_types", None) or ()
         self.sliding_window = int(getattr(hf_model.config, "sliding_window", 0) or 0) if "sliding_attention" in types else 0
-        self.fake_quant_handles: list = []  # activation fake-quant hooks of a quantized checkpoint
+        self.fake_quant_handles: list[Any] = []  # activation fake-quant hooks of a quantized checkpoint
 
     @property
     def aux_layer_ids(self) -> tuple[int, ...]:
         return self._aux
 
     @aux_layer_ids.setter
-    def aux_layer_ids(self, ids) -> None:
-        ids = tuple(int(i) for i in ids)
-        bad = [i for i in ids if not 0 <= i < self.num_layers]
+    def aux_layer_ids(self, ids: Iterable[int]) -> None:
+        aux = tuple(int(i) for i in ids)
+        bad = [i for i in aux if not 0 <= i < self.num_layers]
         if bad:
             raise UserError(
                 "aux_layer_ids",
                 f"{bad} outside the target's decoder layers 0..{self.num_layers - 1}",
                 "ids are TensorRT-LLM's eagle3_layers_to_capture: outputs of layer i, 0-based",
             )
-        self._aux = ids
+        self._aux = aux
 
-    def _hook(self, i: int):
-        def fn(_mod, _args, out):
+    def _hook(self, i: int) -> Callable[[Any, Any, Any], None]:
+        def fn(_mod: Any, _args: Any, out: Any) -> None:
             if i in self._aux:
                 self._captured[i] = out[0] if isinstance(out, tuple) else out
 
@@ -354,13 +341,13 @@ class TargetModel:
     @classmethod
     def from_state_dict(
         cls,
-        config: dict,
+        config: dict[str, Any],
         state_dict: dict[str, torch.Tensor],
         *,
-        device="cpu",
+        device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
-        aux_layer_ids=None,
-        quant: dict | None = None,
+        aux_layer_ids: Iterable[int] | None = None,
+        quant: dict[str, Any] | None = None,
     ) -> TargetModel:
         cfg = {k: v for k, v in config.items() if k not in ("quantization_config",)}
         family = family_of_config(cfg, "target config")
@@ -399,18 +386,6 @@ class TargetModel:
         tm.fake_quant_handles = handles
         return tm
 
-    @classmethod
-    def from_dir(cls, path: Path, *, device="cpu", dtype: torch.dtype = torch.float32, aux_layer_ids=None) -> TargetModel:
-        """A Hugging Face checkpoint directory: BF16/FP16/FP32, or a ModelOpt FP8/NVFP4 export
-        (weights dequantized, activations fake-quantized: see ``install_activation_fake_quant``)."""
-        path = Path(path)
-        cfg = read_json(path / "config.json")
-        if cfg.get("quantization_config") or (path / "hf_quant_config.json").is_file():
-            cfg, sd, quant = load_checkpoint_dequantized(path, dtype=dtype)
-            return cls.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=aux_layer_ids, quant=quant)
-        sd = {k: t for f in weight_files(path) for k, t in iter_tensors(f)}
-        return cls.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=aux_layer_ids)
-
     # ---- forward ----------------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
@@ -421,9 +396,10 @@ class TargetModel:
         return int(self.hf.config.hidden_size)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.hf.model.embed_tokens(ids)
+        out: torch.Tensor = self.hf.model.embed_tokens(ids)
+        return out
 
-    def new_cache(self):
+    def new_cache(self) -> Any:
         """An empty KV cache; with ``kv_scales`` set (FP8 KV bundles), K/V are fake-quantized as stored.
 
         The scales apply to post-RoPE K and to V, as TensorRT-LLM's FP8 KV cache does. Passes
@@ -433,14 +409,14 @@ class TargetModel:
             return _fq_cache_class()(self.kv_scales)
         return hf_compat.dynamic_cache_class()()
 
-    def preallocated_cache(self, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], capacity: int):
+    def preallocated_cache(self, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], capacity: int) -> Any:
         """A cache of ``capacity`` columns holding, per group of rows, per-layer (keys, values)
         [b, Hkv, L_g, D], groups stacked in order and left-padded to the longest L_g."""
         return _prealloc_cache_class()(parts, capacity, self.kv_scales)
 
     @torch.no_grad()
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor, cache=None, logits_at: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor, cache: Any = None, logits_at: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass over ``input_ids`` [B, S].
 
@@ -466,12 +442,12 @@ class TargetModel:
         h, aux = self._run(input_ids, torch.arange(S)[None].expand(B, S), allowed, None)
         return aux, h
 
-    def _run(self, input_ids, position_ids, allowed, cache) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor, cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(final-norm hidden states, concatenated aux states) of one pass."""
         allowed = allowed.to(self.device)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        attn_mask = mask[:, None]
+        attn_mask: torch.Tensor | dict[str, torch.Tensor] = mask[:, None]
         if self.sliding_window:
             # transformers takes an explicit 4D mask as it is, for every layer kind, so the window is
             # applied here. A query's allowed columns are its ancestors, whose positions run 0..p in
@@ -481,7 +457,7 @@ class TargetModel:
             later = allowed.flip(-1).cumsum(-1).flip(-1)
             win = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
             win.masked_fill_(~(allowed & (later <= self.sliding_window)), torch.finfo(self.dtype).min)
-            attn_mask = {"full_attention": attn_mask, "sliding_attention": win[:, None]}
+            attn_mask = {"full_attention": mask[:, None], "sliding_attention": win[:, None]}
         self._captured.clear()
         out = self.hf.model(
             input_ids=input_ids.to(self.device),

@@ -11,12 +11,14 @@ nodes are ordered by depth, then by path, so every parent comes before its child
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.tree_choices import choices_from_json
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class DraftTree:
         return cls.from_choices([(0,) * d for d in range(1, k + 1)])
 
     @classmethod
-    def from_choices(cls, choices) -> DraftTree:
+    def from_choices(cls, choices: Iterable[Any]) -> DraftTree:
         paths = []
         for c in choices:
             try:
@@ -72,7 +74,8 @@ class DraftTree:
 
     def children(self, node: int) -> list[int]:
         """Children of ``node`` (-1 = root), in rank order."""
-        return self._kids.get(node, [])  # type: ignore[attr-defined]
+        kids: dict[int, list[int]] = self._kids  # type: ignore[attr-defined]
+        return kids.get(node, [])
 
     def max_rank_after(self, node: int) -> int:
         """How many top draft tokens are needed after ``node`` (-1 = root)."""
@@ -93,13 +96,10 @@ class DraftTree:
         return a
 
 
-def parse_tree(spec) -> DraftTree | None:
+def parse_tree(spec: Any) -> DraftTree | None:
     """None, a DraftTree, or a choices list (possibly as JSON text)."""
     if spec is None or isinstance(spec, DraftTree):
         return spec
     if isinstance(spec, str):
-        try:
-            spec = json.loads(spec)
-        except json.JSONDecodeError as e:
-            raise UserError("tree", f"not a JSON list of paths ({e})", "write choices like [[0], [1], [0, 0]]") from None
+        spec = choices_from_json(spec)
     return DraftTree.from_choices(spec)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import get_args
 
 import click
 
 from eagle3_trt.dynamo_serving.launcher import DEFAULT_HTTP_PORT, DEFAULT_STATE_DIR, STOP_TIMEOUT_S, start, status, stop_recorded
+from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME, DeviceName
 
 _STATE = click.option(
     "--state-dir",
@@ -22,8 +24,8 @@ _STATE = click.option(
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="reference-runtime workers behind the frontend")
 @click.option("--http-port", default=DEFAULT_HTTP_PORT, show_default=True, help="the frontend's OpenAI port (127.0.0.1)")
-@click.option("--model-name", default="eagle3", show_default=True, help="the model name clients send")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--model-name", default=SERVED_MODEL_NAME, show_default=True, help="the model name clients send")
+@click.option("--device", type=click.Choice(get_args(DeviceName)), default="cpu", show_default=True)
 @click.option("--torch-threads", type=click.IntRange(min=1), default=None, help="per worker (default: CPU cores / workers)")
 @click.option("--no-speculation", is_flag=True, help="serve the target alone (A/B baseline)")
 @click.option("--migration-limit", default=3, show_default=True, help="times the frontend moves a request off a failed worker")

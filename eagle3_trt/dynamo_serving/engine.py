@@ -1,4 +1,4 @@
-"""The reference runtime as a NVIDIA Dynamo backend: ``dynamo.common.backend.LLMEngine`` over ``ReferenceLLM``.
+"""The reference runtime as a NVIDIA Dynamo backend: ``dynamo.common.backend.LLMEngine`` over ``runtime.factory.open_llm``.
 
 Dynamo's frontend tokenizes (chat template included), routes, detokenizes and applies stop
 strings; a backend receives token ids and streams token ids back (contract:
@@ -34,27 +34,26 @@ import argparse
 import asyncio
 import logging
 import os
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from dynamo._core import Context
 from dynamo.common.backend import EngineConfig, LLMEngine, WorkerConfig
-from dynamo.common.backend.engine import LlmRegistration
+from dynamo.common.backend.engine import GenerateChunk, GenerateRequest, LlmRegistration
 from dynamo.common.backend.metrics import register_engine_registry
 from dynamo.common.backend.run import run
 from dynamo.llm.exceptions import InvalidArgument
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from eagle3_trt.dynamo_serving.launcher import NAMESPACE
 from eagle3_trt.pipeline.bundle import open_bundle
-from eagle3_trt.runtime.llm_api import SamplingParams
-from eagle3_trt.runtime.reference_llm import ReferenceLLM
+from eagle3_trt.runtime.factory import open_llm
+from eagle3_trt.runtime.llm_api import ENGINE_DATA_KEY, SERVED_MODEL_NAME, DeviceName, SamplingParams, ServingLlm, spec_stats
 
 log = logging.getLogger("eagle3_trt.dynamo")
 
-DEFAULT_NAMESPACE = "eagle3"
 DEFAULT_COMPONENT = "backend"
-DEFAULT_MODEL_NAME = "eagle3"
 METRIC_PREFIX = "eagle3_"
 
 # Sampling options the reference runtime implements; everything else must be absent or neutral.
@@ -101,29 +100,8 @@ class SpecMetrics:
                 self.acceptance_length.observe(stats["acceptance_length"])
 
 
-def speculative_stats(perf: Any, n_tokens: int, speculative: bool) -> dict[str, Any]:
-    """engine_data.eagle3 from a ``RequestPerfMetrics`` (the fields TensorRT-LLM names, plus ours)."""
-    spec = getattr(perf, "speculative_decoding", None)
-    drafted = int(getattr(spec, "total_draft_tokens", 0) or 0)
-    accepted = int(getattr(spec, "total_accepted_draft_tokens", 0) or 0)
-    forwards = int(getattr(perf, "eagle3_target_forwards", 0) or 0)
-    # Tokens per target forward, prefill included: the definition of core/stats.py and of the Triton
-    # model's acceptance_length output, so one request reports one AL on both serving paths (the mean
-    # of the per-step lengths would leave the prefill forward out and read higher).
-    al = n_tokens / forwards if forwards else 0.0
-    return {
-        "speculative": bool(speculative and drafted),
-        "draft_tokens": drafted,
-        "accepted_draft_tokens": accepted,
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
-        "acceptance_length": round(al, 4),
-        "target_forwards": forwards,
-        "completion_tokens": n_tokens,
-    }
-
-
 class Eagle3ReferenceEngine(LLMEngine):
-    """``ReferenceLLM`` (the toolkit's PyTorch EAGLE-3 runtime) behind Dynamo's backend contract."""
+    """The reference runtime (the toolkit's PyTorch EAGLE-3 engine, opened with ``open_llm``) behind Dynamo's backend contract."""
 
     def __init__(self, bundle: Path, *, served_model_name: str, device: str, torch_threads: int | None, speculation: bool):
         self.bundle = bundle
@@ -131,7 +109,7 @@ class Eagle3ReferenceEngine(LLMEngine):
         self.device = device
         self.torch_threads = torch_threads
         self.speculation = speculation
-        self.llm: ReferenceLLM | None = None
+        self.llm: ServingLlm | None = None
         self.max_seq_len = 0
         self.metrics = SpecMetrics()
         self._inflight: dict[str, Any] = {}
@@ -140,13 +118,13 @@ class Eagle3ReferenceEngine(LLMEngine):
     async def from_args(cls, argv: list[str] | None = None) -> tuple[Eagle3ReferenceEngine, WorkerConfig]:
         p = argparse.ArgumentParser(prog="python -m eagle3_trt.dynamo_serving.worker", description="eagle3-trt reference runtime as a Dynamo worker")
         p.add_argument("--bundle", required=True, type=Path)
-        p.add_argument("--served-model-name", default=DEFAULT_MODEL_NAME)
-        p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+        p.add_argument("--served-model-name", default=SERVED_MODEL_NAME)
+        p.add_argument("--namespace", default=NAMESPACE)
         p.add_argument("--component", default=DEFAULT_COMPONENT)
         p.add_argument("--endpoint", default="generate")
         p.add_argument("--discovery-backend", default=os.environ.get("DYN_DISCOVERY_BACKEND", "file"))
         p.add_argument("--request-plane", default=os.environ.get("DYN_REQUEST_PLANE", "tcp"))
-        p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+        p.add_argument("--device", choices=get_args(DeviceName), default="auto")
         p.add_argument("--torch-threads", type=int, default=None)
         p.add_argument("--no-speculation", action="store_true", help="serve the target alone (A/B baseline)")
         a = p.parse_args(argv)
@@ -172,7 +150,7 @@ class Eagle3ReferenceEngine(LLMEngine):
         del worker_id
         b = open_bundle(self.bundle)
         self.max_seq_len = b.max_seq_len
-        self.llm = await asyncio.to_thread(ReferenceLLM, self.bundle, device=self.device, torch_threads=self.torch_threads, speculation=self.speculation)
+        self.llm = await asyncio.to_thread(open_llm, b, "reference", device=self.device, torch_threads=self.torch_threads, speculation=self.speculation)
         log.info("eagle3 reference runtime ready: %s (max_seq_len %d, speculation %s)", self.bundle, self.max_seq_len, self.speculation)
         return EngineConfig(
             model=str(self.bundle / "target"),
@@ -185,7 +163,7 @@ class Eagle3ReferenceEngine(LLMEngine):
 
     # -- request mapping --------------------------------------------------------------------------
     @staticmethod
-    def request_speculative(request: dict[str, Any]) -> bool:
+    def request_speculative(request: Mapping[str, Any]) -> bool:
         """False when the request carries ``eagle3_speculative=false``; a malformed value is refused
         rather than read as "on", so a typo cannot silently turn an A/B baseline into speculation."""
         speculative = True
@@ -198,7 +176,7 @@ class Eagle3ReferenceEngine(LLMEngine):
             speculative = value.lower() == "true"
         return speculative
 
-    def sampling_params(self, request: dict[str, Any]) -> SamplingParams:
+    def sampling_params(self, request: Mapping[str, Any]) -> SamplingParams:
         """Dynamo's PreprocessedRequest (sampling_options, stop_conditions) -> SamplingParams."""
         so = request.get("sampling_options") or {}
         sc = request.get("stop_conditions") or {}
@@ -249,7 +227,7 @@ class Eagle3ReferenceEngine(LLMEngine):
             raise InvalidArgument(str(e)) from None
 
     # -- the contract ---------------------------------------------------------------------------
-    async def generate(self, request: dict[str, Any], context: Context) -> AsyncGenerator[dict[str, Any], None]:
+    async def generate(self, request: GenerateRequest, context: Context) -> AsyncGenerator[GenerateChunk, None]:
         assert self.llm is not None, "generate() before start()"
         sp = self.sampling_params(request)
         ids = [int(t) for t in request["token_ids"]]
@@ -269,14 +247,14 @@ class Eagle3ReferenceEngine(LLMEngine):
                         out.abort()
                     continue
                 reason = c.finish_reason or "stop"
-                stats = speculative_stats(c.request_perf_metrics, sent, self.speculation and sp.eagle3_speculative)
+                stats = spec_stats(c.request_perf_metrics, sent, self.speculation and sp.eagle3_speculative).as_dict()
                 self.metrics.record(reason, sent, stats)
                 yield {
                     "token_ids": new,
                     "index": 0,
                     "finish_reason": reason,
                     "completion_usage": {"prompt_tokens": len(ids), "completion_tokens": sent, "total_tokens": len(ids) + sent},
-                    "engine_data": {"eagle3": stats},
+                    "engine_data": {ENGINE_DATA_KEY: stats},
                 }
         finally:
             if not out.finished:  # the consumer went away (client disconnect, worker shutdown)

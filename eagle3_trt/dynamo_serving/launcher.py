@@ -32,6 +32,7 @@ from pathlib import Path
 from eagle3_trt.atomic import make_dirs, write_json
 from eagle3_trt.errors import UserError
 from eagle3_trt.procs import HOST, group_alive, pid_alive, port_is_free
+from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME
 
 DEFAULT_STATE_DIR = Path(".serve-dynamo")
 # Not Triton's 8000: `eagle3-trt serve` and `serve-dynamo` with their defaults run side by side
@@ -39,6 +40,7 @@ DEFAULT_STATE_DIR = Path(".serve-dynamo")
 DEFAULT_HTTP_PORT = 8080
 STATE_FILE = "state.json"
 DISCOVERY_DIR = "discovery"
+# The Dynamo namespace the frontend and workers meet in (the worker's --namespace default too).
 NAMESPACE = "eagle3"
 STOP_TIMEOUT_S = 30.0
 INSTALL_HINT = "make serve-dynamo installs it; by hand: pip install -e '.[dynamo]' && pip install --no-deps ai-dynamo==1.6.1"
@@ -175,7 +177,7 @@ def start(
     workers: int = 2,
     state_dir: Path = DEFAULT_STATE_DIR,
     http_port: int = DEFAULT_HTTP_PORT,
-    model_name: str = "eagle3",
+    model_name: str = SERVED_MODEL_NAME,
     torch_threads: int | None = None,
     device: str = "cpu",
     speculation: bool = True,

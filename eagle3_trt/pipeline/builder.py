@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -29,18 +30,20 @@ from transformers.utils import logging as hf_logging
 from eagle3_trt import __version__
 from eagle3_trt.atomic import remove_stale_staging, staged_dir, write_json
 from eagle3_trt.convert import export, quantize
-from eagle3_trt.convert.checkpoint_io import read_json, sha256_file
-from eagle3_trt.convert.draft_format import for_max_seq_len, load_draft, read_draft_config
+from eagle3_trt.convert.draft_format import for_max_seq_len, load_draft
 from eagle3_trt.convert.embedded import embedded_pair, heldout_prompts
-from eagle3_trt.convert.hf_config import Eagle3DraftConfigFields, parse_config
+from eagle3_trt.convert.load import load_engine
 from eagle3_trt.convert.prompts import load_prompts
 from eagle3_trt.convert.target import TargetInfo, read_target
 from eagle3_trt.convert.validate import ValidationReport, check_target_family, check_target_tokenizer, validate_pair
 from eagle3_trt.core.draft import Eagle3Draft
-from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
+from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.checkpoint_io import read_json, sha256_file
+from eagle3_trt.formats.draft_config import read_draft_config
+from eagle3_trt.formats.hf_config import Eagle3DraftConfigFields, parse_config
 from eagle3_trt.pipeline import bundle as fmt
-from eagle3_trt.pipeline import gpus
+from eagle3_trt.pipeline import bundle_write, gpus
 from eagle3_trt.pipeline.llm_options import CudaGraphOptions, Eagle3Options, KvCacheOptions, LlmApiOptions, MoeOptions
 from eagle3_trt.pipeline.planner import make_plan as plan_deployment
 from eagle3_trt.pipeline.presets import Preset, resolve_source
@@ -127,6 +130,7 @@ def resolve_pair(req: EngineRequest) -> tuple[Path, Path]:
         raise UserError("TARGET/DRAFT", "the embedded preset needs both or neither overridden", "pass TARGET=... and DRAFT=... together")
     target = resolve_source(p.target, req.target, "target")
     draft = resolve_source(p.draft, req.draft, "draft")
+    assert target is not None and draft is not None  # embedded sources without overrides returned above
     return target, draft
 
 
@@ -291,7 +295,7 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
             info = _quantize_and_export(target_dir, draft, report, tmp, quant, kv, draft_quant, calib_file, n_calib, calib_len, timings, progress)
             calib = calib.model_copy(update=info)
         opts = llm_options(req, kv, k, report.aux_layer_ids, report.aux_layers_are_default, plan)
-        fmt.write_options(tmp, opts)
+        bundle_write.write_options(tmp, opts)
         write_json(tmp / fmt.VALIDATION_FILE, report.to_dict())
         acceptance = None
         if not req.dry_run and preset.target.embedded and not (req.target or req.draft):
@@ -319,7 +323,7 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
             acceptance=acceptance,
             inputs_fingerprint=inputs_fp,
         )
-        fmt.seal(tmp, man)
+        bundle_write.seal(tmp, man)
     return BuildResult(dest, False, fmt.open_bundle(dest), report.warnings, reason)
 
 
@@ -333,9 +337,7 @@ def measure_embedded_acceptance(bundle: Path, pair_dir: Path, k: int, aux: tuple
         return None
     prompts = prompts[:n_prompts]
     bundle = Path(bundle)
-    eng = SpeculativeEngine.from_checkpoints(
-        bundle / "target", bundle / "draft", tokenizer_dir=bundle / "tokenizer", max_draft_len=k, aux_layer_ids=aux, quantized=True, device="cpu"
-    )
+    eng = load_engine(bundle / "target", bundle / "draft", tokenizer_dir=bundle / "tokenizer", max_draft_len=k, aux_layer_ids=aux, quantized=True, device="cpu")
     res = eng.generate(prompts, SamplingParams(max_tokens=max_tokens))
     gen = sum(r.stats.generated_tokens for r in res)
     fwd = sum(r.stats.target_forwards for r in res)
@@ -411,7 +413,11 @@ def _quantize_and_export(
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     with open(tmp / "build.log", "w") as logf, contextlib.redirect_stdout(logf), warnings.catch_warnings():
-        warnings.showwarning = lambda msg, cat, fn, ln, file=None, line=None: logf.write(warnings.formatwarning(msg, cat, fn, ln, line))
+
+        def to_log(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None, line: str | None = None) -> None:
+            logf.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+        warnings.showwarning = to_log
         return _quantize_and_export_inner(target_dir, draft, report, tmp, quant, kv, draft_quant, calib_file, n_calib, calib_len, timings, progress)
 
 

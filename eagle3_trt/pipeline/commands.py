@@ -10,7 +10,8 @@ import click
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline import compile as comp
 from eagle3_trt.pipeline.gpus import GPUS
-from eagle3_trt.pipeline.planner import format_plan, plan_for_preset, plan_steps
+from eagle3_trt.pipeline.plan_presets import plan_for_preset
+from eagle3_trt.pipeline.plan_report import format_plan, plan_steps
 from eagle3_trt.pipeline.presets import load_preset_file
 
 
@@ -69,7 +70,7 @@ def plan_cmd(
 
 
 @click.command("compile")
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--target-gpu",
     default=None,
@@ -80,7 +81,7 @@ def plan_cmd(
 @click.option("--prompts", type=int, default=16, show_default=True, help="prompts for the acceptance measurement")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="tokens generated per prompt")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
-def compile_cmd(bundle: str, target_gpu: str | None, check_only: bool, prompts: int, max_tokens: int, as_json: bool) -> None:
+def compile_cmd(bundle: Path, target_gpu: str | None, check_only: bool, prompts: int, max_tokens: int, as_json: bool) -> None:
     """Load BUNDLE in TensorRT-LLM (EAGLE-3 one-model, CUDA graphs), run a smoke generation and a
     short acceptance measurement, and record results, GPU and versions in its manifest.json."""
     if check_only:

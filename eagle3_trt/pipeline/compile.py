@@ -22,7 +22,8 @@ from typing import Any
 from eagle3_trt.convert.prompts import SHIPPED_PROMPTS, load_prompts
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline import trtllm_adapter as adapter
-from eagle3_trt.pipeline.bundle import MANIFEST_FILE, OPTIONS_FILE, Bundle, CompileRecord, open_bundle, update
+from eagle3_trt.pipeline.bundle import MANIFEST_FILE, OPTIONS_FILE, Bundle, CompileRecord, open_bundle
+from eagle3_trt.pipeline.bundle_write import update
 from eagle3_trt.pipeline.gpu_checks import DetectedGpu, check_formats, detect_gpus
 from eagle3_trt.pipeline.gpus import get_gpu
 
@@ -184,7 +185,7 @@ def _versions(trtllm: str | None) -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             out[name] = None
     try:
-        import torch
+        import torch  # local: versions are reported even where torch is missing
 
         out["cuda"] = torch.version.cuda
     except ImportError:
@@ -210,7 +211,7 @@ def compile_bundle(
         "options": {k_: v for k_, v in pf.llm.kwargs.items() if k_ not in ("model", "tokenizer")},
         "timings": {},
     }
-    from tensorrt_llm import SamplingParams
+    from tensorrt_llm import SamplingParams  # local: optional and heavy (GPU machines only)
 
     t0 = time.perf_counter()
     try:
@@ -218,7 +219,7 @@ def compile_bundle(
         llm = adapter.build_llm(pf.llm)
         record["timings"]["load_s"] = round(time.perf_counter() - t0, 1)
         try:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # local: heavy, needed only for the smoke request
 
             # The HF tokenizer itself (not TensorRT-LLM's wrapper) for the chat template.
             tok = AutoTokenizer.from_pretrained(pf.llm.kwargs.get("tokenizer") or pf.llm.kwargs["model"])

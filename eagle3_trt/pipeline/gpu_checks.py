@@ -34,7 +34,7 @@ def gpu_key(device_name: str, sm: int) -> str:
 def detect_gpus() -> DetectedGpu | None:
     """The first visible CUDA device, or None without torch, CUDA or a device."""
     try:
-        import torch
+        import torch  # local: optional; without it there is no GPU to detect
     except ImportError:
         return None
     try:

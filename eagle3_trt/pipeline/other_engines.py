@@ -304,7 +304,8 @@ def _shell_args(args: list[str]) -> str:
             out.append('"' + a.replace('"', '\\"') + '"')
         else:
             out.append(shlex.quote(a))
-    lines, line = [], []
+    lines: list[str] = []
+    line: list[str] = []
     for a in out:  # one option (and its value) per line, for readable diffs
         if a.startswith("--") and line:
             lines.append(" ".join(line))

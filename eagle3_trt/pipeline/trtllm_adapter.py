@@ -274,11 +274,11 @@ def installed_names() -> NameTable | None:
     if importlib.util.find_spec("tensorrt_llm") is None:
         return None
     try:
-        import tensorrt_llm.llmapi as llmapi
+        import tensorrt_llm.llmapi as llmapi  # local: optional and heavy (GPU machines only)
     except Exception:
         return None
     try:
-        from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+        from tensorrt_llm.llmapi.llm_args import TorchLlmArgs  # local: where the field list lives in newer releases
     except ImportError:
         TorchLlmArgs = getattr(llmapi, "TorchLlmArgs", None)
     if TorchLlmArgs is None:
@@ -420,6 +420,40 @@ def to_llm_kwargs(
     return LlmKwargs(kwargs, version, table.source, tuple(notes))
 
 
+def serving_llm_kwargs(
+    bundle_dir: Path,
+    opts: LlmApiOptions,
+    *,
+    speculation: bool = True,
+    overrides: dict[str, Any] | None = None,
+    portable: bool = False,
+    bundle_path: str | None = None,
+) -> LlmKwargs:
+    """The ``LLM()`` kwargs a server loads the bundle with: the one translation behind a Triton
+    repository's model.yaml and the trtllm runtime (``runtime.factory.open_llm``).
+
+    ``speculation=False``: without the draft (a baseline model for A/B). ``portable``: for a file
+    read later, perhaps by another release: checked against the documented names, not the
+    installed TensorRT-LLM's field list. ``bundle_path``: the bundle's directory as the server
+    will see it; paths are joined onto it instead of being resolved (and checked) here.
+    """
+    res = to_llm_kwargs(bundle_dir, opts, overrides=overrides or None, use_installed=not portable, resolve_paths=bundle_path is None)
+    kw = res.kwargs
+    if bundle_path is not None:
+        root = Path(bundle_path)
+        kw["model"] = str(root / str(kw["model"]))
+        if kw.get("tokenizer"):
+            kw["tokenizer"] = str(root / str(kw["tokenizer"]))
+        spec = kw.get("speculative_config")
+        if isinstance(spec, dict):
+            for key in ("speculative_model", "speculative_model_dir"):
+                if key in spec:
+                    spec[key] = str(root / str(spec[key]))
+    if not speculation:
+        kw.pop("speculative_config", None)
+    return res
+
+
 def _normalize_spec_key(kwargs: dict[str, Any]) -> dict[str, Any]:
     """An override may use either name of the draft path; keep the schema's one until rendering."""
     spec = kwargs.get("speculative_config")
@@ -441,9 +475,10 @@ def _schema_only(kwargs: dict[str, Any]) -> bool:
 
 def _nested_schema_fields(key: str) -> set[str]:
     ann = LlmApiOptions.model_fields[key].annotation
-    for cls in getattr(ann, "__args__", (ann,)):
-        if hasattr(cls, "model_fields"):
-            return set(cls.model_fields)
+    for cls in getattr(ann, "__args__", (ann,)):  # Optional[Model] -> Model
+        fields = getattr(cls, "model_fields", None)
+        if fields is not None:
+            return set(fields)
     return set()
 
 
@@ -496,11 +531,11 @@ def serve_yaml(opts: LlmApiOptions) -> dict[str, Any]:
 
 def build_llm(res: LlmKwargs):  # pragma: no cover - needs TensorRT-LLM and a GPU
     """Construct ``tensorrt_llm.LLM`` from checked kwargs (imports TensorRT-LLM here, not before)."""
-    from tensorrt_llm import LLM
+    from tensorrt_llm import LLM  # local: optional and heavy (GPU machines only)
 
     kwargs = copy.deepcopy(res.kwargs)
     try:  # the same conversion trtllm-serve and the Triton llmapi model apply to YAML options
-        from tensorrt_llm.llmapi.llm_args import update_llm_args_with_extra_dict
+        from tensorrt_llm.llmapi.llm_args import update_llm_args_with_extra_dict  # local: as above; absent in some releases
 
         model = kwargs.pop("model")
         kwargs = update_llm_args_with_extra_dict({"model": model}, kwargs)

@@ -12,13 +12,15 @@ from rich.console import Console
 from rich.table import Table
 
 from eagle3_trt.atomic import check_writable, staged_dir
-from eagle3_trt.convert.checkpoint_io import read_json
 from eagle3_trt.convert.prompts import load_prompt_records, use_chat_template
 from eagle3_trt.errors import GateFailed, UserError
+from eagle3_trt.formats.checkpoint_io import read_json
 from eagle3_trt.pipeline import bundle as bundle_format
+from eagle3_trt.pipeline import bundle_write
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.pipeline.gpus import get_gpu
-from eagle3_trt.pipeline.planner import count_target, kv_bytes_per_token, moe_cost_inputs, parse_shape
+from eagle3_trt.pipeline.memory import kv_bytes_per_token
+from eagle3_trt.pipeline.model_size import count_target, moe_cost_inputs, parse_shape
 from eagle3_trt.pipeline.trtllm_adapter import recommend as recommended_options
 from eagle3_trt.runtime.alpha_report import compare, render_summary, summary_console
 from eagle3_trt.runtime.cost_model import CostParams, model_cost, predict, recommend
@@ -517,7 +519,7 @@ def write_recommendation_to_bundle(bundle: Path, rec, source: str | None) -> Bun
         evidence=rec.evidence,
         table=rec.table,
     )
-    return bundle_format.update(b.path, options=opts, record=evidence)
+    return bundle_write.update(b.path, options=opts, record=evidence)
 
 
 @click.command("recommend")

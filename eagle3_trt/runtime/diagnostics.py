@@ -237,7 +237,7 @@ def diagnose_sequences(engine, seqs: list[list[int]], prompt_lens: list[int]) ->
         "ids + 1": tuple(i + 1 for i in cur),
         "ascending order": tuple(sorted(cur)),
     }
-    scores = {}
+    scores: dict[str, tuple[tuple[int, ...], float, float]] = {}
     ce = run.cross_entropy
     for name, ids in alts.items():
         if ids == cur or ids in [v[0] for v in scores.values()] or len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= L or len(ids) != len(cur):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eagle3_trt.convert import hf_compat
+from eagle3_trt.core import hf_compat
 from eagle3_trt.core.engine import RequestResult, SamplingParams
 from eagle3_trt.core.stats import RequestStats
 from eagle3_trt.core.target import column_windows
@@ -289,7 +289,8 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
             t_valid = t_valid[keep]
             windows = None
         live = [live[r] for r in still]
-    res = [RequestResult(t[lens[b] :], reasons[b], None) for b, t in enumerate(tokens)]
+    # target alone: no drafts to count (callers read the tokens and finish reasons only)
+    res = [RequestResult(t[lens[b] :], reasons[b], RequestStats(generated_tokens=len(t) - lens[b], speculation=False)) for b, t in enumerate(tokens)]
     return res, [torch.cat(aux_rows[b])[: len(tokens[b]) - 1] for b in range(B)]
 
 

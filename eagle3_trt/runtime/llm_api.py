@@ -1,9 +1,10 @@
 """The part of TensorRT-LLM's LLM API the Triton model relies on, and the reference runtime's copy of it.
 
-The Triton model (``model/model.py`` through ``job.LlmServing``) drives exactly one interface,
-the shape of ``tensorrt_llm.LLM``; in production that object *is* ``tensorrt_llm.LLM`` (built in
-``trtllm_serving.py``), in ``make test`` it is ``reference_llm.ReferenceLLM`` over the toolkit's
-PyTorch engine. The same driver code therefore runs behind a real Triton server in CI.
+The Triton model (``model/model.py`` through ``job.LlmServing``) and the Dynamo worker drive
+exactly one interface, the shape of ``tensorrt_llm.LLM``, and get it from ``factory.open_llm``; in
+production that object wraps ``tensorrt_llm.LLM``, in ``make test`` it is
+``reference_llm.ReferenceLLM`` over the toolkit's PyTorch engine. The same driver code therefore
+runs behind a real Triton server in CI.
 
 What is relied on (read in NVIDIA/TensorRT-LLM; the 1.2.x release tags themselves could not be read,
 so these are the commits the source index holds):
@@ -40,7 +41,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
+
+# The name clients address the served model by (Triton model directory, Dynamo served_model_name,
+# the clients' defaults): every front end and client takes its default from here.
+SERVED_MODEL_NAME = "eagle3"
+# The runtimes ``factory.open_llm`` opens (and a Triton repository's eagle3.yaml may name).
+RuntimeName = Literal["reference", "trtllm"]
+# Where the reference runtime runs ("auto": CUDA when available).
+DeviceName = Literal["auto", "cpu", "cuda"]
+# The key a response's per-request speculative statistics travel under (Dynamo's ``engine_data``).
+ENGINE_DATA_KEY = "eagle3"
+
+
+class SamplingParamError(ValueError):
+    """A ``SamplingParams`` value the runtime refuses; ``field`` is the parameter's name, so a
+    server can name the request field without parsing the message."""
+
+    def __init__(self, field: str, what: str):
+        self.field = field
+        super().__init__(f"{field}: {what}")
 
 
 # ---- the interface the driver uses (structural: tensorrt_llm.LLM satisfies it) -------------------
@@ -65,6 +85,14 @@ class LlmLike(Protocol):
     def shutdown(self) -> None: ...
 
 
+class ServingLlm(LlmLike, Protocol):
+    """What ``runtime.factory.open_llm`` returns: the LLM plus what a server needs beside it."""
+
+    tokenizer: Any  # a Hugging Face tokenizer for the bundle (prompt text -> ids)
+    sampling_params_cls: Any  # the runtime's SamplingParams class (ours or tensorrt_llm's)
+    per_request_speculation: bool  # whether SamplingParams(eagle3_speculative=False) is honoured
+
+
 # ---- the reference runtime's objects --------------------------------------------------------
 @dataclass
 class SamplingParams:
@@ -84,9 +112,9 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.frequency_penalty:
-            raise ValueError("frequency_penalty: not supported by the reference runtime (use runtime: trtllm)")
+            raise SamplingParamError("frequency_penalty", "not supported by the reference runtime (use runtime: trtllm)")
         if self.presence_penalty:
-            raise ValueError("presence_penalty: not supported by the reference runtime (use runtime: trtllm)")
+            raise SamplingParamError("presence_penalty", "not supported by the reference runtime (use runtime: trtllm)")
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -149,7 +177,7 @@ class CompletionOutput:
         return len(self.token_ids)
 
 
-def to_ns(v) -> int:
+def to_ns(v: Any) -> int:
     """TensorRT-LLM timing metrics are timedeltas (steady clock) or plain seconds; 0 when absent."""
     if v is None:
         return 0
@@ -160,3 +188,51 @@ def to_ns(v) -> int:
 
 def ns_to_timedelta(ns: int) -> timedelta:
     return timedelta(microseconds=ns / 1000)
+
+
+# ---- perf metrics -> acceptance statistics (both serving front ends) -------------------------------
+@dataclass(frozen=True)
+class SpecStats:
+    """One request's speculative-decoding totals, read from its ``RequestPerfMetrics``."""
+
+    speculative: bool  # speculation was on for the request and drafted at least one token
+    draft_tokens: int
+    accepted_draft_tokens: int
+    target_forwards: int
+    completion_tokens: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        # Tokens per target forward, prefill included: the definition of core/stats.py, so one
+        # request reports one AL on both serving paths (the mean of the per-step lengths would
+        # leave the prefill forward out and read higher).
+        return self.completion_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The documented ``engine_data.eagle3`` fields (Dynamo) in one place."""
+        return {
+            "speculative": self.speculative,
+            "draft_tokens": self.draft_tokens,
+            "accepted_draft_tokens": self.accepted_draft_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "acceptance_length": round(self.acceptance_length, 4),
+            "target_forwards": self.target_forwards,
+            "completion_tokens": self.completion_tokens,
+        }
+
+
+def spec_stats(perf: Any, n_tokens: int, speculative: bool, forwards_seen: int = 0) -> SpecStats:
+    """Acceptance totals from a ``RequestPerfMetrics`` (TensorRT-LLM's field names, plus ours).
+
+    ``speculative``: whether the request ran with the draft; without it drafts count as none.
+    ``forwards_seen``: target forwards counted from the stream (iterations that added tokens),
+    used when the runtime does not report ``eagle3_target_forwards`` (TensorRT-LLM)."""
+    spec = getattr(perf, "speculative_decoding", None) if perf is not None else None
+    drafted = int(getattr(spec, "total_draft_tokens", 0) or 0) if speculative else 0
+    accepted = int(getattr(spec, "total_accepted_draft_tokens", 0) or 0) if speculative else 0
+    forwards = int(getattr(perf, "eagle3_target_forwards", 0) or 0) if perf is not None else 0
+    return SpecStats(bool(speculative and drafted), drafted, accepted, forwards or int(forwards_seen), int(n_tokens))

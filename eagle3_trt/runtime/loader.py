@@ -2,13 +2,14 @@
 
 The model core (core/engine.py) knows checkpoint directories, not bundles; this is where a
 bundle's facts (K, aux layers, directories, max_seq_len, recorded BF16 sources) are mapped onto
-``SpeculativeEngine.from_checkpoints``.
+``convert.load.load_engine``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.engine import SpeculativeEngine
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 
@@ -26,10 +27,8 @@ def engine_from_bundle(
     k = b.k if max_draft_len is None else int(max_draft_len)
     if reference:
         tdir, ddir = b.source_dirs()
-        return SpeculativeEngine.from_checkpoints(
-            tdir, ddir, max_draft_len=k, aux_layer_ids=b.aux_layer_ids, quantized=False, max_seq_len=b.max_seq_len, device=device, dtype=dtype
-        )
-    return SpeculativeEngine.from_checkpoints(
+        return load_engine(tdir, ddir, max_draft_len=k, aux_layer_ids=b.aux_layer_ids, quantized=False, max_seq_len=b.max_seq_len, device=device, dtype=dtype)
+    return load_engine(
         b.target_dir,
         b.draft_dir,
         tokenizer_dir=b.tokenizer_dir,

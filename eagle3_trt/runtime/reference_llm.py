@@ -18,16 +18,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-import json
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from eagle3_trt.core.engine import SamplingParams as EngineSamplingParams
+from eagle3_trt.formats import generation
 from eagle3_trt.runtime.detok import IncrementalDetokenizer, StopMatcher
 from eagle3_trt.runtime.llm_api import (
     CompletionOutput,
@@ -41,13 +42,8 @@ from eagle3_trt.runtime.loader import engine_from_bundle
 
 
 def eos_token_ids(tokenizer, bundle: Path) -> tuple[int, ...]:
-    """EOS ids from generation_config.json (Llama 3 lists several) plus the tokenizer's."""
-    ids: list[int] = []
-    try:
-        eos = json.loads((bundle / "target" / "generation_config.json").read_text()).get("eos_token_id")
-    except (OSError, ValueError):
-        eos = None
-    ids += eos if isinstance(eos, list) else ([eos] if isinstance(eos, int) else [])
+    """EOS ids the bundle's target declares (Llama 3 lists several) plus the tokenizer's."""
+    ids = list(generation.eos_token_ids(bundle / "target"))
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.append(int(tokenizer.eos_token_id))
     return tuple(dict.fromkeys(ids))
@@ -163,14 +159,18 @@ class _Req:
     first_scheduled_ns: int = 0
     first_token_ns: int = 0
     last_token_ns: int = 0
-    stats: object = None  # the engine's last RequestStats snapshot
+    stats: Any = None  # the engine's last RequestStats snapshot (None before the first step)
     accepted_trim: int = 0  # accepted drafts taken back at a stop string
     trimmed_pp: list[int] = field(default_factory=list)
     als: list[int] = field(default_factory=list)
 
 
 class ReferenceLLM:
-    """``tensorrt_llm.LLM``'s serving surface over ``SpeculativeEngine`` (see the module docstring)."""
+    """``tensorrt_llm.LLM``'s serving surface over ``SpeculativeEngine`` (see the module docstring).
+    Servers open it through ``runtime.factory.open_llm``, never by name."""
+
+    sampling_params_cls = SamplingParams
+    per_request_speculation = True  # SamplingParams(eagle3_speculative=False) is honoured
 
     def __init__(self, bundle: Path, *, device: str = "auto", torch_threads: int | None = None, speculation: bool = True):
         if torch_threads:

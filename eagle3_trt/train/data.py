@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_trt.convert import hf_compat
+from eagle3_trt.core import hf_compat
 from eagle3_trt.errors import UserError
 
 FORMAT_HINT = 'expected JSONL lines with "text", "turns" (list of user prompts) or "messages" ([{role, content}]), or a plain .txt file'

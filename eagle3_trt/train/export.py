@@ -15,10 +15,11 @@ import torch
 from safetensors.torch import save_file
 
 from eagle3_trt.atomic import staged_dir
-from eagle3_trt.convert.draft_format import DraftConfig, load_draft, trtllm_config
+from eagle3_trt.convert.draft_format import load_draft
 from eagle3_trt.convert.target import TargetInfo
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.draft_config import DraftConfig, trtllm_config
 from eagle3_trt.train.draft_vocab import DraftVocab
 
 
@@ -77,5 +78,5 @@ def save_draft(draft: Eagle3Draft, src_dir: Path, out_dir: Path) -> Path:
     """Write a draft trained in place (e.g. by ``trainer.distill_draft``) with the config (and
     bos/eos ids) of the checkpoint it was loaded from, in the SafeAILab layout (replacing ``out_dir``)."""
     src = load_draft(Path(src_dir))
-    vocab = DraftVocab.from_d2t(draft.d2t.detach().cpu(), src.config.vocab_size)
+    vocab = DraftVocab.from_d2t(draft.get_buffer("d2t").detach().cpu(), src.config.vocab_size)
     return export_draft(draft, src.config, vocab, Path(out_dir), src.raw_config, overwrite=True)

@@ -11,21 +11,22 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from eagle3_trt.atomic import make_dirs
-from eagle3_trt.convert.checkpoint_io import read_json
-from eagle3_trt.convert.draft_format import DraftCheckpoint, expected_shapes, load_draft
+from eagle3_trt.convert.draft_format import DraftCheckpoint, load_draft
+from eagle3_trt.convert.load import load_target
 from eagle3_trt.convert.target import TargetInfo, read_target
 from eagle3_trt.core.draft import Eagle3Draft
-from eagle3_trt.core.target import TargetModel
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.checkpoint_io import read_json
+from eagle3_trt.formats.draft_config import expected_shapes
 from eagle3_trt.train import data as data_mod
 from eagle3_trt.train.draft_vocab import DraftVocab, build_draft_vocab, count_tokens, coverage
 from eagle3_trt.train.evaluate import greedy_generate, measure_acceptance, torch_threads
@@ -116,6 +117,16 @@ def _run_key(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
+class Advance(Protocol):
+    """Moves one progress bar on by ``n`` and shows ``info`` beside it."""
+
+    def __call__(self, n: int = 1, info: str = "") -> None: ...
+
+
+def _no_progress(n: int = 1, info: str = "") -> None:
+    return None
+
+
 class _Bars:
     """Rich progress bars, or nothing when quiet."""
 
@@ -141,9 +152,9 @@ class _Bars:
         if self.p is not None:
             self.p.__exit__(*exc)
 
-    def task(self, desc: str, total: int) -> Callable[[int, str], None]:
+    def task(self, desc: str, total: int) -> Advance:
         if self.p is None:
-            return lambda advance=1, info="": None
+            return _no_progress
         tid = self.p.add_task(desc, total=total, info="")
         p = self.p
 
@@ -184,7 +195,7 @@ def _train_draft(o: TrainDraftOptions) -> dict:
         t = time.time()
         # the target as the runtime runs it: a quantized ModelOpt export is dequantized with its
         # activations fake-quantized, so training sees the pair that will serve
-        target = TargetModel.from_dir(Path(o.target), device=device, dtype=dtype, aux_layer_ids=aux)
+        target = load_target(Path(o.target), device=device, dtype=dtype, aux_layer_ids=aux)
         tokenizer = target_tokenizer(Path(o.target))
         stop_ids = tuple(info.eos_token_ids)
         enc = data_mod.Encoder(tokenizer, o.seq_len, o.eval_prompt_len)
@@ -241,7 +252,7 @@ def _train_draft(o: TrainDraftOptions) -> dict:
             ids = [w.ids for w in ws]
             key = cache_key(Path(o.target), aux, seq_len, ids)
             adv = bars.task(f"hidden states ({name})", len(ids))
-            caches[name] = collect(target, ids, work / f"cache_{name}", key, seq_len, pad, o.batch_size, on_batch=lambda n, adv=adv: adv(n))
+            caches[name] = collect(target, ids, work / f"cache_{name}", key, seq_len, pad, o.batch_size, on_batch=adv)
         timings["hidden_states_s"] = round(time.time() - t, 2)
 
         # -- head --

@@ -23,8 +23,10 @@ random tiny pair). Both run the same TTT unroll (``ttt_unroll``).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -155,7 +157,7 @@ def new_draft(config, vocab: DraftVocab, head: TargetHead, seed: int) -> Eagle3D
     torch.manual_seed(seed)
     m = Eagle3Draft(config).float()
     with torch.no_grad():
-        m.d2t.copy_(vocab.d2t())
+        m.get_buffer("d2t").copy_(vocab.d2t())
         if head.lm_head.shape[1] == config.hidden_size:
             m.lm_head.weight.copy_(head.lm_head[vocab.target_ids.to(head.lm_head.device)].float().cpu())
             if head.norm is not None:
@@ -178,7 +180,7 @@ class Trainer:
         run_key: str = "",
     ):
         self.draft = draft.to(device).float().train()
-        self.head = TargetHead(*(t.to(device) if t is not None else None for t in (head.embed, head.lm_head, head.norm)))
+        self.head = TargetHead(head.embed.to(device), head.lm_head.to(device), head.norm.to(device) if head.norm is not None else None)
         self.vocab = vocab
         self.cache = cache
         self.s = settings
@@ -234,7 +236,7 @@ class Trainer:
                     g["lr"] = s.lr_at(self.step)
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
                     stats = ttt_forward(self.draft, self.head, self.vocab, batch, s.max_draft_len, self.device)
-                loss = sum((s.loss_decay**i) * st.loss for i, st in enumerate(stats))
+                loss = functools.reduce(operator.add, [(s.loss_decay**i) * st.loss for i, st in enumerate(stats)])
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(self.params.values(), s.grad_clip)
@@ -307,14 +309,17 @@ def distill_draft(
     only, as a real draft largely does on a real target. Returns the loss history.
     """
     draft, target, dev = engine.draft, engine.target, engine.device
+    if draft is None:
+        raise ValueError("distill_draft needs an engine with a draft")
+    d2t = draft.get_buffer("d2t")
     res = engine.generate(prompts, SamplingParams(max_tokens=gen_tokens), speculate=False)
     seqs = [p + r.token_ids for p, r in zip(prompts, res)]
     if remap_vocab:
         vocab = build_draft_vocab(count_tokens(r.token_ids for r in res), target.vocab_size, draft.config.draft_vocab_size, engine.eos_token_ids)
         with torch.no_grad():
-            draft.d2t.copy_(vocab.d2t().to(draft.d2t.device))
+            d2t.copy_(vocab.d2t().to(d2t.device))
         engine.refresh_draft_vocab()
-    t2d = DraftVocab.from_d2t(draft.d2t.cpu(), target.vocab_size).target_to_draft().to(dev)
+    t2d = DraftVocab.from_d2t(d2t.cpu(), target.vocab_size).target_to_draft().to(dev)
 
     N = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), N), engine.pad_token_id, dtype=torch.long)
@@ -349,8 +354,9 @@ def distill_draft(
             keep = (torch.rand(e.shape[:-1], generator=g) >= embed_dropout).to(e.device, e.dtype)
             e = e * keep[..., None]
         outs = ttt_unroll(draft, e, aux[idx], unroll)
-        loss = sum(
-            F.cross_entropy(o[:, k:].float().flatten(0, 1), labels[idx][:, k:].flatten(), ignore_index=-100) * (0.8**k) for k, o in enumerate(outs)
+        loss = functools.reduce(
+            operator.add,
+            [F.cross_entropy(o[:, k:].float().flatten(0, 1), labels[idx][:, k:].flatten(), ignore_index=-100) * (0.8**k) for k, o in enumerate(outs)],
         )  # step k+1 starts its chain at position k
         opt.zero_grad()
         loss.backward()

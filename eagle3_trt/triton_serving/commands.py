@@ -5,10 +5,11 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
+from typing import get_args
 
 import click
 
-from eagle3_trt.triton_serving.interface import DEFAULT_MODEL_NAME
+from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME, DeviceName, RuntimeName
 from eagle3_trt.triton_serving.package import package_bundle
 from eagle3_trt.triton_serving.server import EXIT_TIMEOUT_S, STOP_TIMEOUT_S, start_server, stop_recorded, stop_server
 
@@ -16,15 +17,15 @@ from eagle3_trt.triton_serving.server import EXIT_TIMEOUT_S, STOP_TIMEOUT_S, sta
 @click.command("package")
 @click.argument("bundle", type=click.Path(file_okay=False, path_type=Path))
 @click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="model repository to write")
-@click.option("--name", "model_name", default=DEFAULT_MODEL_NAME, show_default=True, help="Triton model name")
+@click.option("--name", "model_name", default=SERVED_MODEL_NAME, show_default=True, help="Triton model name")
 @click.option(
     "--runtime",
-    type=click.Choice(["reference", "trtllm"]),
+    type=click.Choice(get_args(RuntimeName)),
     default="reference",
     show_default=True,
     help="reference: the toolkit's PyTorch runtime (CPU or GPU); trtllm: TensorRT-LLM LLM() from the bundle's options",
 )
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True, help="reference runtime device")
+@click.option("--device", type=click.Choice(get_args(DeviceName)), default="auto", show_default=True, help="reference runtime device")
 @click.option("--torch-threads", type=click.IntRange(min=1), default=None, help="reference runtime on CPU: torch threads per model instance (default: torch's)")
 @click.option("--instances", "instance_count", default=1, show_default=True, help="model instances (each loads the bundle on its own GPUs: see --gpus)")
 @click.option(
@@ -49,8 +50,8 @@ def package_cmd(
     bundle: Path,
     out: Path,
     model_name: str,
-    runtime: str,
-    device: str,
+    runtime: RuntimeName,
+    device: DeviceName,
     torch_threads: int | None,
     instance_count: int,
     gpus: int | None,
@@ -104,7 +105,7 @@ def serve_cmd(repo: Path, http_port: int, grpc_port: int, metrics_port: int, sta
         repo, state_dir=state_dir, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, timeout_s=timeout_s, log_verbose=log_verbose
     )
     click.echo(f"ready in {time.monotonic() - t0:.1f} s (pid {h.pid}); models: {', '.join(h.models)}")
-    click.echo(f"  HTTP    {h.http_url}   (POST {h.http_url}/v2/models/{h.models[0] if h.models else DEFAULT_MODEL_NAME}/generate)")
+    click.echo(f"  HTTP    {h.http_url}   (POST {h.http_url}/v2/models/{h.models[0] if h.models else SERVED_MODEL_NAME}/generate)")
     click.echo(f"  gRPC    {h.grpc_url}")
     click.echo(f"  metrics {h.metrics_url}")
     click.echo(f"  log     {h.log_file}")

@@ -80,5 +80,3 @@ PERF_OUTPUTS = (
     "acceptance_length",
     "speculative_decoding",
 )
-
-DEFAULT_MODEL_NAME = "eagle3"

@@ -2,8 +2,9 @@
 
 Triton-free on purpose (the model in ``model/model.py`` supplies a ``Sink`` built on
 ``triton_python_backend_utils``), and runtime-free: ``LlmServing`` drives any object with
-TensorRT-LLM's LLM-API shape (``llm_api.py``): ``tensorrt_llm.LLM`` in production,
-``reference_llm.ReferenceLLM`` in the tests, through the same code.
+TensorRT-LLM's LLM-API shape (``llm_api.py``), as ``runtime.factory.open_llm`` returns it for
+either runtime (TensorRT-LLM in production, the reference runtime in the tests), through the
+same code.
 
 * ``Job``: one request from arrival to its final response: streaming or buffered output, the
   prompt echo, per-response token counts, perf metrics, the ``RequestSummary`` for metrics.
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from eagle3_trt.runtime.llm_api import to_ns
+from eagle3_trt.runtime.llm_api import SamplingParamError, ServingLlm, SpecStats, spec_stats, to_ns
 from eagle3_trt.triton_serving.request_params import GenRequest, RequestError, resolve_max_tokens
 
 
@@ -69,7 +70,7 @@ class Sink(Protocol):
 def prompt_has_bos(tokenizer, prompt: str) -> bool:
     """A chat-templated prompt already starts with BOS: encoding must not add a second one."""
     bos = getattr(tokenizer, "bos_token", None)
-    return bool(bos) and prompt.startswith(bos)
+    return isinstance(bos, str) and bool(bos) and prompt.startswith(bos)
 
 
 def derive_positions(step_tokens: list[int], max_draft_len: int) -> tuple[list[int], list[int], list[int]]:
@@ -160,55 +161,46 @@ class Job:
         pm = self.perf_metrics
         return getattr(pm, "speculative_decoding", None) if pm is not None else None
 
-    def target_forwards(self) -> int:
-        pm = self.perf_metrics
-        fw = getattr(pm, "eagle3_target_forwards", None) if pm is not None else None
-        return int(fw) if fw else sum(1 for n in self.step_tokens if n > 0)
+    def stats(self) -> SpecStats:
+        # Forwards seen in the stream stand in when the runtime does not count them (TensorRT-LLM).
+        return spec_stats(self.perf_metrics, self.n_tokens, self.speculation, forwards_seen=sum(1 for n in self.step_tokens if n > 0))
 
     def perf(self) -> PerfSnapshot:
-        pm, spec = self.perf_metrics, self._spec()
-        tm = getattr(pm, "timing_metrics", None)
-        draft = int(getattr(spec, "total_draft_tokens", 0) or 0) if self.speculation else 0
-        acc = int(getattr(spec, "total_accepted_draft_tokens", 0) or 0) if self.speculation else 0
-        fw = self.target_forwards()
+        tm = getattr(self.perf_metrics, "timing_metrics", None)
+        st = self.stats()
         return PerfSnapshot(
             to_ns(getattr(tm, "arrival_time", None)) or self.arrival_ns,
             to_ns(getattr(tm, "first_scheduled_time", None)) or self.arrival_ns,
             to_ns(getattr(tm, "first_token_time", None)) or self.first_token_ns,
             to_ns(getattr(tm, "last_token_time", None)) or self.last_token_ns,
-            draft,
-            acc,
-            acc / draft if draft else 0.0,
-            self.n_tokens / fw if fw else 0.0,
+            st.draft_tokens,
+            st.accepted_draft_tokens,
+            st.acceptance_rate,
+            st.acceptance_length,
             self.speculation,
         )
 
     def summary(self, status: str) -> RequestSummary:
-        spec = self._spec()
-        draft = int(getattr(spec, "total_draft_tokens", 0) or 0)
-        acc = int(getattr(spec, "total_accepted_draft_tokens", 0) or 0)
         if not self.speculation:
             return RequestSummary(status, False, self.n_tokens)
+        st, spec = self.stats(), self._spec()
         if spec is not None and hasattr(spec, "eagle3_acceptance_lengths"):
             als, dpp, app = (list(spec.eagle3_acceptance_lengths), list(spec.eagle3_drafted_per_position), list(spec.eagle3_accepted_per_position))
         else:
             als, dpp, app = derive_positions(self.step_tokens, self.max_draft_len)
-        return RequestSummary(status, True, self.n_tokens, draft, acc, als, dpp, app)
+        return RequestSummary(status, True, self.n_tokens, st.draft_tokens, st.accepted_draft_tokens, als, dpp, app)
 
 
 class LlmServing:
-    """Drives an LLM-API object (``tensorrt_llm.LLM`` or ``ReferenceLLM``) for the Triton model."""
+    """Drives the LLM-API object ``runtime.factory.open_llm`` returned (either runtime) for the Triton model."""
 
     def __init__(
         self,
-        llm,
-        sampling_params_cls,
-        tokenizer,
+        llm: ServingLlm,
         *,
         max_seq_len: int,
         max_draft_len: int,
         speculation: bool,
-        per_request_speculation: bool,
         default_max_tokens: int,
         cancel_period_ms: int,
         decoupled: bool,
@@ -216,12 +208,12 @@ class LlmServing:
         log: Callable[[str], None],
     ):
         self.llm = llm
-        self.SamplingParams = sampling_params_cls
-        self.tokenizer = tokenizer
+        self.SamplingParams = llm.sampling_params_cls
+        self.tokenizer = llm.tokenizer
         self.max_seq_len = max_seq_len
         self.max_draft_len = max_draft_len if speculation else 0
         self.speculation = speculation
-        self.per_request_speculation = per_request_speculation
+        self.per_request_speculation = llm.per_request_speculation
         self.default_max_tokens = default_max_tokens
         self.cancel_period_s = cancel_period_ms / 1000.0
         self.decoupled = decoupled
@@ -266,10 +258,10 @@ class LlmServing:
             kw["eagle3_speculative"] = False
         try:
             return self.SamplingParams(**kw)
-        except ValueError as e:  # the runtime refuses a value: name the request's field
-            msg = str(e)
-            name = msg.split(":", 1)[0].strip()
-            raise RequestError(f"sampling_param_{name}" if name in kw else "request", msg) from None
+        except SamplingParamError as e:  # the reference runtime refuses a value and names it: name the request's field
+            raise RequestError(f"sampling_param_{e.field}" if e.field in kw else "request", str(e)) from None
+        except ValueError as e:  # another runtime's refusal (TensorRT-LLM): the whole request
+            raise RequestError("request", str(e)) from None
 
     def submit(self, req: GenRequest, sink: Sink, request_id: str, arrival_ns: int) -> None:
         """Check and start a request; RequestError for bad values (nothing was started)."""

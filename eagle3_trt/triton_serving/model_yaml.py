@@ -20,14 +20,15 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
-from eagle3_trt.pipeline.trtllm_adapter import check_names, documented_names, installed_names, to_llm_kwargs
+from eagle3_trt.pipeline.trtllm_adapter import check_names, documented_names, installed_names
+from eagle3_trt.runtime.llm_api import DeviceName, RuntimeName
 
 MODEL_YAML = "model.yaml"
 SERVING_YAML = "eagle3.yaml"
@@ -38,9 +39,9 @@ class TritonConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_batch_size: int = Field(0, ge=0, description="0: one prompt per request (upstream: batching is JIRA-4496)")
-    decoupled: bool = Field(True, description="true: streaming (generate_stream, gRPC stream); false: unary /infer, ModelInfer")
-    cancellation_check_period_ms: int = Field(50, gt=0, description="how often in-flight requests are checked for client cancellation")
+    max_batch_size: int = Field(default=0, ge=0, description="0: one prompt per request (upstream: batching is JIRA-4496)")
+    decoupled: bool = Field(default=True, description="true: streaming (generate_stream, gRPC stream); false: unary /infer, ModelInfer")
+    cancellation_check_period_ms: int = Field(default=50, gt=0, description="how often in-flight requests are checked for client cancellation")
 
 
 class ServingConfig(BaseModel):
@@ -48,14 +49,12 @@ class ServingConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    runtime: Literal["reference", "trtllm"] = Field(
-        description="reference: the toolkit's PyTorch runtime; trtllm: TensorRT-LLM LLM(**model.yaml without triton_config)"
-    )
+    runtime: RuntimeName = Field(description="reference: the toolkit's PyTorch runtime; trtllm: TensorRT-LLM LLM(**model.yaml without triton_config)")
     bundle: str = Field(description="engine bundle directory (absolute, or relative to this file)")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="reference runtime only")
-    torch_threads: int | None = Field(None, ge=1, description="reference runtime: torch.set_num_threads (CPU); null keeps torch's default")
-    speculation: bool = Field(True, description="false: serve without the draft (a baseline model for A/B)")
-    default_max_tokens: int = Field(64, gt=0, description="when a request has no sampling_param_max_tokens")
+    device: DeviceName = Field(default="auto", description="reference runtime only")
+    torch_threads: int | None = Field(default=None, ge=1, description="reference runtime: torch.set_num_threads (CPU); null keeps torch's default")
+    speculation: bool = Field(default=True, description="false: serve without the draft (a baseline model for A/B)")
+    default_max_tokens: int = Field(default=64, gt=0, description="when a request has no sampling_param_max_tokens")
     python_path: list[str] = Field(default_factory=list, description="prepended to sys.path so the model can import eagle3_trt")
 
 
@@ -124,28 +123,6 @@ def resolve_bundle(cfg: ServingConfig, serving_yaml_path: Path) -> Path:
     if not p.is_absolute():
         p = (Path(serving_yaml_path).parent / p).resolve()
     return p
-
-
-def llm_kwargs_for(bundle: Path, *, speculation: bool, bundle_path: str | None = None) -> dict[str, Any]:
-    """The bundle's ``LLM()`` options for model.yaml: version-agnostic names (``speculative_model_dir``
-    is accepted by every release), checked against the documented names, absolute paths (the
-    directory the server will see: ``bundle_path`` when the repository is used elsewhere)."""
-    b = open_bundle(Path(bundle))
-    res = to_llm_kwargs(b.path, b.options, version=None, use_installed=False, resolve_paths=bundle_path is None)
-    kw = dict(res.kwargs)
-    if bundle_path is not None:
-        root = Path(bundle_path)
-        kw["model"] = str(root / str(kw["model"]))
-        if kw.get("tokenizer"):
-            kw["tokenizer"] = str(root / str(kw["tokenizer"]))
-        spec = kw.get("speculative_config")
-        if isinstance(spec, dict):
-            for key in ("speculative_model", "speculative_model_dir"):
-                if key in spec:
-                    spec[key] = str(root / str(spec[key]))
-    if not speculation:
-        kw.pop("speculative_config", None)
-    return kw
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,10 @@ from pathlib import Path
 import eagle3_trt
 from eagle3_trt.atomic import staged_dir, write_text
 from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline.trtllm_adapter import serving_llm_kwargs
 from eagle3_trt.resources import data_dir
+from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME, DeviceName, RuntimeName
 from eagle3_trt.triton_serving.instances import assign_gpus
-from eagle3_trt.triton_serving.interface import DEFAULT_MODEL_NAME
 from eagle3_trt.triton_serving.model_yaml import (
     MODEL_YAML,
     SERVING_YAML,
@@ -31,7 +32,6 @@ from eagle3_trt.triton_serving.model_yaml import (
     TritonConfig,
     dump_model_yaml,
     dump_serving_yaml,
-    llm_kwargs_for,
     load_model_yaml,
     load_serving_yaml,
     read_bundle,
@@ -71,9 +71,9 @@ def package_bundle(
     bundle: Path,
     out: Path,
     *,
-    model_name: str = DEFAULT_MODEL_NAME,
-    runtime: str = "reference",
-    device: str = "auto",
+    model_name: str = SERVED_MODEL_NAME,
+    runtime: RuntimeName = "reference",
+    device: DeviceName = "auto",
     torch_threads: int | None = None,
     instance_count: int = 1,
     gpus: int | None = None,
@@ -107,9 +107,9 @@ def package_bundle(
         raise UserError(out, "exists and is not a model repository; --force only replaces repositories", "choose another -o")
 
     serving = ServingConfig(
-        runtime=runtime,  # type: ignore[arg-type]
+        runtime=runtime,
         bundle=bundle_path or str(bundle),
-        device=device,  # type: ignore[arg-type]
+        device=device,
         torch_threads=torch_threads,
         default_max_tokens=default_max_tokens,
         python_path=[package_import_root()],
@@ -134,7 +134,9 @@ def package_bundle(
             f"pass --gpus N (N >= {len(variants) * instance_count * tp}) so each instance gets its own",
         )
 
-    llm_kw = {spec: llm_kwargs_for(bundle, speculation=spec, bundle_path=bundle_path) for spec in (True, False)}
+    # model.yaml is read later, maybe by another TensorRT-LLM release: portable names and paths
+    b = info.bundle
+    llm_kw = {spec: serving_llm_kwargs(b.path, b.options, speculation=spec, portable=True, bundle_path=bundle_path).kwargs for spec in (True, False)}
     with staged_dir(out) as tmp:
         for (name, spec, dec), ids in zip(variants, gpu_ids):
             my = ModelYaml(TritonConfig(decoupled=dec), llm_kw[spec])

@@ -65,14 +65,16 @@ def find_tritonserver() -> TritonInstall:
     if on_path:
         return TritonInstall(Path(on_path), "path")
     try:
-        import pytriton  # noqa: F401
+        import pytriton  # local: optional (CPU machines); a container has tritonserver on PATH
     except ImportError:
         raise UserError(
             "tritonserver",
             "not on PATH and the nvidia-pytriton wheel is not installed",
             "pip install 'nvidia-pytriton==0.7.0' (CPU machines) or run inside a Triton/TensorRT-LLM container",
         ) from None
-    root = Path(sys.modules["pytriton"].__file__).resolve().parent / "tritonserver"
+    if pytriton.__file__ is None:  # a namespace package of that name, not the wheel
+        raise UserError("pytriton", "is importable but is not the nvidia-pytriton wheel", "pip install 'nvidia-pytriton==0.7.0'")
+    root = Path(pytriton.__file__).resolve().parent / "tritonserver"
     exe = root / "bin" / "tritonserver"
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = root / "python_backend_stubs" / py / "triton_python_backend_stub"
@@ -223,12 +225,11 @@ def start_server(
     models = check_repository(repo) if validate else []
     make_dirs(state_dir)
     try:
-        prev = ServerHandle.load(state_dir)
-        if prev.alive():
-            raise UserError(state_dir / STATE_FILE, f"a server is already running here (pid {prev.pid}, {prev.http_url})", "`eagle3-trt stop` first")
-    except UserError as e:
-        if "already running" in e.what:
-            raise
+        prev: ServerHandle | None = ServerHandle.load(state_dir)
+    except UserError:  # no server recorded here
+        prev = None
+    if prev is not None and prev.alive():
+        raise UserError(state_dir / STATE_FILE, f"a server is already running here (pid {prev.pid}, {prev.http_url})", "`eagle3-trt stop` first")
     for name, port in (("--http-port", http_port), ("--grpc-port", grpc_port), ("--metrics-port", metrics_port)):
         if not port_is_free(port):
             raise UserError(name, f"port {port} on {HOST} is in use", "pick another port or stop what holds it")

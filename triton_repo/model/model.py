@@ -3,8 +3,8 @@
 # Tensor interface: TensorRT-LLM's Triton llmapi model (see config.pbtxt). model.yaml next to this
 # file is upstream's (triton_config + the LLM() options); eagle3.yaml selects the runtime
 # (reference | trtllm) and the bundle. The work is done by eagle3_trt.triton_serving.job.LlmServing,
-# which drives an object shaped like tensorrt_llm.LLM: tensorrt_llm.LLM itself (trtllm_serving) or
-# the toolkit's ReferenceLLM (reference_llm). This file is the Triton glue: requests in,
+# which drives an object shaped like tensorrt_llm.LLM, as eagle3_trt.runtime.factory.open_llm
+# returns it for either runtime. This file is the Triton glue: requests in,
 # responses and Prometheus metrics out, and each instance's GPUs and MPI environment.
 
 # The Python backend's embedded interpreter starts in the C (ASCII) locale whatever LANG says;
@@ -308,30 +308,25 @@ class TritonPythonModel:
 
         self.responder = _Responder()
         t0 = time.monotonic()
-        # The runtime's module is imported once chosen: a trtllm model does not load the reference
-        # engine, a reference model not TensorRT-LLM.
+        # open_llm imports TensorRT-LLM only for the trtllm runtime (after the instance's GPUs were
+        # set above). model.yaml's LLM() options are the ones TensorRT-LLM gets, as upstream's
+        # model.py would read them from the same file.
+        from eagle3_trt.runtime.factory import open_llm
+
         if cfg.runtime == "reference":
-            from eagle3_trt.runtime.llm_api import SamplingParams
-            from eagle3_trt.runtime.reference_llm import ReferenceLLM
-
-            llm = ReferenceLLM(info.path, device=cfg.device, torch_threads=cfg.torch_threads, speculation=cfg.speculation)
-            sp_cls, tokenizer, per_request = SamplingParams, llm.tokenizer, True
+            opts = {"device": cfg.device, "torch_threads": cfg.torch_threads}
         else:
-            from transformers import AutoTokenizer  # heavy; only the trtllm runtime needs a tokenizer of its own
-
-            from eagle3_trt.triton_serving.trtllm_serving import build_trtllm
-
-            llm, sp_cls = build_trtllm(my.llm_kwargs, llm_extra)
-            tokenizer, per_request = AutoTokenizer.from_pretrained(str(info.bundle.tokenizer_dir)), False
+            opts = {"llm_kwargs": my.llm_kwargs, "llm_extra": llm_extra}
+        try:
+            llm = open_llm(info.bundle, cfg.runtime, speculation=cfg.speculation, **opts)
+        except UserError as e:
+            raise pb_utils.TritonModelException(e.line()) from None
         self.metrics = _Metrics(self.model_name, info.max_draft_len if cfg.speculation else 0)
         self.serving = LlmServing(
             llm,
-            sp_cls,
-            tokenizer,
             max_seq_len=info.max_seq_len,
             max_draft_len=info.max_draft_len,
             speculation=cfg.speculation,
-            per_request_speculation=per_request,
             default_max_tokens=cfg.default_max_tokens,
             cancel_period_ms=my.triton_config.cancellation_check_period_ms,
             decoupled=decoupled,

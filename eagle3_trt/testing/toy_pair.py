@@ -3,7 +3,7 @@
 ``toy_engine`` builds a random target and draft with a tiny vocabulary, for statistical tests of
 the sampling path; ``sharpen_target`` makes a random target's hidden states carry context so a
 distilled draft (``trainer.distill_draft``) has to use them. Pairs on disk come from
-``convert.tiny_pair.make_pair``.
+``testing.tiny_pair.make_pair``.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle3_trt.convert.draft_format import DraftConfig
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SpeculativeEngine
 from eagle3_trt.core.target import TargetModel
+from eagle3_trt.formats.draft_config import DraftConfig
 
 
 def sharpen_target(target: TargetModel, factor: float = 20.0) -> None:
@@ -95,7 +95,7 @@ def toy_engine(
     draft = Eagle3Draft(dc).eval()
     kept = torch.tensor([i for i in range(vocab) if i not in set(missing)][:draft_vocab])
     with torch.no_grad():
-        draft.d2t.copy_(kept - torch.arange(draft_vocab))
+        draft.get_buffer("d2t").copy_(kept - torch.arange(draft_vocab))
         draft.lm_head.weight.mul_(draft_logit_scale)
     eng = SpeculativeEngine(target, draft, None, max_draft_len=max_draft_len, eos_token_ids=(), max_seq_len=256)
     return hf, eng

@@ -23,9 +23,10 @@ computed in ``eagle3_trt.core.rope``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from eagle3_trt.convert.hf_compat import rope_of
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.hf_compat import rope_of
 
 # TensorRT-LLM's RotaryScalingType names; "none" covers a missing rope_scaling and "default".
 TRTLLM_TYPES = ("none", "linear", "dynamic", "longrope", "llama3", "yarn", "mrope")
@@ -59,7 +60,7 @@ class RopeParams:
     max_seq_len: int | None = None
 
 
-def scaling_kind(scaling: dict | None) -> str:
+def scaling_kind(scaling: dict[str, Any] | None) -> str:
     """TensorRT-LLM's ``RotaryScalingType.from_string(rope_scaling.get("type") or rope_scaling.get("rope_type"))``
     as a name ("type" wins over "rope_type", matching is case-insensitive). Unknown names are returned
     lower-cased; ``check_supported`` refuses them."""
@@ -72,14 +73,19 @@ def scaling_kind(scaling: dict | None) -> str:
     return "none" if key == "default" else key
 
 
-def _num(v, where: str, key: str) -> float:
+def _num(v: Any, where: str, key: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise UserError(f"{where}:rope_scaling.{key}", f"{v!r} is not a number", "fix the rope_scaling block of config.json")
     return float(v)
 
 
 def from_config(
-    theta: float, scaling: dict | None, head_dim: int, max_position_embeddings: int, top_level: dict | None = None, where: str = "config.json"
+    theta: float,
+    scaling: dict[str, Any] | None,
+    head_dim: int,
+    max_position_embeddings: int,
+    top_level: dict[str, Any] | None = None,
+    where: str = "config.json",
 ) -> RopeParams:
     """RopeParams.from_config on an already split config (theta, rope_scaling dict, head_dim).
 
@@ -95,7 +101,7 @@ def from_config(
             f"rope type {kind!r} is not one TensorRT-LLM accepts ({', '.join(TRTLLM_TYPES[1:])})",
             "TensorRT-LLM would refuse this config (Unsupported rotary scaling type); fix rope_scaling",
         )
-    kw: dict = {}
+    kw: dict[str, Any] = {}
     if scaling:
         kw = dict(
             factor=_num(sc.get("factor", 1.0), where, "factor"),
@@ -127,7 +133,7 @@ def from_config(
     )
 
 
-def from_raw_config(cfg: dict, where: str = "config.json") -> RopeParams:
+def from_raw_config(cfg: dict[str, Any], where: str = "config.json") -> RopeParams:
     """RopeParams of a flat Llama config.json dict (either transformers spelling, see hf_compat.rope_of)."""
     theta, scaling = rope_of(cfg)
     heads = cfg.get("num_attention_heads") or 1
@@ -207,7 +213,7 @@ def same_function(a: RopeParams, b: RopeParams) -> bool:
     return all(getattr(a, f) == getattr(b, f) for f in a.__dataclass_fields__ if f not in skip)
 
 
-def export_scaling(p: RopeParams, source: dict | None) -> dict | None:
+def export_scaling(p: RopeParams, source: dict[str, Any] | None) -> dict[str, Any] | None:
     """The rope_scaling block for an exported config: the source block with
     original_max_position_embeddings written out where the function uses it (TensorRT-LLM defaults it
     to 1024, transformers to max_position_embeddings, so an implicit value means two functions).

@@ -3,7 +3,7 @@
 Ordinary Hugging Face directories, so every stage (validate, quantize, export, bundle, serve,
 measure) runs on real files with no downloads. Tests use it because it is small and can be
 broken at will; its acceptance is near zero (random weights). The `tiny` preset uses the trained
-pair in models/tiny/ (train/make_tiny_pair.py) and falls back to this one only without it.
+pair shipped in models/tiny/ (testing/make_tiny_pair.py), never this one.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from eagle3_trt.atomic import make_dirs, write_json
 from eagle3_trt.convert.prompts import SHIPPED_PROMPTS, load_prompt_records
@@ -121,7 +122,9 @@ def make_target(out: Path, shape: TinyShape = TinyShape(), seed: int = 0) -> Non
     make_dirs(out)
     copy_tokenizer(out)
     ids = _special_ids()
-    cfg = LlamaConfig(
+    # The names config.json carries under transformers 4.x and 5.x alike (rope_theta, torch_dtype):
+    # 5.x's typed signature names their successors but still accepts these, so pass them as data.
+    fields: dict[str, Any] = dict(
         vocab_size=shape.vocab_size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
@@ -139,8 +142,9 @@ def make_target(out: Path, shape: TinyShape = TinyShape(), seed: int = 0) -> Non
         architectures=["LlamaForCausalLM"],
         torch_dtype="bfloat16",
     )
+    cfg = LlamaConfig(**fields)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model = LlamaForCausalLM(cfg).bfloat16()
     model.generation_config.do_sample = False
     model.save_pretrained(out, safe_serialization=True)
 

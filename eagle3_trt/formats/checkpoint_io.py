@@ -10,6 +10,7 @@ import json
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from safetensors import SafetensorError, safe_open
 
@@ -28,7 +29,7 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(path, "file not found", "is this a Hugging Face checkpoint directory?")
@@ -67,7 +68,7 @@ def weight_files(ckpt_dir: Path) -> list[Path]:
     raise UserError(ckpt_dir, "no weight files (*.safetensors, pytorch_model.bin)", "point at a Hugging Face checkpoint directory")
 
 
-def iter_tensors(path: Path) -> Iterator[tuple[str, object]]:
+def iter_tensors(path: Path) -> Iterator[tuple[str, Any]]:
     """(name, tensor) pairs of one weight file, one tensor in memory at a time for safetensors."""
     path = Path(path)
     if path.suffix == ".safetensors":
@@ -82,7 +83,7 @@ def iter_tensors(path: Path) -> Iterator[tuple[str, object]]:
     yield from _load_pickle_weights_only(path).items()
 
 
-def _load_pickle_weights_only(path: Path) -> dict:
+def _load_pickle_weights_only(path: Path) -> dict[str, Any]:
     import torch  # ~2 s to import; header and config readers in this module run without it
 
     try:
@@ -101,9 +102,9 @@ def _load_pickle_weights_only(path: Path) -> dict:
     return obj
 
 
-def load_tensors(ckpt_dir: Path) -> dict:
+def load_tensors(ckpt_dir: Path) -> dict[str, Any]:
     """All tensors of a checkpoint directory (used for draft heads, which are small)."""
-    out: dict = {}
+    out: dict[str, Any] = {}
     for f in weight_files(ckpt_dir):
         for k, t in iter_tensors(f):
             if k in out:
@@ -122,7 +123,7 @@ def tensor_shapes(ckpt_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
             continue
         try:
             with safe_open(str(f), framework="pt") as h:
-                for k in h:
+                for k in h.keys():  # safe_open handles are not iterable
                     s = h.get_slice(k)
                     out[k] = (tuple(s.get_shape()), _st_dtype(s.get_dtype()))
         except (SafetensorError, OSError, ValueError) as e:

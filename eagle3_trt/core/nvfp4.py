@@ -37,7 +37,7 @@ def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
     return torch.sign(x) * _E2M1_GRID.to(x.device, x.dtype)[idx]
 
 
-def nvfp4_block_scales(x: torch.Tensor, global_amax: torch.Tensor, block_size: int = 16):
+def nvfp4_block_scales(x: torch.Tensor, global_amax: torch.Tensor, block_size: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(blocks [N, block], per-block scale [N, 1] as E4M3-representable FP32, global scale)."""
     blocks = x.float().reshape(-1, block_size)
     global_scale = global_amax.float().reshape(()) / (E2M1_MAX * E4M3_MAX)
@@ -57,6 +57,6 @@ def nvfp4_fake_quant(x: torch.Tensor, block_size: int, global_amax: torch.Tensor
     return q.reshape(x.shape).to(x.dtype)
 
 
-def is_nvfp4(num_bits, exponent_bits, scale_num_bits, scale_exponent_bits) -> bool:
+def is_nvfp4(num_bits: object, exponent_bits: object, scale_num_bits: object, scale_exponent_bits: object) -> bool:
     """ModelOpt's quantizer attributes for NVFP4: E2M1 values (4 bits, 2 exponent) with E4M3 scales."""
     return (num_bits, exponent_bits, scale_num_bits, scale_exponent_bits) == (4, 2, 8, 4)

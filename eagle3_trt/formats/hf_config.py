@@ -25,8 +25,20 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from eagle3_trt.convert.hf_compat import dtype_of, rope_of
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.generation import eos_ids_of
+from eagle3_trt.formats.hf_compat import dtype_of, rope_of
+
+# What a config without ``max_position_embeddings`` means: transformers' ``LlamaConfig`` default
+# (models/llama/configuration_llama.py, the same in 4.57 and 5.x), which is what TensorRT-LLM and
+# transformers build such a model with; the draft config, the bundle's max_seq_len and the
+# reference engine all fall back to it through here.
+DEFAULT_MAX_POSITIONS = 2048
+
+
+def max_positions_of(cfg: dict[str, Any]) -> int:
+    """A raw config's ``max_position_embeddings``, or ``DEFAULT_MAX_POSITIONS`` where it has none."""
+    return int(cfg.get("max_position_embeddings") or DEFAULT_MAX_POSITIONS)
 
 
 class LlamaConfigFields(BaseModel):
@@ -59,7 +71,7 @@ class LlamaConfigFields(BaseModel):
     attention_bias: bool = False
     mlp_bias: bool = False
     quantization_config: dict[str, Any] | None = None
-    # mixture of experts and per-layer attention kinds (gpt-oss; convert/families.py names the fields)
+    # mixture of experts and per-layer attention kinds (gpt-oss; formats/families.py names the fields)
     num_local_experts: int | None = Field(None, gt=0)
     num_experts_per_tok: int | None = Field(None, gt=0)
     sliding_window: int | None = Field(None, gt=0)
@@ -95,11 +107,10 @@ class LlamaConfigFields(BaseModel):
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
-        eos = self.eos_token_id
-        return tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        return eos_ids_of(self.eos_token_id)
 
     @property
-    def rope(self) -> tuple[float, dict | None]:
+    def rope(self) -> tuple[float, dict[str, Any] | None]:
         """(rope_theta, rope_scaling or None) from either transformers spelling (hf_compat.rope_of)."""
         return rope_of(self.model_dump(exclude_none=True))
 
@@ -126,8 +137,7 @@ class GenerationConfigIds(BaseModel):
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
-        eos = self.eos_token_id
-        return tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        return eos_ids_of(self.eos_token_id)
 
 
 _HINTS: dict[str, str] = {

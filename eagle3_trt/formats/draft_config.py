@@ -1,0 +1,354 @@
+"""The typed config of an EAGLE-3 draft head, in the three layouts users have (see
+``convert.draft_format`` for the sources), read from its config.json without touching the weights.
+
+``draft_config`` normalizes SafeAILab, ModelOpt and speculators configs into one ``DraftConfig``
+(TensorRT-LLM's aux-id convention, variant flags, rope), ``expected_shapes`` lists the tensors
+TensorRT-LLM loads for it, and ``trtllm_config`` writes the flat config.json it reads. Tensors are
+loaded (and fc's blocks permuted) by ``convert.draft_format.load_draft``; this module imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from eagle3_trt.errors import UserError
+from eagle3_trt.formats import rope_params
+from eagle3_trt.formats.checkpoint_io import read_json
+from eagle3_trt.formats.families import EAGLE3_DEFAULT_NUM_AUX
+from eagle3_trt.formats.hf_compat import dtype_of, rope_of, with_legacy_fields
+from eagle3_trt.formats.hf_config import DEFAULT_MAX_POSITIONS, Eagle3DraftConfigFields, parse_config
+
+FORMATS = ("safeailab", "modelopt", "speculators")
+
+# name -> shape template; H = draft hidden, T = target hidden, A = number of aux layers,
+# Q = heads*head_dim, K = kv_heads*head_dim, I = intermediate, D = draft vocab.
+LAYER_SCHEMA: dict[str, tuple[str, ...]] = {
+    "midlayer.input_layernorm.weight": ("H",),
+    "midlayer.hidden_norm.weight": ("H",),
+    "midlayer.post_attention_layernorm.weight": ("H",),
+    "midlayer.self_attn.q_proj.weight": ("Q", "2H"),
+    "midlayer.self_attn.k_proj.weight": ("K", "2H"),
+    "midlayer.self_attn.v_proj.weight": ("K", "2H"),
+    "midlayer.self_attn.o_proj.weight": ("H", "Q"),
+    "midlayer.mlp.gate_proj.weight": ("I", "H"),
+    "midlayer.mlp.up_proj.weight": ("I", "H"),
+    "midlayer.mlp.down_proj.weight": ("H", "I"),
+}
+HEAD_SCHEMA: dict[str, tuple[str, ...]] = {
+    "fc.weight": ("H", "AT"),
+    "norm.weight": ("H",),
+    "lm_head.weight": ("D", "H"),
+}
+OPTIONAL = ("d2t", "t2d", "embed_tokens.weight", "fc.bias")
+
+# The draft-config flags TensorRT-LLM's Eagle3 loader reads (tensorrt_llm/_torch/models/
+# modeling_speculative.py @ 00679c66c3e38f6d2651ad0a5bef0f94d862e36c: Eagle3DraftModel,
+# Eagle3DecoderLayer, Eagle3ForCausalLM.apply_eagle3_fc), where they live and what each does:
+#   eagle_config.return_hidden_post_norm, or top-level norm_output: the hidden state fed back at
+#       draft steps >= 2 is norm(h) instead of the pre-norm h.
+#   eagle_config.norm_before_fc: input_norm = RMSNorm(A*T) over the concatenated aux states before fc.
+#   top-level fc_norm: one RMSNorm(T) per aux chunk before fc; wins over norm_before_fc.
+#   eagle_config.eh_proj_before_attn: h = eh_proj(cat[enorm(embeds), h]) at every step, and the layer
+#       becomes "regular" (no input_layernorm, q/k/v read H, not 2H). eagle_config.eh_proj_bias: its bias.
+#   eagle_config.next_layer_regular: only changes layers after the first of a multi-layer draft
+#       (single-layer drafts: _next_layer_regular = eh_proj_before_attn), so it is carried, not used.
+#   top-level bias: fc has a bias (an fc.bias tensor without it is not loaded).
+# Fields of eagle_config TensorRT-LLM does not read (use_input_layernorm_in_first_layer,
+# use_last_layernorm, parallel_draft_step, ...) are carried in ``extra`` and change nothing.
+NESTED_FLAGS = ("return_hidden_post_norm", "norm_before_fc", "eh_proj_before_attn", "eh_proj_bias")
+TOP_LEVEL_FLAGS = ("norm_output", "fc_norm", "bias")
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: tuple[int, ...] | None
+    num_aux_layers: int
+    torch_dtype: str | None
+    source_format: str
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+    # TensorRT-LLM variant flags (see NESTED_FLAGS / TOP_LEVEL_FLAGS above)
+    return_hidden_post_norm: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    eh_proj_before_attn: bool = False
+    eh_proj_bias: bool = False
+    fc_bias: bool = False
+    # the aux-layer order the head was trained with, when it was not ascending (fc's input blocks
+    # were permuted at load into TensorRT-LLM's sorted capture order)
+    aux_layer_ids_as_trained: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def own_embedding(self) -> bool:
+        """TensorRT-LLM gives the draft its own embed_tokens exactly when target_hidden_size differs
+        from hidden_size; otherwise it shares the target's, whatever the checkpoint ships
+        (Eagle3DraftModel.__init__ and Eagle3ForCausalLM.load_weights_from_target_model)."""
+        return self.target_hidden_size != self.hidden_size
+
+    @property
+    def fuse_width(self) -> int:
+        return max(self.num_aux_layers, 1) * self.target_hidden_size
+
+    def rope(self) -> rope_params.RopeParams:
+        return rope_params.from_config(self.rope_theta, self.rope_scaling, self.head_dim, self.max_position_embeddings)
+
+
+def detect_format(cfg: dict[str, Any], names: set[str]) -> str:
+    if _is_speculators(cfg):
+        return "speculators"
+    if any(n.startswith("midlayer.") for n in names):
+        return "safeailab"
+    if any(n.startswith("layers.0.") for n in names) or "eagle_config" in cfg:
+        return "modelopt"
+    raise UserError(
+        "draft",
+        "not an EAGLE-3 head: no midlayer.* or layers.0.* tensors and no speculators config",
+        "pass the directory of an EAGLE-3 draft (SafeAILab, ModelOpt or speculators layout)",
+    )
+
+
+def read_draft_config(path: Path) -> DraftConfig:
+    """A head's config alone, for dry runs that read no weights: the same parsing as ``load_draft``
+    (speculators' nested layer config and vLLM aux ids included), with the two facts weights would
+    give taken from the config: the aux count (listed ids, else TensorRT-LLM's default three) and the
+    draft vocabulary (``draft_vocab_size``, else ``vocab_size``). Aux ids come out sorted, as
+    ``load_draft`` serves them (fc's blocks are permuted there)."""
+    path = Path(path)
+    raw = read_json(path / "config.json")
+    fmt = "speculators" if _is_speculators(raw) else ("modelopt" if "eagle_config" in raw else "safeailab")
+    cfg = draft_config(raw, path / "config.json", fmt, None)
+    if cfg.aux_layer_ids is not None and list(cfg.aux_layer_ids) != sorted(cfg.aux_layer_ids):
+        cfg = replace(cfg, aux_layer_ids=tuple(sorted(cfg.aux_layer_ids)), aux_layer_ids_as_trained=cfg.aux_layer_ids)
+    return cfg
+
+
+def _is_speculators(raw: dict[str, Any]) -> bool:
+    return raw.get("speculators_model_type") == "eagle3" or "Eagle3Speculator" in (raw.get("architectures") or [])
+
+
+def draft_config(raw: dict[str, Any], cfg_path: Path, fmt: str, tensors: dict[str, Any] | None) -> DraftConfig:
+    """The normalized DraftConfig of a head's config.json in layout ``fmt``; ``tensors`` (renamed to
+    the SafeAILab names) supply the aux count and draft vocabulary where present, None for config-only."""
+    if fmt == "speculators":
+        layer_cfg = raw.get("transformer_layer_config")
+        if not isinstance(layer_cfg, dict):
+            raise UserError(
+                f"{cfg_path}:transformer_layer_config", "missing or not an object", "a speculators eagle3 config nests the Llama layer config there"
+            )
+        base = {**layer_cfg, **{k: raw[k] for k in ("draft_vocab_size", "target_hidden_size") if k in raw}}
+        aux = raw.get("eagle_aux_hidden_state_layer_ids")
+        if aux is not None:
+            if min(aux) < 1:
+                raise UserError(
+                    f"{cfg_path}:eagle_aux_hidden_state_layer_ids",
+                    f"{aux} captures the embeddings (vLLM id 0)",
+                    "TensorRT-LLM captures decoder-layer outputs only; retrain with ids >= 1",
+                )
+            aux = [i - 1 for i in aux]  # vLLM: input of layer i == TensorRT-LLM: output of layer i-1
+        if raw.get("norm_before_residual"):
+            extra = {"norm_before_residual": True}
+        else:
+            extra = {}
+        # speculators trains these top-level flags with TensorRT-LLM's meaning and tensor names
+        # (vllm-project/speculators 0.9.0 models/eagle3/core.py: input_norm over the concatenated aux
+        # states, fc_norm.{i} per chunk, norm_output feeds the post-norm state back), so they are
+        # carried, not dropped: dropping them would serve and measure another function.
+        flags = {k: _flag(raw, k, f"{cfg_path}:{k}") for k in ("norm_before_fc", "fc_norm", "norm_output")}
+    else:
+        base = raw
+        eagle_cfg = raw.get("eagle_config") or {}
+        if not isinstance(eagle_cfg, dict):
+            raise UserError(f"{cfg_path}:eagle_config", "is not an object", "eagle_config is a JSON object of EAGLE options")
+        aux = eagle_cfg.get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))
+        extra = {k: eagle_cfg[k] for k in ("next_layer_regular",) if k in eagle_cfg}
+        flags = {k: _flag(eagle_cfg, k, f"{cfg_path}:eagle_config.{k}") for k in NESTED_FLAGS}
+        flags.update({k: _flag(raw, k, f"{cfg_path}:{k}") for k in TOP_LEVEL_FLAGS})
+    if base.get("kv_lora_rank"):
+        raise UserError(
+            f"{cfg_path}:kv_lora_rank", "an MLA (DeepSeek-style) EAGLE-3 head", "the reference runtime implements the Llama-style Eagle3 draft only"
+        )
+    if base.get("model_type") == "llama4_text":
+        raise UserError(f"{cfg_path}:model_type", "llama4_text EAGLE-3 heads are not implemented", "use a Llama-style head")
+    for key in ("rotary_dim", "rotary_emb_base", "qk_rope_head_dim", "rotary_pct", "partial_rotary_factor"):
+        v = base.get(key)
+        if v is not None and not (key in ("rotary_pct", "partial_rotary_factor") and v == 1):
+            raise UserError(
+                f"{cfg_path}:{key}", f"{v!r}: partial or custom rotary dimensions", "the reference runtime rotates the whole head_dim, as Llama does"
+            )
+
+    # the same strict schema validate and engine apply to the target: "256" is refused in one line,
+    # not coerced by int() here and met as a different answer elsewhere. pad_token_id is left out:
+    # an EAGLE-3 head never pads, and some heads carry -1 there.
+    fields = parse_config({k: v for k, v in base.items() if k != "pad_token_id"}, cfg_path, Eagle3DraftConfigFields)
+    num_layers = fields.num_hidden_layers
+    if num_layers != 1:
+        raise UserError(
+            f"{cfg_path}:num_hidden_layers",
+            f"{num_layers} draft decoder layers",
+            "only single-layer EAGLE-3 heads (the published and ModelOpt layout) are supported",
+        )
+
+    norm = tensors if tensors is not None else {}
+    hidden = fields.hidden_size
+    heads = fields.num_attention_heads
+    vocab = fields.vocab_size
+    theta, scaling = rope_of(base)
+    if scaling is not None and not isinstance(scaling, dict):
+        raise UserError(f"{cfg_path}:rope_scaling", f"{scaling!r} is not an object", "rope_scaling is a JSON object or null")
+    if scaling is not None and base.get("original_max_position_embeddings") and rope_params.scaling_kind(scaling) in ("llama3", "yarn", "longrope"):
+        # TensorRT-LLM reads the top-level field first (RopeParams.from_config)
+        scaling = {**scaling, "original_max_position_embeddings": base["original_max_position_embeddings"]}
+    fc = norm.get("fc.weight")
+    target_hidden = fields.target_hidden_size or hidden
+    if tensors is None:
+        n_aux = len(aux) if aux is not None else EAGLE3_DEFAULT_NUM_AUX
+    else:
+        n_aux = (fc.shape[1] // target_hidden) if fc is not None and target_hidden else 0
+    dvs = fields.draft_vocab_size
+    if dvs is None:
+        lm = norm.get("lm_head.weight")
+        dvs = lm.shape[0] if lm is not None else vocab
+    return DraftConfig(
+        hidden_size=hidden,
+        intermediate_size=fields.intermediate_size,
+        num_attention_heads=heads,
+        num_key_value_heads=fields.kv_heads,
+        head_dim=fields.head_size,
+        rms_norm_eps=fields.rms_norm_eps if fields.rms_norm_eps is not None else 1e-6,
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=fields.max_position_embeddings or DEFAULT_MAX_POSITIONS,
+        vocab_size=vocab,
+        draft_vocab_size=int(dvs),
+        target_hidden_size=target_hidden,
+        aux_layer_ids=tuple(int(i) for i in aux) if aux is not None else None,
+        num_aux_layers=n_aux,
+        torch_dtype=dtype_of(base),
+        source_format=fmt,
+        attention_bias=fields.attention_bias,
+        mlp_bias=fields.mlp_bias,
+        extra=extra,
+        return_hidden_post_norm=flags.get("return_hidden_post_norm", False) or flags.get("norm_output", False),
+        norm_before_fc=flags.get("norm_before_fc", False),
+        fc_norm=flags.get("fc_norm", False),
+        eh_proj_before_attn=flags.get("eh_proj_before_attn", False),
+        eh_proj_bias=flags.get("eh_proj_bias", False),
+        fc_bias=flags.get("bias", False),
+    )
+
+
+def _flag(cfg: dict[str, Any], key: str, where: str) -> bool:
+    v = cfg.get(key)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        # TensorRT-LLM tests truthiness: "false" would switch the variant on
+        raise UserError(where, f"{v!r} is not true/false", "write a JSON boolean")
+    return v
+
+
+def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor TensorRT-LLM's Eagle3 draft loads for this config, with its shape."""
+    H, T, A = cfg.hidden_size, cfg.target_hidden_size, max(cfg.num_aux_layers, 1)
+    dims = {
+        "H": H,
+        "2H": H if cfg.eh_proj_before_attn else 2 * H,  # a "regular" layer's q/k/v read H
+        "T": T,
+        "AT": A * T,
+        "Q": cfg.num_attention_heads * cfg.head_dim,
+        "K": cfg.num_key_value_heads * cfg.head_dim,
+        "I": cfg.intermediate_size,
+        "D": cfg.draft_vocab_size,
+    }
+    out = {k: tuple(dims[d] for d in v) for k, v in {**LAYER_SCHEMA, **HEAD_SCHEMA}.items()}
+    if cfg.eh_proj_before_attn:
+        del out["midlayer.input_layernorm.weight"]
+        out["enorm.weight"] = (H,)
+        out["eh_proj.weight"] = (H, 2 * H)
+        if cfg.eh_proj_bias:
+            out["eh_proj.bias"] = (H,)
+    if cfg.fc_bias:
+        out["fc.bias"] = (H,)
+    if cfg.fc_norm:
+        out.update({f"fc_norm.{i}.weight": (T,) for i in range(A)})
+    elif cfg.norm_before_fc:
+        out["input_norm.weight"] = (A * T,)
+    if cfg.own_embedding:
+        out["embed_tokens.weight"] = (cfg.vocab_size, H)
+    return out
+
+
+def trtllm_config(cfg: DraftConfig, raw: dict[str, Any], max_seq_len: int | None = None) -> dict[str, Any]:
+    """config.json for the exported draft: the flat SafeAILab layout TensorRT-LLM's Eagle3 loader reads.
+
+    ``max_seq_len``: the bundle's. TensorRT-LLM, vLLM and SGLang size the draft's rope table by its
+    ``max_position_embeddings`` (vLLM crashes past it: vllm-project/vllm issue 48894; SGLang refuses
+    longer contexts by default: sgl-project/sglang PRs 9388 and 10787), so it is raised to at least
+    ``max_seq_len`` where that leaves the rotary function unchanged (rope_params.MAX_POS_INDEPENDENT,
+    with original_max_position_embeddings written out explicitly).
+    """
+    rp = cfg.rope()
+    max_pos = cfg.max_position_embeddings
+    if max_seq_len is not None and max_seq_len > max_pos and rp.kind in rope_params.MAX_POS_INDEPENDENT:
+        max_pos = int(max_seq_len)
+    out = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": max_pos,
+        "rope_theta": cfg.rope_theta,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "attention_bias": cfg.attention_bias,
+        "mlp_bias": cfg.mlp_bias,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+    scaling = rope_params.export_scaling(rp, cfg.rope_scaling)
+    if scaling is not None:
+        out["rope_scaling"] = scaling
+    if cfg.fc_bias:
+        out["bias"] = True
+    if cfg.fc_norm:
+        out["fc_norm"] = True
+    eagle = dict(cfg.extra)
+    for k in NESTED_FLAGS:
+        if getattr(cfg, k):
+            eagle[k] = True
+    if cfg.aux_layer_ids is not None:
+        eagle["eagle_aux_hidden_state_layer_ids"] = list(cfg.aux_layer_ids)
+    if eagle:
+        out["eagle_config"] = eagle
+    for k in ("bos_token_id", "eos_token_id"):
+        if cfg.source_format == "modelopt":
+            break  # ModelOpt writes its own defaults there, not the target's (validate.check_tokenizers)
+        src = raw.get("transformer_layer_config", raw) if cfg.source_format == "speculators" else raw
+        if k in src:
+            out[k] = src[k]
+    return with_legacy_fields(out)

@@ -1,0 +1,55 @@
+"""The transformers adapter, config half: the ``config.json`` field spellings that differ between
+the two transformers generations this toolkit meets, each with the versions it covers and why.
+
+The generations: **4.57** (4.57.3 is what TensorRT-LLM 1.2's containers ship; ``make test-compat``
+runs the suite on it) and **5.x** (what a plain ``pip install`` gets; ``make test``). The other half
+(attention, KV caches, tokenizers: code that runs transformers objects) is ``eagle3_trt.core.hf_compat``;
+code outside these two modules calls transformers only through APIs that are the same in both.
+
+Config readers (validate, plan, recommend, the CLI's start-up) use these helpers, so this module
+imports neither torch nor transformers: reading a config must not cost their seconds of import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# ---------------------------------------------------------------------------------------------
+# config.json field spellings
+# ---------------------------------------------------------------------------------------------
+# transformers 5 writes ``rope_parameters`` (rope_theta and the scaling in one dict) and ``dtype``;
+# transformers 4.57 only reads ``rope_theta``, ``rope_scaling`` and ``torch_dtype``
+# (transformers/configuration_utils.py and models/llama/configuration_llama.py of each release).
+# A Llama-3 config exported on a plain machine without the legacy keys would load in the
+# container with the default rope_theta of 10000 instead of 500000: no error, just wrong
+# attention. Every config this toolkit writes carries both spellings (``with_legacy_fields``).
+
+
+def rope_of(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling or None) from either spelling; theta defaults to HF's 10000."""
+    params = cfg.get("rope_parameters") or {}
+    theta = cfg.get("rope_theta", params.get("rope_theta", 10000.0))
+    scaling = cfg.get("rope_scaling")
+    if scaling is None and params and params.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "default":
+        scaling = None
+    return float(theta), scaling
+
+
+def dtype_of(cfg: dict[str, Any]) -> str | None:
+    """The checkpoint dtype: ``torch_dtype`` (4.57 and older) or ``dtype`` (5.x)."""
+    return cfg.get("torch_dtype") or cfg.get("dtype")
+
+
+def with_legacy_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A copy of cfg that both transformers generations read the same way."""
+    out = dict(cfg)
+    theta, scaling = rope_of(cfg)
+    out["rope_theta"] = theta
+    if scaling is not None:
+        out["rope_scaling"] = scaling
+    dt = dtype_of(cfg)
+    if dt is not None:
+        out["torch_dtype"] = dt
+    return out

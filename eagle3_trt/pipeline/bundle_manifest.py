@@ -1,0 +1,201 @@
+"""The bundle's manifest.json: its schema (strict pydantic models, one per record) and the
+provenance it carries (package versions, git sha, file digests, fingerprints).
+
+The format as a whole and its reader are in pipeline/bundle.py; the writers in pipeline/bundle_write.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from eagle3_trt import __version__
+from eagle3_trt.formats.checkpoint_io import sha256_file
+from eagle3_trt.resources import checkout_root
+
+SCHEMA: Final = 2
+MANIFEST_FILE = "manifest.json"
+OPTIONS_FILE = "llm_api_options.yaml"
+VALIDATION_FILE = "validation.json"
+KIND = "eagle3-trt engine bundle"
+REBUILD_HINT = "rebuild with eagle3-trt engine --force"
+VERSIONED_PACKAGES = ("torch", "transformers", "nvidia-modelopt", "safetensors", "tokenizers", "tensorrt_llm", "tensorrt-llm")
+
+# "native": the target kept as shipped (already quantized, e.g. gpt-oss MXFP4 experts); Quant.target_native says which
+WeightFormat = Literal["fp8", "nvfp4", "bf16", "native"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FileDigest(_Strict):
+    sha256: str
+    bytes: int = Field(ge=0)
+
+
+class Source(_Strict):
+    path: str = Field(description="absolute path of the BF16 checkpoint the bundle was built from, on the build machine")
+    source: str | None = Field(None, description="the preset's source (Hugging Face repo id or local path)")
+    revision: str | None = None
+    files: dict[str, FileDigest]
+
+
+class Sources(_Strict):
+    target: Source
+    draft: Source
+
+
+class TargetGpu(_Strict):
+    name: str
+    generation: str
+    sm: int
+
+
+class Quant(_Strict):
+    """Weight formats. The KV-cache dtype is a TensorRT-LLM option (kv_cache_config.dtype)."""
+
+    target: WeightFormat
+    draft: WeightFormat
+    target_native: str | None = Field(None, description="with target native: the shipped format (quantization_config.quant_method)")
+
+
+class Calibration(_Strict):
+    file: str
+    sha256: str | None
+    num_samples: int
+    max_length: int
+    prompts_used: int | None = None
+    tokens: int | None = None
+    tokens_sha256: str | None = None
+
+
+class Validation(_Strict):
+    checks: list[str]
+    warnings: list[str]
+
+
+class Acceptance(_Strict):
+    """Greedy speculative decoding of the built bundle on an embedded pair's held-out prompts."""
+
+    alpha: float
+    acceptance_length: float
+    max_draft_len: int = Field(description="K the measurement ran at (the bundle's K at build time)")
+    prompts: int
+    generated_tokens: int
+    target_forwards: int
+    measured_on: str
+
+
+class Recommendation(_Strict):
+    """Evidence of ``eagle3-trt recommend --write``; the K it chose is in the options file."""
+
+    max_draft_len: int
+    max_concurrency: int | None
+    cumulative_acceptance: list[float]
+    measured_on: str | None
+    evidence: dict[str, Any]
+    table: list[dict[str, Any]]
+
+
+class CompileRecord(_Strict):
+    """What ``eagle3-trt compile`` saw on the GPU (a failed compile is recorded too)."""
+
+    ok: bool
+    when_unix: int | None = None
+    gpu: dict[str, Any] | None = None
+    versions: dict[str, str | None] = Field(default_factory=dict)
+    checks: list[str] = Field(default_factory=list)
+    options: dict[str, Any] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)
+    smoke: dict[str, Any] | None = None
+    acceptance: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class Manifest(_Strict):
+    schema_: Literal[2] = Field(SCHEMA, alias="schema")
+    kind: str = KIND
+    created_unix: int
+    preset: str
+    dry_run: bool = False
+    target_gpu: TargetGpu
+    quant: Quant
+    plan: dict[str, Any] = Field(description="the planner's memory plan at build time (a record; facts are read from the options)")
+    sources: Sources
+    calibration: Calibration
+    validation: Validation
+    versions: dict[str, str | None]
+    git_sha: str | None = None  # None outside a git checkout (a wheel install); to_json then leaves it out
+    timings: dict[str, float]
+    acceptance: Acceptance | None = None
+    recommendation: Recommendation | None = None
+    compile: CompileRecord | None = None
+    inputs_fingerprint: str = Field(description="sha256 of the inputs and the build request: the builder's cache key")
+    outputs: dict[str, FileDigest] = Field(default_factory=dict, description="every file of the bundle but manifest.json")
+    fingerprint: str = Field("", description="sha256 of inputs_fingerprint and outputs: changes whenever a file does")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"eagle3-trt": __version__, "python": platform.python_version()}
+    for name in VERSIONED_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            if name.replace("_", "-") not in out:
+                out[name] = None
+    out.pop("tensorrt_llm", None)
+    return out
+
+
+def git_sha() -> str | None:
+    root = checkout_root()
+    if root is None:
+        return None
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if sha.returncode:
+        return None
+    return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def bundle_files(root: Path) -> list[str]:
+    """Relative paths of the files a digest covers: hidden entries (atomic-writer staging and
+    lock files) and the manifest itself are not part of the content."""
+    root = Path(root)
+    out = []
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if p.is_file() and not any(part.startswith(".") for part in rel.parts) and str(rel) != MANIFEST_FILE:
+            out.append(str(rel))
+    return out
+
+
+def file_digests(root: Path) -> dict[str, FileDigest]:
+    """relative path -> {sha256, bytes} for every file under root, sorted."""
+    root = Path(root)
+    return {rel: FileDigest(sha256=sha256_file(root / rel), bytes=(root / rel).stat().st_size) for rel in bundle_files(root)}
+
+
+def fingerprint(parts: Any) -> str:
+    """Stable sha256 of a JSON-able value."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def content_fingerprint(inputs_fp: str, outputs: dict[str, FileDigest]) -> str:
+    return fingerprint({"inputs": inputs_fp, "outputs": {k: v.sha256 for k, v in outputs.items()}})
