@@ -24,7 +24,7 @@ from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.pipeline.llm_options import LlmApiOptions
 from eagle3_trt.pipeline.presets import load_preset
-from eagle3_trt.runtime.commands import run_alpha
+from eagle3_trt.runtime.alpha_run import run_alpha
 from eagle3_trt.runtime.measure import encode_chat
 from eagle3_trt.testing.tiny_pair import make_draft
 from eagle3_trt.train.export import save_draft

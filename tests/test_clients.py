@@ -12,17 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_trt.clients.bench import (
-    MIN_P99_SAMPLES,
-    ArmResult,
-    BenchRun,
-    RequestRecord,
-    evaluate_gate,
-    identity_check,
-    parse_concurrency,
-    percentile,
-    summarize,
-)
+from eagle3_trt.clients.bench import BenchRun, parse_concurrency
+from eagle3_trt.clients.bench_gate import evaluate_gate
+from eagle3_trt.clients.bench_stats import MIN_P99_SAMPLES, ArmResult, RequestRecord, identity_check, percentile, summarize
 from eagle3_trt.errors import UserError
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -312,7 +304,8 @@ def test_throughput_and_itl_axes_start_at_zero(tmp_path):
 def test_bench_is_loopback_only_by_default(tmp_path):
     from click.testing import CliRunner
 
-    from eagle3_trt.clients.commands import bench_cmd, is_loopback
+    from eagle3_trt.clients.commands import bench_cmd
+    from eagle3_trt.clients.servers import is_loopback
 
     assert is_loopback("127.0.0.1:8001") and is_loopback("http://localhost:8002/metrics") and is_loopback("[::1]:8001")
     assert not is_loopback("10.1.2.3:8001") and not is_loopback("http://192.168.0.5:8002/metrics")

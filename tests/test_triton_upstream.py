@@ -19,7 +19,7 @@ from eagle3_trt.testing.pytest_guard import require
 require("tritonclient")
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.pipeline.trtllm_adapter import DOCUMENTED_NESTED, DOCUMENTED_TOP_LEVEL
+from eagle3_trt.pipeline.trtllm_names import DOCUMENTED_NESTED, DOCUMENTED_TOP_LEVEL
 from eagle3_trt.runtime.llm_api import SamplingParamError, SamplingParams
 from eagle3_trt.triton_serving.instances import MPI_JOB_VARS, assign_gpus, instance_environment, instance_index
 from eagle3_trt.triton_serving.job import LlmServing, derive_positions

@@ -14,6 +14,8 @@ from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline import bundle as fmt
 from eagle3_trt.pipeline import bundle_write, llm_options
 from eagle3_trt.pipeline import trtllm_adapter as ad
+from eagle3_trt.pipeline import trtllm_names as tn
+from eagle3_trt.pipeline import trtllm_versions as tv
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
 from eagle3_trt.pipeline.presets import load_preset
 
@@ -68,12 +70,12 @@ def copy(bundle, tmp_path) -> Path:
     ],
 )
 def test_draft_path_key_by_version(version, key):
-    assert ad.speculative_model_key(version) == key
+    assert tv.speculative_model_key(version) == key
 
 
 def test_installed_field_list_beats_the_version_number():
-    assert ad.speculative_model_key("1.2.1", frozenset({"speculative_model", "speculative_model_dir"})) == "speculative_model"
-    assert ad.speculative_model_key("9.0", frozenset({"speculative_model_dir", "max_draft_len"})) == "speculative_model_dir"
+    assert tv.speculative_model_key("1.2.1", frozenset({"speculative_model", "speculative_model_dir"})) == "speculative_model"
+    assert tv.speculative_model_key("9.0", frozenset({"speculative_model_dir", "max_draft_len"})) == "speculative_model_dir"
 
 
 def test_versions_before_unified_checkpoints_are_refused(bundle):
@@ -81,7 +83,7 @@ def test_versions_before_unified_checkpoints_are_refused(bundle):
         kwargs_for(bundle, version="1.1.0")
     assert "1.2.0" in e.value.what
     with pytest.raises(UserError):
-        ad.parse_version("not-a-version")
+        tv.parse_version("not-a-version")
 
 
 # --- kwargs ---------------------------------------------------------------------------------
@@ -159,21 +161,21 @@ def test_missing_files_and_bad_yaml_name_the_field(copy):
 
 def test_documented_table_covers_every_option_the_bundle_schema_writes():
     top = set(llm_options.LlmApiOptions.model_fields)
-    assert top <= ad.DOCUMENTED_TOP_LEVEL, top - ad.DOCUMENTED_TOP_LEVEL
+    assert top <= tn.DOCUMENTED_TOP_LEVEL, top - tn.DOCUMENTED_TOP_LEVEL
     for key, cls in (
         ("speculative_config", llm_options.Eagle3Options),
         ("kv_cache_config", llm_options.KvCacheOptions),
         ("cuda_graph_config", llm_options.CudaGraphOptions),
     ):
         names = set(cls.model_fields)
-        assert names <= ad.DOCUMENTED_NESTED[key], (key, names - ad.DOCUMENTED_NESTED[key])
+        assert names <= tn.DOCUMENTED_NESTED[key], (key, names - tn.DOCUMENTED_NESTED[key])
 
 
 def test_serve_yaml_is_version_agnostic_and_bundle_relative(bundle):
     y = ad.serve_yaml(fmt.open_bundle(bundle).options)
     assert "model" not in y and "backend" not in y
     assert y["speculative_config"]["speculative_model_dir"] == "draft" and y["tokenizer"] == "target"
-    ad.check_names(y, ad.documented_names())
+    tn.check_names(y, tn.documented_names())
 
 
 # --- writing the recommendation ---------------------------------------------------------------
@@ -211,9 +213,9 @@ def test_recommendation_is_written_atomically_and_validated(copy):
 
 @pytest.mark.needs("tensorrt_llm")
 def test_installed_tensorrt_llm_knows_every_name_we_emit(bundle):
-    table = ad.installed_names()
+    table = tn.installed_names()
     assert table is not None, "tensorrt_llm is installed but does not import (no GPU driver?)"
     res = kwargs_for(bundle)
     assert res.names_checked_against.startswith("installed")
-    key = ad.speculative_model_key(res.version, table.nested.get("speculative_config"))
+    key = tv.speculative_model_key(res.version, table.nested.get("speculative_config"))
     assert key in res.kwargs["speculative_config"]

@@ -2,111 +2,28 @@
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import socket
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from eagle3_trt.clients.bench import BenchConfig, describe_environment, open_client, parse_concurrency, run_bench
-from eagle3_trt.clients.chat import PromptFormatter
+from eagle3_trt.clients.bench import BenchConfig, BenchRun, open_client, parse_concurrency, run_bench
+from eagle3_trt.clients.environment import describe_environment
 from eagle3_trt.clients.llm_client import GenerationParams, LLMClient, Result, ServerError
 from eagle3_trt.clients.openai_client import normalize_openai_url
 from eagle3_trt.clients.report import write_report
+from eagle3_trt.clients.servers import check_model, dynamo_bundle, is_loopback, make_formatter, resolve_urls
 from eagle3_trt.convert.prompts import load_prompts
 from eagle3_trt.dynamo_serving.launcher import DEFAULT_STATE_DIR as DYNAMO_STATE_DIR
-from eagle3_trt.dynamo_serving.launcher import Deployment
 from eagle3_trt.errors import GateFailed, UserError
 from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME
 
 STATE_FILE = Path(".serve") / "server.json"
-
-
-def _recorded_server(state_dir: Path) -> dict | None:
-    try:
-        return json.loads((Path(state_dir) / "server.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def resolve_urls(url: str | None, http: bool, metrics_url: str | None, state_dir: Path) -> tuple[str, str | None]:
-    """--url, else the server `eagle3-trt serve` recorded, else Triton's default ports on 127.0.0.1."""
-    rec = _recorded_server(state_dir)
-    if url is None:
-        if rec:
-            url = f"127.0.0.1:{rec['http_port'] if http else rec['grpc_port']}"
-        else:
-            url = "127.0.0.1:8000" if http else "127.0.0.1:8001"
-    if metrics_url is None:
-        host = url.split("://")[-1].rsplit(":", 1)[0]
-        if rec and host in ("127.0.0.1", "localhost") and url.rsplit(":", 1)[-1] in (str(rec["http_port"]), str(rec["grpc_port"])):
-            metrics_url = f"http://127.0.0.1:{rec['metrics_port']}/metrics"
-        elif url.rsplit(":", 1)[-1] in ("8000", "8001"):
-            metrics_url = f"http://{host}:8002/metrics"
-    return url, metrics_url
-
-
-def is_loopback(url: str) -> bool:
-    host = urlsplit(url if "://" in url else "//" + url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        try:
-            return all(ipaddress.ip_address(a[4][0]).is_loopback for a in socket.getaddrinfo(host, None))
-        except (OSError, ValueError):
-            return False
-
-
-def dynamo_bundle(openai_url: str, state_dir: Path = DYNAMO_STATE_DIR) -> str | None:
-    """The bundle `eagle3-trt serve-dynamo` serves at ``openai_url`` (from its state file), if it recorded one."""
-    try:
-        dep = Deployment.load(state_dir)
-    except UserError:
-        return None
-    return dep.bundle if dep is not None and normalize_openai_url(dep.url) == normalize_openai_url(openai_url) else None
-
-
-def check_model(client) -> None:
-    """Fail early, with the reason, when the server or the model is not there."""
-    try:
-        client.model_config()
-    except Exception as e:
-        msg = str(e.message() if hasattr(e, "message") else e).splitlines()[0]
-        dynamo = client.server_kind == "dynamo"
-        raise UserError(
-            "--openai-url" if dynamo else "--url",
-            f"model '{client.model}' at {client.url} is not reachable: {msg}",
-            f"is the server running (`eagle3-trt {'serve-dynamo BUNDLE' if dynamo else 'serve REPO'}`) and the model name right (--model)?",
-        ) from None
-
-
-def make_formatter(client, bundle: Path | None, raw: bool, system: str | None):
-    """Chat template from --bundle, else from the bundle path the server reports (if it exists here)."""
-    if raw:
-        return PromptFormatter(None, raw=True)
-    if bundle is None:
-        try:
-            served = client.bundle_path()
-        except Exception:
-            served = None
-        if served and Path(served).is_dir():
-            bundle = Path(served)
-        else:
-            raise UserError(
-                "--bundle",
-                "the chat template comes from the bundle's tokenizer, and the server's bundle"
-                + (f" ({served}) is not on this machine" if served else " path is unknown"),
-                "pass --bundle DIR (the engine bundle) or --no-chat-template to send raw text",
-            )
-    return PromptFormatter(bundle, system=system)
 
 
 def _common(f):
@@ -169,27 +86,36 @@ def generate_cmd(
         with LLMClient(url, model=model, http=http) as client:
             check_model(client)
             fmt = make_formatter(client, bundle, raw, system)
-            text_in = fmt(prompt)
-            t0 = time.perf_counter()
-            if stream and not as_json:
-                chunks = []
-                for ch in client.stream(text_in, params, streaming=True):
-                    chunks.append(ch)
-                    sys.stdout.write(ch.text)
-                    sys.stdout.flush()
-                sys.stdout.write("\n")
-                first = next((c.t for c in chunks if c.n_tokens), chunks[-1].t)
-                res = Result(
-                    "".join(c.text for c in chunks), sum(c.n_tokens for c in chunks), chunks[-1].finish_reason, chunks[-1].perf, t0, first, chunks[-1].t, chunks
-                )
-            else:
-                res = client.generate(text_in, params, stream=stream)
-                if not as_json:
-                    click.echo(res.text)
+            res = _generate(client, fmt(prompt), params, stream=stream, as_json=as_json)
     except ServerError as e:
         raise UserError(f"server {url}", str(e)) from None
     except ConnectionError as e:
         raise UserError("--url", f"cannot reach {url}: {e}", "is the server running? `eagle3-trt serve REPO`") from None
+    _print_generation(res, as_json)
+
+
+def _generate(client: LLMClient, text_in: str, params: GenerationParams, *, stream: bool, as_json: bool) -> Result:
+    """One request; its text goes to stdout (as it arrives with --stream) unless --json."""
+    t0 = time.perf_counter()
+    if stream and not as_json:
+        chunks = []
+        for ch in client.stream(text_in, params, streaming=True):
+            chunks.append(ch)
+            sys.stdout.write(ch.text)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        first = next((c.t for c in chunks if c.n_tokens), chunks[-1].t)
+        return Result(
+            "".join(c.text for c in chunks), sum(c.n_tokens for c in chunks), chunks[-1].finish_reason, chunks[-1].perf, t0, first, chunks[-1].t, chunks
+        )
+    res = client.generate(text_in, params, stream=stream)
+    if not as_json:
+        click.echo(res.text)
+    return res
+
+
+def _print_generation(res: Result, as_json: bool) -> None:
+    """The request's statistics: with the text as JSON on stdout, else one line on stderr."""
     p = res.perf
     dt = res.t_end - res.t_first
     stats = {
@@ -271,72 +197,84 @@ def bench_cmd(
 
     Against Triton (--url, default) or an OpenAI endpoint (--openai-url: Dynamo); one loop, one report."""
     levels = parse_concurrency(concurrency)
-    if openai_url is not None:
-        if url is not None:
-            raise UserError("--openai-url", "give --url (Triton) or --openai-url (OpenAI / Dynamo), not both")
-        if metrics_url is not None:
-            raise UserError(
-                "--metrics-url",
-                "is read with Triton's metric names; with --openai-url alpha and AL come from the responses (nvext.engine_data.eagle3)",
-                "drop --metrics-url",
-            )
-        url = normalize_openai_url(openai_url)
-        # --state-dir (hidden) names Triton's state by default; for Dynamo it may name serve-dynamo's
-        served_bundle = str(bundle.resolve()) if bundle else dynamo_bundle(url, DYNAMO_STATE_DIR if state_dir == Path(".serve") else state_dir)
-    else:
-        url, metrics_url = resolve_urls(url, False, metrics_url, state_dir)
+    url, metrics_url, served_bundle = _bench_endpoint(url, openai_url, metrics_url, bundle, state_dir)
     if not allow_remote:
-        for name, u in (("--url", url), ("--metrics-url", metrics_url)):
-            if u is not None and not is_loopback(u):
-                raise UserError(
-                    name,
-                    f"{u} is not a loopback address; the benchmark is a load generator",
-                    "run it on the server's machine, or pass --allow-remote for a server you operate",
-                )
+        _require_loopback(url, metrics_url)
     prompts = load_prompts(prompts_file)
+    cfg = BenchConfig(
+        url=url,
+        model=model,
+        prompts=prompts,
+        concurrency=levels,
+        max_tokens=max_tokens,
+        requests_per_level=requests_per_level,
+        max_requests=max_requests,
+        warmup=warmup,
+        temperature=temperature,
+        metrics_url=metrics_url,
+        baseline_model=baseline_model,
+    )
     if openai_url is not None:
         # The frontend applies the model's chat template (the bundle's); the prompts go as user messages.
-        cfg = BenchConfig(
-            url=url,
-            model=model,
-            prompts=prompts,
-            concurrency=levels,
-            max_tokens=max_tokens,
-            requests_per_level=requests_per_level,
-            max_requests=max_requests,
-            warmup=warmup,
-            temperature=temperature,
-            baseline_model=baseline_model,
-            endpoint="openai",
-            chat=not raw,
-            system=system,
-            bundle=served_bundle,
+        cfg = replace(cfg, endpoint="openai", chat=not raw, system=system, bundle=served_bundle)
+    environment = _check_servers(cfg, bundle, raw, system)
+    run = _run_with_progress(cfg, alpha_threshold, itl_tolerance, environment)
+    out = out or Path("reports") / time.strftime("bench-%Y%m%d-%H%M%S")
+    write_report(run, out)
+    _print_bench_summary(run, out)
+    if fail_on_gate and run.gate.verdict == "fail":
+        raise GateFailed(f"gate failed: {run.gate.recommendation}")
+
+
+def _bench_endpoint(
+    url: str | None, openai_url: str | None, metrics_url: str | None, bundle: Path | None, state_dir: Path
+) -> tuple[str, str | None, str | None]:
+    """(server URL, metrics URL, the served bundle's path for an OpenAI endpoint) from the bench options."""
+    if openai_url is None:
+        url, metrics_url = resolve_urls(url, False, metrics_url, state_dir)
+        return url, metrics_url, None
+    if url is not None:
+        raise UserError("--openai-url", "give --url (Triton) or --openai-url (OpenAI / Dynamo), not both")
+    if metrics_url is not None:
+        raise UserError(
+            "--metrics-url",
+            "is read with Triton's metric names; with --openai-url alpha and AL come from the responses (nvext.engine_data.eagle3)",
+            "drop --metrics-url",
         )
-    else:
-        cfg = BenchConfig(
-            url=url,
-            model=model,
-            prompts=prompts,
-            concurrency=levels,
-            max_tokens=max_tokens,
-            requests_per_level=requests_per_level,
-            max_requests=max_requests,
-            warmup=warmup,
-            temperature=temperature,
-            metrics_url=metrics_url,
-            baseline_model=baseline_model,
-        )
+    url = normalize_openai_url(openai_url)
+    # --state-dir (hidden) names Triton's state by default; for Dynamo it may name serve-dynamo's
+    served_bundle = str(bundle.resolve()) if bundle else dynamo_bundle(url, DYNAMO_STATE_DIR if state_dir == Path(".serve") else state_dir)
+    return url, None, served_bundle
+
+
+def _require_loopback(url: str, metrics_url: str | None) -> None:
+    for name, u in (("--url", url), ("--metrics-url", metrics_url)):
+        if u is not None and not is_loopback(u):
+            raise UserError(
+                name,
+                f"{u} is not a loopback address; the benchmark is a load generator",
+                "run it on the server's machine, or pass --allow-remote for a server you operate",
+            )
+
+
+def _check_servers(cfg: BenchConfig, bundle: Path | None, raw: bool, system: str | None) -> dict:
+    """Fail early when a model is not there; apply the chat template (Triton); describe the environment."""
     with open_client(cfg) as client:
         check_model(client)
-        if openai_url is None:
+        if cfg.endpoint != "openai":
             fmt = make_formatter(client, bundle, raw, system)
-            cfg.prompts = [fmt(p) for p in prompts]
+            cfg.prompts = [fmt(p) for p in cfg.prompts]
         environment = describe_environment(client, str(bundle) if bundle else None)
-    if baseline_model:
-        with open_client(cfg, baseline_model) as client:
+    if cfg.baseline_model:
+        with open_client(cfg, cfg.baseline_model) as client:
             check_model(client)
+    return environment
+
+
+def _run_with_progress(cfg: BenchConfig, alpha_threshold: float, itl_tolerance: float, environment: dict) -> BenchRun:
+    """run_bench with a progress bar on stderr: every request, and the current level and arm."""
     console = Console(stderr=True)
-    total = sum(2 * cfg.budget(c) for c in levels)
+    total = sum(2 * cfg.budget(c) for c in cfg.concurrency)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False) as prog:
         overall = prog.add_task("all requests", total=total)
         current: dict[str, TaskID | None] = {"task": None}
@@ -353,9 +291,10 @@ def bench_cmd(
 
             return tick
 
-        run = run_bench(cfg, alpha_threshold, itl_tolerance, progress=progress, log=lambda m: console.print(f"[yellow]{m}"), environment=environment)
-    out = out or Path("reports") / time.strftime("bench-%Y%m%d-%H%M%S")
-    write_report(run, out)
+        return run_bench(cfg, alpha_threshold, itl_tolerance, progress=progress, log=lambda m: console.print(f"[yellow]{m}"), environment=environment)
+
+
+def _print_bench_summary(run: BenchRun, out: Path) -> None:
     g = run.gate
     click.echo(f"report: {out}/summary.md (bench.json, plots)")
     for a in run.arms:
@@ -374,5 +313,3 @@ def bench_cmd(
         click.echo(f"warning: {len(thin)} arm(s) have a p99 from fewer than 100 samples (see summary.md)")
     headline = {"pass": "PASS", "pass_with_switch_off": f"SPECULATION ONLY UP TO CONCURRENCY {g.switch_off_above}"}.get(g.verdict, "FAIL")
     click.echo(f"gate: {headline} - {g.recommendation}")
-    if fail_on_gate and g.verdict == "fail":
-        raise GateFailed(f"gate failed: {g.recommendation}")

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from eagle3_trt.atomic import staged_dir
-from eagle3_trt.clients.bench import MIN_P99_SAMPLES, BenchRun
+from eagle3_trt.clients.bench import BenchRun
+from eagle3_trt.clients.bench_stats import MIN_P99_SAMPLES
 
 PLOTS = ("latency_cdf.png", "itl_vs_concurrency.png", "throughput_vs_concurrency.png", "acceptance_by_position.png")
 
@@ -209,9 +210,14 @@ def plot_all(run: BenchRun, out: Path) -> None:
     import matplotlib.pyplot as plt  # local: heavy, see above
 
     levels = sorted({a.concurrency for a in run.arms})
-    colors = {c: plt.cm.viridis(i / max(1, len(levels) - 1)) for i, c in enumerate(levels)}
+    _plot_latency_cdf(plt, run, levels, out / "latency_cdf.png")
+    _plot_itl(plt, run, levels, out / "itl_vs_concurrency.png")
+    _plot_throughput(plt, run, levels, out / "throughput_vs_concurrency.png")
+    _plot_acceptance(plt, run, out / "acceptance_by_position.png")
 
-    # Latency CDF
+
+def _plot_latency_cdf(plt, run: BenchRun, levels: list[int], path: Path) -> None:
+    colors = {c: plt.cm.viridis(i / max(1, len(levels) - 1)) for i, c in enumerate(levels)}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for c in levels:
         for spec in (True, False):
@@ -225,31 +231,34 @@ def plot_all(run: BenchRun, out: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(out / "latency_cdf.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
-    def series(attr: str, spec: bool):
-        pts = [(a.concurrency, getattr(a, attr)) for a in run.arms if a.speculative == spec and getattr(a, attr) is not None]
-        return [p[0] for p in pts], [p[1] for p in pts]
 
-    # ITL vs concurrency
+def _series(run: BenchRun, attr: str, spec: bool) -> tuple[list, list]:
+    """(concurrency levels, values of ``attr``) of the arms with speculation ``spec`` that have the value."""
+    pts = [(a.concurrency, getattr(a, attr)) for a in run.arms if a.speculative == spec and getattr(a, attr) is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _plot_itl(plt, run: BenchRun, levels: list[int], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for spec, style in ((True, "-"), (False, "--")):
         for attr, marker, color in (("itl_p50_s", "o", "tab:blue"), ("itl_p99_s", "s", "tab:red")):
-            xs, ys = series(attr, spec)
+            xs, ys = _series(run, attr, spec)
             ax.plot(xs, [y * 1000 for y in ys], style, marker=marker, color=color, label=f"{attr[4:7]} {'on' if spec else 'off'}")
-    _save_concurrency_plot(
-        fig, ax, levels, "inter-token latency (ms)", "ITL vs concurrency (solid: speculation on, dashed: off)", out / "itl_vs_concurrency.png"
-    )
+    _save_concurrency_plot(fig, ax, levels, "inter-token latency (ms)", "ITL vs concurrency (solid: speculation on, dashed: off)", path)
 
-    # Throughput vs concurrency
+
+def _plot_throughput(plt, run: BenchRun, levels: list[int], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for spec, style in ((True, "-o"), (False, "--s")):
-        xs, ys = series("output_tokens_per_s", spec)
+        xs, ys = _series(run, "output_tokens_per_s", spec)
         ax.plot(xs, ys, style, label=f"speculation {'on' if spec else 'off'}")
-    _save_concurrency_plot(fig, ax, levels, "output tokens/s", "Throughput vs concurrency", out / "throughput_vs_concurrency.png")
+    _save_concurrency_plot(fig, ax, levels, "output tokens/s", "Throughput vs concurrency", path)
 
-    # Per-position acceptance
+
+def _plot_acceptance(plt, run: BenchRun, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     pos = _pooled_position_acceptance(run)
     if pos:
@@ -264,7 +273,7 @@ def plot_all(run: BenchRun, out: Path) -> None:
     ax.set_title("Acceptance by draft position (speculative runs, metrics endpoint)")
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    fig.savefig(out / "acceptance_by_position.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 

@@ -21,7 +21,8 @@ from eagle3_trt.convert.draft_format import DraftCheckpoint, load_draft
 from eagle3_trt.convert.target import read_target
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SpeculativeEngine
-from eagle3_trt.core.target import TargetModel, input_scales_of, install_activation_fake_quant, quant_algo_of
+from eagle3_trt.core.quant_sim import input_scales_of, install_activation_fake_quant, quant_algo_of
+from eagle3_trt.core.target import TargetModel
 from eagle3_trt.formats.checkpoint_io import iter_tensors, read_json, weight_files
 from eagle3_trt.formats.families import default_aux_layers_of
 from eagle3_trt.formats.generation import eos_token_ids, pad_token_id
@@ -30,7 +31,7 @@ from eagle3_trt.formats.hf_config import max_positions_of
 
 def load_target(path: Path, *, device: Any = "cpu", dtype: torch.dtype = torch.float32, aux_layer_ids: Any = None) -> TargetModel:
     """A Hugging Face checkpoint directory: BF16/FP16/FP32, or a ModelOpt FP8/NVFP4 export
-    (weights dequantized, activations fake-quantized: see ``core.target.install_activation_fake_quant``)."""
+    (weights dequantized, activations fake-quantized: see ``core.quant_sim.install_activation_fake_quant``)."""
     path = Path(path)
     cfg = read_json(path / "config.json")
     if cfg.get("quantization_config") or (path / "hf_quant_config.json").is_file():

@@ -297,27 +297,7 @@ def stream_convert(
                 with open(tmp / fname, "wb") as out:
                     out.write(_header_bytes(shard, meta))
                     for t in shard:
-                        src = handles.get(t.src.path)
-                        if src is None:  # sources are read in order, so at most one stays open at a time
-                            for h in handles.values():
-                                h.close()
-                            handles = {t.src.path: open(t.src.path, "rb")}  # noqa: SIM115 - closed below
-                            src = handles[t.src.path]
-                        if t.mode == "copy":
-                            _copy_bytes(src, out, t.src.offset, t.nbytes, buf)
-                        elif t.mode == "cast":
-                            _cast_bytes(src, out, t, cast_bufs)  # type: ignore[arg-type]
-                        else:
-                            result = transform(t.name, _read_tensor(src, t.src))  # type: ignore[misc]
-                            if tuple(result.shape) != t.shape or _TORCH_TO_ST[str(result.dtype).replace("torch.", "")] != t.dtype:
-                                raise UserError(
-                                    t.src.path,
-                                    f"transform of {t.name!r} gave {tuple(result.shape)} {result.dtype}, "
-                                    f"not the {t.shape} {t.dtype} it promised for a meta tensor",
-                                    "make the transform shape-stable",
-                                )
-                            _write_tensor_bytes(out, result)
-                            del result
+                        _write_tensor(_source_handle(handles, t.src.path), out, t, buf, cast_bufs, transform)
                         weight_map[t.name] = fname
                         report.tensors += 1
                         report.bytes_read += t.src.nbytes
@@ -332,6 +312,38 @@ def stream_convert(
         if threads is not None:
             _restore_threads(threads)
     return report
+
+
+def _source_handle(handles: dict[Path, io.BufferedReader], path: Path) -> io.BufferedReader:
+    """The open source file ``path``; sources are read in order, so at most one stays open at a time
+    (the caller closes what is left in ``handles``)."""
+    src = handles.get(path)
+    if src is None:
+        for h in handles.values():
+            h.close()
+        handles.clear()
+        src = handles[path] = open(path, "rb")  # noqa: SIM115 - closed by the caller
+    return src
+
+
+def _write_tensor(
+    src: io.BufferedReader, out: BinaryIO, t: _OutTensor, buf: bytearray, cast_bufs: _CastBuffers | None, transform: Callable[[str, Any], Any] | None
+) -> None:
+    """One planned tensor from ``src`` to ``out``: copied as is, cast, or through ``transform``."""
+    if t.mode == "copy":
+        _copy_bytes(src, out, t.src.offset, t.nbytes, buf)
+    elif t.mode == "cast":
+        _cast_bytes(src, out, t, cast_bufs)  # type: ignore[arg-type]
+    else:
+        result = transform(t.name, _read_tensor(src, t.src))  # type: ignore[misc]
+        if tuple(result.shape) != t.shape or _TORCH_TO_ST[str(result.dtype).replace("torch.", "")] != t.dtype:
+            raise UserError(
+                t.src.path,
+                f"transform of {t.name!r} gave {tuple(result.shape)} {result.dtype}, not the {t.shape} {t.dtype} it promised for a meta tensor",
+                "make the transform shape-stable",
+            )
+        _write_tensor_bytes(out, result)
+        del result
 
 
 def _single_thread() -> int:

@@ -26,98 +26,23 @@ position p (the hidden state's position), as in EAGLE's reference code.
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from eagle3_trt.core.draft import Eagle3Draft
+from eagle3_trt.core.drafting import Drafter
+from eagle3_trt.core.requests import BatchState, RequestResult, Row, StepOutput, emit, new_rows
+from eagle3_trt.core.sampling import SamplingParams, process_logits, sample_token
 from eagle3_trt.core.stats import RequestStats
 from eagle3_trt.core.target import TargetModel
 from eagle3_trt.core.tree import DraftTree, parse_tree
+from eagle3_trt.core.verify import accept
 from eagle3_trt.errors import UserError
 
+# the engine's API, imported from here by the runtime, training and tests
 __all__ = ["RequestResult", "RequestStats", "SamplingParams", "SpeculativeEngine", "StepOutput", "process_logits"]
-
-
-@dataclass
-class SamplingParams:
-    max_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()  # the engine adds the tokenizer / generation_config eos ids itself
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 0:
-            raise UserError("max_tokens", f"{self.max_tokens} is negative", "ask for 1 or more tokens")
-        if self.temperature < 0:
-            raise UserError("temperature", f"{self.temperature} is negative", "use 0 for greedy decoding")
-        if not 0 < self.top_p <= 1:
-            raise UserError("top_p", f"{self.top_p} is outside (0, 1]", "use 1.0 to disable nucleus sampling")
-        if self.top_k < 0:
-            raise UserError("top_k", f"{self.top_k} is negative", "use 0 to disable top-k")
-        self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-
-@dataclass
-class StepOutput:
-    new_token_ids: list[int]
-    finished: bool
-    finish_reason: str | None  # 'stop' | 'length'
-    stats: RequestStats
-
-
-@dataclass
-class RequestResult:
-    token_ids: list[int]
-    finish_reason: str | None
-    stats: RequestStats
-
-
-def process_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Probabilities after temperature, then top-k, then top-p (the order of HF's warpers)."""
-    x = logits.float() / temperature
-    if top_k and top_k < x.shape[-1]:
-        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if top_p < 1.0:
-        sx, idx = torch.sort(x, dim=-1, descending=True)
-        sp = torch.softmax(sx, dim=-1)
-        before = torch.cumsum(sp, dim=-1) - sp  # mass of strictly more likely tokens
-        drop = before >= top_p
-        drop[..., 0] = False
-        x = x.masked_fill(torch.zeros_like(drop).scatter(-1, idx, drop), float("-inf"))
-    return torch.softmax(x, dim=-1)
-
-
-@dataclass
-class _Row:
-    prompt: list[int]
-    params: SamplingParams
-    stats: RequestStats
-    stop_ids: frozenset[int]
-    gen: torch.Generator | None
-    tokens: list[int] = field(default_factory=list)  # prompt + emitted
-    finished: bool = False
-    finish_reason: str | None = None
-    root: int = -1  # last emitted token; not yet in the target cache
-    # draft inputs not yet run through the draft: aux states of positions pend_pos.., next tokens
-    pend_aux: torch.Tensor | None = None
-    pend_tok: list[int] = field(default_factory=list)
-    pend_pos: int = 0
-
-    @property
-    def generated(self) -> int:
-        return len(self.tokens) - len(self.prompt)
 
 
 class SpeculativeEngine:
@@ -171,7 +96,7 @@ class SpeculativeEngine:
         self, prompts: list[list[int]], params: SamplingParams, speculate: bool = True, tree: list[tuple[int, ...]] | None = None
     ) -> list[RequestResult]:
         """Generate for a batch of requests (one shared SamplingParams; request i samples with seed + i)."""
-        rows: list[_Row] = []
+        rows: list[Row] = []
         for rows, _new in self._decode([list(p) for p in prompts], params, speculate, tree):  # noqa: B007 (the last step's rows)
             pass
         return [RequestResult(r.tokens[len(r.prompt) :], r.finish_reason, r.stats) for r in rows]
@@ -183,7 +108,7 @@ class SpeculativeEngine:
         The alpha estimator drafts over these instead of re-running the target teacher-forced.
         """
         sink: dict[int, list[torch.Tensor]] = {}
-        rows: list[_Row] = []
+        rows: list[Row] = []
         for rows, _new in self._decode([list(p) for p in prompts], params, False, None, aux_sink=sink):  # noqa: B007 (the last step's rows)
             pass
         res = [RequestResult(r.tokens[len(r.prompt) :], r.finish_reason, r.stats) for r in rows]
@@ -208,46 +133,27 @@ class SpeculativeEngine:
     @torch.inference_mode()  # no autograd state at all: measurably less per-op overhead than no_grad
     def _decode(
         self, prompts: list[list[int]], params: SamplingParams, speculate: bool, tree_spec: Any, aux_sink: dict[int, list[torch.Tensor]] | None = None
-    ) -> Iterator[tuple[list[_Row], list[list[int]]]]:
+    ) -> Iterator[tuple[list[Row], list[list[int]]]]:
         tree = self._tree_for(speculate, tree_spec, params)
         if not prompts:
             return
-        now = time.time_ns()
         stop = frozenset(self.eos_token_ids) | frozenset(params.stop_token_ids)
-        base_seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(6), "little")
-        rows = []
-        for i, p in enumerate(prompts):
-            if not p:
-                raise UserError("prompt", f"request {i} has no tokens", "send at least one prompt token")
-            if len(p) >= self.max_seq_len:
-                raise UserError(
-                    "prompt", f"request {i} has {len(p)} tokens; max_seq_len is {self.max_seq_len}", "shorten the prompt or rebuild with a larger max_seq_len"
-                )
-            bad = [t for t in p if not 0 <= t < self.target.vocab_size]
-            if bad:
-                raise UserError("prompt", f"request {i} has token ids outside the vocabulary: {bad[:3]}", "tokenize with the bundle's tokenizer")
-            gen = None
-            if not params.greedy:
-                gen = torch.Generator(device=self.device)
-                gen.manual_seed(base_seed + i)
-            rows.append(
-                _Row(
-                    prompt=list(p), params=params, stats=RequestStats(arrival_time_ns=now, speculation=tree is not None), stop_ids=stop, gen=gen, tokens=list(p)
-                )
-            )
+        rows = new_rows(
+            prompts, params, stop, max_seq_len=self.max_seq_len, vocab_size=self.target.vocab_size, device=self.device, speculation=tree is not None
+        )
         if params.max_tokens == 0:
             for r in rows:
                 r.finished, r.finish_reason = True, "length"
             yield rows, [[] for _ in rows]
             return
 
-        st = _BatchState(self.target.new_cache())
+        st = BatchState(self.target.new_cache())
         st.aux_sink = aux_sink
         yield rows, self._prefill(rows, st, keep_draft_inputs=tree is not None)
         while not all(r.finished for r in rows):
             yield rows, self._step(rows, st, tree)
 
-    def _prefill(self, rows: list[_Row], st: _BatchState, keep_draft_inputs: bool) -> list[list[int]]:
+    def _prefill(self, rows: list[Row], st: BatchState, keep_draft_inputs: bool) -> list[list[int]]:
         B, S = len(rows), max(len(r.prompt) for r in rows)
         ids = torch.full((B, S), self.pad_token_id, dtype=torch.long)
         valid = torch.zeros(B, S, dtype=torch.bool)
@@ -261,7 +167,7 @@ class SpeculativeEngine:
         st.t_valid = valid.to(self.device)
         new = []
         for b, r in enumerate(rows):
-            tok = self._sample(logits[b, 0], r)
+            tok = sample_token(logits[b, 0], r.params, r.gen)
             r.stats.target_forwards += 1
             if st.aux_sink is not None:
                 st.aux_sink[b] = [aux[b, S - len(r.prompt) :]]
@@ -270,44 +176,15 @@ class SpeculativeEngine:
                 r.pend_aux = aux[b, S - n :]
                 r.pend_tok = r.prompt[1:] + [tok]
                 r.pend_pos = 0
-            new.append(self._emit(r, [tok]))
+            new.append(emit(r, [tok], self.max_seq_len))
         return new
 
-    def _sample(self, logits: torch.Tensor, r: _Row) -> int:
-        if r.params.greedy:
-            return int(torch.argmax(logits))
-        p = process_logits(logits, r.params.temperature, r.params.top_k, r.params.top_p)
-        return int(torch.multinomial(p, 1, generator=r.gen))
-
-    def _emit(self, r: _Row, toks: list[int]) -> list[int]:
-        """Append tokens (truncated at the first stop token), update times and finish state."""
-        out = []
-        for t in toks:
-            out.append(t)
-            if t in r.stop_ids:
-                r.finished, r.finish_reason = True, "stop"
-                break
-        r.tokens.extend(out)
-        r.stats.generated_tokens += len(out)
-        t = time.time_ns()
-        if out:
-            if not r.stats.first_token_time_ns:
-                r.stats.first_token_time_ns = t
-            r.stats.last_token_time_ns = t
-        if not r.finished and (r.generated >= r.params.max_tokens or len(r.tokens) >= self.max_seq_len):
-            r.finished, r.finish_reason = True, "length"
-        if out:
-            r.root = out[-1]
-        if r.finished:
-            r.pend_aux, r.pend_tok = None, []
-        return out
-
-    def _k_eff(self, r: _Row, tree: DraftTree | None) -> int:
+    def _k_eff(self, r: Row, tree: DraftTree | None) -> int:
         if tree is None or r.finished:
             return 0
         return max(0, min(tree.max_depth, r.params.max_tokens - r.generated - 1, self.max_seq_len - len(r.tokens) - 1))
 
-    def _step(self, rows: list[_Row], st: _BatchState, tree: DraftTree | None) -> list[list[int]]:
+    def _step(self, rows: list[Row], st: BatchState, tree: DraftTree | None) -> list[list[int]]:
         B, dev = len(rows), self.device
         active = [not r.finished for r in rows]
         k_eff = [self._k_eff(r, tree) for r in rows]
@@ -346,7 +223,7 @@ class SpeculativeEngine:
             r.stats.target_forwards += 1
             if st.aux_sink is not None:
                 st.aux_sink[b].append(aux[b, :1])
-            path, bonus, reached = self._accept(r, logits[b], node_tok[b].tolist(), q_full[b], drafted, k_eff[b], greedy[b] if greedy is not None else None)
+            path, bonus, reached = accept(r, logits[b], node_tok[b].tolist(), q_full[b], drafted, k_eff[b], greedy[b] if greedy is not None else None)
             accepted = len(path)
             new_valid[b, 0] = True
             for n in path:
@@ -363,59 +240,9 @@ class SpeculativeEngine:
                 else:
                     r.pend_aux, r.pend_pos = aux[b, cols], len(r.tokens) - 1
                 r.pend_tok = r.pend_tok + toks
-            out.append(self._emit(r, toks))
+            out.append(emit(r, toks, self.max_seq_len))
         st.append_target(new_valid.to(dev))
         return out
-
-    def _accept(
-        self,
-        r: _Row,
-        logits: torch.Tensor,
-        node_tok: list[int],
-        q_full: list[torch.Tensor | None],
-        tree: DraftTree | None,
-        k_eff: int,
-        greedy: list[int] | None = None,
-    ) -> tuple[list[int], int | None, int]:
-        """(accepted node path, bonus token or None when the path ends in a stop token, positions offered).
-
-        ``greedy``: the argmax of every row of ``logits`` (greedy decoding), computed once per step.
-        """
-        path: list[int] = []
-        cur = -1  # root
-        if tree is None or k_eff == 0:
-            return path, (greedy[0] if greedy is not None else self._sample(logits[0], r)), 0
-        if r.params.greedy:
-            assert greedy is not None  # computed by _step for greedy batches
-            while True:
-                y = greedy[1 + cur if cur >= 0 else 0]
-                nxt = next((c for c in tree.children(cur) if tree.depth[c] <= k_eff and node_tok[c] == y), None)
-                if nxt is None:
-                    return path, y, min(len(path) + 1, k_eff)
-                path.append(nxt)
-                cur = nxt
-                if y in r.stop_ids:
-                    return path, None, len(path)
-        # Sampling on a chain: standard speculative rejection sampling.
-        prm = r.params
-        for d in range(1, k_eff + 1):
-            node = d - 1
-            p = process_logits(logits[node], prm.temperature, prm.top_k, prm.top_p)  # row `node` = parent of `node`
-            q = q_full[node]
-            assert q is not None  # _draft samples every chain node within k_eff and keeps its distribution
-            x = node_tok[node]
-            u = float(torch.rand((), generator=r.gen, device=p.device))
-            if float(q[x]) > 0 and u * float(q[x]) < float(p[x]):
-                path.append(node)
-                if x in r.stop_ids:
-                    return path, None, len(path)
-                continue
-            resid = (p - q).clamp(min=0)
-            tot = float(resid.sum())
-            dist = resid / tot if tot > 0 else p
-            return path, int(torch.multinomial(dist, 1, generator=r.gen)), d
-        p = process_logits(logits[k_eff], prm.temperature, prm.top_k, prm.top_p)
-        return path, int(torch.multinomial(p, 1, generator=r.gen)), k_eff
 
     def draft_embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings the draft reads: its own table when it ships one, else the target's."""
@@ -424,109 +251,6 @@ class SpeculativeEngine:
 
     _draft_embed = draft_embedding
 
-    def _draft(self, rows: list[_Row], st: _BatchState, tree: DraftTree, k_eff: list[int]) -> tuple[torch.Tensor, list[list[torch.Tensor | None]]]:
-        """Commit pending draft inputs (step 1 at every newly accepted position), then draft the tree.
-
-        Returns (node target ids [B, T] on CPU, per row per node the draft distribution over target
-        ids for sampling, else None).
-        """
-        draft, dev, B = self.draft, self.device, len(rows)
-        assert draft is not None  # _tree_for drafts only with a draft
-        lens = [len(r.pend_tok) if not r.finished else 0 for r in rows]
-        m = max(lens)
-        A = self.target.hidden_size * len(self.target.aux_layer_ids)
-        aux = torch.zeros(B, m, A, dtype=self.target.dtype, device=dev)
-        tok = torch.full((B, m), self.pad_token_id, dtype=torch.long)
-        pos = torch.zeros(B, m, dtype=torch.long)
-        for b, r in enumerate(rows):
-            if lens[b]:
-                assert r.pend_aux is not None  # pending tokens always come with their aux states
-                aux[b, : lens[b]] = r.pend_aux
-                tok[b, : lens[b]] = torch.tensor(r.pend_tok)
-                pos[b] = r.pend_pos + torch.arange(m)
-                r.pend_aux, r.pend_tok = None, []
-        qvalid = torch.arange(m)[None] < torch.tensor(lens)[:, None]
-        new_allowed = (torch.tril(torch.ones(m, m, dtype=torch.bool))[None] & qvalid[:, None, :]) | torch.eye(m, dtype=torch.bool)[None]
-        past_valid = st.d_valid.cpu() if st.d_valid is not None else torch.zeros(B, 0, dtype=torch.bool)
-        mask = torch.cat([past_valid[:, None, :].expand(B, m, -1), new_allowed], dim=-1).to(dev)
-        h, dlogits, kv = draft(self._draft_embed(tok), draft.fuse(aux), pos.to(dev), past=st.d_kv, mask=mask)
-        st.d_kv = kv
-        st.d_valid = torch.cat([past_valid, qvalid], dim=1).to(dev)
-        last = torch.tensor([max(n - 1, 0) for n in lens])
-        bidx = torch.arange(B)
-        root_h, root_logits = h[bidx, last], dlogits[bidx, last]
-
-        T, D = tree.size, max(k_eff)
-        node_tok = torch.zeros(B, T, dtype=torch.long)
-        q_full: list[list[torch.Tensor | None]] = [[None] * T for _ in range(B)]
-        prm = rows[0].params
-        out_h: dict[int, torch.Tensor] = {-1: root_h}
-        out_logits: dict[int, torch.Tensor] = {-1: root_logits}
-        anc = tree.ancestors()
-        temp_nodes: list[int] = []
-        temp_kv = None  # draft KV of the tree nodes drafted so far (set after the first depth)
-        committed = st.d_valid.shape[1]
-        root_qpos = torch.tensor([len(r.tokens) - 2 for r in rows])  # draft position of the root query
-        for depth in range(1, D + 1):
-            # choose the tokens of this depth's nodes from their parents' draft logits
-            for parent in sorted({tree.parent[i] for i in range(T) if tree.depth[i] == depth}):
-                kids = tree.children(parent)
-                lg = out_logits[parent]
-                if prm.greedy:
-                    top = torch.topk(lg, tree.max_rank_after(parent), dim=-1).indices
-                    for c in kids:
-                        node_tok[:, c] = self._d2t_ids[top[:, tree.rank[c]]].cpu()
-                else:
-                    (c,) = kids
-                    for b, r in enumerate(rows):
-                        if r.finished or depth > k_eff[b]:
-                            continue
-                        qd = process_logits(lg[b], prm.temperature, prm.top_k, prm.top_p)
-                        did = int(torch.multinomial(qd, 1, generator=r.gen))
-                        node_tok[b, c] = int(self._d2t_ids[did])
-                        qf = torch.zeros(self.target.vocab_size, device=dev)
-                        qf[self._d2t_ids] = qd
-                        q_full[b][c] = qf
-            if depth == D:
-                break
-            # one draft pass for the nodes of this depth that have children within D
-            queries = [i for i in tree.expanded(D) if tree.depth[i] == depth]
-            if not queries:
-                break
-            n = len(queries)
-            emb = self._draft_embed(node_tok[:, queries])
-            hid = torch.stack([out_h[tree.parent[i]] for i in queries], dim=1)
-            qpos = root_qpos[:, None] + depth
-            temp_cols = torch.zeros(n, len(temp_nodes) + n, dtype=torch.bool)
-            for qi, i in enumerate(queries):
-                for ti, j in enumerate(temp_nodes + queries):
-                    temp_cols[qi, ti] = bool(anc[i, j])
-            mask = torch.cat([st.d_valid.cpu()[:, None, :].expand(B, n, -1), temp_cols[None].expand(B, -1, -1)], dim=-1)
-            hq, lq, kv = draft(emb, hid, qpos.expand(B, n).to(dev), past=st.d_kv if not temp_nodes else temp_kv, mask=mask.to(dev))
-            temp_kv = kv
-            temp_nodes.extend(queries)
-            for qi, i in enumerate(queries):
-                out_h[i], out_logits[i] = hq[:, qi], lq[:, qi]
-        # roll the draft cache back to the committed (target-hidden) entries
-        st.d_kv = (st.d_kv[0][:, :, :committed], st.d_kv[1][:, :, :committed])
-        return node_tok, q_full
-
-
-class _BatchState:
-    """KV caches of one batch: target (HF DynamicCache) and draft (k, v), with per-row column validity."""
-
-    def __init__(self, cache: Any) -> None:
-        self.cache = cache
-        self.t_valid: torch.Tensor | None = None  # [B, C] bool
-        self.d_kv: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.d_valid: torch.Tensor | None = None
-        self.aux_sink: dict[int, list[torch.Tensor]] | None = None
-
-    def append_target(self, new_valid: torch.Tensor) -> None:
-        assert self.t_valid is not None  # set by _prefill
-        self.t_valid = torch.cat([self.t_valid, new_valid], dim=1)
-        used = self.t_valid.any(dim=0).nonzero()
-        keep = int(used.max()) + 1 if used.numel() else 0
-        if keep < self.t_valid.shape[1]:
-            self.cache.crop(keep)
-            self.t_valid = self.t_valid[:, :keep]
+    def _draft(self, rows: list[Row], st: BatchState, tree: DraftTree, k_eff: list[int]) -> tuple[torch.Tensor, list[list[torch.Tensor | None]]]:
+        assert self.draft is not None  # _tree_for drafts only with a draft
+        return Drafter(self.draft, self.target, self._draft_embed, self._d2t_ids, self.pad_token_id).run(rows, st, tree, k_eff)

@@ -17,259 +17,28 @@ Quantized bundles: weights arrive dequantized (``convert.dequantize.load_checkpo
 called by ``convert.load.load_target``);
 activations of the quantized Linear layers are fake-quantized here with the exported static
 ``input_scale`` (FP8: per-tensor E4M3 cast; NVFP4: E2M1 in 16-element blocks with E4M3 block
-scales under the exported global scale). See ``install_activation_fake_quant`` for how close
+scales under the exported global scale). See ``core.quant_sim.install_activation_fake_quant`` for how close
 that is to TensorRT-LLM's kernels.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import functools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 import transformers
 
 from eagle3_trt.core import hf_compat, rope
-from eagle3_trt.core.nvfp4 import E2M1_MAX, E4M3_MAX, nvfp4_fake_quant
+from eagle3_trt.core.attention import GQA_ATTENTION, attention_implementation, column_windows
+from eagle3_trt.core.kv_cache import fq_cache_class, prealloc_cache_class
+from eagle3_trt.core.quant_sim import input_scales_of, install_activation_fake_quant, quant_algo_of, split_quant_tensors
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats import rope_params
 from eagle3_trt.formats.families import family_of_config
 
-FP8_MAX = 448.0
-# Tensors a ModelOpt export carries next to the weights; the HF module has no slot for them.
-QUANT_SUFFIXES = (".input_scale", ".weight_scale", ".weight_scale_2", ".k_scale", ".v_scale", ".output_scale")
-
-
-def quant_algo_of(quant: dict[str, Any] | None) -> str | None:
-    """Activation format ('fp8' | 'nvfp4' | None) from either hf_quant_config layout or the dequantizer's info."""
-    if not quant:
-        return None
-    q = quant.get("quantization", quant)
-    algo = q.get("quant_algo") if isinstance(q, dict) else None
-    if algo is None:
-        return None
-    algo = str(algo).upper()
-    if algo.startswith("NVFP4"):
-        return "nvfp4"
-    if algo.startswith("FP8") or algo.startswith("W4A8"):  # W4A8 recipes run FP8 activations
-        return "fp8"
-    return algo.lower()
-
-
-def split_quant_tensors(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(weights, quantization scalars) of a (dequantized) state dict."""
-    weights: dict[str, torch.Tensor] = {}
-    scales: dict[str, torch.Tensor] = {}
-    for k, v in sd.items():
-        (scales if k.endswith(QUANT_SUFFIXES) else weights)[k] = v
-    return weights, scales
-
-
-def _fp8_fake_quant(x: torch.Tensor, scale: float) -> torch.Tensor:
-    q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return (q.float() * scale).to(x.dtype)
-
-
-def input_scales_of(quant: dict[str, Any] | None, scales: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Module name -> static input scale, from the dequantizer's info and/or leftover tensors."""
-    out = {k[: -len(".input_scale")]: float(v.float().reshape(-1)[0]) for k, v in scales.items() if k.endswith(".input_scale")}
-    out.update({str(k): float(v) for k, v in ((quant or {}).get("input_scales") or {}).items()})
-    return out
-
-
-def install_activation_fake_quant(module: torch.nn.Module, input_scales: dict[str, float], algo: str | None, prefix: str = "") -> list[Any]:
-    """Fake-quantize the inputs of every Linear that has an exported ``input_scale``; returns the hook handles.
-
-    Fidelity to the quantized pair as TensorRT-LLM runs it: weights are bit-exact after
-    dequantization; FP8 activations go through the same per-tensor static E4M3 cast the FP8 GEMMs
-    use, and NVFP4 activations through the same block quantization (E2M1 in 16-element blocks,
-    E4M3 block scales under the exported global scale); an FP8 KV cache is emulated by
-    ``TargetModel.new_cache``. What remains different is accumulation order and precision (fp32 or
-    bf16 here, fp32 accumulators in the kernels) and kernel-specific details (e.g. whether the
-    context-phase attention reads the quantized or the fresh K/V). Measured alpha is therefore the
-    quantized pair's alpha up to rounding effects that can flip individual near-tie argmaxes but
-    not the aggregate; the BF16-vs-quantized delta it reports is the real one to that precision.
-    """
-    if algo not in ("fp8", "nvfp4"):
-        return []
-    handles = []
-    for name, mod in module.named_modules():
-        if not isinstance(mod, torch.nn.Linear):
-            continue
-        s = input_scales.get(f"{prefix}{name}")
-        if s is None or s <= 0:
-            continue
-        if algo == "fp8":
-            handles.append(mod.register_forward_pre_hook(lambda m, args, s=s: (_fp8_fake_quant(args[0], s), *args[1:])))
-        else:
-            amax = torch.tensor(s * E2M1_MAX * E4M3_MAX)
-            if mod.in_features % 16:
-                continue
-            handles.append(mod.register_forward_pre_hook(lambda m, args, a=amax: (nvfp4_fake_quant(args[0], 16, a.to(args[0].device)), *args[1:])))
-    return handles
-
-
-GQA_ATTENTION = "eagle3_sdpa_gqa"
-# (lo, hi, c0) attention windows over batch rows, set by ``column_windows``
-_COLUMN_WINDOWS: contextvars.ContextVar[tuple[tuple[int, int, int], ...] | None] = contextvars.ContextVar("eagle3_column_windows", default=None)
-
-
-def _sdpa_gqa(
-    module: Any,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    is_causal: bool | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, on CPU without the K/V expansion per query head, and with
-    ``column_windows`` applied.
-
-    transformers' ``sdpa`` path copies K and V to every query head (``repeat_kv``) whenever an
-    explicit mask is passed, which this runtime always does; on a CPU, for long contexts and
-    batches, that copy of the whole cache per layer and pass costs more than the attention.
-    ``enable_gqa`` computes the same thing from the grouped heads (bit-identical on CPU: tested).
-    On CUDA, ``enable_gqa`` with a mask falls back to PyTorch's math kernel, so there the
-    expansion (and the fused kernels it allows) stays.
-    """
-
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        if mask is not None and q.device.type == "cpu":
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=q.shape[1] != k.shape[1]
-            )
-            return out.transpose(1, 2).contiguous()
-        return hf_compat.sdpa_attention(module, q, k, v, mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
-
-    windows = _COLUMN_WINDOWS.get()
-    if attention_mask is None or windows is None:
-        return attend(query, key, value, attention_mask), None
-    mask = attention_mask[:, :, :, : key.shape[-2]]
-    return torch.cat([attend(query[lo:hi], key[lo:hi, :, c0:], value[lo:hi, :, c0:], mask[lo:hi, :, :, c0:]) for lo, hi, c0 in windows]), None
-
-
-@contextlib.contextmanager
-def column_windows(windows: Iterable[tuple[int, int, int]]) -> Iterator[None]:
-    """Inside this block, batch rows [lo, hi) attend only over cache columns >= c0, per (lo, hi, c0).
-
-    For a left-padded batch of very different prompt lengths: the skipped columns are padding
-    that the mask hides from those rows anyway, so the result is the same (up to the kernel's
-    summation blocking) while the attention work follows each row's own length instead of the
-    longest one. The windows must cover the batch rows in order. Ignored (full width, still
-    correct) where the GQA attention is not available.
-    """
-    token = _COLUMN_WINDOWS.set(tuple((int(a), int(b), int(c)) for a, b, c in windows))
-    try:
-        yield
-    finally:
-        _COLUMN_WINDOWS.reset(token)
-
-
-def attention_implementation() -> str:
-    """The attention the target runs with: GQA-aware SDPA where torch (>= 2.5) and transformers allow."""
-    return GQA_ATTENTION if hf_compat.register_attention(GQA_ATTENTION, _sdpa_gqa) else "sdpa"
-
-
-@functools.cache
-def _prealloc_cache_class() -> type[Any]:
-    # the base is transformers' DynamicCache, resolved on first use (transformers imports lazily)
-    class _Prealloc(hf_compat.dynamic_cache_class()):  # type: ignore[misc]
-        """A DynamicCache whose per-layer K/V live in buffers with room to grow.
-
-        ``DynamicCache`` concatenates on every append: a copy of the whole cache per layer and
-        token, which dominates batched long-context decoding. Here appends write in place and
-        attention reads a view of the filled columns. Built from the per-layer K/V of one or more
-        groups of rows, stacked in order and left-padded to the longest (the caller's lists are
-        emptied as they are copied, so the peak is about one copy); rows can be dropped
-        (``keep_rows``) as sequences finish. FP8 KV emulation applies on write, as in
-        ``TargetModel.new_cache``. No rollback: used for plain decoding (the alpha estimator).
-        """
-
-        def __init__(self, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], capacity: int, kv_scales: dict[int, tuple[float, float]] | None = None):
-            super().__init__()
-            self.kv_scales = dict(kv_scales or {})
-            B = sum(ks[0].shape[0] for ks, _ in parts)
-            L = max(ks[0].shape[2] for ks, _ in parts)
-            if capacity < L:
-                raise ValueError(f"capacity {capacity} < cached length {L}")
-            self._k: list[torch.Tensor] = []
-            self._v: list[torch.Tensor] = []
-            self._n: list[int] = []
-            for li in range(len(parts[0][0])):
-                H, D = parts[0][0][li].shape[1], parts[0][0][li].shape[3]
-                kb = parts[0][0][li].new_zeros(B, H, capacity, D)
-                vb = torch.zeros_like(kb)
-                r = 0
-                for ks, vs in parts:
-                    b, Lg = ks[li].shape[0], ks[li].shape[2]
-                    kb[r : r + b, :, L - Lg : L], vb[r : r + b, :, L - Lg : L] = ks[li], vs[li]
-                    ks[li] = vs[li] = None  # type: ignore[call-overload]
-                    r += b
-                self._k.append(kb)
-                self._v.append(vb)
-                self._n.append(L)
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            sc = self.kv_scales.get(layer_idx)
-            if sc is not None:
-                key_states, value_states = _fp8_fake_quant(key_states, sc[0]), _fp8_fake_quant(value_states, sc[1])
-            n, s = self._n[layer_idx], key_states.shape[2]
-            kb, vb = self._k[layer_idx], self._v[layer_idx]
-            if n + s > kb.shape[2]:
-                raise RuntimeError(f"KV cache full ({kb.shape[2]} columns)")
-            kb[:, :, n : n + s] = key_states
-            vb[:, :, n : n + s] = value_states
-            self._n[layer_idx] = n + s
-            return kb[:, :, : n + s], vb[:, :, : n + s]
-
-        def get_seq_length(self, layer_idx: int | None = 0, *args: Any, **kwargs: Any) -> int:
-            return self._n[layer_idx or 0] if self._n else 0
-
-        def get_mask_sizes(self, query: int | torch.Tensor, layer_idx: int = 0, *args: Any, **kwargs: Any) -> tuple[int, int]:
-            return self.get_seq_length(layer_idx) + hf_compat.mask_query_length(query), 0
-
-        def __len__(self) -> int:
-            return len(self._k)
-
-        def crop(self, *args: Any, **kwargs: Any) -> None:
-            raise NotImplementedError("the preallocated cache does not roll back")
-
-        def reorder_cache(self, *args: Any, **kwargs: Any) -> None:
-            raise NotImplementedError("use keep_rows")
-
-        batch_select_indices = reorder_cache
-
-        def keep_rows(self, rows: torch.Tensor) -> None:
-            rows = rows.to(self._k[0].device)
-            for i in range(len(self._k)):  # one layer at a time: the peak is one layer over the cache
-                self._k[i], self._v[i] = self._k[i][rows], self._v[i][rows]
-
-    return _Prealloc
-
-
-@functools.cache
-def _fq_cache_class() -> type[Any]:
-    class FakeQuantKVCache(hf_compat.dynamic_cache_class()):  # type: ignore[misc]  # DynamicCache, as in _prealloc_cache_class
-        """DynamicCache whose stored K/V go through the FP8 per-tensor cast the FP8 KV cache applies."""
-
-        def __init__(self, kv_scales: dict[int, tuple[float, float]] | None = None):
-            super().__init__()
-            self.kv_scales = dict(kv_scales or {})
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            sc = self.kv_scales.get(layer_idx)
-            if sc is not None:
-                key_states, value_states = _fp8_fake_quant(key_states, sc[0]), _fp8_fake_quant(value_states, sc[1])
-            out: tuple[torch.Tensor, torch.Tensor] = super().update(key_states, value_states, layer_idx, *args, **kwargs)
-            return out
-
-    return FakeQuantKVCache
+# imported from here by the runtime (column_windows) and the tests (the attention's name)
+__all__ = ["GQA_ATTENTION", "TargetModel", "attention_implementation", "column_windows"]
 
 
 def _trtllm_rope(rotary: Any, cfg: dict[str, Any]) -> None:
@@ -406,13 +175,13 @@ class TargetModel:
         without a cache (the estimator's drafting runs over stored aux states) are unaffected.
         """
         if self.kv_scales:
-            return _fq_cache_class()(self.kv_scales)
+            return fq_cache_class()(self.kv_scales)
         return hf_compat.dynamic_cache_class()()
 
     def preallocated_cache(self, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], capacity: int) -> Any:
         """A cache of ``capacity`` columns holding, per group of rows, per-layer (keys, values)
         [b, Hkv, L_g, D], groups stacked in order and left-padded to the longest L_g."""
-        return _prealloc_cache_class()(parts, capacity, self.kv_scales)
+        return prealloc_cache_class()(parts, capacity, self.kv_scales)
 
     @torch.no_grad()
     def forward(

@@ -187,16 +187,8 @@ def start(
     """Start the frontend and ``workers`` workers; return once every worker is registered and the
     model is listed. Any failure stops what was started and raises a one-line UserError."""
     bundle = Path(bundle).resolve()
-    if not (bundle / "manifest.json").is_file():
-        raise UserError(bundle, "is not an engine bundle (no manifest.json)", "build one with `make engine` or `eagle3-trt engine`")
-    if workers < 1:
-        raise UserError("--workers", f"{workers}: must be at least 1")
     state_dir = Path(state_dir).resolve()
-    old = Deployment.load(state_dir)
-    if old is not None and any(p.alive() for p in old.procs):
-        raise UserError(state_dir, f"a Dynamo deployment is already running ({old.url})", "stop it first: eagle3-trt stop-dynamo")
-    if not port_is_free(http_port):
-        raise UserError(f"{HOST}:{http_port}", "port in use", "pick another with --http-port (make serve-dynamo DYNAMO_PORT=...) or stop what holds it")
+    _check_can_start(bundle, workers, state_dir, http_port)
     check_dynamo()
     make_dirs(state_dir)
     discovery = state_dir / DISCOVERY_DIR
@@ -207,34 +199,7 @@ def start(
 
     fe_log = state_dir / "frontend.log"
     fe_log.unlink(missing_ok=True)
-    fe = Proc(
-        "frontend",
-        _spawn(
-            [
-                sys.executable,
-                "-m",
-                "dynamo.frontend",
-                "--http-host",
-                HOST,
-                "--http-port",
-                str(http_port),
-                "--discovery-backend",
-                "file",
-                "--request-plane",
-                "tcp",
-                "--namespace",
-                NAMESPACE,
-                "--router-mode",
-                "round-robin",
-                "--migration-limit",
-                str(migration_limit),
-            ],
-            env,
-            fe_log,
-        ),
-        http_port,
-        str(fe_log),
-    )
+    fe = Proc("frontend", _spawn(_frontend_argv(http_port, migration_limit), env, fe_log), http_port, str(fe_log))
     dep = Deployment(str(state_dir), str(bundle), model_name, f"http://{HOST}:{http_port}/v1", str(discovery), fe, [], time.time())
     try:
         for i in range(workers):
@@ -242,23 +207,7 @@ def start(
             log = state_dir / f"worker-{i}.log"
             log.unlink(missing_ok=True)
             wenv = {**env, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_PORT": str(port)}
-            argv = [
-                sys.executable,
-                "-m",
-                "eagle3_trt.dynamo_serving.worker",
-                "--bundle",
-                str(bundle),
-                "--served-model-name",
-                model_name,
-                "--namespace",
-                NAMESPACE,
-                "--device",
-                device,
-                "--torch-threads",
-                str(threads),
-            ]
-            if not speculation:
-                argv.append("--no-speculation")
+            argv = _worker_argv(bundle, model_name, device, threads, speculation)
             dep.workers.append(Proc(f"worker-{i}", _spawn(argv, wenv, log), port, str(log)))
         dep.save()
         _wait_ready(dep, timeout_s)
@@ -266,6 +215,62 @@ def start(
         stop(dep)
         raise
     return dep
+
+
+def _check_can_start(bundle: Path, workers: int, state_dir: Path, http_port: int) -> None:
+    """Refuse, before anything starts: no bundle, no workers, a deployment already running, a taken port."""
+    if not (bundle / "manifest.json").is_file():
+        raise UserError(bundle, "is not an engine bundle (no manifest.json)", "build one with `make engine` or `eagle3-trt engine`")
+    if workers < 1:
+        raise UserError("--workers", f"{workers}: must be at least 1")
+    old = Deployment.load(state_dir)
+    if old is not None and any(p.alive() for p in old.procs):
+        raise UserError(state_dir, f"a Dynamo deployment is already running ({old.url})", "stop it first: eagle3-trt stop-dynamo")
+    if not port_is_free(http_port):
+        raise UserError(f"{HOST}:{http_port}", "port in use", "pick another with --http-port (make serve-dynamo DYNAMO_PORT=...) or stop what holds it")
+
+
+def _frontend_argv(http_port: int, migration_limit: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "dynamo.frontend",
+        "--http-host",
+        HOST,
+        "--http-port",
+        str(http_port),
+        "--discovery-backend",
+        "file",
+        "--request-plane",
+        "tcp",
+        "--namespace",
+        NAMESPACE,
+        "--router-mode",
+        "round-robin",
+        "--migration-limit",
+        str(migration_limit),
+    ]
+
+
+def _worker_argv(bundle: Path, model_name: str, device: str, threads: int, speculation: bool) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "eagle3_trt.dynamo_serving.worker",
+        "--bundle",
+        str(bundle),
+        "--served-model-name",
+        model_name,
+        "--namespace",
+        NAMESPACE,
+        "--device",
+        device,
+        "--torch-threads",
+        str(threads),
+    ]
+    if not speculation:
+        argv.append("--no-speculation")
+    return argv
 
 
 def _registered(dep: Deployment) -> int:

@@ -147,52 +147,8 @@ def _is_speculators(raw: dict[str, Any]) -> bool:
 def draft_config(raw: dict[str, Any], cfg_path: Path, fmt: str, tensors: dict[str, Any] | None) -> DraftConfig:
     """The normalized DraftConfig of a head's config.json in layout ``fmt``; ``tensors`` (renamed to
     the SafeAILab names) supply the aux count and draft vocabulary where present, None for config-only."""
-    if fmt == "speculators":
-        layer_cfg = raw.get("transformer_layer_config")
-        if not isinstance(layer_cfg, dict):
-            raise UserError(
-                f"{cfg_path}:transformer_layer_config", "missing or not an object", "a speculators eagle3 config nests the Llama layer config there"
-            )
-        base = {**layer_cfg, **{k: raw[k] for k in ("draft_vocab_size", "target_hidden_size") if k in raw}}
-        aux = raw.get("eagle_aux_hidden_state_layer_ids")
-        if aux is not None:
-            if min(aux) < 1:
-                raise UserError(
-                    f"{cfg_path}:eagle_aux_hidden_state_layer_ids",
-                    f"{aux} captures the embeddings (vLLM id 0)",
-                    "TensorRT-LLM captures decoder-layer outputs only; retrain with ids >= 1",
-                )
-            aux = [i - 1 for i in aux]  # vLLM: input of layer i == TensorRT-LLM: output of layer i-1
-        if raw.get("norm_before_residual"):
-            extra = {"norm_before_residual": True}
-        else:
-            extra = {}
-        # speculators trains these top-level flags with TensorRT-LLM's meaning and tensor names
-        # (vllm-project/speculators 0.9.0 models/eagle3/core.py: input_norm over the concatenated aux
-        # states, fc_norm.{i} per chunk, norm_output feeds the post-norm state back), so they are
-        # carried, not dropped: dropping them would serve and measure another function.
-        flags = {k: _flag(raw, k, f"{cfg_path}:{k}") for k in ("norm_before_fc", "fc_norm", "norm_output")}
-    else:
-        base = raw
-        eagle_cfg = raw.get("eagle_config") or {}
-        if not isinstance(eagle_cfg, dict):
-            raise UserError(f"{cfg_path}:eagle_config", "is not an object", "eagle_config is a JSON object of EAGLE options")
-        aux = eagle_cfg.get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))
-        extra = {k: eagle_cfg[k] for k in ("next_layer_regular",) if k in eagle_cfg}
-        flags = {k: _flag(eagle_cfg, k, f"{cfg_path}:eagle_config.{k}") for k in NESTED_FLAGS}
-        flags.update({k: _flag(raw, k, f"{cfg_path}:{k}") for k in TOP_LEVEL_FLAGS})
-    if base.get("kv_lora_rank"):
-        raise UserError(
-            f"{cfg_path}:kv_lora_rank", "an MLA (DeepSeek-style) EAGLE-3 head", "the reference runtime implements the Llama-style Eagle3 draft only"
-        )
-    if base.get("model_type") == "llama4_text":
-        raise UserError(f"{cfg_path}:model_type", "llama4_text EAGLE-3 heads are not implemented", "use a Llama-style head")
-    for key in ("rotary_dim", "rotary_emb_base", "qk_rope_head_dim", "rotary_pct", "partial_rotary_factor"):
-        v = base.get(key)
-        if v is not None and not (key in ("rotary_pct", "partial_rotary_factor") and v == 1):
-            raise UserError(
-                f"{cfg_path}:{key}", f"{v!r}: partial or custom rotary dimensions", "the reference runtime rotates the whole head_dim, as Llama does"
-            )
+    base, aux, extra, flags = _speculators_layout(raw, cfg_path) if fmt == "speculators" else _eagle_layout(raw, cfg_path)
+    _refuse_unsupported(base, cfg_path)
 
     # the same strict schema validate and engine apply to the target: "256" is refused in one line,
     # not coerced by int() here and met as a different answer elsewhere. pad_token_id is left out:
@@ -206,26 +162,11 @@ def draft_config(raw: dict[str, Any], cfg_path: Path, fmt: str, tensors: dict[st
             "only single-layer EAGLE-3 heads (the published and ModelOpt layout) are supported",
         )
 
-    norm = tensors if tensors is not None else {}
     hidden = fields.hidden_size
     heads = fields.num_attention_heads
     vocab = fields.vocab_size
-    theta, scaling = rope_of(base)
-    if scaling is not None and not isinstance(scaling, dict):
-        raise UserError(f"{cfg_path}:rope_scaling", f"{scaling!r} is not an object", "rope_scaling is a JSON object or null")
-    if scaling is not None and base.get("original_max_position_embeddings") and rope_params.scaling_kind(scaling) in ("llama3", "yarn", "longrope"):
-        # TensorRT-LLM reads the top-level field first (RopeParams.from_config)
-        scaling = {**scaling, "original_max_position_embeddings": base["original_max_position_embeddings"]}
-    fc = norm.get("fc.weight")
-    target_hidden = fields.target_hidden_size or hidden
-    if tensors is None:
-        n_aux = len(aux) if aux is not None else EAGLE3_DEFAULT_NUM_AUX
-    else:
-        n_aux = (fc.shape[1] // target_hidden) if fc is not None and target_hidden else 0
-    dvs = fields.draft_vocab_size
-    if dvs is None:
-        lm = norm.get("lm_head.weight")
-        dvs = lm.shape[0] if lm is not None else vocab
+    theta, scaling = _rope_of(base, cfg_path)
+    target_hidden, n_aux, dvs = _head_counts(fields, aux, tensors)
     return DraftConfig(
         hidden_size=hidden,
         intermediate_size=fields.intermediate_size,
@@ -253,6 +194,91 @@ def draft_config(raw: dict[str, Any], cfg_path: Path, fmt: str, tensors: dict[st
         eh_proj_bias=flags.get("eh_proj_bias", False),
         fc_bias=flags.get("bias", False),
     )
+
+
+def _speculators_layout(raw: dict[str, Any], cfg_path: Path) -> tuple[dict[str, Any], Any, dict[str, Any], dict[str, bool]]:
+    """(layer config, aux ids in TensorRT-LLM's numbering, extra, flags) of a speculators eagle3 config."""
+    layer_cfg = raw.get("transformer_layer_config")
+    if not isinstance(layer_cfg, dict):
+        raise UserError(f"{cfg_path}:transformer_layer_config", "missing or not an object", "a speculators eagle3 config nests the Llama layer config there")
+    base = {**layer_cfg, **{k: raw[k] for k in ("draft_vocab_size", "target_hidden_size") if k in raw}}
+    aux = raw.get("eagle_aux_hidden_state_layer_ids")
+    if aux is not None:
+        if min(aux) < 1:
+            raise UserError(
+                f"{cfg_path}:eagle_aux_hidden_state_layer_ids",
+                f"{aux} captures the embeddings (vLLM id 0)",
+                "TensorRT-LLM captures decoder-layer outputs only; retrain with ids >= 1",
+            )
+        aux = [i - 1 for i in aux]  # vLLM: input of layer i == TensorRT-LLM: output of layer i-1
+    if raw.get("norm_before_residual"):
+        extra = {"norm_before_residual": True}
+    else:
+        extra = {}
+    # speculators trains these top-level flags with TensorRT-LLM's meaning and tensor names
+    # (vllm-project/speculators 0.9.0 models/eagle3/core.py: input_norm over the concatenated aux
+    # states, fc_norm.{i} per chunk, norm_output feeds the post-norm state back), so they are
+    # carried, not dropped: dropping them would serve and measure another function.
+    flags = {k: _flag(raw, k, f"{cfg_path}:{k}") for k in ("norm_before_fc", "fc_norm", "norm_output")}
+    return base, aux, extra, flags
+
+
+def _eagle_layout(raw: dict[str, Any], cfg_path: Path) -> tuple[dict[str, Any], Any, dict[str, Any], dict[str, bool]]:
+    """(layer config, aux ids, extra, flags) of a SafeAILab / ModelOpt config (options under eagle_config)."""
+    base = raw
+    eagle_cfg = raw.get("eagle_config") or {}
+    if not isinstance(eagle_cfg, dict):
+        raise UserError(f"{cfg_path}:eagle_config", "is not an object", "eagle_config is a JSON object of EAGLE options")
+    aux = eagle_cfg.get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))
+    extra = {k: eagle_cfg[k] for k in ("next_layer_regular",) if k in eagle_cfg}
+    flags = {k: _flag(eagle_cfg, k, f"{cfg_path}:eagle_config.{k}") for k in NESTED_FLAGS}
+    flags.update({k: _flag(raw, k, f"{cfg_path}:{k}") for k in TOP_LEVEL_FLAGS})
+    return base, aux, extra, flags
+
+
+def _refuse_unsupported(base: dict[str, Any], cfg_path: Path) -> None:
+    """Draft architectures the reference runtime does not implement, refused by the field that names them."""
+    if base.get("kv_lora_rank"):
+        raise UserError(
+            f"{cfg_path}:kv_lora_rank", "an MLA (DeepSeek-style) EAGLE-3 head", "the reference runtime implements the Llama-style Eagle3 draft only"
+        )
+    if base.get("model_type") == "llama4_text":
+        raise UserError(f"{cfg_path}:model_type", "llama4_text EAGLE-3 heads are not implemented", "use a Llama-style head")
+    for key in ("rotary_dim", "rotary_emb_base", "qk_rope_head_dim", "rotary_pct", "partial_rotary_factor"):
+        v = base.get(key)
+        if v is not None and not (key in ("rotary_pct", "partial_rotary_factor") and v == 1):
+            raise UserError(
+                f"{cfg_path}:{key}", f"{v!r}: partial or custom rotary dimensions", "the reference runtime rotates the whole head_dim, as Llama does"
+            )
+
+
+def _rope_of(base: dict[str, Any], cfg_path: Path) -> tuple[Any, Any]:
+    theta, scaling = rope_of(base)
+    if scaling is not None and not isinstance(scaling, dict):
+        raise UserError(f"{cfg_path}:rope_scaling", f"{scaling!r} is not an object", "rope_scaling is a JSON object or null")
+    if scaling is not None and base.get("original_max_position_embeddings") and rope_params.scaling_kind(scaling) in ("llama3", "yarn", "longrope"):
+        # TensorRT-LLM reads the top-level field first (RopeParams.from_config)
+        scaling = {**scaling, "original_max_position_embeddings": base["original_max_position_embeddings"]}
+    return theta, scaling
+
+
+def _head_counts(fields: Eagle3DraftConfigFields, aux: Any, tensors: dict[str, Any] | None) -> tuple[int, int, Any]:
+    """(target hidden size, number of aux layers fc fuses, draft vocabulary size): from the tensors where
+    present, else from the config and TensorRT-LLM's defaults."""
+    norm = tensors if tensors is not None else {}
+    hidden = fields.hidden_size
+    vocab = fields.vocab_size
+    fc = norm.get("fc.weight")
+    target_hidden = fields.target_hidden_size or hidden
+    if tensors is None:
+        n_aux = len(aux) if aux is not None else EAGLE3_DEFAULT_NUM_AUX
+    else:
+        n_aux = (fc.shape[1] // target_hidden) if fc is not None and target_hidden else 0
+    dvs = fields.draft_vocab_size
+    if dvs is None:
+        lm = norm.get("lm_head.weight")
+        dvs = lm.shape[0] if lm is not None else vocab
+    return target_hidden, n_aux, dvs
 
 
 def _flag(cfg: dict[str, Any], key: str, where: str) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 from eagle3_trt.convert.prompts import SHIPPED_PROMPTS, load_prompts
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline import trtllm_adapter as adapter
+from eagle3_trt.pipeline import trtllm_versions as versions
 from eagle3_trt.pipeline.bundle import MANIFEST_FILE, OPTIONS_FILE, Bundle, CompileRecord, open_bundle
 from eagle3_trt.pipeline.bundle_write import update
 from eagle3_trt.pipeline.gpu_checks import DetectedGpu, check_formats, detect_gpus
@@ -87,7 +88,7 @@ def preflight(bundle: Path, target_gpu: str | None = None, *, require_runtime: b
     if pf.gpu is not None:
         check_formats(b.formats, pf.gpu.sm, pf.gpu.label)
         pf.checks.append(f"formats {b.quant.target}/{b.quant.draft}/KV {b.kv_cache} on SM{pf.gpu.sm}")
-    pf.trtllm_version = adapter.installed_version()
+    pf.trtllm_version = versions.installed_version()
     if pf.trtllm_version is None:
         if require_runtime:
             raise UserError(
@@ -96,7 +97,7 @@ def preflight(bundle: Path, target_gpu: str | None = None, *, require_runtime: b
                 "run inside a TensorRT-LLM container (nvcr.io/nvidia/tensorrt-llm/release:1.2.x or newer); use --check-only for the checks that need no GPU",
             )
     else:
-        adapter.check_supported(pf.trtllm_version)
+        versions.check_supported(pf.trtllm_version)
         pf.checks.append(f"tensorrt_llm {pf.trtllm_version}")
     if require_runtime and (pf.gpu is None or pf.gpu.detected is None):
         raise UserError("compile", "no CUDA GPU is visible", "run on the GPU machine; use --check-only with --target-gpu NAME on a CPU-only machine")

@@ -389,7 +389,7 @@ def trtllm_serve_script(f: BundleFacts) -> str:
         + "fi\n"
         + 'case "$TRTLLM_VERSION" in\n'
         + f"  {versions.UNSUPPORTED_PATTERN})\n"
-        + f'    echo "trtllm-serve.sh: TensorRT-LLM $TRTLLM_VERSION is older than {adapter.MIN_SUPPORTED}, the first release that loads this bundle" >&2\n'
+        + f'    echo "trtllm-serve.sh: TensorRT-LLM $TRTLLM_VERSION is older than {versions.MIN_SUPPORTED}, the first release that loads this bundle" >&2\n'
         + "    exit 2 ;;\n"
         + bands
         + "esac\n"

@@ -4,8 +4,9 @@ deployment, from config.json alone.
 Everything here is arithmetic on Hugging Face config fields, so a plan can be made on any
 machine, without weights, torch or TensorRT-LLM. Figures are per GPU unless named otherwise.
 The sizes come from pipeline/model_size.py (shape, parameter counts) and pipeline/memory.py
-(weights, KV cache and reserve per GPU, and its sharding model); the plan is printed by
-pipeline/plan_report.py and made for a preset by pipeline/plan_presets.py.
+(weights, KV cache and reserve per GPU, and its sharding model); requests that cannot work are
+refused by pipeline/plan_checks.py; the plan is printed by pipeline/plan_report.py and made for a
+preset by pipeline/plan_presets.py.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.formats.families import family_named, quant_refusal
-from eagle3_trt.pipeline.gpus import GpuSpec, check_quant_for_gpu
+from eagle3_trt.formats.families import family_named
+from eagle3_trt.pipeline.gpus import GpuSpec
 from eagle3_trt.pipeline.memory import (
     DEFAULT_MAX_NUM_TOKENS,
     MAX_BATCH_CAP,
@@ -29,7 +30,6 @@ from eagle3_trt.pipeline.memory import (
 from eagle3_trt.pipeline.model_size import (
     BF16_BYTES,
     GB,
-    KV_BYTES,
     LINEAR_BYTES,
     DraftParams,
     LlamaShape,
@@ -39,6 +39,7 @@ from eagle3_trt.pipeline.model_size import (
     count_target,
     parse_shape,
 )
+from eagle3_trt.pipeline.plan_checks import check_inputs
 
 KvDtype = Literal["fp8", "bf16"]
 
@@ -105,67 +106,6 @@ def _pow2_floor(n: int) -> int:
     return 1 << (n.bit_length() - 1) if n >= 1 else 0
 
 
-def _check_inputs(
-    s: LlamaShape,
-    gpu: GpuSpec,
-    num_gpus: int,
-    quant: str,
-    kv_dtype: str,
-    max_seq_len: int,
-    max_draft_len: int,
-    tp: int | None,
-    pp: int,
-    speculative: bool,
-    max_batch_size: int | None,
-) -> None:
-    check_quant_for_gpu(quant, gpu)
-    check_quant_for_target(s, quant)
-    if kv_dtype not in KV_BYTES:
-        raise UserError("--kv-cache-dtype", f"unknown KV cache format {kv_dtype!r}", "choose fp8 or bf16")
-    if num_gpus < 1:
-        raise UserError("--gpus", f"need at least one GPU, got {num_gpus}", "pass --gpus 1 or more")
-    if max_seq_len < 1 or max_draft_len < 0:
-        raise UserError("--max-seq-len", f"max_seq_len {max_seq_len} / max_draft_len {max_draft_len} out of range", "max_seq_len >= 1 and max_draft_len >= 0")
-    if s.max_positions and max_seq_len > s.max_positions:
-        raise UserError(
-            "--max-seq-len",
-            f"{max_seq_len} exceeds the target's max_position_embeddings ({s.max_positions})",
-            f"use --max-seq-len {s.max_positions} or less",
-        )
-    if max_batch_size is not None and max_batch_size < 1:
-        raise UserError("--max-batch-size", f"must be at least 1, got {max_batch_size}", "omit it to let the planner choose")
-    if pp < 1:
-        raise UserError("--pp", f"pipeline parallel size must be at least 1, got {pp}", "use --pp 1")
-    if pp > num_gpus:
-        raise UserError("--pp", f"pp={pp} needs at least {pp} GPUs but only {num_gpus} given", f"use --gpus {pp} or a smaller --pp")
-    if pp > 1 and speculative:
-        raise UserError(
-            "--pp",
-            f"pipeline parallelism (pp={pp}) cannot be combined with EAGLE-3 speculative decoding: TensorRT-LLM does not support it",
-            "use tensor parallelism instead (--tp N, --pp 1)",
-        )
-    if tp is not None:
-        _check_tp(s, tp, pp, num_gpus)
-
-
-def check_quant_for_target(s: LlamaShape, quant: str, where: str = "--quant") -> None:
-    """The target's shipped format against ``quant`` (convert/families.py ``quant_refusal``: the one policy)."""
-    refused = quant_refusal(family_named(s.family), s.quant_method, quant)
-    if refused:
-        raise UserError(where, *refused)
-
-
-def _check_tp(s: LlamaShape, tp: int, pp: int, num_gpus: int) -> None:
-    if tp < 1:
-        raise UserError("--tp", f"tensor parallel size must be at least 1, got {tp}", "use a power of two such as 1, 2, 4 or 8")
-    if tp * pp > num_gpus:
-        raise UserError("--tp", f"tp={tp} x pp={pp} needs {tp * pp} GPUs but only {num_gpus} given", f"use --gpus {tp * pp} or a smaller --tp")
-    for field, heads in (("num_key_value_heads", s.kv_heads), ("num_attention_heads", s.heads)):
-        if heads % tp:
-            ok = [t for t in (1, 2, 4, 8, 16) if s.kv_heads % t == 0 and s.heads % t == 0 and t <= num_gpus]
-            raise UserError("--tp", f"tp={tp} does not divide {field} ({heads})", f"use --tp {' or '.join(map(str, ok))}")
-
-
 def _tp_candidates(s: LlamaShape, limit: int) -> list[int]:
     return [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= limit and s.kv_heads % t == 0 and s.heads % t == 0]
 
@@ -197,7 +137,7 @@ def make_plan(
     draft = count_draft(draft_cfg, s) if draft_cfg is not None and max_draft_len > 0 else None
     speculative = draft is not None
     k = max_draft_len if speculative else 0
-    _check_inputs(s, gpu, num_gpus, quant, kv_cache_dtype, max_seq_len, max_draft_len, tp, pp, speculative, max_batch_size)
+    check_inputs(s, gpu, num_gpus, quant, kv_cache_dtype, max_seq_len, max_draft_len, tp, pp, speculative, max_batch_size)
     p = count_target(s)
 
     fam = family_named(s.family)
@@ -218,14 +158,39 @@ def make_plan(
 
     mbs = max_batch_size or min(MAX_BATCH_CAP, _pow2_floor(first.sequences))
     final = budget(t, mbs)  # reserve only shrinks from pass 1, so the KV budget only grows
+    return _plan(model, s, p, draft, gpu, num_gpus, t, pp, quant, kv_cache_dtype, max_seq_len, k, mbs, final, auto_tp=tp is None)
+
+
+def _expert_bytes_per_gpu(s: LlamaShape, p: TargetParams, quant: str, t: int, pp: int, ep: int) -> int:
+    if not s.experts:
+        return 0
+    eb = LINEAR_BYTES[p.native_format if quant == "native" else quant]  # type: ignore[index]
+    # each GPU holds experts/ep experts, each split moe_tp = tp/ep ways
+    return int(round(math.ceil(s.layers / pp) * (s.experts // ep) * (p.expert_weights_per_layer // s.experts) * eb / (t // ep)))
+
+
+def _plan(
+    model: str,
+    s: LlamaShape,
+    p: TargetParams,
+    draft: DraftParams | None,
+    gpu: GpuSpec,
+    num_gpus: int,
+    t: int,
+    pp: int,
+    quant: str,
+    kv_cache_dtype: KvDtype,
+    max_seq_len: int,
+    k: int,
+    mbs: int,
+    final: Budget,
+    *,
+    auto_tp: bool,
+) -> Plan:
+    """The plan of the chosen layout (TP ``t``, batch size ``mbs``) from its final KV budget."""
+    fam = family_named(s.family)
     max_num_tokens = max(DEFAULT_MAX_NUM_TOKENS, mbs * (k + 1))
     instances = num_gpus // (t * pp)
-    ep = moe_ep_size(s, t)
-    expert_bytes = 0
-    if s.experts:
-        eb = LINEAR_BYTES[p.native_format if quant == "native" else quant]  # type: ignore[index]
-        # each GPU holds experts/ep experts, each split moe_tp = tp/ep ways
-        expert_bytes = int(round(math.ceil(s.layers / pp) * (s.experts // ep) * (p.expert_weights_per_layer // s.experts) * eb / (t // ep)))
     return Plan(
         model=model,
         gpu=gpu.name,
@@ -239,7 +204,7 @@ def make_plan(
         kv_cache_dtype=kv_cache_dtype,
         max_seq_len=max_seq_len,
         max_draft_len=k,
-        speculative=speculative,
+        speculative=draft is not None,
         target=p,
         draft=draft,
         target_weight_bytes_per_gpu=final.weights,
@@ -259,14 +224,22 @@ def make_plan(
         # a natively quantized target (gpt-oss MXFP4) is read as shipped, not as BF16
         target_checkpoint_bytes=target_weight_bytes(p, "native") if p.native_format else p.total * BF16_BYTES,
         quantized_target_bytes=target_weight_bytes(p, quant),
-        notes=tuple(_notes(s, draft, gpu, num_gpus, t, pp, instances, max_seq_len, tp is None, quant, kv_cache_dtype, p)),
-        moe_ep=ep,
-        moe_tp=t // ep if ep else 0,
-        experts_per_gpu=s.experts // ep if ep else 0,
-        expert_bytes_per_gpu=expert_bytes,
+        notes=tuple(_notes(s, draft, gpu, num_gpus, t, pp, instances, max_seq_len, auto_tp, quant, kv_cache_dtype, p)),
         kv_block_reuse=fam.kv_block_reuse,
-        moe_backend=fam.moe_backend.get(gpu.generation) if s.experts else None,
+        **_moe_fields(s, p, gpu, quant, t, pp),
     )
+
+
+def _moe_fields(s: LlamaShape, p: TargetParams, gpu: GpuSpec, quant: str, t: int, pp: int) -> dict[str, Any]:
+    """The plan's MoE layout at TP ``t`` (zeros and no backend for a dense target)."""
+    ep = moe_ep_size(s, t)
+    return {
+        "moe_ep": ep,
+        "moe_tp": t // ep if ep else 0,
+        "experts_per_gpu": s.experts // ep if ep else 0,
+        "expert_bytes_per_gpu": _expert_bytes_per_gpu(s, p, quant, t, pp, ep),
+        "moe_backend": family_named(s.family).moe_backend.get(gpu.generation) if s.experts else None,
+    }
 
 
 def moe_ep_size(s: LlamaShape, tp: int) -> int:

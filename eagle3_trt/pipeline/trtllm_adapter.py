@@ -3,8 +3,8 @@
 
 Everything here runs without TensorRT-LLM: the version comes from package metadata
 (``importlib.metadata``), and option names are checked against the installed
-``TorchLlmArgs.model_fields`` only when TensorRT-LLM is importable, otherwise against
-``DOCUMENTED_NAMES`` below. Either way an unknown name is refused here, before a load that
+``TorchLlmArgs.model_fields`` only when TensorRT-LLM is importable, otherwise against the
+documented table (both in pipeline/trtllm_names.py). Either way an unknown name is refused here, before a load that
 can take many minutes on a 70B model.
 
 Version differences handled (TensorRT-LLM 1.2.x and later; option names from NVIDIA/TensorRT-LLM
@@ -12,7 +12,7 @@ tensorrt_llm/llmapi/llm_args.py):
 - ``speculative_config.speculative_model``: renamed from ``speculative_model_dir`` by
   NVIDIA/TensorRT-LLM PR #10099 (opened 2025-12-18), which kept the old name as an accepted
   alias. Which release first shipped it is not pinned down; we ASSUME 1.3.0rc0
-  (``SPECULATIVE_MODEL_SINCE``). The assumption is safe in one direction: every release, before
+  (``trtllm_versions.SPECULATIVE_MODEL_SINCE``). The assumption is safe in one direction: every release, before
   and after the rename, accepts ``speculative_model_dir``, so versions below the threshold (and
   version-agnostic files such as the trtllm-serve launcher's YAML) get the old name. When
   TensorRT-LLM is importable the field list decides, not the version number.
@@ -24,298 +24,15 @@ tensorrt_llm/llmapi/llm_args.py):
 from __future__ import annotations
 
 import copy
-import difflib
-import functools
-import importlib.metadata
-import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline import trtllm_versions as versions
 from eagle3_trt.pipeline.llm_options import LlmApiOptions, validate_options
-
-# The name the messages use for the bundle's options file (build/bundle.py owns the file).
-OPTIONS_FILE = "llm_api_options.yaml"
-
-# First release assumed to know `speculative_model` (see the module docstring).
-SPECULATIVE_MODEL_SINCE = "1.3.0rc0"
-# Oldest release the toolkit targets: unified ModelOpt checkpoints need >= 1.2.0
-# (NVIDIA/Model-Optimizer docs/source/deployment/3_unified_hf.rst).
-MIN_SUPPORTED = "1.2.0"
-
-# Option names documented for TorchLlmArgs (BaseLlmArgs + TorchLlmArgs) from 1.2.x to the 2026
-# main branch [NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py]. Names that exist only in some
-# releases are included: this table catches typos when TensorRT-LLM is not importable; the
-# installed field list is exact and wins whenever it can be read.
-DOCUMENTED_TOP_LEVEL: frozenset[str] = frozenset(
-    [
-        "model",
-        "tokenizer",
-        "tokenizer_mode",
-        "custom_tokenizer",
-        "skip_tokenizer_init",
-        "trust_remote_code",
-        "tensor_parallel_size",
-        "dtype",
-        "revision",
-        "tokenizer_revision",
-        "model_kwargs",
-        "pipeline_parallel_size",
-        "context_parallel_size",
-        "gpus_per_node",
-        "moe_cluster_parallel_size",
-        "moe_tensor_parallel_size",
-        "moe_expert_parallel_size",
-        "enable_attention_dp",
-        "enable_lm_head_tp_in_adp",
-        "pp_partition",
-        "cp_config",
-        "load_format",
-        "enable_lora",
-        "lora_config",
-        "kv_cache_config",
-        "enable_chunked_prefill",
-        "guided_decoding_backend",
-        "batched_logits_processor",
-        "iter_stats_max_iterations",
-        "request_stats_max_iterations",
-        "peft_cache_config",
-        "scheduler_config",
-        "cache_transceiver_config",
-        "sparse_attention_config",
-        "speculative_config",
-        "max_batch_size",
-        "max_input_len",
-        "max_seq_len",
-        "max_beam_width",
-        "max_num_tokens",
-        "gather_generation_logits",
-        "num_postprocess_workers",
-        "postprocess_tokenizer_dir",
-        "reasoning_parser",
-        "decoding_config",
-        "otlp_traces_endpoint",
-        "backend",
-        "return_perf_metrics",
-        "prometheus_metrics_config",
-        "orchestrator_type",
-        "env_overrides",
-        "garbage_collection_gen0_threshold",
-        "cuda_graph_config",
-        "attention_dp_config",
-        "disable_overlap_scheduler",
-        "moe_config",
-        "attn_backend",
-        "sampler_type",
-        "enable_iter_perf_stats",
-        "enable_iter_req_stats",
-        "print_iter_log",
-        "batch_wait_timeout_ms",
-        "batch_wait_timeout_iters",
-        "batch_wait_max_tokens_ratio",
-        "torch_compile_config",
-        "enable_autotuner",
-        "enable_layerwise_nvtx_marker",
-        "enable_min_latency",
-        "stream_interval",
-        "force_dynamic_quantization",
-        "allreduce_strategy",
-        "checkpoint_loader",
-        "checkpoint_format",
-        "kv_connector_config",
-        "mm_encoder_only",
-        "max_stats_len",
-    ]
-)
-# Nested configs the bundle writes. Eagle3DecodingConfig = DecodingBaseConfig + EagleDecodingConfig
-# fields (1.2.x .. 1.4.0rc1 reference pages); KvCacheConfig and CudaGraphConfig likewise.
-DOCUMENTED_NESTED: dict[str, frozenset[str]] = {
-    "speculative_config": frozenset(
-        [
-            "decoding_type",
-            "max_draft_len",
-            "max_total_draft_tokens",
-            "speculative_model",
-            "speculative_model_dir",
-            "eagle3_one_model",
-            "eagle3_layers_to_capture",
-            "eagle3_model_arch",
-            "num_eagle_layers",
-            "max_non_leaves_per_layer",
-            "eagle_choices",
-            "greedy_sampling",
-            "posterior_threshold",
-            "use_dynamic_tree",
-            "dynamic_tree_max_topK",
-            "max_concurrency",
-            "draft_len_schedule",
-            "load_format",
-            "acceptance_rate_window_size",
-            "acceptance_rate_threshold",
-            "use_rejection_sampling",
-            "enable_penalty",
-        ]
-    ),
-    "kv_cache_config": frozenset(
-        [
-            "enable_block_reuse",
-            "max_tokens",
-            "max_attention_window",
-            "sink_token_length",
-            "free_gpu_memory_fraction",
-            "host_cache_size",
-            "onboard_blocks",
-            "cross_kv_cache_fraction",
-            "secondary_offload_min_priority",
-            "event_buffer_max_size",
-            "attention_dp_events_gather_period_ms",
-            "enable_partial_reuse",
-            "copy_on_partial_reuse",
-            "use_uvm",
-            "max_gpu_total_bytes",
-            "dtype",
-            "mamba_ssm_cache_dtype",
-            "tokens_per_block",
-        ]
-    ),
-    "cuda_graph_config": frozenset(["batch_sizes", "max_batch_size", "enable_padding"]),
-}
-# Where the installed classes live (tensorrt_llm.llmapi exports all four).
-_INSTALLED_CLASSES = {
-    None: "TorchLlmArgs",
-    "speculative_config": "Eagle3DecodingConfig",
-    "kv_cache_config": "KvCacheConfig",
-    "cuda_graph_config": "CudaGraphConfig",
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# Versions
-
-
-def installed_version() -> str | None:
-    """TensorRT-LLM's version from package metadata, without importing it (None if absent)."""
-    for dist in ("tensorrt_llm", "tensorrt-llm"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def parse_version(v: str, where: str = "TensorRT-LLM version"):
-    try:
-        return Version(v)
-    except InvalidVersion:
-        raise UserError(where, f"cannot parse version {v!r}", "expected something like 1.2.1 or 1.3.0rc5") from None
-
-
-def speculative_model_key(version: str | None, spec_fields: frozenset[str] | None = None) -> str:
-    """``speculative_model`` or ``speculative_model_dir`` for a release.
-
-    An installed field list decides; else the version number; with neither, the old name,
-    which every release accepts.
-    """
-    if spec_fields is not None:
-        return "speculative_model" if "speculative_model" in spec_fields else "speculative_model_dir"
-    if version is None:
-        return "speculative_model_dir"
-    return "speculative_model" if parse_version(version) >= parse_version(SPECULATIVE_MODEL_SINCE) else "speculative_model_dir"
-
-
-def check_supported(version: str) -> None:
-    if parse_version(version) < parse_version(MIN_SUPPORTED):
-        raise UserError(
-            f"tensorrt_llm {version}",
-            f"TensorRT-LLM {version} is older than {MIN_SUPPORTED}, the first release that loads unified ModelOpt checkpoints",
-            "use a TensorRT-LLM 1.2.x or newer container (nvcr.io/nvidia/tensorrt-llm/release)",
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# Name tables
-
-
-@dataclass(frozen=True)
-class NameTable:
-    top: frozenset[str]
-    nested: dict[str, frozenset[str]]
-    source: str  # "installed TensorRT-LLM X" or "documented table"
-
-
-def documented_names() -> NameTable:
-    return NameTable(DOCUMENTED_TOP_LEVEL, dict(DOCUMENTED_NESTED), "documented table (TensorRT-LLM 1.2.x to 1.4)")
-
-
-def _field_names(model_cls: Any) -> frozenset[str]:
-    """Field names plus every accepted alias of a pydantic model class."""
-    names: set[str] = set()
-    for name, info in model_cls.model_fields.items():
-        names.add(name)
-        for alias in (getattr(info, "alias", None), getattr(info, "validation_alias", None)):
-            if isinstance(alias, str):
-                names.add(alias)
-            elif alias is not None and hasattr(alias, "choices"):  # AliasChoices
-                names.update(c for c in alias.choices if isinstance(c, str))
-    return frozenset(names)
-
-
-@functools.lru_cache(maxsize=1)
-def installed_names() -> NameTable | None:
-    """Names from the importable TensorRT-LLM, or None when it is absent or cannot import.
-
-    Importing tensorrt_llm needs a GPU driver (libcuda) and takes seconds, so this runs only
-    when its package is installed; an import failure falls back to the documented table.
-    """
-    if importlib.util.find_spec("tensorrt_llm") is None:
-        return None
-    try:
-        import tensorrt_llm.llmapi as llmapi  # local: optional and heavy (GPU machines only)
-    except Exception:
-        return None
-    try:
-        from tensorrt_llm.llmapi.llm_args import TorchLlmArgs  # local: where the field list lives in newer releases
-    except ImportError:
-        TorchLlmArgs = getattr(llmapi, "TorchLlmArgs", None)
-    if TorchLlmArgs is None:
-        return None
-    nested = {}
-    for key, cls_name in _INSTALLED_CLASSES.items():
-        if key is None:
-            continue
-        cls = getattr(llmapi, cls_name, None)
-        if cls is not None and hasattr(cls, "model_fields"):
-            nested[key] = _field_names(cls)
-    return NameTable(_field_names(TorchLlmArgs), nested, f"installed TensorRT-LLM {installed_version() or '?'}")
-
-
-def check_names(kwargs: dict[str, Any], table: NameTable, where: str = OPTIONS_FILE) -> None:
-    """Refuse option names the table does not know, naming each with its closest known name."""
-    unknown: list[str] = []
-    for key, value in kwargs.items():
-        if key not in table.top:
-            unknown.append(_with_suggestion(key, table.top))
-            continue
-        sub = table.nested.get(key)
-        if sub is not None and isinstance(value, dict):
-            unknown.extend(_with_suggestion(f"{key}.{k}", sub, prefix=f"{key}.") for k in value if k not in sub)
-    if unknown:
-        raise UserError(
-            where,
-            f"unknown TensorRT-LLM option(s): {', '.join(unknown)} (checked against the {table.source})",
-            "fix the name, or remove it; options differ between TensorRT-LLM releases (tensorrt_llm/llmapi/llm_args.py)",
-        )
-
-
-def _with_suggestion(name: str, known: frozenset[str], prefix: str = "") -> str:
-    leaf = name[len(prefix) :] if prefix else name
-    close = difflib.get_close_matches(leaf, sorted(known), n=1, cutoff=0.75)
-    return f"{name} (did you mean {prefix}{close[0]}?)" if close else name
-
+from eagle3_trt.pipeline.trtllm_names import OPTIONS_FILE, check_names, documented_names, installed_names
+from eagle3_trt.pipeline.trtllm_versions import SPECULATIVE_MODEL_SINCE, check_supported, installed_version, speculative_model_key
 
 # ---------------------------------------------------------------------------------------------
 # Bundle options -> kwargs
@@ -376,13 +93,8 @@ def to_llm_kwargs(
     bundles, which carry configs only where the sources had them).
     """
     bundle = Path(bundle_dir)
-    kwargs = opts.to_yaml_dict()
     where = str(bundle / OPTIONS_FILE) + (" + overrides" if overrides else "")
-    if overrides:
-        kwargs = _normalize_spec_key(_deep_merge(kwargs, overrides))
-        if _schema_only(kwargs):
-            # Overrides bypass the file's validation; the schema's cross-field rules still apply.
-            validate_options(kwargs, where)
+    kwargs = _with_overrides(opts.to_yaml_dict(), overrides, where)
     notes: list[str] = []
     if version is None:
         version = installed_version()
@@ -395,22 +107,7 @@ def to_llm_kwargs(
     spec = kwargs.get("speculative_config")
     if isinstance(spec, dict):
         spec_fields = table.nested.get("speculative_config") if table.source.startswith("installed") else None
-        key = speculative_model_key(version, spec_fields)
-        for old in ("speculative_model", "speculative_model_dir"):
-            if old in spec and old != key:
-                spec[key] = spec.pop(old)
-        if key == "speculative_model_dir":
-            notes.append(
-                f"speculative_config.speculative_model_dir (TensorRT-LLM {version or 'version unknown'}: "
-                f"speculative_model assumed from {SPECULATIVE_MODEL_SINCE}; every release accepts the old name)"
-            )
-        spec, release_notes = versions.spec_for_release(spec, version, spec_fields, f"{where}:speculative_config")
-        kwargs["speculative_config"] = spec
-        notes += release_notes
-        if spec.get("eagle3_one_model", True) is True:
-            spec.pop("eagle3_one_model", None)  # the default, and no longer a field in newer releases
-        if resolve_paths and key in spec:
-            spec[key] = _resolve_dir(bundle, str(spec[key]), f"speculative_config.{key}", ("config.json",) if check_files else ())
+        kwargs["speculative_config"] = _spec_for_release(bundle, spec, version, spec_fields, where, notes, resolve_paths, check_files)
     if resolve_paths:
         kwargs["model"] = _resolve_dir(bundle, str(kwargs["model"]), "model", ("config.json",) if check_files else ())
         if kwargs.get("tokenizer"):
@@ -418,6 +115,46 @@ def to_llm_kwargs(
             kwargs["tokenizer"] = _resolve_dir(bundle, str(kwargs["tokenizer"]), "tokenizer", tok_files)
     check_names(kwargs, table, where)
     return LlmKwargs(kwargs, version, table.source, tuple(notes))
+
+
+def _with_overrides(kwargs: dict[str, Any], overrides: dict[str, Any] | None, where: str) -> dict[str, Any]:
+    if overrides:
+        kwargs = _normalize_spec_key(_deep_merge(kwargs, overrides))
+        if _schema_only(kwargs):
+            # Overrides bypass the file's validation; the schema's cross-field rules still apply.
+            validate_options(kwargs, where)
+    return kwargs
+
+
+def _spec_for_release(
+    bundle: Path,
+    spec: dict[str, Any],
+    version: str | None,
+    spec_fields: frozenset[str] | None,
+    where: str,
+    notes: list[str],
+    resolve_paths: bool,
+    check_files: bool,
+) -> dict[str, Any]:
+    """speculative_config for ``version``: the draft path under the release's name (absolute when
+    ``resolve_paths``), the release's option forms (trtllm_versions), eagle3_one_model left out when
+    True. Notes for the user are appended to ``notes``."""
+    key = speculative_model_key(version, spec_fields)
+    for old in ("speculative_model", "speculative_model_dir"):
+        if old in spec and old != key:
+            spec[key] = spec.pop(old)
+    if key == "speculative_model_dir":
+        notes.append(
+            f"speculative_config.speculative_model_dir (TensorRT-LLM {version or 'version unknown'}: "
+            f"speculative_model assumed from {SPECULATIVE_MODEL_SINCE}; every release accepts the old name)"
+        )
+    spec, release_notes = versions.spec_for_release(spec, version, spec_fields, f"{where}:speculative_config")
+    notes += release_notes
+    if spec.get("eagle3_one_model", True) is True:
+        spec.pop("eagle3_one_model", None)  # the default, and no longer a field in newer releases
+    if resolve_paths and key in spec:
+        spec[key] = _resolve_dir(bundle, str(spec[key]), f"speculative_config.{key}", ("config.json",) if check_files else ())
+    return spec
 
 
 def serving_llm_kwargs(

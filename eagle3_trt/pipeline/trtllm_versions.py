@@ -7,13 +7,14 @@ release) and by ``build/other_engines`` (the trtllm-serve launcher writes one op
 release band and picks it at launch).
 
 Release bands. TensorRT-LLM 1.2's release branch predates every change below (its cut also
-predates PR #10099 of 2025-12-18, see ``SPECULATIVE_MODEL_SINCE`` in trtllm_adapter), so the
+predates PR #10099 of 2025-12-18, see ``SPECULATIVE_MODEL_SINCE`` below), so the
 "before" side is certain for 1.2.x. Which 1.3.0rc first carries each change is not pinned
 down; 1.3.0rc0 and later are given the new form, which the 1.3.0rc27 and 1.4.0rc1 API
 reference pages document. The failure mode is chosen on purpose: an early 1.3.0rc with the old
 validators refuses the new form loudly at load, while the old form on a new release would load
 and silently mean something else (the draft_len_schedule keys changed meaning). When
-TensorRT-LLM is importable its field list decides instead (``installed_fields``).
+TensorRT-LLM is importable its field list decides instead (``installed_fields``). Also here: which
+release is installed (package metadata, no import) and the oldest one supported.
 
 Sources (NVIDIA/TensorRT-LLM):
 - PR #10860 "Dynamic draft length on spec decode one-model path", merged 2026-03-13. Before it,
@@ -39,6 +40,7 @@ Sources (NVIDIA/TensorRT-LLM):
 
 from __future__ import annotations
 
+import importlib.metadata
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +60,11 @@ class OptionChange:
 NEW_SCHEDULE_SINCE = "1.3.0rc0"
 ACCEPTANCE_RATE_SINCE = "1.3.0rc0"
 ONE_MODEL_ONLY_SINCE = "1.4.0rc1"
+# First release assumed to know `speculative_model` (see pipeline/trtllm_adapter.py's docstring).
+SPECULATIVE_MODEL_SINCE = "1.3.0rc0"
+# Oldest release the toolkit targets: unified ModelOpt checkpoints need >= 1.2.0
+# (NVIDIA/Model-Optimizer docs/source/deployment/3_unified_hf.rst).
+MIN_SUPPORTED = "1.2.0"
 
 CHANGES: tuple[OptionChange, ...] = (
     OptionChange(
@@ -82,7 +89,7 @@ LAUNCH_BANDS: tuple[tuple[str, str, str], ...] = (
     ("1.2", "1.2", "1.2.*"),
     ("current", "", "*"),
 )
-UNSUPPORTED_PATTERN = "0.*|1.0|1.0.*|1.1|1.1.*"  # older than MIN_SUPPORTED (1.2.0) in trtllm_adapter
+UNSUPPORTED_PATTERN = "0.*|1.0|1.0.*|1.1|1.1.*"  # older than MIN_SUPPORTED (1.2.0)
 
 
 def _v(version: str) -> Version:
@@ -149,4 +156,55 @@ def spec_for_release(
     return spec, notes
 
 
-__all__ = ["CHANGES", "LAUNCH_BANDS", "OptionChange", "old_schedule", "spec_for_release"]
+def installed_version() -> str | None:
+    """TensorRT-LLM's version from package metadata, without importing it (None if absent)."""
+    for dist in ("tensorrt_llm", "tensorrt-llm"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def parse_version(v: str, where: str = "TensorRT-LLM version"):
+    try:
+        return Version(v)
+    except InvalidVersion:
+        raise UserError(where, f"cannot parse version {v!r}", "expected something like 1.2.1 or 1.3.0rc5") from None
+
+
+def speculative_model_key(version: str | None, spec_fields: frozenset[str] | None = None) -> str:
+    """``speculative_model`` or ``speculative_model_dir`` for a release.
+
+    An installed field list decides; else the version number; with neither, the old name,
+    which every release accepts.
+    """
+    if spec_fields is not None:
+        return "speculative_model" if "speculative_model" in spec_fields else "speculative_model_dir"
+    if version is None:
+        return "speculative_model_dir"
+    return "speculative_model" if parse_version(version) >= parse_version(SPECULATIVE_MODEL_SINCE) else "speculative_model_dir"
+
+
+def check_supported(version: str) -> None:
+    if parse_version(version) < parse_version(MIN_SUPPORTED):
+        raise UserError(
+            f"tensorrt_llm {version}",
+            f"TensorRT-LLM {version} is older than {MIN_SUPPORTED}, the first release that loads unified ModelOpt checkpoints",
+            "use a TensorRT-LLM 1.2.x or newer container (nvcr.io/nvidia/tensorrt-llm/release)",
+        )
+
+
+__all__ = [
+    "CHANGES",
+    "LAUNCH_BANDS",
+    "MIN_SUPPORTED",
+    "SPECULATIVE_MODEL_SINCE",
+    "OptionChange",
+    "check_supported",
+    "installed_version",
+    "old_schedule",
+    "parse_version",
+    "spec_for_release",
+    "speculative_model_key",
+]

@@ -39,6 +39,23 @@ def render_summary(report: dict, con: Console) -> None:
     pairs = report["pairs"]
     prim = pairs["bundle"]
     ref = pairs.get("reference")
+    con.print(_category_table(report, prim, ref))
+    con.print(_position_table(prim, ref))
+    if prim.get("sweep"):
+        con.print(_sweep_table(prim["sweep"]))
+    for p in [prim] + ([ref] if ref else []):
+        _print_pair_notes(p, con)
+    if report.get("numerics_note"):
+        con.print(f"note: {report['numerics_note']}", highlight=False)
+    for c in report.get("diagnostics", []):
+        mark = "[red]PROBLEM[/]" if not c["ok"] else "[cyan]info[/]" if c.get("info") else "[green]ok[/]"
+        con.print(f"{mark} {c['check']}: {c['detail']}", highlight=False)
+    rec = report.get("recommendation")
+    if rec:
+        _print_recommendation(rec, con)
+
+
+def _category_table(report: dict, prim: dict, ref: dict | None) -> Table:
     tab = Table(title=f"acceptance on {report['settings']['prompts']} (greedy, K={report['settings']['max_draft_len']})")
     tab.add_column("category")
     tab.add_column("turns", justify="right")
@@ -60,7 +77,10 @@ def render_summary(report: dict, con: Console) -> None:
         if ref:
             row.append(f"{b['acceptance_length']:.2f}" if b else "-")
         tab.add_row(*row, style="bold" if c == "overall" else None)
-    con.print(tab)
+    return tab
+
+
+def _position_table(prim: dict, ref: dict | None) -> Table:
     pos = Table(title="per-position acceptance (overall): cumulative P(first k accepted) / conditional P(k | 1..k-1)")
     pos.add_column("pair")
     K = len(prim["overall"]["cumulative_acceptance"])
@@ -69,38 +89,39 @@ def render_summary(report: dict, con: Console) -> None:
     for p in [prim] + ([ref] if ref else []):
         o = p["overall"]
         pos.add_row(p["label"], *[f"{c:.2f} / {q:.2f}" for c, q in zip(o["cumulative_acceptance"], o["conditional_acceptance"])])
-    con.print(pos)
-    if prim.get("sweep"):
-        sw = Table(title="draft length sweep (one continuation, replayed per K): measured vs the cost model's E_K")
-        sw.add_column("K", justify="right")
-        for col in ("alpha", "AL measured", "AL predicted"):
-            sw.add_column(col, justify="right")
-        for k, v in prim["sweep"].items():
-            sw.add_row(k, f"{v['alpha']:.3f}", f"{v['acceptance_length']:.2f}", f"{v['predicted_acceptance_length']:.2f}")
-        con.print(sw)
-    for p in [prim] + ([ref] if ref else []):
-        raw = p.get("raw_prompts", 0)
-        if raw:
-            con.print(
-                f"note: {p['label']}: {raw} of {len(p['requests'])} prompts measured as raw completion text (no chat template, BOS as the tokenizer adds it)",
-                highlight=False,
-            )
-        if not p.get("chat_template", True) and raw < len(p["requests"]):
-            con.print(f"[yellow]warning:[/] {p['label']}: the tokenizer has no chat template; chat prompts were sent as plain text")
-        for sk in p.get("skipped", []):
-            con.print(f"[yellow]skipped[/] ({p['label']}): {sk}")
-    if report.get("numerics_note"):
-        con.print(f"note: {report['numerics_note']}", highlight=False)
-    for c in report.get("diagnostics", []):
-        mark = "[red]PROBLEM[/]" if not c["ok"] else "[cyan]info[/]" if c.get("info") else "[green]ok[/]"
-        con.print(f"{mark} {c['check']}: {c['detail']}", highlight=False)
-    rec = report.get("recommendation")
-    if rec:
-        ev = rec["evidence"]
-        mc = rec["max_concurrency"]
+    return pos
+
+
+def _sweep_table(sweep: dict) -> Table:
+    sw = Table(title="draft length sweep (one continuation, replayed per K): measured vs the cost model's E_K")
+    sw.add_column("K", justify="right")
+    for col in ("alpha", "AL measured", "AL predicted"):
+        sw.add_column(col, justify="right")
+    for k, v in sweep.items():
+        sw.add_row(k, f"{v['alpha']:.3f}", f"{v['acceptance_length']:.2f}", f"{v['predicted_acceptance_length']:.2f}")
+    return sw
+
+
+def _print_pair_notes(p: dict, con: Console) -> None:
+    """How one pair's prompts were encoded, and what it skipped."""
+    raw = p.get("raw_prompts", 0)
+    if raw:
         con.print(
-            f"recommendation for {ev['gpu']['name']} (TP{ev['tp']}): max_draft_len={rec['max_draft_len']}, "
-            + (f"speculation off above concurrency {mc}" if mc else "speculation does not pay at any batch size")
-            + f" (predicted speedup at batch {ev['chosen_at_concurrency']}: {ev['speedup_at_concurrency']:.2f}x)",
+            f"note: {p['label']}: {raw} of {len(p['requests'])} prompts measured as raw completion text (no chat template, BOS as the tokenizer adds it)",
             highlight=False,
         )
+    if not p.get("chat_template", True) and raw < len(p["requests"]):
+        con.print(f"[yellow]warning:[/] {p['label']}: the tokenizer has no chat template; chat prompts were sent as plain text")
+    for sk in p.get("skipped", []):
+        con.print(f"[yellow]skipped[/] ({p['label']}): {sk}")
+
+
+def _print_recommendation(rec: dict, con: Console) -> None:
+    ev = rec["evidence"]
+    mc = rec["max_concurrency"]
+    con.print(
+        f"recommendation for {ev['gpu']['name']} (TP{ev['tp']}): max_draft_len={rec['max_draft_len']}, "
+        + (f"speculation off above concurrency {mc}" if mc else "speculation does not pay at any batch size")
+        + f" (predicted speedup at batch {ev['chosen_at_concurrency']}: {ev['speedup_at_concurrency']:.2f}x)",
+        highlight=False,
+    )

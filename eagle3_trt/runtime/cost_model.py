@@ -280,7 +280,6 @@ def recommend(
     if isinstance(gpu, str):
         gpu = get_gpu(gpu)
     curves = curves_by_k(per_position_acceptance, measured_by_k, max_k)
-    c = curves[max(curves)]
     if tp < 1:
         raise UserError("cost model", f"tp={tp}", "tensor parallelism is at least 1")
     tcost = model_cost(
@@ -296,32 +295,78 @@ def recommend(
     )
     dcost = model_cost(draft_bytes, draft_format, gpu, tp, kv_bytes_per_token=draft_kv_bytes_per_token)
     batches = sorted(set(int(b) for b in batches) | {int(concurrency)})
-    ks = range(1, max(curves) + 1)
-    grid = {(b, k): predict(curves[k], gpu, tcost, dcost, tp, b, k, params) for b in batches for k in ks}
-    best_k = max(ks, key=lambda k: (grid[(concurrency, k)].speedup, -k))
-    mc, first_bad = 0, None
-    for b in batches:
-        if grid[(b, best_k)].speedup >= min_speedup:
-            mc = b
-        else:
-            first_bad = b
-            break
-    if mc and first_bad is not None:  # refine the crossover between two grid points (S falls with b)
-        lo, hi = mc, first_bad
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if predict(curves[best_k], gpu, tcost, dcost, tp, mid, best_k, params).speedup >= min_speedup:
-                lo = mid
+    ch = _Choice.make(curves, batches, concurrency, min_speedup, lambda b, k: predict(curves[k], gpu, tcost, dcost, tp, b, k, params))
+    target = {
+        "bytes": target_bytes,
+        "format": target_format,
+        "kv_bytes_per_token": target_kv_bytes_per_token,
+        **({"moe": dict(target_moe)} if target_moe else {}),
+    }
+    draft = {"bytes": draft_bytes, "format": draft_format, "kv_bytes_per_token": draft_kv_bytes_per_token}
+    evidence = _cost_evidence(gpu, tcost, dcost, tp, target, draft, params) | ch.evidence(curves, concurrency, min_speedup)
+    return Recommendation(ch.best_k, ch.max_concurrency, [p.to_dict() for p in ch.grid.values()], evidence, curves[ch.best_k])
+
+
+@dataclass
+class _Choice:
+    """The prediction grid over (batch, K) and what ``recommend`` chooses from it."""
+
+    batches: list[int]
+    grid: dict[tuple[int, int], Prediction]
+    best_k: int
+    max_concurrency: int
+    first_bad: int | None  # the first grid batch size at which best_k stops paying
+    schedule: dict[int, int]  # batch size -> its best K, where speculation pays
+
+    @classmethod
+    def make(cls, curves: dict[int, list[float]], batches: list[int], concurrency: int, min_speedup: float, at) -> _Choice:
+        """``at(batch, k)``: the Prediction for one grid point."""
+        ks = range(1, max(curves) + 1)
+        grid = {(b, k): at(b, k) for b in batches for k in ks}
+        best_k = max(ks, key=lambda k: (grid[(concurrency, k)].speedup, -k))
+        mc, first_bad = 0, None
+        for b in batches:
+            if grid[(b, best_k)].speedup >= min_speedup:
+                mc = b
             else:
-                hi = mid
-        mc = lo
-    schedule = {}
-    for b in batches:
-        kb = max(ks, key=lambda k: (grid[(b, k)].speedup, -k))
-        if grid[(b, kb)].speedup >= min_speedup:
-            schedule[b] = kb
-    one = grid[(batches[0], best_k)]
-    evidence = {
+                first_bad = b
+                break
+        if mc and first_bad is not None:  # refine the crossover between two grid points (S falls with b)
+            lo, hi = mc, first_bad
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if at(mid, best_k).speedup >= min_speedup:
+                    lo = mid
+                else:
+                    hi = mid
+            mc = lo
+        schedule = {}
+        for b in batches:
+            kb = max(ks, key=lambda k: (grid[(b, k)].speedup, -k))
+            if grid[(b, kb)].speedup >= min_speedup:
+                schedule[b] = kb
+        return cls(batches, grid, best_k, mc, first_bad, schedule)
+
+    def evidence(self, curves: dict[int, list[float]], concurrency: int, min_speedup: float) -> dict:
+        grid, b1, ks = self.grid, self.batches[0], range(1, max(curves) + 1)
+        return {
+            "cumulative_acceptance": curves[max(curves)],
+            "measured_k": sorted({len(v) for v in curves.values()}),
+            "alpha_by_k": {k: alpha_at(curves[k], k) for k in ks},
+            "expected_tokens_by_k": {k: expected_tokens(curves[k], k) for k in ks},
+            "break_even_alpha_by_k_at_batch_1": {k: break_even_alpha(k, grid[(b1, k)].overhead) for k in ks},
+            "chosen_at_concurrency": concurrency,
+            "speedup_at_concurrency": grid[(concurrency, self.best_k)].speedup,
+            "speedup_at_batch_1": grid[(b1, self.best_k)].speedup,
+            "min_speedup": min_speedup,
+            "draft_len_schedule": self.schedule,
+            "max_concurrency_is_lower_bound": self.first_bad is None and self.max_concurrency > 0,
+        }
+
+
+def _cost_evidence(gpu, tcost: ModelCost, dcost: ModelCost, tp: int, target: dict, draft: dict, params: CostParams) -> dict:
+    """What the prediction assumed: the cost model, the GPU, the parallelism, the two models."""
+    return {
         "model": "roofline per forward (see eagle3_trt.runtime.cost_model)",
         "gpu": {
             "name": gpu.name,
@@ -331,24 +376,7 @@ def recommend(
             "nvlink_gbs": gpu.nvlink_gbs,
         },
         "tp": tp,
-        "target": {
-            "bytes": target_bytes,
-            "format": target_format,
-            "kv_bytes_per_token": target_kv_bytes_per_token,
-            **({"moe": dict(target_moe)} if target_moe else {}),
-        },
-        "draft": {"bytes": draft_bytes, "format": draft_format, "kv_bytes_per_token": draft_kv_bytes_per_token},
+        "target": target,
+        "draft": draft,
         "params": asdict(params),
-        "cumulative_acceptance": c,
-        "measured_k": sorted({len(v) for v in curves.values()}),
-        "alpha_by_k": {k: alpha_at(curves[k], k) for k in ks},
-        "expected_tokens_by_k": {k: expected_tokens(curves[k], k) for k in ks},
-        "break_even_alpha_by_k_at_batch_1": {k: break_even_alpha(k, grid[(batches[0], k)].overhead) for k in ks},
-        "chosen_at_concurrency": concurrency,
-        "speedup_at_concurrency": grid[(concurrency, best_k)].speedup,
-        "speedup_at_batch_1": one.speedup,
-        "min_speedup": min_speedup,
-        "draft_len_schedule": schedule,
-        "max_concurrency_is_lower_bound": first_bad is None and mc > 0,
     }
-    return Recommendation(best_k, mc, [p.to_dict() for p in grid.values()], evidence, curves[best_k])

@@ -147,25 +147,39 @@ def _pct(xs: list[float]) -> str:
 
 
 def diagnose_sequences(engine, seqs: list[list[int]], prompt_lens: list[int]) -> list[dict]:
-    out: list[dict] = []
     d2t_ids = engine._d2t_ids.cpu()
     run = draft_run(engine, seqs, prompt_lens, k=max(int(engine.max_draft_len), 1))
-    pred, y = run.pred, run.truth
-    if y.numel() < 8:
+    if run.truth.numel() < 8:
         return [{"check": "diagnostics", "ok": True, "detail": "too few generated tokens to diagnose"}]
+    agree = run.step_agree[0]
+    oracle, distinct, null, bad_map = _relabel_verdict(engine, run, d2t_ids)
+    out = [
+        _vocab_coverage_check(run.truth, d2t_ids),
+        _agreement_check(run, bad_map),
+        _confidence_check(run),
+        _d2t_check(agree, oracle, null, distinct, bad_map),
+    ]
+    aux = _aux_layers_check(engine, seqs, prompt_lens, agree, run.cross_entropy)
+    if aux is not None:
+        out.append(aux)
+    return out
+
+
+def _vocab_coverage_check(y: torch.Tensor, d2t_ids: torch.Tensor) -> dict:
     in_vocab = torch.isin(y, d2t_ids)
     cov = float(in_vocab.float().mean())
-    out.append(
-        {
-            "check": "draft_vocab_coverage",
-            "ok": cov >= 0.7,
-            "value": cov,
-            "detail": f"{cov:.0%} of the target's generated tokens are in the draft vocabulary"
-            + ("" if cov >= 0.7 else " (acceptance is capped by this; the draft vocabulary does not fit this traffic)"),
-        }
-    )
+    return {
+        "check": "draft_vocab_coverage",
+        "ok": cov >= 0.7,
+        "value": cov,
+        "detail": f"{cov:.0%} of the target's generated tokens are in the draft vocabulary"
+        + ("" if cov >= 0.7 else " (acceptance is capped by this; the draft vocabulary does not fit this traffic)"),
+    }
 
-    agree = run.step_agree[0]
+
+def _relabel_verdict(engine, run: DraftRun, d2t_ids: torch.Tensor) -> tuple[float, int, float, bool]:
+    """(oracle score, distinct draft ids, null oracle score, whether d2t mislabels a trained head)."""
+    pred, y = run.pred, run.truth
     # Would another draft->target map explain the draft's top-1 much better than d2t does, and
     # much better than a random read-out of the same states? Then the head is trained and its
     # labels are wrong. Independent of every other verdict.
@@ -173,62 +187,69 @@ def diagnose_sequences(engine, seqs: list[list[int]], prompt_lens: list[int]) ->
     null = null_relabel_score(run, int(engine.draft.config.draft_vocab_size))
     agree_ev = float((d2t_ids[pred[1::2]] == y[1::2]).float().mean())
     bad_map = oracle >= 0.3 and oracle >= 2 * agree_ev + 0.1 and oracle >= null + NULL_MARGIN and distinct >= 4
+    return oracle, distinct, null, bad_map
 
+
+def _agreement_check(run: DraftRun, bad_map: bool) -> dict:
+    agree = run.step_agree[0]
     good = agree >= AGREEMENT_FLOOR
-    out.append(
-        {
-            "check": "draft_agreement",
-            "ok": good,
-            "value": agree,
-            "per_position": run.step_agree,
-            "detail": (
-                f"draft top-1 equals the target's token {_pct(run.step_agree)} of the time at draft "
-                f"positions 1..{len(run.step_agree)}"
-                + (
-                    ""
-                    if good
-                    else (
-                        " (explained by d2t below)"
-                        if bad_map
-                        else f" (below {AGREEMENT_FLOOR:.0%} at position 1: the draft is untrained, random, trained on "
-                        "another target or other traffic, or fed hidden states it was not trained on)"
-                    )
-                )
-            ),
-        }
-    )
-    flat = run.confidence < FLAT_CONFIDENCE
-    out.append(
-        {
-            "check": "draft_confidence",
-            "ok": True,
-            "info": True,
-            "value": run.confidence,
-            "detail": f"draft step-1 mean top-1 probability {run.confidence:.2f}"
-            + (" (flat; alpha depends on agreement, not confidence: greedy chain drafting uses the top-1 only)" if flat else ""),
-        }
-    )
-    out.append(
-        {
-            "check": "d2t",
-            "ok": not bad_map,
-            "value": agree,
-            "oracle": oracle,
-            "null_oracle": null,
-            "detail": (
-                f"draft step-1 top-1 matches the target {agree:.0%} of the time through d2t"
-                + (
-                    f", but {oracle:.0%} under a one-to-one relabeling of {distinct} draft ids (random read-outs "
-                    f"of the same states: {null:.0%}): d2t does not match the draft's lm_head (shuffled, or from "
-                    "another draft vocabulary)"
+    return {
+        "check": "draft_agreement",
+        "ok": good,
+        "value": agree,
+        "per_position": run.step_agree,
+        "detail": (
+            f"draft top-1 equals the target's token {_pct(run.step_agree)} of the time at draft "
+            f"positions 1..{len(run.step_agree)}"
+            + (
+                ""
+                if good
+                else (
+                    " (explained by d2t below)"
                     if bad_map
-                    else ""
+                    else f" (below {AGREEMENT_FLOOR:.0%} at position 1: the draft is untrained, random, trained on "
+                    "another target or other traffic, or fed hidden states it was not trained on)"
                 )
-            ),
-        }
-    )
+            )
+        ),
+    }
 
-    # Would other aux layers explain the draft better? (off-by-one conventions, order, non-default layers)
+
+def _confidence_check(run: DraftRun) -> dict:
+    flat = run.confidence < FLAT_CONFIDENCE
+    return {
+        "check": "draft_confidence",
+        "ok": True,
+        "info": True,
+        "value": run.confidence,
+        "detail": f"draft step-1 mean top-1 probability {run.confidence:.2f}"
+        + (" (flat; alpha depends on agreement, not confidence: greedy chain drafting uses the top-1 only)" if flat else ""),
+    }
+
+
+def _d2t_check(agree: float, oracle: float, null: float, distinct: int, bad_map: bool) -> dict:
+    return {
+        "check": "d2t",
+        "ok": not bad_map,
+        "value": agree,
+        "oracle": oracle,
+        "null_oracle": null,
+        "detail": (
+            f"draft step-1 top-1 matches the target {agree:.0%} of the time through d2t"
+            + (
+                f", but {oracle:.0%} under a one-to-one relabeling of {distinct} draft ids (random read-outs "
+                f"of the same states: {null:.0%}): d2t does not match the draft's lm_head (shuffled, or from "
+                "another draft vocabulary)"
+                if bad_map
+                else ""
+            )
+        ),
+    }
+
+
+def _aux_layer_scores(engine, seqs: list[list[int]], prompt_lens: list[int]) -> dict[str, tuple[tuple[int, ...], float, float]]:
+    """{alternative name: (layer ids, step-1 agreement, cross entropy)} for each plausible other aux-layer choice."""
+    # off-by-one conventions, order, non-default layers
     cur = tuple(engine.target.aux_layer_ids)
     L = engine.target.num_layers
     alts = {
@@ -238,7 +259,6 @@ def diagnose_sequences(engine, seqs: list[list[int]], prompt_lens: list[int]) ->
         "ascending order": tuple(sorted(cur)),
     }
     scores: dict[str, tuple[tuple[int, ...], float, float]] = {}
-    ce = run.cross_entropy
     for name, ids in alts.items():
         if ids == cur or ids in [v[0] for v in scores.values()] or len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= L or len(ids) != len(cur):
             continue
@@ -248,26 +268,31 @@ def diagnose_sequences(engine, seqs: list[list[int]], prompt_lens: list[int]) ->
         finally:
             engine.target.aux_layer_ids = cur
         scores[name] = (ids, alt.step_agree[0], alt.cross_entropy)
-    if scores:
-        name, (ids, sc, ce2) = max(scores.items(), key=lambda kv: (kv[1][1], -kv[1][2]))
-        # flag a clearly better explanation: +10 points of top-1 agreement, or much lower loss and better agreement
-        bad_aux = sc >= agree + 0.10 or (sc > agree and ce - ce2 >= 0.5)
-        out.append(
-            {
-                "check": "aux_layers",
-                "ok": not bad_aux,
-                "value": agree,
-                "cross_entropy": ce,
-                "alternatives": {n: {"ids": list(i), "agreement": s, "cross_entropy": c} for n, (i, s, c) in scores.items()},
-                "detail": (
-                    f"captured layers {list(cur)}: step-1 agreement {agree:.0%}"
-                    + (
-                        f"; with layers {list(ids)} ({name}) it is {sc:.0%}: the draft was probably trained on "
-                        f"those (set eagle3_layers_to_capture / eagle_aux_hidden_state_layer_ids)"
-                        if bad_aux
-                        else f"; best alternative {list(ids)} ({name}) gives {sc:.0%}"
-                    )
-                ),
-            }
-        )
-    return out
+    return scores
+
+
+def _aux_layers_check(engine, seqs: list[list[int]], prompt_lens: list[int], agree: float, ce: float) -> dict | None:
+    """Would other aux layers explain the draft better? None when there is no alternative to try."""
+    cur = tuple(engine.target.aux_layer_ids)
+    scores = _aux_layer_scores(engine, seqs, prompt_lens)
+    if not scores:
+        return None
+    name, (ids, sc, ce2) = max(scores.items(), key=lambda kv: (kv[1][1], -kv[1][2]))
+    # flag a clearly better explanation: +10 points of top-1 agreement, or much lower loss and better agreement
+    bad_aux = sc >= agree + 0.10 or (sc > agree and ce - ce2 >= 0.5)
+    return {
+        "check": "aux_layers",
+        "ok": not bad_aux,
+        "value": agree,
+        "cross_entropy": ce,
+        "alternatives": {n: {"ids": list(i), "agreement": s, "cross_entropy": c} for n, (i, s, c) in scores.items()},
+        "detail": (
+            f"captured layers {list(cur)}: step-1 agreement {agree:.0%}"
+            + (
+                f"; with layers {list(ids)} ({name}) it is {sc:.0%}: the draft was probably trained on "
+                f"those (set eagle3_layers_to_capture / eagle_aux_hidden_state_layer_ids)"
+                if bad_aux
+                else f"; best alternative {list(ids)} ({name}) gives {sc:.0%}"
+            )
+        ),
+    }

@@ -189,6 +189,25 @@ def _length_buckets(lens: list[int], max_ratio: float = 1.25, min_pad_tokens: in
     return out
 
 
+class _GreedyRows:
+    """Per-row state of ``greedy_continuations``: tokens so far, finish reasons, aux states."""
+
+    def __init__(self, engine, prompts: list[list[int]], max_tokens: int, stop: frozenset[int]) -> None:
+        self.lens = [len(p) for p in prompts]
+        self.tokens = [list(p) for p in prompts]
+        self.finished = [False] * len(prompts)
+        self.reasons: list[str | None] = [None] * len(prompts)
+        self.aux_rows: list[list[torch.Tensor]] = [[] for _ in prompts]
+        self.stop, self.max_tokens, self.max_seq_len = stop, max_tokens, engine.max_seq_len
+
+    def emit(self, b: int, tok: int) -> None:
+        self.tokens[b].append(tok)
+        if tok in self.stop:
+            self.finished[b], self.reasons[b] = True, "stop"
+        elif len(self.tokens[b]) - self.lens[b] >= self.max_tokens or len(self.tokens[b]) >= self.max_seq_len:
+            self.finished[b], self.reasons[b] = True, "length"
+
+
 @torch.inference_mode()
 def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
     """What ``engine.generate_with_aux(prompts, greedy max_tokens)`` returns, computed faster.
@@ -207,8 +226,6 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
     V = tgt.vocab_size
     if max_tokens == 0 or not prompts or any(not p or len(p) >= engine.max_seq_len or min(p) < 0 or max(p) >= V for p in prompts):
         return engine.generate_with_aux(prompts, params)
-    stop = frozenset(engine.eos_token_ids) | frozenset(params.stop_token_ids)
-    pad = engine.pad_token_id
     B = len(prompts)
     lens = [len(p) for p in prompts]
     if lens != sorted(lens):  # the merged cache is laid out by ascending length
@@ -217,22 +234,28 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
         back = {i: r for r, i in enumerate(order)}
         return [res[back[i]] for i in range(B)], [auxs[back[i]] for i in range(B)]
     S = lens[-1]
-    tokens = [list(p) for p in prompts]
-    finished = [False] * B
-    reasons: list[str | None] = [None] * B
-    aux_rows: list[list[torch.Tensor]] = [[] for _ in range(B)]
+    rows = _GreedyRows(engine, prompts, max_tokens, frozenset(engine.eos_token_ids) | frozenset(params.stop_token_ids))
+    kv = _prefill_groups(engine, prompts, rows)
+    if kv is None:
+        return engine.generate_with_aux(prompts, params)
+    # merge the groups' caches into one left-padded cache with room for the decode; only kv refers
+    # to the groups' K/V now, and the merge releases them layer by layer
+    steps = min(max_tokens, engine.max_seq_len - lens[0])  # decode passes at most (lens ascend)
+    cache = tgt.preallocated_cache([(ks, vs) for ks, vs, _ in kv], S + steps)
+    del kv
+    _batched_decode(tgt, rows, cache, S)
+    tokens = rows.tokens
+    # target alone: no drafts to count (callers read the tokens and finish reasons only)
+    res = [RequestResult(t[lens[b] :], rows.reasons[b], RequestStats(generated_tokens=len(t) - lens[b], speculation=False)) for b, t in enumerate(tokens)]
+    return res, [torch.cat(rows.aux_rows[b])[: len(tokens[b]) - 1] for b in range(B)]
 
-    def emit(b: int, tok: int) -> None:
-        tokens[b].append(tok)
-        if tok in stop:
-            finished[b], reasons[b] = True, "stop"
-        elif len(tokens[b]) - lens[b] >= max_tokens or len(tokens[b]) >= engine.max_seq_len:
-            finished[b], reasons[b] = True, "length"
 
-    # ---- prefill, per group of similar lengths ----
-    groups = _length_buckets(lens)
-    kv: list[tuple[list[torch.Tensor], list[torch.Tensor], int]] = []  # (keys per layer, values per layer, width)
-    for g in groups:
+def _prefill_groups(engine, prompts: list[list[int]], rows: _GreedyRows) -> list[tuple[list[torch.Tensor], list[torch.Tensor], int]] | None:
+    """Prefill per group of similar lengths and emit each row's first token; returns each group's
+    (keys per layer, values per layer, width), or None when the cache's layers cannot be read."""
+    tgt, pad, lens = engine.target, engine.pad_token_id, rows.lens
+    kv: list[tuple[list[torch.Tensor], list[torch.Tensor], int]] = []
+    for g in _length_buckets(lens):
         Sg = lens[g[-1]]
         ids = torch.full((len(g), Sg), pad, dtype=torch.long)
         valid = torch.zeros(len(g), Sg, dtype=torch.bool)
@@ -246,24 +269,22 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
         logits, aux = tgt.forward(ids, pos, allowed, cache, logits_at=torch.full((len(g), 1), Sg - 1))
         layers = hf_compat.cache_layers(cache)
         if layers is None:
-            return engine.generate_with_aux(prompts, params)
+            return None
         kv.append(([lay.keys for lay in layers], [lay.values for lay in layers], Sg))
         first = logits[:, 0].argmax(-1).tolist()
         for r, b in enumerate(g):
-            aux_rows[b].append(aux[r, Sg - lens[b] :])
-            emit(b, first[r])
+            rows.aux_rows[b].append(aux[r, Sg - lens[b] :])
+            rows.emit(b, first[r])
+    return kv
 
-    # ---- merge the groups' caches into one left-padded cache with room for the decode ----
-    del cache, layers  # only kv refers to the groups' K/V now, and the merge releases them layer by layer
-    steps = min(max_tokens, engine.max_seq_len - lens[0])  # decode passes at most (lens ascend)
-    cache = tgt.preallocated_cache([(ks, vs) for ks, vs, _ in kv], S + steps)
-    del kv
+
+def _batched_decode(tgt, rows: _GreedyRows, cache, S: int) -> None:
+    """Batched greedy decode into ``cache`` (left-padded to ``S``); rows that finished leave the batch."""
+    lens, tokens, finished = rows.lens, rows.tokens, rows.finished
     cols = torch.arange(S)
     t_valid = cols[None, :] >= (S - torch.tensor(lens))[:, None]  # [B, S]
-
-    # ---- batched greedy decode; rows that finished leave the batch ----
-    live = [b for b in range(B) if not finished[b]]
-    if len(live) < B:
+    live = [b for b in range(len(lens)) if not finished[b]]
+    if len(live) < len(lens):
         keep = torch.tensor(live, dtype=torch.long)
         cache.keep_rows(keep)
         t_valid = t_valid[keep]
@@ -279,8 +300,8 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
             logits, aux = tgt.forward(ids, pos, allowed, cache)
         nxt = logits[:, 0].argmax(-1).tolist()
         for r, b in enumerate(live):
-            aux_rows[b].append(aux[r, :1])
-            emit(b, nxt[r])
+            rows.aux_rows[b].append(aux[r, :1])
+            rows.emit(b, nxt[r])
         t_valid = torch.cat([t_valid, torch.ones(n, 1, dtype=torch.bool)], dim=1)
         still = [r for r, b in enumerate(live) if not finished[b]]
         if len(still) < n and still:
@@ -289,9 +310,6 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
             t_valid = t_valid[keep]
             windows = None
         live = [live[r] for r in still]
-    # target alone: no drafts to count (callers read the tokens and finish reasons only)
-    res = [RequestResult(t[lens[b] :], reasons[b], RequestStats(generated_tokens=len(t) - lens[b], speculation=False)) for b, t in enumerate(tokens)]
-    return res, [torch.cat(aux_rows[b])[: len(tokens[b]) - 1] for b in range(B)]
 
 
 @torch.inference_mode()

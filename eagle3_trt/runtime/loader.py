@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.engine import SpeculativeEngine
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
@@ -39,3 +41,10 @@ def engine_from_bundle(
         device=device,
         dtype=dtype,
     )
+
+
+def default_device(device: str | None) -> str:
+    """``device`` as given, else cuda when available, else cpu."""
+    if device:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"

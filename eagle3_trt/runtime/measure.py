@@ -161,32 +161,10 @@ def measure(
     n_raw = 0
     n_turns = 1 if turns == "first" else max(len(r.turns) for r in records)
     for t in range(n_turns):
-        idx, prompts = [], []
-        for i, rec in enumerate(records):
-            if t >= len(rec.turns) or history[i] is None:
-                continue
-            msgs = history[i] + [{"role": "user", "content": rec.turns[t]}]
-            ids = encode_chat(tok, msgs) if templated[i] else encode_raw(tok, rec.turns[t])
-            if len(ids) >= engine.max_seq_len - 1:
-                skipped.append(f"{rec.id} turn {t + 1}: {len(ids)} prompt tokens >= max_seq_len {engine.max_seq_len}")
-                history[i] = None  # type: ignore[assignment]
-                continue
-            history[i] = msgs
-            idx.append(i)
-            prompts.append(ids)
+        idx, prompts = _turn_prompts(engine, records, templated, history, t, skipped)
         if not prompts:
             break
-        if method == "estimator":
-            est = estimate(engine, prompts, max_tokens, k=k, batch_size=batch_size, sweep=sweep)
-            stats, conts = est.stats, est.continuations
-            by_k = [{kk: v[n] for kk, v in est.by_k.items()} if sweep else {} for n in range(len(prompts))]
-        else:
-            stats, conts = [], []
-            for s in range(0, len(prompts), batch_size):
-                for rr in engine.generate(prompts[s : s + batch_size], SamplingParams(max_tokens=max_tokens)):
-                    stats.append(rr.stats)
-                    conts.append(rr.token_ids)
-            by_k = [{} for _ in prompts]
+        stats, conts, by_k = _continue_turn(engine, prompts, method=method, max_tokens=max_tokens, k=k, batch_size=batch_size, sweep=sweep)
         stop = set(engine.eos_token_ids)
         for i, p, st, c, bk in zip(idx, prompts, stats, conts, by_k):
             results.append(TurnResult(records[i].id, records[i].category, t + 1, len(p), st, c, p, bk))
@@ -194,3 +172,40 @@ def measure(
             reply = tok.decode([x for x in c if x not in stop], skip_special_tokens=True) if tok is not None else ""
             history[i] = history[i] + [{"role": "assistant", "content": reply}]
     return Measurement(label, results, skipped, time.perf_counter() - t0, bool(getattr(tok, "chat_template", None)), n_raw)
+
+
+def _turn_prompts(
+    engine, records: Sequence[PromptRecord], templated: list[bool], history: dict[int, list[dict]], t: int, skipped: list[str]
+) -> tuple[list[int], list[list[int]]]:
+    """(record indices, prompt ids) of turn ``t``; extends ``history`` with the user turn, and drops
+    (into ``skipped``) a record whose prompt no longer fits, with its later turns."""
+    idx, prompts = [], []
+    for i, rec in enumerate(records):
+        if t >= len(rec.turns) or history[i] is None:
+            continue
+        msgs = history[i] + [{"role": "user", "content": rec.turns[t]}]
+        ids = encode_chat(engine.tokenizer, msgs) if templated[i] else encode_raw(engine.tokenizer, rec.turns[t])
+        if len(ids) >= engine.max_seq_len - 1:
+            skipped.append(f"{rec.id} turn {t + 1}: {len(ids)} prompt tokens >= max_seq_len {engine.max_seq_len}")
+            history[i] = None  # type: ignore[assignment]
+            continue
+        history[i] = msgs
+        idx.append(i)
+        prompts.append(ids)
+    return idx, prompts
+
+
+def _continue_turn(
+    engine, prompts: list[list[int]], *, method: str, max_tokens: int, k: int | None, batch_size: int, sweep: Sequence[int]
+) -> tuple[list, list[list[int]], list[dict]]:
+    """(stats, continuations, stats per swept K) of one turn's prompts, by the estimator or by generating."""
+    if method == "estimator":
+        est = estimate(engine, prompts, max_tokens, k=k, batch_size=batch_size, sweep=sweep)
+        by_k = [{kk: v[n] for kk, v in est.by_k.items()} if sweep else {} for n in range(len(prompts))]
+        return est.stats, est.continuations, by_k
+    stats, conts = [], []
+    for s in range(0, len(prompts), batch_size):
+        for rr in engine.generate(prompts[s : s + batch_size], SamplingParams(max_tokens=max_tokens)):
+            stats.append(rr.stats)
+            conts.append(rr.token_ids)
+    return stats, conts, [{} for _ in prompts]

@@ -74,30 +74,7 @@ def make(out: Path, r: Recipe | None = None, overwrite: bool = False, log=print)
         t = time.time()
         data = work / "draft_train.jsonl"
         n_pieces = draft_jsonl(train, r.draft_pieces, r.draft_piece_chars, data)
-        report = train_draft(
-            TrainDraftOptions(
-                target=pair / "target",
-                data=data,
-                out=pair / "draft",
-                steps=r.draft_steps,
-                max_draft_len=r.max_draft_len,
-                draft_vocab=r.draft_vocab,
-                device="cpu",
-                seq_len=r.draft_seq,
-                batch_size=r.draft_batch,
-                lr=r.draft_lr,
-                generate=True,
-                gen_tokens=r.draft_gen_tokens,
-                seed=r.seed,
-                eval_samples=16,
-                eval_tokens=r.eval_tokens,
-                eval_prompt_len=r.eval_prompt_len,
-                quiet=not sys.stderr.isatty(),
-                threads=r.threads,
-                save_every=0,
-                work_dir=work / "draft.work",
-            )
-        )
+        report = _train_draft(r, pair, work, data)
         timings["draft_s"] = round(time.time() - t, 1)
         log(f"draft: {timings['draft_s']} s, train-split acceptance {report['after']['acceptance_length']}")
         # the report names paths of this machine's temp dir; record what they were instead
@@ -108,41 +85,80 @@ def make(out: Path, r: Recipe | None = None, overwrite: bool = False, log=print)
         acceptance = measure_committed(pair, r, held)
         timings["measure_s"] = round(time.time() - t, 1)
         timings["total_s"] = round(time.time() - t0, 1)
-        facts = {
-            "name": out.name,
-            "recipe": asdict(r),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "corpus": {
-                "train_files": list(train),
-                "heldout_files": list(held),
-                "missing_files": missing,
-                "draft_pieces": n_pieces,
-                "train_chars": sum(map(len, train.values())),
-            },
-            "target": target_stats,
-            "draft": {
-                "train_report": "draft/train_report.json",
-                "final_loss": report["final_loss"],
-                "params": draft_params(pair / "draft"),
-                "draft_vocab_coverage": report["draft_vocab_coverage"],
-                "train_windows": report["train_windows"],
-            },
-            "acceptance_heldout": acceptance,
-            "timings": timings,
-            "sizes": {"target_bytes": dir_size(pair / "target"), "draft_bytes": dir_size(pair / "draft")},
-        }
+        facts = _facts(out.name, r, train, held, missing, n_pieces, target_stats, report, pair, acceptance, timings)
         (pair / "MODEL_CARD.md").write_text(model_card(facts))
         (pair / "tiny_pair.json").write_text(json.dumps(facts, indent=2) + "\n")
-        # what `make engine` measures a bundle of this pair on (convert/embedded.py heldout_prompts)
-        about = (
-            f"Held-out prompts for the embedded {out.name} pair: token ids of {r.eval_prompt_len}-token windows from Python "
-            f"standard-library modules neither model was trained on ({', '.join(held)}; PSF License). "
-            "`make engine` measures the built bundle's acceptance on them."
-        )
-        (pair / "heldout_prompts.json").write_text(json.dumps({"about": about, "prompts": heldout_prompt_ids(pair, r, held)}) + "\n")
+        _write_heldout_prompts(pair, out.name, r, held)
         shutil.rmtree(work)
     return facts
+
+
+def _train_draft(r: Recipe, pair: Path, work: Path, data: Path) -> dict:
+    """The draft, trained by `train-draft`'s own code path on the recipe's settings."""
+    return train_draft(
+        TrainDraftOptions(
+            target=pair / "target",
+            data=data,
+            out=pair / "draft",
+            steps=r.draft_steps,
+            max_draft_len=r.max_draft_len,
+            draft_vocab=r.draft_vocab,
+            device="cpu",
+            seq_len=r.draft_seq,
+            batch_size=r.draft_batch,
+            lr=r.draft_lr,
+            generate=True,
+            gen_tokens=r.draft_gen_tokens,
+            seed=r.seed,
+            eval_samples=16,
+            eval_tokens=r.eval_tokens,
+            eval_prompt_len=r.eval_prompt_len,
+            quiet=not sys.stderr.isatty(),
+            threads=r.threads,
+            save_every=0,
+            work_dir=work / "draft.work",
+        )
+    )
+
+
+def _facts(
+    name: str, r: Recipe, train: dict, held: dict, missing, n_pieces: int, target_stats: dict, report: dict, pair: Path, acceptance, timings: dict
+) -> dict:
+    """tiny_pair.json: how the pair was made and what it measures (MODEL_CARD.md is written from it)."""
+    return {
+        "name": name,
+        "recipe": asdict(r),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "corpus": {
+            "train_files": list(train),
+            "heldout_files": list(held),
+            "missing_files": missing,
+            "draft_pieces": n_pieces,
+            "train_chars": sum(map(len, train.values())),
+        },
+        "target": target_stats,
+        "draft": {
+            "train_report": "draft/train_report.json",
+            "final_loss": report["final_loss"],
+            "params": draft_params(pair / "draft"),
+            "draft_vocab_coverage": report["draft_vocab_coverage"],
+            "train_windows": report["train_windows"],
+        },
+        "acceptance_heldout": acceptance,
+        "timings": timings,
+        "sizes": {"target_bytes": dir_size(pair / "target"), "draft_bytes": dir_size(pair / "draft")},
+    }
+
+
+def _write_heldout_prompts(pair: Path, name: str, r: Recipe, held: dict) -> None:
+    # what `make engine` measures a bundle of this pair on (convert/embedded.py heldout_prompts)
+    about = (
+        f"Held-out prompts for the embedded {name} pair: token ids of {r.eval_prompt_len}-token windows from Python "
+        f"standard-library modules neither model was trained on ({', '.join(held)}; PSF License). "
+        "`make engine` measures the built bundle's acceptance on them."
+    )
+    (pair / "heldout_prompts.json").write_text(json.dumps({"about": about, "prompts": heldout_prompt_ids(pair, r, held)}) + "\n")
 
 
 def remeasure_pair(out: Path) -> dict:

@@ -53,6 +53,16 @@ def toy_engine(
     if layers < 5:
         raise ValueError("toy_engine needs at least 5 layers for three distinct aux layers")
     heads, kv, hd = 4, 2, hidden // 4
+    aux = (1, layers // 2, layers - 2)
+    torch.manual_seed(seed)
+    hf, target = _toy_target(vocab, hidden, layers, heads, kv, hd, aux, target_logit_scale)
+    torch.manual_seed(seed + 1)
+    draft = _toy_draft(vocab, draft_vocab, hidden, heads, kv, hd, aux, draft_logit_scale, missing)
+    eng = SpeculativeEngine(target, draft, None, max_draft_len=max_draft_len, eos_token_ids=(), max_seq_len=256)
+    return hf, eng
+
+
+def _toy_target(vocab: int, hidden: int, layers: int, heads: int, kv: int, hd: int, aux: tuple[int, ...], logit_scale: float):
     cfg = LlamaConfig(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -67,12 +77,13 @@ def toy_engine(
         bos_token_id=None,
         pad_token_id=0,
     )
-    torch.manual_seed(seed)
     hf = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
-        hf.lm_head.weight.mul_(target_logit_scale)
-    aux = (1, layers // 2, layers - 2)
-    target = TargetModel(hf, aux, cfg.to_dict())
+        hf.lm_head.weight.mul_(logit_scale)
+    return hf, TargetModel(hf, aux, cfg.to_dict())
+
+
+def _toy_draft(vocab: int, draft_vocab: int, hidden: int, heads: int, kv: int, hd: int, aux: tuple[int, ...], logit_scale: float, missing) -> Eagle3Draft:
     dc = DraftConfig(
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -91,11 +102,9 @@ def toy_engine(
         torch_dtype="float32",
         source_format="toy",
     )
-    torch.manual_seed(seed + 1)
     draft = Eagle3Draft(dc).eval()
     kept = torch.tensor([i for i in range(vocab) if i not in set(missing)][:draft_vocab])
     with torch.no_grad():
         draft.get_buffer("d2t").copy_(kept - torch.arange(draft_vocab))
-        draft.lm_head.weight.mul_(draft_logit_scale)
-    eng = SpeculativeEngine(target, draft, None, max_draft_len=max_draft_len, eos_token_ids=(), max_seq_len=256)
-    return hf, eng
+        draft.lm_head.weight.mul_(logit_scale)
+    return draft

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -67,30 +68,8 @@ def _aux(value: str | None) -> tuple[int, ...] | None:
 @click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
 @click.option("--keep-work", is_flag=True, help="Keep <output>.work/ (hidden-state cache, checkpoints) after success.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def train_draft_cmd(
-    target: Path,
-    data: Path,
-    init: Path | None,
-    out: Path,
-    steps: int,
-    max_draft_len: int,
-    draft_vocab: int,
-    device: str,
-    resume: bool,
-    generate: bool,
-    gen_tokens: int,
-    seq_len: int,
-    batch_size: int,
-    lr: float | None,
-    aux_layers: str | None,
-    eval_samples: int,
-    eval_tokens: int,
-    seed: int,
-    threads: int | None,
-    overwrite: bool,
-    keep_work: bool,
-    as_json: bool,
-) -> None:
+# Every option but --aux-layers and --json is a TrainDraftOptions field of the same name.
+def train_draft_cmd(aux_layers: str | None, as_json: bool, **options: Any) -> None:
     """Train (or fine-tune with --init) an EAGLE-3 draft head for TARGET on your prompts.
 
     The target teacher-forces the data (or answers the prompts with --generate); the outputs of
@@ -99,34 +78,11 @@ def train_draft_cmd(
     TensorRT-LLM layout head (LlamaForCausalLMEagle3: fc, midlayer.*, norm, lm_head, d2t, t2d)
     with train_report.json, whose held-out acceptance is measured by greedy speculative decoding.
     """
-    opts = TrainDraftOptions(
-        target=target,
-        data=data,
-        out=out,
-        init=init,
-        steps=steps,
-        max_draft_len=max_draft_len,
-        draft_vocab=draft_vocab,
-        device=device,
-        resume=resume,
-        generate=generate,
-        gen_tokens=gen_tokens,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        lr=lr,
-        seed=seed,
-        aux_layers=_aux(aux_layers),
-        eval_samples=eval_samples,
-        eval_tokens=eval_tokens,
-        overwrite=overwrite,
-        keep_work=keep_work,
-        quiet=as_json,
-        threads=threads,
-    )
+    opts = TrainDraftOptions(**options, aux_layers=_aux(aux_layers), quiet=as_json)
     report = train_draft(opts)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
     for line in summary_lines(report):
         click.echo(line)
-    click.echo(f"wrote {out} (report: {out / 'train_report.json'})")
+    click.echo(f"wrote {opts.out} (report: {opts.out / 'train_report.json'})")

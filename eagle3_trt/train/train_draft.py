@@ -13,11 +13,9 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any
 
 import torch
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from eagle3_trt.atomic import make_dirs
 from eagle3_trt.convert.draft_format import DraftCheckpoint, load_draft
@@ -32,6 +30,7 @@ from eagle3_trt.train.draft_vocab import DraftVocab, build_draft_vocab, count_to
 from eagle3_trt.train.evaluate import greedy_generate, measure_acceptance, torch_threads
 from eagle3_trt.train.export import draft_config_for, export_draft
 from eagle3_trt.train.hidden_states import cache_key, check_aux_layers, collect, target_tokenizer
+from eagle3_trt.train.progress_bars import Bars
 from eagle3_trt.train.trainer import TargetHead, Trainer, TrainSettings, new_draft, teacher_forced_accuracy
 
 
@@ -117,53 +116,6 @@ def _run_key(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-class Advance(Protocol):
-    """Moves one progress bar on by ``n`` and shows ``info`` beside it."""
-
-    def __call__(self, n: int = 1, info: str = "") -> None: ...
-
-
-def _no_progress(n: int = 1, info: str = "") -> None:
-    return None
-
-
-class _Bars:
-    """Rich progress bars, or nothing when quiet."""
-
-    def __init__(self, quiet: bool):
-        self.quiet = quiet
-        self.p = None
-
-    def __enter__(self):
-        if not self.quiet:
-            self.p = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                console=Console(stderr=True),
-            )
-            self.p.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.p is not None:
-            self.p.__exit__(*exc)
-
-    def task(self, desc: str, total: int) -> Advance:
-        if self.p is None:
-            return _no_progress
-        tid = self.p.add_task(desc, total=total, info="")
-        p = self.p
-
-        def advance(n: int = 1, info: str = "") -> None:
-            p.update(tid, advance=n, info=info)
-
-        return advance
-
-
 def train_draft(o: TrainDraftOptions) -> dict:
     with torch_threads(o.threads):
         return _train_draft(o)
@@ -174,6 +126,50 @@ def _train_draft(o: TrainDraftOptions) -> dict:
     device = resolve_device(o.device)
     info = read_target(Path(o.target))
     target_cfg = read_json(Path(o.target) / "config.json")
+    init, aux = _check_request(o, info)
+    records = data_mod.load_records(Path(o.data), chars_per_record=o.seq_len * 4)
+
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    timings: dict[str, float] = {}
+    with Bars(o.quiet) as bars:
+        prep = _prepare(o, info, init, aux, records, device, dtype, timings, bars)
+        head = _target_head(prep.target, device, dtype)
+        if init is not None:
+            cfg = replace(init.config, aux_layer_ids=aux)  # record the layers it was trained on
+            draft = Eagle3Draft.from_checkpoint(init, dtype=torch.float32, device="cpu")
+        else:
+            cfg = draft_config_for(info, target_cfg, prep.vocab.size, aux, o.intermediate_size)
+            draft = new_draft(cfg, prep.vocab, head, o.seed)
+        prompts = data_mod.eval_prompts(prep.held_w, o.eval_samples, o.eval_prompt_len, o.seed)
+
+        def evaluate(label: str, draft: Eagle3Draft) -> dict:
+            return _acceptance(label, draft, prep, head, prompts, o, device, dtype, bars)
+
+        before = None
+        if init is not None:
+            t = time.time()
+            before = evaluate("before", draft)
+            timings["eval_before_s"] = round(time.time() - t, 2)
+
+        settings, trainer, resumed_from = _train(o, draft, head, prep, init is not None, device, timings, bars)
+        draft = trainer.draft
+
+        t = time.time()
+        after = evaluate("after", draft)
+        timings["eval_s"] = round(time.time() - t, 2)
+
+    report = _report(
+        o, aux, prep, len(prompts), settings, device, resumed_from, trainer, before, after, {**timings, "total_s": round(time.time() - t_start, 2)}
+    )
+    files = {"train_report.json": json.dumps(report, indent=2) + "\n", **o.extra_files}
+    export_draft(draft, cfg, prep.vocab, Path(o.out), target_cfg, files, overwrite=o.overwrite)
+    if not o.keep_work:
+        shutil.rmtree(o.work, ignore_errors=True)
+    return report
+
+
+def _check_request(o: TrainDraftOptions, info: TargetInfo) -> tuple[DraftCheckpoint | None, tuple[int, ...]]:
+    """The --init head (or None) and the target layers the head reads, refused early when they cannot work."""
     init = load_draft(Path(o.init)) if o.init else None
     aux_req = o.aux_layers
     if aux_req is None and init is not None and init.config.aux_layer_ids:
@@ -187,141 +183,160 @@ def _train_draft(o: TrainDraftOptions) -> dict:
         raise UserError("--max-draft-len", f"{o.max_draft_len} must be at least 1")
     if Path(o.out).exists() and not o.overwrite:
         raise UserError(o.out, "output directory exists", "pass --overwrite or choose another -o")
-    records = data_mod.load_records(Path(o.data), chars_per_record=o.seq_len * 4)
+    return init, aux
 
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    timings: dict[str, float] = {}
-    with _Bars(o.quiet) as bars:
-        t = time.time()
-        # the target as the runtime runs it: a quantized ModelOpt export is dequantized with its
-        # activations fake-quantized, so training sees the pair that will serve
-        target = load_target(Path(o.target), device=device, dtype=dtype, aux_layer_ids=aux)
-        tokenizer = target_tokenizer(Path(o.target))
-        stop_ids = tuple(info.eos_token_ids)
-        enc = data_mod.Encoder(tokenizer, o.seq_len, o.eval_prompt_len)
-        train_recs, held_recs = data_mod.split_records(records, o.eval_fraction, o.seed)
-        gen = None
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        if o.generate:
-            adv = bars.task("target responses (chats)", sum(len(r.messages or ()) for r in train_recs if r.prompts_only))
 
-            def gen(prompt: list[int]) -> list[int]:
-                (out,) = greedy_generate(target, [prompt], o.gen_tokens, stop_ids, pad)
-                adv(1)
-                return out
+@dataclass
+class _Prepared:
+    """The target and what training reads from it: token windows, draft vocabulary, cached hidden states."""
 
-        train_w = [w for r in train_recs for w in enc.windows(r, gen)]
-        held_w = [w for r in held_recs for w in enc.windows(r, None)]
-        if not train_w and not held_w:
-            raise UserError(o.data, "no usable text: every record tokenizes to fewer than 2 tokens", data_mod.FORMAT_HINT)
-        if not held_w:  # one long document: hold out windows instead of records
-            if len(train_w) < 2:
-                raise UserError(o.data, "too little text to hold out an evaluation split (one window)", "add more text, or lower --seq-len")
-            n_eval = max(1, round(o.eval_fraction * len(train_w)))
-            held_w, train_w = train_w[-n_eval:], train_w[:-n_eval]
-        if not train_w:
-            train_w, held_w = held_w[:-1] or held_w, held_w[-1:]
-        if o.generate:
-            # Raw text: the target continues each window's opening, so the head learns the
-            # target's own greedy text, which is what it is asked to predict when serving.
-            todo = [i for i, w in enumerate(train_w) if w.from_text and len(w.ids) > o.eval_prompt_len]
-            adv = bars.task("target continuations (text)", len(todo))
-            n_new = max(1, min(o.gen_tokens, o.seq_len - o.eval_prompt_len))
-            conts = greedy_generate(target, [train_w[i].ids[: o.eval_prompt_len] for i in todo], n_new, stop_ids, pad, o.batch_size, on_batch=lambda n: adv(n))
-            for i, c in zip(todo, conts):
-                p = train_w[i].ids[: o.eval_prompt_len]
-                train_w[i] = data_mod.Window(ids=p + c, prompt=p, from_text=False)
-        timings["prepare_s"] = round(time.time() - t, 2)
+    target: Any
+    stop_ids: tuple[int, ...]
+    train_w: list[data_mod.Window]
+    held_w: list[data_mod.Window]
+    counts: Any
+    vocab: DraftVocab
+    seq_len: int
+    caches: dict[str, Any]
 
-        # -- draft vocabulary --
-        counts = count_tokens(w.ids for w in train_w)
-        if init is not None:
-            d2t = init.tensors.get("d2t")
-            vocab = DraftVocab.from_d2t(d2t, info.vocab_size) if d2t is not None else DraftVocab(torch.arange(info.vocab_size), info.vocab_size)
-        else:
-            specials = [i for i in tokenizer.all_special_ids if i is not None]
-            vocab = build_draft_vocab(counts, info.vocab_size, o.draft_vocab, specials)
 
-        # -- target hidden states, cached --
-        t = time.time()
-        seq_len = min(o.seq_len, max(len(w.ids) for w in train_w + held_w))
-        work = o.work
-        make_dirs(work)
-        caches = {}
-        for name, ws in (("train", train_w), ("heldout", held_w)):
-            ids = [w.ids for w in ws]
-            key = cache_key(Path(o.target), aux, seq_len, ids)
-            adv = bars.task(f"hidden states ({name})", len(ids))
-            caches[name] = collect(target, ids, work / f"cache_{name}", key, seq_len, pad, o.batch_size, on_batch=adv)
-        timings["hidden_states_s"] = round(time.time() - t, 2)
+def _prepare(
+    o: TrainDraftOptions, info: TargetInfo, init: DraftCheckpoint | None, aux: tuple[int, ...], records, device: str, dtype, timings: dict, bars: Bars
+) -> _Prepared:
+    t = time.time()
+    # the target as the runtime runs it: a quantized ModelOpt export is dequantized with its
+    # activations fake-quantized, so training sees the pair that will serve
+    target = load_target(Path(o.target), device=device, dtype=dtype, aux_layer_ids=aux)
+    tokenizer = target_tokenizer(Path(o.target))
+    stop_ids = tuple(info.eos_token_ids)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    train_w, held_w = _windows(o, target, tokenizer, records, stop_ids, pad, bars)
+    timings["prepare_s"] = round(time.time() - t, 2)
 
-        # -- head --
-        head = TargetHead(
-            embed=target.hf.model.embed_tokens.weight.detach().to(torch.float32 if device == "cpu" else dtype),
-            lm_head=target.hf.lm_head.weight.detach().to(torch.float32 if device == "cpu" else dtype),
-            norm=target.hf.model.norm.weight.detach().float(),
-        )
-        if init is not None:
-            cfg = replace(init.config, aux_layer_ids=aux)  # record the layers it was trained on
-            draft = Eagle3Draft.from_checkpoint(init, dtype=torch.float32, device="cpu")
-        else:
-            cfg = draft_config_for(info, target_cfg, vocab.size, aux, o.intermediate_size)
-            draft = new_draft(cfg, vocab, head, o.seed)
-        prompts = data_mod.eval_prompts(held_w, o.eval_samples, o.eval_prompt_len, o.seed)
+    # -- draft vocabulary --
+    counts = count_tokens(w.ids for w in train_w)
+    if init is not None:
+        d2t = init.tensors.get("d2t")
+        vocab = DraftVocab.from_d2t(d2t, info.vocab_size) if d2t is not None else DraftVocab(torch.arange(info.vocab_size), info.vocab_size)
+    else:
+        specials = [i for i in tokenizer.all_special_ids if i is not None]
+        vocab = build_draft_vocab(counts, info.vocab_size, o.draft_vocab, specials)
 
-        def evaluate(label: str) -> dict:
-            adv = bars.task(f"acceptance ({label})", len(prompts))
-            draft.eval()
-            d = draft.to(device, dtype)
-            rep = measure_acceptance(target, d, prompts, o.eval_tokens, o.max_draft_len, stop_ids, on_prompt=lambda i: adv(1))
-            tf = teacher_forced_accuracy(d, head, vocab, caches["heldout"], o.max_draft_len, o.batch_size, device, dtype)
-            draft.to(torch.float32)
-            return {**rep.to_dict(), "teacher_forced_accuracy": [round(x, 4) for x in tf]}
+    # -- target hidden states, cached --
+    t = time.time()
+    seq_len = min(o.seq_len, max(len(w.ids) for w in train_w + held_w))
+    make_dirs(o.work)
+    caches = {}
+    for name, ws in (("train", train_w), ("heldout", held_w)):
+        ids = [w.ids for w in ws]
+        key = cache_key(Path(o.target), aux, seq_len, ids)
+        adv = bars.task(f"hidden states ({name})", len(ids))
+        caches[name] = collect(target, ids, o.work / f"cache_{name}", key, seq_len, pad, o.batch_size, on_batch=adv)
+    timings["hidden_states_s"] = round(time.time() - t, 2)
+    return _Prepared(target, stop_ids, train_w, held_w, counts, vocab, seq_len, caches)
 
-        before = None
-        if init is not None:
-            t = time.time()
-            before = evaluate("before")
-            timings["eval_before_s"] = round(time.time() - t, 2)
 
-        # -- training --
-        settings = TrainSettings(
-            steps=o.steps,
-            batch_size=o.batch_size,
-            lr=o.lr or (1e-4 if init is not None else 3e-4),
-            max_draft_len=o.max_draft_len,
-            seed=o.seed,
-            save_every=o.save_every,
-        )
-        run_key = _run_key(caches["train"].meta["key"], asdict(settings), str(o.init), vocab.target_ids.tolist()[:64], vocab.size)
-        trainer = Trainer(draft, head, vocab, caches["train"], settings, work / "ckpt", device, run_key)
-        resumed_from = 0
-        if o.resume and trainer.resume():
-            resumed_from = trainer.step
-        t = time.time()
-        adv = bars.task("training", o.steps)
-        adv(resumed_from)
-        trainer.train(on_step=lambda s, r: adv(1, f"loss {r['loss']:.3f} acc {'/'.join(f'{a:.2f}' for a in r['acc'])}"))
-        timings["train_s"] = round(time.time() - t, 2)
-        draft = trainer.draft
+def _windows(o: TrainDraftOptions, target, tokenizer, records, stop_ids: tuple[int, ...], pad: int, bars: Bars) -> tuple[list, list]:
+    """Training and held-out token windows (with the target's own responses when --generate)."""
+    enc = data_mod.Encoder(tokenizer, o.seq_len, o.eval_prompt_len)
+    train_recs, held_recs = data_mod.split_records(records, o.eval_fraction, o.seed)
+    gen = None
+    if o.generate:
+        adv = bars.task("target responses (chats)", sum(len(r.messages or ()) for r in train_recs if r.prompts_only))
 
-        t = time.time()
-        after = evaluate("after")
-        timings["eval_s"] = round(time.time() - t, 2)
+        def gen(prompt: list[int]) -> list[int]:
+            (out,) = greedy_generate(target, [prompt], o.gen_tokens, stop_ids, pad)
+            adv(1)
+            return out
 
-    report = {
+    train_w = [w for r in train_recs for w in enc.windows(r, gen)]
+    held_w = [w for r in held_recs for w in enc.windows(r, None)]
+    if not train_w and not held_w:
+        raise UserError(o.data, "no usable text: every record tokenizes to fewer than 2 tokens", data_mod.FORMAT_HINT)
+    if not held_w:  # one long document: hold out windows instead of records
+        if len(train_w) < 2:
+            raise UserError(o.data, "too little text to hold out an evaluation split (one window)", "add more text, or lower --seq-len")
+        n_eval = max(1, round(o.eval_fraction * len(train_w)))
+        held_w, train_w = train_w[-n_eval:], train_w[:-n_eval]
+    if not train_w:
+        train_w, held_w = held_w[:-1] or held_w, held_w[-1:]
+    if o.generate:
+        _continue_text(o, target, train_w, stop_ids, pad, bars)
+    return train_w, held_w
+
+
+def _continue_text(o: TrainDraftOptions, target, train_w: list, stop_ids: tuple[int, ...], pad: int, bars: Bars) -> None:
+    # Raw text: the target continues each window's opening, so the head learns the
+    # target's own greedy text, which is what it is asked to predict when serving.
+    todo = [i for i, w in enumerate(train_w) if w.from_text and len(w.ids) > o.eval_prompt_len]
+    adv = bars.task("target continuations (text)", len(todo))
+    n_new = max(1, min(o.gen_tokens, o.seq_len - o.eval_prompt_len))
+    conts = greedy_generate(target, [train_w[i].ids[: o.eval_prompt_len] for i in todo], n_new, stop_ids, pad, o.batch_size, on_batch=lambda n: adv(n))
+    for i, c in zip(todo, conts):
+        p = train_w[i].ids[: o.eval_prompt_len]
+        train_w[i] = data_mod.Window(ids=p + c, prompt=p, from_text=False)
+
+
+def _target_head(target, device: str, dtype) -> TargetHead:
+    return TargetHead(
+        embed=target.hf.model.embed_tokens.weight.detach().to(torch.float32 if device == "cpu" else dtype),
+        lm_head=target.hf.lm_head.weight.detach().to(torch.float32 if device == "cpu" else dtype),
+        norm=target.hf.model.norm.weight.detach().float(),
+    )
+
+
+def _acceptance(label: str, draft: Eagle3Draft, prep: _Prepared, head: TargetHead, prompts, o: TrainDraftOptions, device: str, dtype, bars: Bars) -> dict:
+    adv = bars.task(f"acceptance ({label})", len(prompts))
+    draft.eval()
+    d = draft.to(device, dtype)
+    rep = measure_acceptance(prep.target, d, prompts, o.eval_tokens, o.max_draft_len, prep.stop_ids, on_prompt=lambda i: adv(1))
+    tf = teacher_forced_accuracy(d, head, prep.vocab, prep.caches["heldout"], o.max_draft_len, o.batch_size, device, dtype)
+    draft.to(torch.float32)
+    return {**rep.to_dict(), "teacher_forced_accuracy": [round(x, 4) for x in tf]}
+
+
+def _train(
+    o: TrainDraftOptions, draft: Eagle3Draft, head: TargetHead, prep: _Prepared, fine_tune: bool, device: str, timings: dict, bars: Bars
+) -> tuple[TrainSettings, Trainer, int]:
+    """Train (or continue a --resume'd run); returns the settings, the trainer and the step resumed from."""
+    settings = TrainSettings(
+        steps=o.steps,
+        batch_size=o.batch_size,
+        lr=o.lr or (1e-4 if fine_tune else 3e-4),
+        max_draft_len=o.max_draft_len,
+        seed=o.seed,
+        save_every=o.save_every,
+    )
+    vocab = prep.vocab
+    run_key = _run_key(prep.caches["train"].meta["key"], asdict(settings), str(o.init), vocab.target_ids.tolist()[:64], vocab.size)
+    trainer = Trainer(draft, head, vocab, prep.caches["train"], settings, o.work / "ckpt", device, run_key)
+    resumed_from = 0
+    if o.resume and trainer.resume():
+        resumed_from = trainer.step
+    t = time.time()
+    adv = bars.task("training", o.steps)
+    adv(resumed_from)
+    trainer.train(on_step=lambda s, r: adv(1, f"loss {r['loss']:.3f} acc {'/'.join(f'{a:.2f}' for a in r['acc'])}"))
+    timings["train_s"] = round(time.time() - t, 2)
+    return settings, trainer, resumed_from
+
+
+def _report(
+    o: TrainDraftOptions, aux, prep: _Prepared, n_prompts: int, settings, device: str, resumed_from: int, trainer: Trainer, before, after, timings: dict
+) -> dict:
+    return {
         "schema": 1,
         "target": str(o.target),
         "data": str(o.data),
         "init": str(o.init) if o.init else None,
         "aux_layer_ids": list(aux),
         "max_draft_len": o.max_draft_len,
-        "draft_vocab_size": vocab.size,
-        "draft_vocab_coverage": round(coverage(counts, vocab), 4),
-        "seq_len": seq_len,
-        "train_windows": len(train_w),
-        "heldout_windows": len(held_w),
-        "eval_prompts": len(prompts),
+        "draft_vocab_size": prep.vocab.size,
+        "draft_vocab_coverage": round(coverage(prep.counts, prep.vocab), 4),
+        "seq_len": prep.seq_len,
+        "train_windows": len(prep.train_w),
+        "heldout_windows": len(prep.held_w),
+        "eval_prompts": n_prompts,
         "eval_tokens": o.eval_tokens,
         "generated_responses": bool(o.generate),
         "settings": asdict(settings),
@@ -330,13 +345,8 @@ def _train_draft(o: TrainDraftOptions) -> dict:
         "final_loss": trainer.history[-1]["loss"] if trainer.history else None,
         "before": before,
         "after": after,
-        "timings": {**timings, "total_s": round(time.time() - t_start, 2)},
+        "timings": timings,
     }
-    files = {"train_report.json": json.dumps(report, indent=2) + "\n", **o.extra_files}
-    export_draft(draft, cfg, vocab, Path(o.out), target_cfg, files, overwrite=o.overwrite)
-    if not o.keep_work:
-        shutil.rmtree(work, ignore_errors=True)
-    return report
 
 
 def summary_lines(report: dict) -> list[str]:

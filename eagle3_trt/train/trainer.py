@@ -308,9 +308,18 @@ def distill_draft(
     fixed at 0), so the draft predicts from the target's aux states and its own hidden state
     only, as a real draft largely does on a real target. Returns the loss history.
     """
-    draft, target, dev = engine.draft, engine.target, engine.device
+    draft = engine.draft
     if draft is None:
         raise ValueError("distill_draft needs an engine with a draft")
+    embeds, aux, labels = _distill_data(engine, draft, prompts, gen_tokens, remap_vocab)
+    return _distill_steps(draft, embeds, aux, labels, steps, unroll, lr, batch, seed, embed_dropout, hidden_only)
+
+
+def _distill_data(
+    engine: SpeculativeEngine, draft: Eagle3Draft, prompts: list[list[int]], gen_tokens: int, remap_vocab: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The target's greedy continuations as TTT inputs: token embeddings, aux hidden states, draft-vocabulary labels."""
+    target, dev = engine.target, engine.device
     d2t = draft.get_buffer("d2t")
     res = engine.generate(prompts, SamplingParams(max_tokens=gen_tokens), speculate=False)
     seqs = [p + r.token_ids for p, r in zip(prompts, res)]
@@ -335,20 +344,36 @@ def distill_draft(
     labels[labels < 0] = -100  # outside the draft vocabulary
     labels[(torch.arange(S, device=dev)[None] + 2) >= lens.to(dev)[:, None]] = -100
     embeds = engine.draft_embedding(ids[:, 1:]).detach()  # the embedding is the target's, frozen
+    return embeds, aux, labels
 
+
+def _distill_steps(
+    draft: Eagle3Draft,
+    embeds: torch.Tensor,
+    aux: torch.Tensor,
+    labels: torch.Tensor,
+    steps: int,
+    unroll: int,
+    lr: float,
+    batch: int,
+    seed: int,
+    embed_dropout: float,
+    hidden_only: bool,
+) -> list[float]:
+    n = embeds.shape[0]
     g = torch.Generator().manual_seed(seed)
     was_training = draft.training
     draft.train()
     if hidden_only:
         with torch.no_grad():
             draft.midlayer.input_layernorm.weight.zero_()
-    params = [p for n, p in draft.named_parameters() if not (hidden_only and n == "midlayer.input_layernorm.weight")]
+    params = [p for n_, p in draft.named_parameters() if not (hidden_only and n_ == "midlayer.input_layernorm.weight")]
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     hist = []
     for _ in range(steps):
-        idx = torch.randperm(len(seqs), generator=g)[:batch]
+        idx = torch.randperm(n, generator=g)[:batch]
         e = embeds[idx]
         if embed_dropout > 0:
             keep = (torch.rand(e.shape[:-1], generator=g) >= embed_dropout).to(e.device, e.dtype)

@@ -94,17 +94,9 @@ def package_bundle(
     """
     bundle = Path(bundle).resolve()
     out = Path(out)
-    if not _NAME_RE.match(model_name):
-        raise UserError("--name", f"'{model_name}' is not a valid Triton model name", "letters, digits, _ . - (max 64)")
-    if instance_count < 1:
-        raise UserError("--instances", "must be >= 1")
-    if with_unary and not decoupled:
-        raise UserError("--with-unary", "the main model is already unary (--no-decoupled)", "drop one of the two")
+    _check_package_args(model_name, instance_count, decoupled, with_unary)
     info = read_bundle(bundle)
-    if out.exists() and not force:
-        raise UserError(out, "already exists", "pass --force to replace it")
-    if out.exists() and not _looks_like_repository(out):
-        raise UserError(out, "exists and is not a model repository; --force only replaces repositories", "choose another -o")
+    _check_out(out, force)
 
     serving = ServingConfig(
         runtime=runtime,
@@ -114,25 +106,8 @@ def package_bundle(
         default_max_tokens=default_max_tokens,
         python_path=[package_import_root()],
     )
-    variants = [(model_name, True, decoupled)]
-    if with_baseline:
-        variants.append((model_name + BASELINE_SUFFIX, False, decoupled))
-    if with_unary:
-        variants.append((model_name + UNARY_SUFFIX, True, False))
-
-    # Each instance of each model gets its own GPUs; the reference runtime on CPU needs none.
-    tp = info.tensor_parallel_size if runtime == "trtllm" else 1
-    on_gpus = runtime == "trtllm" or device != "cpu"
-    gpu_ids = [""] * len(variants)
-    if gpus is not None and on_gpus:
-        all_ids = assign_gpus(len(variants) * instance_count, tp, gpus).split(";")
-        gpu_ids = [";".join(all_ids[i * instance_count : (i + 1) * instance_count]) for i in range(len(variants))]
-    elif runtime == "trtllm" and len(variants) * instance_count > 1:
-        raise UserError(
-            "--gpus",
-            f"{len(variants)} model(s) x {instance_count} instance(s) of TensorRT-LLM would share the same GPUs",
-            f"pass --gpus N (N >= {len(variants) * instance_count * tp}) so each instance gets its own",
-        )
+    variants = _variants(model_name, decoupled, with_baseline, with_unary)
+    gpu_ids = _gpu_ids(len(variants), instance_count, runtime, device, gpus, info.tensor_parallel_size)
 
     # model.yaml is read later, maybe by another TensorRT-LLM release: portable names and paths
     b = info.bundle
@@ -143,6 +118,50 @@ def package_bundle(
             _write_model(tmp, name, serving.model_copy(update={"speculation": spec}), my, instance_count, ids)
         check_repository(tmp, check_bundle=bundle_path is None)
     return [PackagedModel(name, out / name, spec, dec, ids) for (name, spec, dec), ids in zip(variants, gpu_ids)]
+
+
+def _check_package_args(model_name: str, instance_count: int, decoupled: bool, with_unary: bool) -> None:
+    if not _NAME_RE.match(model_name):
+        raise UserError("--name", f"'{model_name}' is not a valid Triton model name", "letters, digits, _ . - (max 64)")
+    if instance_count < 1:
+        raise UserError("--instances", "must be >= 1")
+    if with_unary and not decoupled:
+        raise UserError("--with-unary", "the main model is already unary (--no-decoupled)", "drop one of the two")
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and not force:
+        raise UserError(out, "already exists", "pass --force to replace it")
+    if out.exists() and not _looks_like_repository(out):
+        raise UserError(out, "exists and is not a model repository; --force only replaces repositories", "choose another -o")
+
+
+def _variants(model_name: str, decoupled: bool, with_baseline: bool, with_unary: bool) -> list[tuple[str, bool, bool]]:
+    """(model name, speculation, decoupled) of every model the repository holds."""
+    variants = [(model_name, True, decoupled)]
+    if with_baseline:
+        variants.append((model_name + BASELINE_SUFFIX, False, decoupled))
+    if with_unary:
+        variants.append((model_name + UNARY_SUFFIX, True, False))
+    return variants
+
+
+def _gpu_ids(n_models: int, instance_count: int, runtime: RuntimeName, device: DeviceName, gpus: int | None, tensor_parallel_size: int) -> list[str]:
+    """Per model, the GPU ids of its instances (';'-separated), or "" for none assigned."""
+    # Each instance of each model gets its own GPUs; the reference runtime on CPU needs none.
+    tp = tensor_parallel_size if runtime == "trtllm" else 1
+    on_gpus = runtime == "trtllm" or device != "cpu"
+    gpu_ids = [""] * n_models
+    if gpus is not None and on_gpus:
+        all_ids = assign_gpus(n_models * instance_count, tp, gpus).split(";")
+        gpu_ids = [";".join(all_ids[i * instance_count : (i + 1) * instance_count]) for i in range(n_models)]
+    elif runtime == "trtllm" and n_models * instance_count > 1:
+        raise UserError(
+            "--gpus",
+            f"{n_models} model(s) x {instance_count} instance(s) of TensorRT-LLM would share the same GPUs",
+            f"pass --gpus N (N >= {n_models * instance_count * tp}) so each instance gets its own",
+        )
+    return gpu_ids
 
 
 def _looks_like_repository(path: Path) -> bool:

@@ -17,6 +17,7 @@ import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -115,43 +116,10 @@ def parse_request(get: Getter) -> GenRequest:
         if stop_request:
             return GenRequest(prompt="", stop_request=True)
         raise RequestError("text_input", "missing (required)")
-    arr = np.asarray(arr).reshape(-1)
-    if arr.size != 1:
-        raise RequestError("text_input", f"exactly one prompt per request is supported, got {arr.size}")
-    try:
-        prompt = _text(arr[0])
-    except UnicodeDecodeError as e:
-        raise RequestError("text_input", f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    if not prompt.strip() and not stop_request:
-        raise RequestError("text_input", "empty prompt")
-
-    max_tokens = _int(get, "sampling_param_max_tokens")
-    if max_tokens is not None and max_tokens <= 0:
-        raise RequestError("sampling_param_max_tokens", f"must be >= 1, got {max_tokens}")
-    temperature = _float(get, "sampling_param_temperature")
-    if temperature is not None and temperature < 0:
-        raise RequestError("sampling_param_temperature", f"must be >= 0, got {temperature}")
-    top_p = _float(get, "sampling_param_top_p")
-    if top_p is not None and not (0.0 < top_p <= 1.0):
-        raise RequestError("sampling_param_top_p", f"must be in (0, 1], got {top_p}")
-    top_k = _int(get, "sampling_param_top_k")
-    if top_k is not None and top_k < 0:
-        raise RequestError("sampling_param_top_k", f"must be >= 0 (0 disables), got {top_k}")
-    best_of = _int(get, "sampling_param_best_of")
-    if best_of is not None and best_of != 1:
-        raise RequestError("sampling_param_best_of", f"only 1 is supported, got {best_of}")
-    if _bool(get, "return_cumulative_logprob", False):
-        raise RequestError("return_cumulative_logprob", "not supported by this model")
+    prompt = _prompt(arr, stop_request)
+    max_tokens, temperature, top_p, top_k = _sampling(get)
     seed = _scalar(get, "sampling_param_seed")
-
-    stop_arr = get("sampling_param_stop")
-    stop: tuple[str, ...] = ()
-    if stop_arr is not None:
-        try:
-            stop = tuple(s for s in (_text(v) for v in np.asarray(stop_arr).reshape(-1)) if s)
-        except UnicodeDecodeError:
-            raise RequestError("sampling_param_stop", "not valid UTF-8") from None
-
+    stop = _stop_strings(get)
     return GenRequest(
         prompt=prompt,
         streaming=_bool(get, "streaming", False),
@@ -169,6 +137,55 @@ def parse_request(get: Getter) -> GenRequest:
         presence_penalty=_float(get, "sampling_param_presence_penalty"),
         stop_request=stop_request,
     )
+
+
+def _prompt(arr: Any, stop_request: bool) -> str:
+    """The one prompt of ``text_input``."""
+    arr = np.asarray(arr).reshape(-1)
+    if arr.size != 1:
+        raise RequestError("text_input", f"exactly one prompt per request is supported, got {arr.size}")
+    try:
+        prompt = _text(arr[0])
+    except UnicodeDecodeError as e:
+        raise RequestError("text_input", f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if not prompt.strip() and not stop_request:
+        raise RequestError("text_input", "empty prompt")
+
+    return prompt
+
+
+def _sampling(get: Getter) -> tuple[int | None, float | None, float | None, int | None]:
+    """(max_tokens, temperature, top_p, top_k), each None when not sent; refuses what this model does not support."""
+    max_tokens = _int(get, "sampling_param_max_tokens")
+    if max_tokens is not None and max_tokens <= 0:
+        raise RequestError("sampling_param_max_tokens", f"must be >= 1, got {max_tokens}")
+    temperature = _float(get, "sampling_param_temperature")
+    if temperature is not None and temperature < 0:
+        raise RequestError("sampling_param_temperature", f"must be >= 0, got {temperature}")
+    top_p = _float(get, "sampling_param_top_p")
+    if top_p is not None and not (0.0 < top_p <= 1.0):
+        raise RequestError("sampling_param_top_p", f"must be in (0, 1], got {top_p}")
+    top_k = _int(get, "sampling_param_top_k")
+    if top_k is not None and top_k < 0:
+        raise RequestError("sampling_param_top_k", f"must be >= 0 (0 disables), got {top_k}")
+    best_of = _int(get, "sampling_param_best_of")
+    if best_of is not None and best_of != 1:
+        raise RequestError("sampling_param_best_of", f"only 1 is supported, got {best_of}")
+    if _bool(get, "return_cumulative_logprob", False):
+        raise RequestError("return_cumulative_logprob", "not supported by this model")
+    return max_tokens, temperature, top_p, top_k
+
+
+def _stop_strings(get: Getter) -> tuple[str, ...]:
+    stop_arr = get("sampling_param_stop")
+    stop: tuple[str, ...] = ()
+    if stop_arr is not None:
+        try:
+            stop = tuple(s for s in (_text(v) for v in np.asarray(stop_arr).reshape(-1)) if s)
+        except UnicodeDecodeError:
+            raise RequestError("sampling_param_stop", "not valid UTF-8") from None
+
+    return stop
 
 
 def resolve_max_tokens(req: GenRequest, prompt_len: int, max_seq_len: int, default: int) -> int:

@@ -224,6 +224,29 @@ def start_server(
     state_dir = Path(state_dir).resolve()
     models = check_repository(repo) if validate else []
     make_dirs(state_dir)
+    _check_can_start(state_dir, http_port, grpc_port, metrics_port)
+
+    install = find_tritonserver()
+    backend_dir = prepare_backend_dir(install, state_dir)
+    shm_prefix = f"eagle3_{uuid.uuid4().hex[:12]}_"
+    log_file = state_dir / "tritonserver.log"
+    cmd = _server_argv(install, repo, backend_dir, shm_prefix, http_port, grpc_port, metrics_port, log_verbose, extra_args)
+    env = server_env(install)
+    with open(log_file, "wb") as log:
+        os.chmod(log_file, FILE_MODE)
+        log.write((" ".join(cmd) + "\n").encode())
+        log.flush()
+        # umask 022: the Python backend writes __pycache__ into the repository's model directories and
+        # the backend directory; under a umask of 077 those would be 0700, unreadable to other users.
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True, umask=0o022)
+    handle = ServerHandle(proc.pid, str(repo), http_port, grpc_port, metrics_port, str(log_file), str(state_dir), models, time.time(), shm_prefix)
+    handle.save()
+    _wait_ready(proc, handle, timeout_s)
+    return handle
+
+
+def _check_can_start(state_dir: Path, http_port: int, grpc_port: int, metrics_port: int) -> None:
+    """Refuse a second server in one state directory, and ports already taken."""
     try:
         prev: ServerHandle | None = ServerHandle.load(state_dir)
     except UserError:  # no server recorded here
@@ -234,10 +257,18 @@ def start_server(
         if not port_is_free(port):
             raise UserError(name, f"port {port} on {HOST} is in use", "pick another port or stop what holds it")
 
-    install = find_tritonserver()
-    backend_dir = prepare_backend_dir(install, state_dir)
-    shm_prefix = f"eagle3_{uuid.uuid4().hex[:12]}_"
-    log_file = state_dir / "tritonserver.log"
+
+def _server_argv(
+    install: TritonInstall,
+    repo: Path,
+    backend_dir: Path | None,
+    shm_prefix: str,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    log_verbose: int,
+    extra_args: tuple[str, ...],
+) -> list[str]:
     cmd = [
         str(install.executable),
         f"--model-repository={repo}",
@@ -260,17 +291,12 @@ def start_server(
     ]
     if backend_dir is not None:
         cmd.append(f"--backend-directory={backend_dir}")
-    env = server_env(install)
-    with open(log_file, "wb") as log:
-        os.chmod(log_file, FILE_MODE)
-        log.write((" ".join(cmd) + "\n").encode())
-        log.flush()
-        # umask 022: the Python backend writes __pycache__ into the repository's model directories and
-        # the backend directory; under a umask of 077 those would be 0700, unreadable to other users.
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True, umask=0o022)
-    handle = ServerHandle(proc.pid, str(repo), http_port, grpc_port, metrics_port, str(log_file), str(state_dir), models, time.time(), shm_prefix)
-    handle.save()
+    return cmd
 
+
+def _wait_ready(proc: subprocess.Popen[bytes], handle: ServerHandle, timeout_s: float) -> None:
+    """Return once the server answers /v2/health/ready; raise with Triton's error when it exits or times out."""
+    state_dir, log_file = Path(handle.state_dir), Path(handle.log_file)
     deadline = time.monotonic() + timeout_s
     while True:
         rc = proc.poll()
@@ -282,7 +308,7 @@ def start_server(
                 f"full log: {log_file}",
             )
         if _ready(handle.http_url):
-            return handle
+            return
         if time.monotonic() > deadline:
             stop_server(handle)
             raise UserError(

@@ -1,0 +1,257 @@
+"""Checks of the draft head against the target: tensor shapes, aux layers, vocabulary map, rope and dtypes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eagle3_trt.convert.draft_format import DraftCheckpoint
+from eagle3_trt.convert.target import SUPPORTED_DTYPES, TargetInfo
+from eagle3_trt.convert.validate_report import ValidationReport
+from eagle3_trt.errors import UserError
+from eagle3_trt.formats import rope_params
+from eagle3_trt.formats.draft_config import expected_shapes
+from eagle3_trt.formats.families import quant_refusal
+
+FLOAT_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def check_shapes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationReport) -> None:
+    c = draft.config
+    _check_widths(target, draft)
+    want = expected_shapes(c)
+    _check_head_tensors(target, draft)
+    _warn_unread(draft, rep)
+    for name, shape in want.items():
+        t = draft.tensors.get(name)
+        if t is None:
+            raise UserError(draft.path, f"tensor {name} missing", f"a {c.source_format} EAGLE-3 head has it; the checkpoint is incomplete")
+        if tuple(t.shape) != shape:
+            raise UserError(f"{draft.path}:{name}", f"shape {tuple(t.shape)}, expected {shape} from config.json", "config.json and weights disagree")
+    known = set(want) | set(_OPTIONAL_ALLOWED)
+    extra = sorted(set(draft.tensors) - known)
+    if extra:
+        rep.warn(f"draft tensors ignored by TensorRT-LLM: {', '.join(extra[:5])}{' …' if len(extra) > 5 else ''}")
+    variants = [k for k in ("return_hidden_post_norm", "norm_before_fc", "fc_norm", "eh_proj_before_attn", "fc_bias") if getattr(c, k)]
+    rep.ok(
+        "shapes",
+        f"draft hidden {c.hidden_size}, target hidden {target.hidden_size}, {len(want)} tensors match the EAGLE-3 schema"
+        + (f"; variants: {', '.join(variants)}" if variants else ""),
+    )
+
+
+def _check_widths(target: TargetInfo, draft: DraftCheckpoint) -> None:
+    """The draft's widths against the target's hidden size: what fc fuses and what the draft embeds."""
+    c = draft.config
+    cfg_file = draft.path / "config.json"
+    if c.target_hidden_size != target.hidden_size:
+        raise UserError(
+            f"{cfg_file}:target_hidden_size",
+            f"{c.target_hidden_size} but the target's hidden_size is {target.hidden_size}",
+            "this head was trained for a different target model",
+        )
+    if c.hidden_size != target.hidden_size and "embed_tokens.weight" not in draft.tensors:
+        raise UserError(
+            f"{cfg_file}:hidden_size",
+            f"draft hidden {c.hidden_size} differs from target hidden {target.hidden_size} and the draft has no embed_tokens",
+            "such a head must ship its own embed_tokens.weight",
+        )
+    if "fc.weight" not in draft.tensors:
+        raise UserError(draft.path, "tensor fc.weight missing", "an EAGLE-3 head fuses the target's aux hidden states through fc")
+    if draft.tensors["fc.weight"].shape[1] % target.hidden_size:
+        raise UserError(
+            f"{draft.path}:fc.weight",
+            f"in_features {draft.tensors['fc.weight'].shape[1]} is not a multiple of the target hidden size {target.hidden_size}",
+            "this head was trained for a different target model",
+        )
+
+
+def _check_head_tensors(target: TargetInfo, draft: DraftCheckpoint) -> None:
+    """lm_head and fc as TensorRT-LLM creates them, refused here rather than met later as a traceback."""
+    c = draft.config
+    if "lm_head.weight" not in draft.tensors:
+        if c.draft_vocab_size != target.vocab_size:
+            raise UserError(
+                f"{draft.path}:lm_head.weight",
+                "missing while draft_vocab_size differs from the target vocab",
+                "the head must ship its own lm_head for a reduced draft vocabulary",
+            )
+        # TensorRT-LLM would borrow the target's lm_head; the reference runtime, the draft quantizer and
+        # the exporter work on the head alone, so refuse here rather than fail later with a traceback
+        raise UserError(
+            f"{draft.path}:lm_head.weight",
+            "missing (TensorRT-LLM would borrow the target's; eagle3-trt measures and exports the head alone)",
+            "copy the target's lm_head.weight into the draft checkpoint",
+        )
+    n_aux = c.num_aux_layers
+    if n_aux == 1 and c.target_hidden_size != c.hidden_size:
+        # Eagle3DraftModel creates fc only for num_capture_layers > 1 (modeling_speculative.py @ 00679c66)
+        raise UserError(
+            f"{draft.path}:fc.weight",
+            "fuses one aux layer of a different width: TensorRT-LLM creates no fc for a single captured layer",
+            "train the head with two or more aux layers",
+        )
+
+
+def _warn_unread(draft: DraftCheckpoint, rep: ValidationReport) -> None:
+    """Tensors and config fields of the draft that TensorRT-LLM does not read: served (and measured) without them."""
+    c = draft.config
+    if c.fuse_width == c.hidden_size:
+        rep.warn("fc.weight is not applied: the concatenated aux width equals hidden_size, and TensorRT-LLM then feeds it to the layer unchanged")
+    if "fc.bias" in draft.tensors and not c.fc_bias:
+        rep.warn('fc.bias is ignored: TensorRT-LLM gives fc a bias only when config.json says "bias": true (measured without it)')
+    if "embed_tokens.weight" in draft.tensors and not c.own_embedding:
+        rep.warn(
+            "the draft's embed_tokens.weight is ignored: with target_hidden_size == hidden_size TensorRT-LLM uses the target's embedding (measured with the target's)"
+        )
+    if c.extra.get("norm_before_residual"):
+        rep.warn("norm_before_residual is not read by TensorRT-LLM: it serves (and eagle3-trt measures) the residual from the un-normed hidden state")
+    if c.aux_layer_ids_as_trained is not None:
+        rep.warn(
+            f"aux layers listed as {list(c.aux_layer_ids_as_trained)}: TensorRT-LLM captures them in sorted order, so fc's input blocks are permuted to match (same function)"
+        )
+
+
+_OPTIONAL_ALLOWED = ("d2t", "t2d", "embed_tokens.weight", "fc.bias")  # warned about above when not loaded
+
+
+def check_aux_layers(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationReport) -> None:
+    L = target.num_hidden_layers
+    n_aux = draft.config.num_aux_layers
+    ids = draft.config.aux_layer_ids
+    where = f"{draft.path / 'config.json'}:eagle_aux_hidden_state_layer_ids"
+    if ids is None:
+        ids = target.default_aux_layers()
+        where = f"target {target.path} num_hidden_layers={L}"
+        rep.aux_layers_are_default = True
+        if len(set(ids)) != len(ids):
+            raise UserError(
+                where,
+                f"default aux layers {list(ids)} are not distinct",
+                "TensorRT-LLM's default {1, L/2-1, L-4} is distinct only for L >= 7; for a shallower target list the layers "
+                "the head was trained on in the draft config.json's eagle_config.eagle_aux_hidden_state_layer_ids",
+            )
+    else:
+        rep.aux_layers_are_default = tuple(sorted(ids)) == tuple(sorted(target.default_aux_layers()))
+    bad = [i for i in ids if not 0 <= i < L]
+    if bad:
+        raise UserError(where, f"aux layer ids {bad} outside the target's layers 0..{L - 1}", "the head was trained for a deeper/shallower target")
+    if len(set(ids)) != len(ids):
+        raise UserError(where, f"aux layer ids {list(ids)} are not distinct", "each captured layer must be different")
+    if len(ids) != n_aux:
+        raise UserError(where, f"{len(ids)} aux layers but fc.weight fuses {n_aux} target hidden states", "config and weights disagree")
+    rep.aux_layer_ids = tuple(ids)
+    rep.ok(
+        "aux_layers",
+        f"captures outputs of target layers {list(ids)} of {L}"
+        + (" (TensorRT-LLM default)" if rep.aux_layers_are_default else " (explicit: written to eagle3_layers_to_capture)"),
+    )
+
+
+def check_vocab_map(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationReport) -> None:
+    import torch  # ~2 s to import; the config-only checks (dry run, planner) run without it
+
+    c = draft.config
+    where = f"{draft.path}:d2t"
+    if c.draft_vocab_size > target.vocab_size:
+        raise UserError(
+            f"{draft.path / 'config.json'}:draft_vocab_size",
+            f"{c.draft_vocab_size} exceeds the target vocab {target.vocab_size}",
+            "the head belongs to another target",
+        )
+    d2t = draft.tensors.get("d2t")
+    if c.draft_vocab_size == target.vocab_size:
+        if d2t is not None and bool(torch.any(d2t != 0)):
+            rep.warn("d2t present with a full draft vocabulary: TensorRT-LLM ignores it (creates d2t only for reduced vocabularies)")
+        rep.ok("vocab_map", f"full draft vocabulary ({c.draft_vocab_size}); no d2t needed")
+        return
+    if d2t is None:
+        raise UserError(
+            where,
+            f"missing, but draft_vocab_size {c.draft_vocab_size} < vocab_size {target.vocab_size}",
+            "ship the draft-to-target map d2t (int, shape [draft_vocab_size]) with the head",
+        )
+    if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
+        raise UserError(where, f"dtype {d2t.dtype}, expected an integer tensor", "d2t holds offsets: target_id = draft_id + d2t[draft_id]")
+    if tuple(d2t.shape) != (c.draft_vocab_size,):
+        raise UserError(where, f"shape {tuple(d2t.shape)}, expected ({c.draft_vocab_size},)", "d2t has one offset per draft token")
+    tids = torch.arange(c.draft_vocab_size, dtype=torch.int64) + d2t.to(torch.int64)
+    lo, hi = int(tids.min()), int(tids.max())
+    if lo < 0 or hi >= target.vocab_size:
+        raise UserError(
+            where,
+            f"maps draft ids to target ids in [{lo}, {hi}], outside 0..{target.vocab_size - 1}",
+            "d2t stores offsets (target_id - draft_id), not absolute ids",
+        )
+    if torch.unique(tids).numel() != tids.numel():
+        dup = tids.numel() - torch.unique(tids).numel()
+        raise UserError(where, f"not injective: {dup} draft tokens map to an already-used target id", "rebuild d2t from the draft vocabulary")
+    t2d = draft.tensors.get("t2d")
+    if t2d is not None and (
+        tuple(t2d.shape) != (target.vocab_size,) or int(t2d.to(torch.int64).sum()) != c.draft_vocab_size or not bool(t2d.to(torch.bool)[tids].all())
+    ):
+        raise UserError(
+            f"{draft.path}:t2d", "disagrees with d2t (t2d must mark exactly the target ids d2t maps to)", "rebuild both maps from one draft vocabulary"
+        )
+    rep.ok("vocab_map", f"d2t maps {c.draft_vocab_size} draft ids injectively into target ids [{lo}, {hi}]")
+
+
+def check_rope(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int, rep: ValidationReport) -> None:
+    """Rope types as TensorRT-LLM reads them (formats/rope_params.py); what the reference runtime cannot
+    compute the way TensorRT-LLM serves it is refused here, in one line, not met later as a traceback."""
+    c = draft.config
+    tfile, dfile = Path(target.path) / "config.json", draft.path / "config.json"
+    tp = rope_params.from_config(target.rope_theta, target.rope_scaling, target.head_dim, target.max_position_embeddings, where=str(tfile))
+    dp = rope_params.from_config(c.rope_theta, c.rope_scaling, c.head_dim, c.max_position_embeddings, where=str(dfile))
+    rope_params.check_supported(tp, str(tfile), max_seq_len)
+    # the draft's table is raised to max_seq_len at export where that keeps its function (draft_format.for_max_seq_len)
+    rope_params.check_supported(dp, str(dfile), max_seq_len)
+    if tp.kind == "llama3" and not (target.rope_scaling or {}).get("original_max_position_embeddings"):
+        raise UserError(
+            f"{tfile}:rope_scaling",
+            "llama3 rope without original_max_position_embeddings",
+            "TensorRT-LLM assumes 1024, transformers max_position_embeddings; write the model's value (8192 for Llama 3.1)",
+        )
+    if c.head_dim != target.head_dim:
+        rep.warn(f"draft head_dim {c.head_dim} differs from the target's {target.head_dim} (allowed: the draft has its own attention)")
+    if not rope_params.same_function(tp, dp):
+        rep.warn(
+            f"draft rope ({rope_params.describe(dp)}) differs from the target's ({rope_params.describe(tp)}); "
+            "TensorRT-LLM runs the draft with its own rope, and so does the measurement"
+        )
+    if c.max_position_embeddings < max_seq_len:
+        if dp.kind in rope_params.MAX_POS_INDEPENDENT:
+            rep.warn(
+                f"draft max_position_embeddings {c.max_position_embeddings} < max_seq_len {max_seq_len}: the bundle's draft config is raised to {max_seq_len} (same rotary function)"
+            )
+        else:
+            rep.warn(f"draft max_position_embeddings {c.max_position_embeddings} < max_seq_len {max_seq_len}: acceptance drops on longer contexts")
+    rep.ok("rope", f"draft {rope_params.describe(dp)}; target {rope_params.describe(tp)}")
+
+
+def check_dtypes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationReport, quant: str | None = None) -> None:
+    """A shipped-quantized target against ``quant`` (None: plain ``validate``) by the planner's policy
+    (formats/families.py ``quant_refusal``); a ModelOpt export (hf_quant_config.json) counts as quantized."""
+    if target.quantized:
+        cfg_file = Path(target.path) / "config.json"
+        method = target.quant_method
+        where = f"{cfg_file}:quantization_config.quant_method" if method else Path(target.path) / "hf_quant_config.json"
+        refused = quant_refusal(target.family_spec, method or "hf_quant_config", quant)
+        if refused:
+            raise UserError(where, *refused)
+        rep.ok("target_format", f"{method} as shipped: built with --quant native (TensorRT-LLM loads it as is)")
+    if target.torch_dtype is not None and target.torch_dtype not in SUPPORTED_DTYPES:
+        raise UserError(f"{Path(target.path) / 'config.json'}:torch_dtype", f"{target.torch_dtype} not supported", f"use one of {', '.join(SUPPORTED_DTYPES)}")
+    for name, t in draft.tensors.items():
+        if name in ("d2t", "t2d"):
+            continue
+        dt = str(t.dtype).replace("torch.", "")
+        if dt not in FLOAT_DTYPES:
+            raise UserError(
+                f"{draft.path}:{name}",
+                f"dtype {dt} not supported for a draft weight",
+                f"ship the head in {', '.join(FLOAT_DTYPES)}; eagle3-trt quantizes it with --quantize-draft",
+            )
+    rep.ok(
+        "dtypes",
+        f"target {target.torch_dtype}, draft {sorted({str(t.dtype).replace('torch.', '') for n, t in draft.tensors.items() if n not in ('d2t', 't2d')})}",
+    )

@@ -1,0 +1,174 @@
+"""The checkpoints a build writes into its staging directory: target/, draft/ and tokenizer/.
+
+A real build loads the target (only when something is calibrated), calibrates and quantizes
+with ModelOpt, and exports unified Hugging Face checkpoints; a dry run copies the configs only.
+Also the acceptance figure of an embedded pair, measured on the checkpoints just written.
+pipeline/builder.py decides what to build and calls these; the on-disk format is bundle.py's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from eagle3_trt.convert import export, quantize
+from eagle3_trt.convert.embedded import heldout_prompts
+from eagle3_trt.convert.load import load_engine
+from eagle3_trt.convert.prompts import load_prompts
+from eagle3_trt.core.draft import Eagle3Draft
+from eagle3_trt.core.engine import SamplingParams
+from eagle3_trt.pipeline import bundle as fmt
+
+Progress = Callable[[str, int | None], Callable[[], None]]
+
+
+def measure_embedded_acceptance(bundle: Path, pair_dir: Path, k: int, aux: tuple[int, ...], n_prompts: int = 8, max_tokens: int = 32) -> fmt.Acceptance | None:
+    """Greedy speculative decoding of the built (quantized) checkpoints on the pair's shipped held-out prompts.
+
+    Only embedded pairs ship such prompts; a few seconds on a CPU. The figure is the bundle's own
+    (FP8/NVFP4 weights dequantized, activations fake-quantized by the reference runtime)."""
+    prompts = heldout_prompts(pair_dir)
+    if prompts is None:
+        return None
+    prompts = prompts[:n_prompts]
+    bundle = Path(bundle)
+    eng = load_engine(bundle / "target", bundle / "draft", tokenizer_dir=bundle / "tokenizer", max_draft_len=k, aux_layer_ids=aux, quantized=True, device="cpu")
+    res = eng.generate(prompts, SamplingParams(max_tokens=max_tokens))
+    gen = sum(r.stats.generated_tokens for r in res)
+    fwd = sum(r.stats.target_forwards for r in res)
+    drafted = sum(r.stats.draft_tokens for r in res)
+    accepted = sum(r.stats.accepted_tokens for r in res)
+    return fmt.Acceptance(
+        alpha=round(accepted / drafted, 4) if drafted else 0.0,
+        acceptance_length=round(gen / fwd, 4) if fwd else 1.0,
+        max_draft_len=k,
+        prompts=len(prompts),
+        generated_tokens=gen,
+        target_forwards=fwd,
+        measured_on="heldout_prompts.json (held-out text), greedy, reference runtime on the quantized bundle",
+    )
+
+
+def write_config_only(target_dir: Path, draft_dir: Path, tmp: Path) -> None:
+    for role, src in (("target", target_dir), ("draft", draft_dir)):
+        (tmp / role).mkdir()
+        shutil.copy2(src / "config.json", tmp / role / "config.json")
+    export.copy_tokenizer(target_dir, tmp / "target")
+    export.copy_tokenizer(target_dir, tmp / "tokenizer")
+
+
+def quantize_and_export(
+    target_dir,
+    draft,
+    report,
+    tmp: Path,
+    quant: str,
+    kv: str,
+    draft_quant: str,
+    calib_file: Path,
+    n_calib: int,
+    calib_len: int,
+    timings: dict,
+    progress: Progress,
+) -> dict:
+    """Library chatter (ModelOpt prints its whole config, transformers draws bars) goes to build.log."""
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    with open(tmp / "build.log", "w") as logf, contextlib.redirect_stdout(logf), warnings.catch_warnings():
+
+        def to_log(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None, line: str | None = None) -> None:
+            logf.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+        warnings.showwarning = to_log
+        return _quantize_and_export_inner(target_dir, draft, report, tmp, quant, kv, draft_quant, calib_file, n_calib, calib_len, timings, progress)
+
+
+def _quantize_and_export_inner(
+    target_dir,
+    draft,
+    report,
+    tmp: Path,
+    quant: str,
+    kv: str,
+    draft_quant: str,
+    calib_file: Path,
+    n_calib: int,
+    calib_len: int,
+    timings: dict,
+    progress: Progress,
+) -> dict:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer, model = _load_target(target_dir, quant, draft_quant, device, timings, progress)
+
+    if quant in ("bf16", "native") and draft_quant == "bf16":
+        batches, info = [], {}  # nothing is calibrated: the manifest records no calibration prompts
+    else:
+        prompts = load_prompts(calib_file, n_calib, option="--calib")
+        batches = quantize.calibration_batches(tokenizer, prompts, calib_len)
+        info = {"prompts_used": len(batches), "tokens": int(sum(b.numel() for b in batches)), "tokens_sha256": quantize.calibration_hash(batches)}
+
+    s = time.perf_counter()
+    if quant not in ("bf16", "native"):
+        tick = progress(f"calibrate + quantize target ({quant}, KV {kv})", len(batches))
+        quantize.quantize_target(model, batches, quant, kv, on_step=tick)
+    timings["quantize_target_s"] = time.perf_counter() - s
+
+    _quantize_and_export_draft(draft, model, batches, report, tmp, draft_quant, device, timings, progress)
+    _export_target(Path(target_dir), model, tmp, quant, timings, progress)
+    return info
+
+
+def _load_target(target_dir, quant: str, draft_quant: str, device: str, timings: dict, progress: Progress) -> tuple[Any, Any]:
+    """The tokenizer, and the target model when something is calibrated (else None)."""
+    s = time.perf_counter()
+    tick = progress("load target", None)
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir), trust_remote_code=False)
+    model = None  # only ModelOpt calibration needs the target loaded; a BF16 target is streamed (export_target_bf16)
+    if quant not in ("bf16", "native") or draft_quant != "bf16":
+        model = AutoModelForCausalLM.from_pretrained(
+            str(target_dir),
+            dtype=torch.bfloat16,
+            trust_remote_code=False,
+            low_cpu_mem_usage=True,
+            **({"device_map": "auto"} if device == "cuda" else {}),
+        ).eval()
+    tick()
+    timings["load_target_s"] = time.perf_counter() - s
+    return tokenizer, model
+
+
+def _quantize_and_export_draft(draft, model, batches: list, report, tmp: Path, draft_quant: str, device: str, timings: dict, progress: Progress) -> None:
+    s = time.perf_counter()
+    if draft_quant != "bf16":
+        dm = Eagle3Draft.from_checkpoint(draft, dtype=torch.bfloat16, device=device)
+        tick = progress(f"calibrate + quantize draft ({draft_quant})", len(batches))
+        quantize.quantize_draft(dm, model, batches, report.aux_layer_ids, draft_quant, on_step=tick)
+        timings["quantize_draft_s"] = time.perf_counter() - s
+        s = time.perf_counter()
+        export.export_draft_quantized(dm, draft, tmp / "draft")
+    else:
+        export.export_draft_bf16(draft, tmp / "draft")
+    timings["export_draft_s"] = time.perf_counter() - s
+
+
+def _export_target(target_dir: Path, model, tmp: Path, quant: str, timings: dict, progress: Progress) -> None:
+    s = time.perf_counter()
+    tick = progress("copy target as shipped" if quant == "native" else "export target (unified HF checkpoint)", None)
+    if quant == "native":
+        export.export_target_native(target_dir, tmp / "target")
+    elif quant == "bf16":
+        export.export_target_bf16(target_dir, tmp / "target")
+    else:
+        export.export_target(model, tmp / "target", target_dir)
+    export.copy_tokenizer(target_dir, tmp / "tokenizer")
+    tick()
+    timings["export_target_s"] = time.perf_counter() - s

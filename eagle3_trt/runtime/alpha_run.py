@@ -1,0 +1,183 @@
+"""Measuring alpha of a bundle (and of a reference pair) into the alpha report dict: what ``eagle3-trt alpha`` runs."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+
+from eagle3_trt.convert.prompts import load_prompt_records, use_chat_template
+from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline.bundle import Bundle, open_bundle
+from eagle3_trt.runtime.alpha_report import compare
+from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs
+from eagle3_trt.runtime.cost_model import recommend
+from eagle3_trt.runtime.diagnostics import diagnose
+from eagle3_trt.runtime.loader import default_device, engine_from_bundle
+from eagle3_trt.runtime.measure import Measurement, measure
+
+MXFP4_NUMERICS_NOTE = (
+    "target experts are MXFP4 as shipped; the reference runtime dequantizes them exactly (every "
+    "E2M1 x 2^k value is a BF16 value) and runs activations unquantized, which is TensorRT-LLM's "
+    "W4A16 MXFP4 path on Hopper; Blackwell MoE kernels that also quantize activations (MXFP8) "
+    "are not emulated, so alpha there can differ by rounding"
+)
+
+
+def run_alpha(
+    bundle: Path,
+    prompts_file: Path,
+    *,
+    reference_bundle: Path | None = None,
+    bf16: bool | None = None,
+    max_tokens: int = 128,
+    limit: int | None = None,
+    turns: str = "all",
+    max_draft_len: int | None = None,
+    method: str = "estimator",
+    device: str | None = None,
+    batch_size: int = 16,
+    concurrency: int = 1,
+    diagnostics: bool = True,
+    progress=None,
+    sweep: tuple[int, ...] = (),
+    chat_template: bool | None = None,
+) -> dict:
+    """Measure the bundle (as built) and optionally a reference pair; returns the report dict.
+
+    ``chat_template``: None encodes chat records through the template and raw completion
+    records as they are; False sends every record raw; True templates every record."""
+    say = progress or (lambda msg: None)
+    if max_draft_len is not None and not 1 <= max_draft_len <= 16:  # 0 would silently mean the bundle's K
+        raise UserError("--max-draft-len", f"{max_draft_len}", "draft lengths are 1..16")
+    if sweep and method != "estimator":
+        raise UserError("--sweep", "needs the estimator", "drop --method generate (the estimator's counts are identical)")
+    b = open_bundle(Path(bundle))
+    records = load_prompt_records(Path(prompts_file), limit)
+    use_chat_template(records, chat_template, source=prompts_file)  # a one-line error before any model is loaded
+    device = default_device(device)
+    k = int(max_draft_len or b.k)
+    # the bundle and its reference pair are measured alike
+    measure_pair = partial(measure, records=records, max_tokens=max_tokens, turns=turns, method=method, batch_size=batch_size, k=k, chat_template=chat_template)
+    t0 = time.perf_counter()
+    say(f"loading {b.path} ({b.label}) on {device}")
+    eng = engine_from_bundle(b, device=device, max_draft_len=k)
+    load_s = time.perf_counter() - t0
+    say(f"measuring {len(records)} prompts ({turns} turns, up to {max_tokens} tokens each)")
+    prim = measure_pair(eng, label=b.label, sweep=sweep)
+    diag = diagnose(eng, prim) if diagnostics and prim.results else []
+    del eng  # before a reference pair is loaded next to it
+    ref, ref_note = _measure_reference(b, reference_bundle, bf16, device, k, measure_pair, say)
+    settings = _settings(prompts_file, len(records), limit, turns, max_tokens, k, method, device, batch_size, sweep, chat_template)
+    report = _report(b, settings, prim, ref, ref_note, diag, load_s)
+    _add_recommendation(report, b, prim, concurrency)
+    return report
+
+
+def _measure_reference(
+    b: Bundle, reference_bundle: Path | None, bf16: bool | None, device: str, k: int, measure_pair, say
+) -> tuple[Measurement | None, str | None]:
+    """(the reference pair's measurement, or a note saying why there is none)."""
+    ref_note = None
+    # a natively quantized target (gpt-oss MXFP4) has no BF16 source to compare with: the shipped checkpoint
+    # is both what the bundle serves and the reference; only a draft quantized by the build has one
+    quantized = b.quant.target not in ("bf16", "native") or b.quant.draft != "bf16"
+    if bf16 and b.quant.target == "native" and not quantized and reference_bundle is None:
+        raise UserError(
+            "--bf16",
+            f"the bundle's target is kept as shipped ({b.quant.target_native}) and its draft is BF16: there is no BF16 source pair to compare with",
+            "drop --bf16 (or pass --reference-bundle)",
+        )
+    if reference_bundle is not None:
+        rb = open_bundle(Path(reference_bundle))
+        say(f"loading reference bundle {reference_bundle}")
+        reng = engine_from_bundle(rb, device=device, max_draft_len=k)
+        ref_label = f"reference ({rb.label})"
+    elif bf16 or (bf16 is None and quantized):
+        try:
+            say("loading the BF16 source pair named in manifest.json")
+            reng = engine_from_bundle(b, device=device, max_draft_len=k, reference=True)
+            ref_label = "bf16 target + bf16 draft"
+        except UserError as e:
+            if bf16:
+                raise
+            reng, ref_note = None, f"no BF16 reference: {e.line()}"
+    else:
+        reng = None
+        ref_note = (
+            "reference disabled (--no-bf16)"
+            if quantized
+            else f"target kept as shipped ({b.quant.target_native}) and draft BF16; no reference pair"
+            if b.quant.target == "native"
+            else "bundle is BF16; no reference pair"
+        )
+    if reng is None:
+        return None, ref_note
+    say("measuring the reference pair")
+    return measure_pair(reng, label=ref_label), ref_note
+
+
+def _settings(
+    prompts_file: Path,
+    n_records: int,
+    limit: int | None,
+    turns: str,
+    max_tokens: int,
+    k: int,
+    method: str,
+    device: str,
+    batch_size: int,
+    sweep: tuple[int, ...],
+    chat_template: bool | None,
+) -> dict:
+    return {
+        "prompts": str(prompts_file),
+        "records": n_records,
+        "limit": limit,
+        "turns": turns,
+        "max_tokens": max_tokens,
+        "max_draft_len": k,
+        "method": method,
+        "device": device,
+        "decoding": "greedy",
+        "batch_size": batch_size,
+        "sweep": list(sweep),
+        "chat_template": {None: "per record", True: "always", False: "never"}[chat_template],
+    }
+
+
+def _report(b: Bundle, settings: dict, prim: Measurement, ref: Measurement | None, ref_note: str | None, diag: list[dict], load_s: float) -> dict:
+    report: dict = {
+        "schema": 1,
+        "kind": "eagle3-trt alpha report",
+        "bundle": str(b.path),
+        "settings": settings,
+        "pairs": {"bundle": prim.to_dict()},
+        "delta": compare(prim, ref),
+        "diagnostics": diag,
+        "timings": {"load_s": load_s},
+    }
+    if ref is not None:
+        report["pairs"]["reference"] = ref.to_dict()
+    if ref_note:
+        report["reference_note"] = ref_note
+    if b.quant.target_native == "mxfp4":
+        report["numerics_note"] = MXFP4_NUMERICS_NOTE
+    return report
+
+
+def _add_recommendation(report: dict, b: Bundle, prim: Measurement, concurrency: int) -> None:
+    """K and max_concurrency from the measurement, or the one-line reason there is none."""
+    ov = prim.overall()
+    if not ov.draft_tokens:
+        return
+    try:
+        rec = recommend(
+            ov.cumulative_acceptance,
+            concurrency=concurrency,
+            **bundle_cost_inputs(b),
+            measured_by_k={kk: v["cumulative_acceptance"] for kk, v in prim.sweep().items()},
+        )
+        report["recommendation"] = rec.to_dict()
+    except UserError as e:
+        report["recommendation_error"] = e.line()
