@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import ipaddress
-import json
 import socket
+from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -14,12 +14,14 @@ from eagle3_trt.clients.openai_client import normalize_openai_url
 from eagle3_trt.dynamo_serving.launcher import DEFAULT_STATE_DIR as DYNAMO_STATE_DIR
 from eagle3_trt.dynamo_serving.launcher import Deployment
 from eagle3_trt.errors import UserError
+from eagle3_trt.triton_serving.server import ServerHandle
 
 
 def _recorded_server(state_dir: Path) -> dict | None:
+    """The ports of the server `eagle3-trt serve` recorded, read through its one reader; None if none."""
     try:
-        return json.loads((Path(state_dir) / "server.json").read_text())
-    except (OSError, ValueError):
+        return asdict(ServerHandle.load(state_dir))
+    except UserError:
         return None
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.heldout import read_heldout
 from eagle3_trt.resources import data_dir
 
 
@@ -31,5 +31,5 @@ def embedded_pair(name: str) -> tuple[Path, Path]:
 
 def heldout_prompts(pair_dir: Path) -> list[list[int]] | None:
     """Token ids of the held-out prompts an embedded pair ships beside target/ and draft/, or None."""
-    f = Path(pair_dir) / "heldout_prompts.json"
-    return json.loads(f.read_text())["prompts"] if f.is_file() else None
+    held = read_heldout(pair_dir)
+    return held.prompts if held else None

@@ -33,7 +33,8 @@ from pathlib import Path
 import click
 import torch
 
-from eagle3_trt.atomic import staged_dir
+from eagle3_trt.atomic import staged_dir, write_text
+from eagle3_trt.formats.heldout import HELDOUT_FILE, HeldoutPrompts
 from eagle3_trt.testing.tiny_model_card import model_card
 from eagle3_trt.testing.tiny_recipe import RECIPES, Recipe, read_corpus
 from eagle3_trt.testing.tiny_training import (
@@ -158,7 +159,7 @@ def _write_heldout_prompts(pair: Path, name: str, r: Recipe, held: dict) -> None
         f"standard-library modules neither model was trained on ({', '.join(held)}; PSF License). "
         "`make engine` measures the built bundle's acceptance on them."
     )
-    (pair / "heldout_prompts.json").write_text(json.dumps({"about": about, "prompts": heldout_prompt_ids(pair, r, held)}) + "\n")
+    write_text(pair / HELDOUT_FILE, HeldoutPrompts(about=about, prompts=heldout_prompt_ids(pair, r, held)).model_dump_json() + "\n")
 
 
 def remeasure_pair(out: Path) -> dict:

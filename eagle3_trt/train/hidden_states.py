@@ -19,10 +19,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
-from eagle3_trt.atomic import staged_dir
+from eagle3_trt.atomic import staged_dir, write_text
 from eagle3_trt.convert.target import TargetInfo
 from eagle3_trt.core.target import TargetModel
 from eagle3_trt.errors import UserError
@@ -30,6 +31,30 @@ from eagle3_trt.errors import UserError
 SHARD_BYTES = 256 << 20
 IN_MEMORY_BYTES = 1 << 30
 CACHE_SCHEMA = 1
+
+
+class CacheManifest(BaseModel):
+    """<cache>/manifest.json: what the shards hold and the key of the run that wrote them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_: int = Field(alias="schema")
+    key: str
+    seq_len: int
+    aux_layer_ids: list[int]
+    target_hidden_size: int
+    shards: list[int]
+
+
+def read_cache_manifest(cache_dir: Path) -> CacheManifest | None:
+    """The cache's manifest, or None when there is none or it is from another schema or damaged
+    (the cache is then rebuilt: it is derived data)."""
+    f = Path(cache_dir) / "manifest.json"
+    try:
+        m = CacheManifest.model_validate_json(f.read_text())
+    except (OSError, ValidationError):
+        return None
+    return m if m.schema_ == CACHE_SCHEMA else None
 
 
 def check_aux_layers(info: TargetInfo, aux: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -85,15 +110,11 @@ def collect(
 ) -> HiddenCache:
     """Teacher-force every window through the target and write shards; reuses a matching cache."""
     cache_dir = Path(cache_dir)
-    manifest = cache_dir / "manifest.json"
-    if manifest.is_file():
-        try:
-            if json.loads(manifest.read_text()).get("key") == key:
-                if on_batch:
-                    on_batch(len(windows))
-                return HiddenCache(cache_dir)
-        except json.JSONDecodeError:
-            pass
+    existing = read_cache_manifest(cache_dir)
+    if existing is not None and existing.key == key:
+        if on_batch:
+            on_batch(len(windows))
+        return HiddenCache(cache_dir)
     T = target.hidden_size
     A = len(target.aux_layer_ids)
     per_sample = seq_len * (A + 1) * T * 2 + seq_len * 9
@@ -128,8 +149,8 @@ def collect(
             if on_batch:
                 on_batch(len(chunk))
         flush()
-        meta = {"schema": CACHE_SCHEMA, "key": key, "seq_len": seq_len, "aux_layer_ids": list(target.aux_layer_ids), "target_hidden_size": T, "shards": shards}
-        (tmp / "manifest.json").write_text(json.dumps(meta, indent=2) + "\n")
+        meta = CacheManifest(schema=CACHE_SCHEMA, key=key, seq_len=seq_len, aux_layer_ids=list(target.aux_layer_ids), target_hidden_size=T, shards=shards)
+        write_text(tmp / "manifest.json", meta.model_dump_json(by_alias=True, indent=2) + "\n")
     return HiddenCache(cache_dir)
 
 
@@ -138,8 +159,11 @@ class HiddenCache:
 
     def __init__(self, cache_dir: Path):
         self.dir = Path(cache_dir)
-        self.meta = json.loads((self.dir / "manifest.json").read_text())
-        self.counts: list[int] = list(self.meta["shards"])
+        meta = read_cache_manifest(self.dir)
+        if meta is None:
+            raise UserError(self.dir / "manifest.json", "not a hidden-state cache of this version", "delete the cache directory; it is rebuilt")
+        self.meta = meta
+        self.counts: list[int] = list(meta.shards)
         total_bytes = sum(f.stat().st_size for f in self.dir.glob("shard_*.safetensors"))
         self._keep_all = total_bytes <= IN_MEMORY_BYTES
         self._loaded: dict[int, dict[str, torch.Tensor]] = {}

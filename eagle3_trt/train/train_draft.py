@@ -308,7 +308,7 @@ def _train(
         save_every=o.save_every,
     )
     vocab = prep.vocab
-    run_key = _run_key(prep.caches["train"].meta["key"], asdict(settings), str(o.init), vocab.target_ids.tolist()[:64], vocab.size)
+    run_key = _run_key(prep.caches["train"].meta.key, asdict(settings), str(o.init), vocab.target_ids.tolist()[:64], vocab.size)
     trainer = Trainer(draft, head, vocab, prep.caches["train"], settings, o.work / "ckpt", device, run_key)
     resumed_from = 0
     if o.resume and trainer.resume():

@@ -24,7 +24,6 @@ random tiny pair). Both run the same TTT unroll (``ttt_unroll``).
 from __future__ import annotations
 
 import functools
-import json
 import math
 import operator
 from collections.abc import Callable
@@ -33,13 +32,33 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, ValidationError
 from safetensors.torch import load_file, save_file
 
-from eagle3_trt.atomic import staged_dir
+from eagle3_trt.atomic import staged_dir, write_text
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 from eagle3_trt.train.draft_vocab import DraftVocab, build_draft_vocab, count_tokens
 from eagle3_trt.train.hidden_states import HiddenCache
+
+
+class TrainerState(BaseModel):
+    """<ckpt>/state.json: where a run stopped, and the key of the run (same data, target, settings)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int
+    run_key: str
+    settings: dict[str, object]
+    history: list[dict[str, object]]
+
+
+def read_trainer_state(ckpt_dir: Path) -> TrainerState | None:
+    """The checkpoint's state, or None when there is none or it is unreadable (training starts over)."""
+    try:
+        return TrainerState.model_validate_json((Path(ckpt_dir) / "state.json").read_text())
+    except (OSError, ValidationError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -200,19 +219,16 @@ class Trainer:
             if st:
                 for k in ("exp_avg", "exp_avg_sq", "step"):
                     opt_t[f"{name}::{k}"] = torch.as_tensor(st[k]).detach().cpu().contiguous()
-        state = {"step": self.step, "run_key": self.run_key, "settings": asdict(self.s), "history": self.history}
+        state = TrainerState(step=self.step, run_key=self.run_key, settings=asdict(self.s), history=self.history)
         with staged_dir(self.ckpt_dir) as tmp:
             save_file({k: v.detach().cpu().contiguous() for k, v in self.draft.state_dict().items()}, str(tmp / "draft.safetensors"))
             save_file(opt_t, str(tmp / "optimizer.safetensors"))
-            (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n")
+            write_text(tmp / "state.json", state.model_dump_json(indent=1) + "\n")
 
     def resume(self) -> bool:
         """Load <ckpt>/ if it belongs to this run (same data, target, settings); True when loaded."""
-        state_f = self.ckpt_dir / "state.json"
-        if not state_f.is_file():
-            return False
-        state = json.loads(state_f.read_text())
-        if state.get("run_key") != self.run_key:
+        state = read_trainer_state(self.ckpt_dir)
+        if state is None or state.run_key != self.run_key:
             return False
         self.draft.load_state_dict(load_file(str(self.ckpt_dir / "draft.safetensors")))
         opt_t = load_file(str(self.ckpt_dir / "optimizer.safetensors"))
@@ -221,8 +237,8 @@ class Trainer:
                 self.opt.state[p] = {
                     k: opt_t[f"{name}::{k}"].to(self.device) if k != "step" else opt_t[f"{name}::{k}"] for k in ("exp_avg", "exp_avg_sq", "step")
                 }
-        self.step = int(state["step"])
-        self.history = list(state.get("history", []))
+        self.step = state.step
+        self.history = list(state.history)
         return True
 
     # -- training ---------------------------------------------------------------------------

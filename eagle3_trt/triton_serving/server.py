@@ -183,6 +183,8 @@ class ServerHandle:
             return cls(**json.loads(path.read_text()))
         except FileNotFoundError:
             raise UserError(path, "no server recorded here", "start one with `eagle3-trt serve REPO`") from None
+        except (ValueError, TypeError) as e:  # not JSON, or not this record's fields
+            raise UserError(path, f"unreadable server record ({e})", f"remove {state_dir} after checking no tritonserver is left") from None
 
     def alive(self) -> bool:
         return pid_alive(self.pid)
