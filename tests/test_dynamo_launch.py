@@ -91,6 +91,7 @@ def test_bad_role_is_one_line(fp8_bundle, tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "ROLE must be" in r.stderr
 
 
+@pytest.mark.needs("dynamo")
 def test_flag_names_exist_in_installed_dynamo():
     """Every flag the launchers pass is defined by the installed ai-dynamo (read from its source:
     importing dynamo.trtllm needs TensorRT-LLM)."""

@@ -73,3 +73,8 @@ def test_an_unknown_requirement_is_a_usage_error(tmp_path):
 def test_user_selection_is_not_a_loss(tmp_path):
     r = _run(tmp_path, {"test_a.py": PASSING + "\ndef test_b():\n    pass\n"}, autoload=False, extra=("-k", "ok"))
     assert r.returncode == 0 and "1 deselected" in r.stdout, r.stdout
+
+
+def test_an_ignored_file_is_the_user_s_choice(tmp_path):
+    r = _run(tmp_path, {"test_a.py": PASSING, "test_b.py": PASSING}, autoload=False, extra=("--ignore", "test_b.py"))
+    assert r.returncode == 0 and "suite: 1 collected" in r.stdout and "0 guard problems" in r.stdout, r.stdout

@@ -64,15 +64,26 @@ def _tmpfs() -> bool:
     return True
 
 
+# The checkout under test: pytest's rootdir once a run is configured, which is where the tests look
+# for ../shared (Path(__file__).parents[1].parent); the package's own checkout before that. The two
+# differ when a clone runs with another checkout's editable install.
+_ROOT: list[Path] = [Path(__file__).resolve().parents[2]]
+
+
+def shared_data_dir() -> Path:
+    """The ../shared/data folder the tests marked needs("shared") read, as an absolute path."""
+    return (_ROOT[0].parent / "shared" / "data").resolve()
+
+
 def _shared() -> bool:
-    return (Path(__file__).resolve().parents[2].parent / "shared" / "data").is_dir()
+    return shared_data_dir().is_dir()
 
 
 def _make_venv() -> bool:
     return bool(shutil.which("make")) and (Path(sys.executable).parent.parent / ".eagle3-trt-installed").is_file()
 
 
-# name -> (check, what is missing when it fails)
+# name -> (check, what is missing when it fails; "{shared}" is where ../shared/data was looked for)
 REQUIREMENTS: dict[str, tuple[Callable[[], bool], str]] = {
     "cuda": (_cuda, "a CUDA GPU"),
     "no_cuda": (lambda: not _cuda(), "a machine without a CUDA GPU (the test checks the CPU refusal)"),
@@ -85,10 +96,17 @@ REQUIREMENTS: dict[str, tuple[Callable[[], bool], str]] = {
     "kubernetes_validate": (_importable("kubernetes_validate"), "kubernetes-validate (the [dynamo] extra)"),
     "vllm_or_sglang": (lambda: _importable("vllm")() or _importable("sglang")(), "vLLM or SGLang"),
     "tmpfs": (_tmpfs, "root and permission to mount a tmpfs"),
-    "shared": (_shared, "../shared next to the repository"),
+    "shared": (_shared, "../shared/data next to the repository (the shared data sets and tokenizers): {shared} not found"),
     "make_venv": (_make_venv, "make and the Makefile's .venv"),
     "dev_shm": (lambda: Path("/dev/shm").is_dir(), "/dev/shm"),
+    "curl": (lambda: shutil.which("curl") is not None, "curl (the README's health checks call it)"),
 }
+
+
+def _missing(name: str) -> str:
+    """What a skip says is missing, with the absolute path where ../shared was looked for."""
+    return REQUIREMENTS[name][1].format(shared=shared_data_dir())
+
 
 # test files skipped whole by require(): path -> requirement
 _MODULE_SKIPS: dict[Path, str] = {}
@@ -103,7 +121,7 @@ def require(*names: str) -> None:
             raise ValueError(f"unknown requirement {name!r} (declared: {', '.join(REQUIREMENTS)})")
         if not _met(name):
             _MODULE_SKIPS[caller] = name
-            pytest.skip(f"needs {name}: {REQUIREMENTS[name][1]}", allow_module_level=True)
+            pytest.skip(f"needs {name}: {_missing(name)}", allow_module_level=True)
 
 
 _CHECKS: dict[str, bool] = {}
@@ -162,19 +180,21 @@ class SuiteGuard:
                 missing = [n for n in mark.args if not _met(n)]
                 if missing:
                     self.skipped_by_need[item.nodeid] = missing[0]
-                    item.add_marker(pytest.mark.skip(reason=f"needs {missing[0]}: {REQUIREMENTS[missing[0]][1]}"))
+                    item.add_marker(pytest.mark.skip(reason=f"needs {missing[0]}: {_missing(missing[0])}"))
                     break
 
     def _expected_files(self) -> set[Path]:
+        """The test files under the paths pytest was given, less those the user --ignore'd."""
         out: set[Path] = set()
         base = Path(self.config.invocation_params.dir)
+        ignored = [(base / p).resolve() for p in self.config.getoption("ignore", None) or []]
         for arg in self.config.args:
             p = base / arg.split("::")[0]
             if p.is_dir():
                 out.update(q.resolve() for q in p.rglob("test_*.py") if "__pycache__" not in q.parts)
             elif p.is_file() and p.name.startswith("test_") and "::" not in arg:
                 out.add(p.resolve())
-        return out
+        return {f for f in out if not any(f == i or i in f.parents for i in ignored)}
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.collected = len(session.items)
@@ -216,5 +236,6 @@ class SuiteGuard:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _ROOT[0] = Path(config.rootpath).resolve()
     config.addinivalue_line("markers", f"needs(*names): the test needs these; skipped (and counted) when one is missing. Names: {', '.join(REQUIREMENTS)}")
     config.pluginmanager.register(SuiteGuard(config), "eagle3-suite-guard")
