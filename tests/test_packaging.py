@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -45,32 +46,27 @@ def test_wheel_modules_are_the_checkout_s_modules(wheel):
 
 
 def test_installed_wheel_builds_the_tiny_bundle_outside_the_checkout(wheel, tmp_path):
-    """pip installs the wheel into a fresh target; from a directory outside the checkout,
-    `eagle3-trt engine --model tiny` builds the bundle from the wheel's own data."""
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)], check=True, timeout=300)
-    entry = next(target.glob("eagle3_trt-*.dist-info")) / "entry_points.txt"
-    assert "eagle3-trt = eagle3_trt.cli:main" in entry.read_text()
-    env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "EAGLE3_TRT_CACHE": str(tmp_path / "cache"), "HOME": str(tmp_path)}
+    """A new virtual environment outside the checkout gets the wheel from pip (its console script
+    included); `eagle3-trt engine --model tiny` run from elsewhere builds the bundle from the wheel's own
+    data. The dependencies (torch, transformers, ModelOpt: gigabytes) are lent read-only through a path
+    file naming this environment's site-packages, which is not a site dir, so its editable-install
+    hook for the checkout is never processed."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    site = next(venv.glob("lib/python*/site-packages"))
+    (site / "borrowed_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True, timeout=300)
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
     code = (
         "import eagle3_trt, eagle3_trt.resources as r, importlib.util as u; print(eagle3_trt.__file__); print(r.data_dir('models')); "
         "print(r.checkout_root()); assert u.find_spec('build') is None or 'eagle3_trt' not in str(u.find_spec('build').origin)"
     )
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     pkg, models, checkout = r.stdout.split()
-    assert pkg.startswith(str(target)) and models.startswith(str(target)) and checkout == "None", r.stdout
+    assert pkg.startswith(str(site)) and models.startswith(str(site)) and checkout == "None", r.stdout
     r = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from eagle3_trt.cli import main; sys.exit(main(sys.argv[1:]))",
-            "engine",
-            "--model",
-            "tiny",
-            "-o",
-            str(tmp_path / "bundle"),
-        ],
+        [str(venv / "bin" / "eagle3-trt"), "engine", "--model", "tiny", "-o", str(tmp_path / "bundle")],
         cwd=tmp_path,
         env=env,
         capture_output=True,
