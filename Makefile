@@ -3,7 +3,7 @@
 #               [GPUS=n] [TP=n] [QUANT=fp8|nvfp4|bf16|native] [QUANTIZE_DRAFT=1] [DRY_RUN=1] [OUT=dir]
 #   make test   lint, then the test suite (what CI runs); make lint: import contracts, ruff, mypy; make test-compat: the same on TensorRT-LLM 1.2's
 #               library generation (transformers 4.57.3, ModelOpt 0.37)
-#   make serve  [BUNDLE=engines/tiny-fp8-h100] [REPO=repos/eagle3] [RUNTIME=reference|trtllm]
+#   make serve  [BUNDLE=engines/tiny-fp8-h100] [REPO=repos/eagle3] [RUNTIME=reference|trtllm] [FORCE=1: overwrite our models despite edits]
 #               [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002] [UNARY=1|only]: Triton on 127.0.0.1;
 #               UNARY=1 adds a non-decoupled <name>_unary twin (HTTP /infer, gRPC ModelInfer), UNARY=only
 #               makes the one model non-decoupled (upstream llmapi's default); make stop
@@ -64,6 +64,11 @@ engine: $(STAMP)
 # is off and the suite names its own plugins in pyproject's addopts; its guard fails the run on any lost test.
 test: lint $(DYNAMO_STAMP)
 	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The README's command blocks, run on the tiny pairs (tests/test_readme_commands.py; also part of make test).
+.PHONY: docs-check
+docs-check: $(DYNAMO_STAMP)
+	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/python -m pytest -q tests/test_readme_commands.py
 
 # Static checks, from the repository root on the checkout as it is: import-linter layer contracts,
 # ruff (lint + format check) and mypy (strict on the pure layers, see pyproject). make test runs them first.
@@ -128,7 +133,9 @@ serve: $(STAMP)
 	    echo "serve: $(BUNDLE) is not an engine bundle (build one with make engine)"; exit 2; \
 	  fi; \
 	fi
-	$(BIN)/eagle3-trt package $(BUNDLE) -o $(REPO) --force --runtime $(RUNTIME) \
+	@# no --force: package adds or updates only its own models, keeps edits it did not make (it names
+	@# the file and stops), and refuses a repository a running server has loaded; FORCE=1 overwrites ours
+	$(BIN)/eagle3-trt package $(BUNDLE) -o $(REPO) $(if $(filter 1 yes true,$(FORCE)),--force) --runtime $(RUNTIME) \
 	  $(if $(TORCH_THREADS),--torch-threads $(TORCH_THREADS)) \
 	  $(if $(filter 1,$(UNARY)),--with-unary) $(if $(filter only,$(UNARY)),--no-decoupled)
 	$(BIN)/eagle3-trt serve $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)

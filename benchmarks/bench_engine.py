@@ -61,8 +61,14 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=64)
     args = ap.parse_args()
 
+    from eagle3_trt.convert.prompts import load_prompts
     from eagle3_trt.convert.quantize import DEFAULT_CALIB_FILE
     from eagle3_trt.testing.tiny_pair import TinyShape, make_pair
+
+    # both sides calibrate on the shipped set; asking for more than it holds would time fewer prompts than the label says
+    have = len(load_prompts(DEFAULT_CALIB_FILE, args.samples))
+    if have < args.samples:
+        ap.error(f"--samples {args.samples}: {DEFAULT_CALIB_FILE} has {have} prompts; pass --samples {have} or less")
 
     work = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     shape = TinyShape(

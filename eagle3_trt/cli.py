@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
 import signal
@@ -97,9 +98,25 @@ def load_command(name: str) -> click.Command:
     return cmd
 
 
+class _UnknownCommand(click.UsageError):
+    """A misspelled command, told apart by type. click >= 8.4's NoSuchCommand suggests only the
+    commands registered eagerly (not LAZY_COMMANDS), and click 8.1-8.3 raise a plain UsageError."""
+
+    def __init__(self, name: str, known: list[str], ctx: click.Context):
+        super().__init__(f"no such command {name!r}", ctx)
+        self.possibilities = difflib.get_close_matches(name, known, n=1)
+
+
 class _LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        name = click.utils.make_str(args[0])
+        # an option in command position (eagle3-trt --bogus) is left to click, which reports the option
+        if not ctx.resilient_parsing and not name.startswith("-") and self.get_command(ctx, name) is None:
+            raise _UnknownCommand(name, self.list_commands(ctx), ctx)
+        return super().resolve_command(ctx, args)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in LAZY_COMMANDS:
@@ -142,25 +159,59 @@ def presets_cmd() -> None:
 @cli.command("validate")
 @click.option("--target", "target_dir", required=True, type=click.Path(file_okay=False), help="target HF checkpoint dir")
 @click.option("--draft", "draft_dir", required=True, type=click.Path(file_okay=False), help="EAGLE-3 draft dir (SafeAILab, ModelOpt or speculators layout)")
-@click.option("--max-seq-len", default=8192, show_default=True)
+@click.option("--model", "model", default=None, help="the preset a build of this pair would use (its max_seq_len is checked)  [default: tiny, as for engine]")
+@click.option("--preset-file", default=None, type=click.Path(dir_okay=False), help="a preset YAML file of your own (instead of --model)")
+@click.option("--max-seq-len", type=click.IntRange(min=1), default=None, help="tokens per sequence to check for (default: the preset's, what the build uses)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-def validate_cmd(target_dir: str, draft_dir: str, max_seq_len: int, as_json: bool) -> None:
+@click.option(
+    "--deep",
+    is_flag=True,
+    help="also run the pair on calibration prompts, as `engine` does: the target's loss vs log V (a swapped tokenizer) "
+    "and the draft's agreement with the target vs chance (a head trained for another target)",
+)
+@click.option("--calib", "calib_file", default=None, type=click.Path(dir_okay=False), help="prompts for --deep (default: the shipped calibration set)")
+def validate_cmd(
+    target_dir: str, draft_dir: str, model: str | None, preset_file: str | None, max_seq_len: int | None, as_json: bool, deep: bool, calib_file: str | None
+) -> None:
     """Check that a target and an EAGLE-3 draft belong together (no quantization)."""
     from eagle3_trt.convert.draft_format import load_draft
     from eagle3_trt.convert.target import read_target
     from eagle3_trt.convert.validate import validate_pair
+    from eagle3_trt.pipeline.presets import override_dir
 
-    for p in (target_dir, draft_dir):
-        if not Path(p).is_dir():
-            raise UserError(p, "directory does not exist", "pass a local checkpoint directory")
-    rep = validate_pair(read_target(Path(target_dir)), load_draft(Path(draft_dir)), max_seq_len)
+    override_dir(target_dir, "target")
+    override_dir(draft_dir, "draft")
+    seq_len, seq_len_from = _validate_max_seq_len(model, preset_file, max_seq_len)
+    target, draft = read_target(Path(target_dir)), load_draft(Path(draft_dir))
+    rep = validate_pair(target, draft, seq_len)
+    if deep:
+        from eagle3_trt.convert import behaviour
+        from eagle3_trt.convert.prompts import SHIPPED_PROMPTS
+
+        prompts = Path(calib_file) if calib_file else SHIPPED_PROMPTS
+        behaviour.check_behaviour(Path(target.path), draft, rep.aux_layer_ids, prompts, min(behaviour.MAX_TOKENS, target.max_position_embeddings), rep)
     if as_json:
-        click.echo(json.dumps(rep.to_dict(), indent=2))
+        click.echo(json.dumps({**rep.to_dict(), "max_seq_len": seq_len, "max_seq_len_from": seq_len_from}, indent=2))
         return
+    click.echo(f"for   max_seq_len {seq_len} ({seq_len_from})")
     for c in rep.checks:
         click.echo(f"ok    {c['check']:11s} {c['detail']}")
     for w in rep.warnings:
         click.echo(f"warn  {w}")
+
+
+def _validate_max_seq_len(model: str | None, preset_file: str | None, max_seq_len: int | None) -> tuple[int, str]:
+    """(the max_seq_len `validate` checks, where it comes from): the one `engine` builds with the
+    same --model/--preset-file/--max-seq-len (the preset's unless given)."""
+    from eagle3_trt.pipeline.presets import load_preset, load_preset_file
+
+    if model and preset_file:
+        raise UserError("--model/--preset-file", "both given", "pass a registry preset name (--model) or a preset file (--preset-file), not both")
+    preset = load_preset_file(Path(preset_file)) if preset_file else load_preset(model or "tiny")
+    if max_seq_len is not None:
+        return max_seq_len, "--max-seq-len"
+    flag = f"--preset-file {preset_file}" if preset_file else f"--model {preset.name}"
+    return preset.max_seq_len, f"preset {preset.name}'s, what `eagle3-trt engine {flag} --target ... --draft ...` builds; --max-seq-len N checks another"
 
 
 @cli.command("engine")
@@ -200,11 +251,16 @@ def validate_cmd(target_dir: str, draft_dir: str, max_seq_len: int, as_json: boo
 @click.option("-o", "--out", default=None, help="bundle dir (default: engines/<preset>-<quant>-<gpu>)")
 @click.option("--force", is_flag=True, help="rebuild even when the inputs are unchanged")
 @click.option("--dry-run", is_flag=True, help="configs only: plan, validate and write options + manifest, no weights")
+@click.option(
+    "--skip-behaviour-checks",
+    is_flag=True,
+    help="do not run the pair on calibration prompts (target loss vs log V, draft agreement vs chance); the skip is recorded "
+    "(also: EAGLE3_TRT_SKIP_BEHAVIOUR_CHECKS=1)",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the manifest as JSON on stdout")
 def engine_cmd(model: str | None, preset_file: str | None, as_json: bool, **kw) -> None:
     """Validate, quantize and export a target + EAGLE-3 draft into an engine bundle."""
-    from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
-    from eagle3_trt.pipeline.presets import load_preset, load_preset_file
+    from eagle3_trt.pipeline.presets import load_preset, load_preset_file, override_dir
 
     if model and preset_file:
         raise UserError("--model/--preset-file", "both given", "pass a registry preset name (--model) or a preset file (--preset-file), not both")
@@ -214,6 +270,13 @@ def engine_cmd(model: str | None, preset_file: str | None, as_json: bool, **kw) 
         # the one fact the preset holds that a build may override; everything downstream (plan,
         # validation, options, fingerprint) reads it from the preset
         preset = preset.model_copy(update={"max_seq_len": max_seq_len})
+    for role in ("target", "draft"):  # a mistyped path is refused before the GPU probe (imports torch)
+        if kw[role]:
+            override_dir(kw[role], role)
+    # imported after the checks above: the builder pulls in torch, transformers and ModelOpt (seconds),
+    # and a mistyped MODEL or path should answer at once
+    from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
+
     if kw["target_gpu"] is None:
         kw["target_gpu"] = _detected_gpu()
     req = EngineRequest(preset=preset, **kw)
@@ -264,6 +327,8 @@ class _progress:
 
 
 def _print_summary(con, res) -> None:
+    from eagle3_trt.pipeline.bundle import CALIBRATION_HINT
+
     b = res.opened
     m = b.manifest
     if res.cache_hit:
@@ -287,15 +352,57 @@ def _print_summary(con, res) -> None:
     for w in res.warnings or m.validation.warnings:
         con.print(f"  [yellow]warning[/]: {w}")
     cal = m.calibration
-    if cal.prompts_used:
+    if cal.shortfall:
+        con.print(f"  [yellow]warning[/]: {cal.shortfall} ({CALIBRATION_HINT})", highlight=False)
+    elif cal.prompts_used:
         con.print(f"  calibration: {cal.prompts_used} prompts, {cal.tokens} tokens from {cal.file}")
     con.print(f"  took {m.timings.get('total_s', 0):.1f} s" + ("" if not res.cache_hit else " (original build)"))
     acc = m.acceptance
     if acc:
         con.print(
-            f"  acceptance (K={acc.max_draft_len}, {acc.prompts} held-out prompts, greedy, this bundle's weights): "
+            # recommend --write may have replaced the build's figure: say where this one comes from
+            f"  acceptance (K={acc.max_draft_len}, {acc.prompts} prompts; {acc.measured_on}): "
             f"alpha {acc.alpha:.2f}, acceptance length {acc.acceptance_length:.2f} tokens per target forward"
         )
+        con.print(f"  {_build_gate_line(res.bundle, m)}", highlight=False)
+
+
+def _build_gate_line(bundle: Path, m) -> str:
+    """The gate verdict on the build's own held-out measurement (runtime/gate_verdict.py's bar), with the
+    `alpha` command that reruns that measurement."""
+    from eagle3_trt.formats.heldout import HELDOUT_FILE
+    from eagle3_trt.pipeline.build_checkpoints import HELDOUT_MAX_TOKENS
+    from eagle3_trt.runtime.gate_verdict import build_acceptance_verdict
+
+    acc = m.acceptance
+    rerun = f"eagle3-trt alpha {_shown(bundle)} --prompts {_shown(Path(m.sources.target.path).parent / HELDOUT_FILE)} --limit {acc.prompts} --max-tokens {HELDOUT_MAX_TOKENS}"
+    return build_acceptance_verdict(acc.alpha, _shown(bundle), rerun)
+
+
+def _shown(p: Path) -> str:
+    """``p`` relative to the working directory when it lies below it (a command to paste), else absolute."""
+    p = Path(p).resolve()
+    try:
+        return str(p.relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)
+
+
+def _usage_line(e: click.UsageError) -> str:
+    """A command-line mistake as one line: where, what, the closest valid spelling and where the help
+    is (click's own report is the usage text, a hint and the message on four lines)."""
+    cmd = e.ctx.command_path if e.ctx is not None else "eagle3-trt"
+    close: list[str] = []
+    if isinstance(e, click.NoSuchOption):
+        what = f"no such option {e.option_name}"
+        close = difflib.get_close_matches(e.option_name, e.possibilities or [], n=1)
+        listed = "options"
+    elif isinstance(e, _UnknownCommand):
+        what, close, listed = e.message, e.possibilities, "commands"
+    else:
+        what, listed = e.format_message(), "options"
+    guess = f"did you mean {close[0]}? " if close else ""
+    return f"{cmd}: {what} (hint: {guess}`{cmd} --help` lists the {listed})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(f"error: {e.line()}", err=True)
         return e.exit_code
     except GateFailed as e:
-        click.echo(f"gate failed: {e}", err=True)
+        if str(e):  # empty: the command printed its verdict already
+            click.echo(str(e), err=True)
         return GateFailed.exit_code
     except click.exceptions.Abort as e:
         # SIGINT: 130; SIGTERM (eagle3_trt.atomic raises SignalInterrupt(15) for it): 143, the
@@ -314,6 +422,12 @@ def main(argv: list[str] | None = None) -> int:
         sig = cause.signum if isinstance(cause, SignalInterrupt) else int(signal.SIGINT)
         click.echo("interrupted (SIGTERM)" if sig == signal.SIGTERM else "aborted", err=True)
         return 128 + sig
+    except click.UsageError as e:
+        if isinstance(e, getattr(click.exceptions, "NoArgsIsHelpError", ())):  # bare `eagle3-trt` (click >= 8.2): the help
+            e.show()
+        else:
+            click.echo(f"error: {_usage_line(e)}", err=True)
+        return e.exit_code
     except click.ClickException as e:
         e.show()
         return e.exit_code

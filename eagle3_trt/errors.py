@@ -28,7 +28,10 @@ class UserError(Exception):
 
 
 class GateFailed(Exception):
-    """A measured figure is below the deployment gate (exit code 3, distinct from bad input)."""
+    """A measured figure is below the deployment gate (exit code 3, distinct from bad input).
+
+    The message is the verdict line the CLI prints, as it is; empty when the command has already
+    printed its verdict (bench's summary ends with it), so a verdict is never shown twice."""
 
     exit_code = 3
 

@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 
 from eagle3_trt.atomic import staged_dir
 from eagle3_trt.pipeline.presets import PRESET_DIR
+from eagle3_trt.testing.behaviour_cases import copy_embedded, permute_vocab
 from eagle3_trt.testing.tiny_pair import make_pair
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -387,8 +388,63 @@ def _gpt_oss(mutate: Callable[[dict], None] | None = None) -> Callable[[Ctx], No
     return make
 
 
+def _embedded(name: str, into: str | None = None, **target_cfg) -> Callable[[Ctx], None]:
+    """A copy of the embedded pair models/<name> in {w}/<into or name>, its target config.json changed by ``target_cfg``."""
+
+    def make(c: Ctx) -> None:
+        for part in ("target", "draft"):
+            shutil.copytree(REPO_ROOT / "models" / name / part, c.w / (into or name) / part)
+        edit_json(c.w / (into or name) / "target" / "config.json", **target_cfg)
+
+    return make
+
+
+def _behaviour_case(name: str, permuted: bool = False, draft_from: str | None = None) -> Callable[[Ctx], None]:
+    """models/<name> copied to {w}/bt, its vocabulary ids shuffled or its head taken from another pair:
+    every file check passes, the behaviour checks refuse it (eagle3_trt/testing/behaviour_cases.py)."""
+
+    def make(c: Ctx) -> None:
+        t, _d = copy_embedded(name, c.w / "bt", draft_from=draft_from)
+        if permuted:
+            permute_vocab(t)
+
+    return make
+
+
 def _report(c: Ctx, body: dict) -> None:
     (c.w / "report.json").write_text(json.dumps(body))
+
+
+def _packaged_then_edited(c: Ctx) -> None:
+    """A repository `package` wrote, whose model.yaml the user then edited (the README invites it)."""
+    from eagle3_trt.triton_serving.package import package_bundle
+
+    package_bundle(c.bundle, c.w / "repo")
+    my = c.w / "repo" / "eagle3" / "1" / "model.yaml"
+    my.write_text(my.read_text() + "# my edit\n")
+
+
+def _triton_running(c: Ctx) -> None:
+    """A repository of the dry bundle, and a state directory whose server.json records a live process
+    (this test's own pid): what `serve` finds when the user's first server is still up."""
+    from eagle3_trt.triton_serving.package import package_bundle
+    from eagle3_trt.triton_serving.server import ServerHandle
+
+    package_bundle(c.bundle, c.w / "repo")
+    (c.w / "state").mkdir()
+    ServerHandle(os.getpid(), str(c.w / "repo"), 18000, 18001, 18002, str(c.w / "state" / "tritonserver.log"), str(c.w / "state")).save()
+
+
+def _dynamo_running(c: Ctx) -> None:
+    """A serve-dynamo state directory recording a live frontend (this test's own pid) and a dead worker."""
+    from eagle3_trt.dynamo_serving.launcher import Deployment, Proc
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    s = c.w / "dstate"
+    s.mkdir()
+    fe = Proc("frontend", os.getpid(), 18080, str(s / "frontend.log"))
+    Deployment(str(s), str(c.bundle), "eagle3", "http://127.0.0.1:18080/v1", str(s / "discovery"), fe, [Proc("worker-0", dead.pid, 20001, "w0.log")]).save()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,6 +468,7 @@ class Case:
 
 V = ("validate", "--target", "{t}", "--draft", "{d}")
 GV = ("validate", "--target", "{w}/go/target", "--draft", "{w}/go/draft")
+QV = ("validate", "--target", "{w}/tiny-qwen3/target", "--draft", "{w}/tiny-qwen3/draft")
 E = ("engine", "--model", "tiny", "--target", "{t}", "--draft", "{d}", "--target-gpu", "h100", "-o", "{out}")
 ED = (*E, "--dry-run")
 GOOD_PROMPTS = '{"turns": ["Write a haiku about the sea."]}\n'
@@ -577,7 +634,80 @@ CASES: list[Case] = [
         r"warn .*draft rope .*yarn.* differs from the target's",
         make=dcfg(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}),
     ),
-    Case("rope-partial-rotary", V, 2, r"draft/config\.json:partial_rotary_factor", make=dcfg(partial_rotary_factor=0.5)),
+    Case(
+        "rope-partial-rotary",
+        V,
+        2,
+        r"draft/config\.json:partial_rotary_factor: 0\.5: TensorRT-LLM's Eagle3 draft would rotate the first 8 of 16",
+        make=dcfg(partial_rotary_factor=0.5),
+    ),
+    # ---- issue 21 A: the target's rope as TensorRT-LLM reads it (tests/test_rope_types.py measures the accepted ones)
+    Case("rope-draft-full-rotary-dim", V, 0, r"ok +rope +draft rope_theta 10000, none", make=dcfg(rotary_dim=16, partial_rotary_factor=1.0)),
+    Case(
+        "rope-target-partial-rotary-measured",
+        V,
+        0,
+        r"warn .*target rotates the first 8 of 16 channels of each head, as TensorRT-LLM's llama reads",
+        make=tcfg(partial_rotary_factor=0.5),
+    ),
+    Case(
+        "rope-target-rotary-emb-base",
+        V,
+        2,
+        r"target/config\.json:rotary_emb_base: 10000: TensorRT-LLM reads rotary_emb_base as the rotary dim",
+        make=tcfg(rotary_emb_base=10000),
+    ),
+    Case("rope-target-odd-rotary-dim", V, 2, r"target/config\.json:rotary_dim: gives a rotary dim of 7 for head_dim 16", make=tcfg(rotary_dim=7)),
+    Case("rope-target-oversized-rotary", ED, 2, r"target/config\.json:rotary_pct: gives a rotary dim of 32 for head_dim 16", make=tcfg(rotary_pct=2.0)),
+    Case(
+        "rope-qwen3-rotary-pct",
+        QV,
+        2,
+        r"tiny-qwen3/target/config\.json:rotary_pct: 0\.5 gives TensorRT-LLM's generic rope a rotary dim of \d+, but its Qwen3 fused",
+        make=_embedded("tiny-qwen3", rotary_pct=0.5),
+    ),
+    Case(
+        "rope-gpt-oss-partial-rotary",
+        GV,
+        2,
+        r"go/target/config\.json:partial_rotary_factor: 0\.5: partial rotary .*silently rotates the whole head",
+        make=_embedded("tiny-gpt-oss", partial_rotary_factor=0.5, into="go"),
+    ),
+    Case(
+        "rope-empty-type-beside-rope-type",
+        V,
+        2,
+        r"target/config\.json:rope_scaling\.type: '' while rope_type is 'yarn'",
+        make=tcfg(rope_scaling={"type": "", "rope_type": "yarn", "factor": 2.0}),
+    ),
+    Case(
+        "rope-type-beats-rope-type",
+        V,
+        0,
+        r"target rope_theta 10000, linear factor 2",
+        make=tcfg(rope_scaling={"type": "linear", "rope_type": "llama3", "factor": 2.0, "original_max_position_embeddings": 64}),
+    ),
+    Case(
+        "rope-llama3-top-level-original-max",
+        V,
+        0,
+        r"target rope_theta 10000, llama3 factor 8, original_max_position_embeddings 64",
+        make=tcfg(
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 512},
+            original_max_position_embeddings=64,
+        ),
+    ),
+    Case(
+        "rope-longrope-names-the-value-used",
+        V,
+        2,
+        r"target/config\.json:max_position_embeddings: longrope table has 16 rows \(max_position_embeddings 8, original_max_position_embeddings 16\)",
+        make=tcfg(
+            rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8},
+            original_max_position_embeddings=16,
+            max_position_embeddings=8,
+        ),
+    ),
     # ---- variant flags (issue 11 A: implemented as TensorRT-LLM does, or refused)
     Case(
         "flag-not-boolean",
@@ -787,7 +917,108 @@ CASES: list[Case] = [
         r"keep: exists and is not a model repository",
         make=write("keep/precious.txt", "mine"),
     ),
+    Case(
+        "package-over-an-edited-model",
+        ("package", "{b}", "-o", "{w}/repo"),
+        2,
+        r"repo/eagle3/1/model\.yaml: differs from what `eagle3-trt package` wrote; nothing written \(hint: .*--force overwrites only the models package writes",
+        make=_packaged_then_edited,
+    ),
+    Case(
+        "package-over-a-model-not-ours",
+        ("package", "{b}", "-o", "{w}/repo"),
+        2,
+        r"repo/eagle3: a model `eagle3-trt package` did not write \(no eagle3-package\.json\); nothing written \(hint: pass another --name",
+        make=write("repo/eagle3/config.pbtxt", 'name: "eagle3"\nbackend: "python"\n'),
+    ),
     Case("serve-no-repository", ("serve", "{w}/nope"), 2, r"nope: model repository not found"),
+    # ---- issue 21 E: newcomer mistakes (a misspelled preset, option or command, a path that is not
+    # there, a second server): one line with the fix, before any work, no usage dump
+    Case(
+        "model-unknown-suggests-closest",
+        ("engine", "--model", "llama-70b", "-o", "{out}"),
+        2,
+        r"^error: MODEL: unknown preset 'llama-70b' .*\(hint: did you mean 'llama3\.3-70b'\? available presets: gpt-oss-120b, .*tiny-qwen3;",
+    ),
+    Case("model-unknown-no-close-name", ("engine", "--model", "nope", "-o", "{out}"), 2, r"unknown preset 'nope' .*\(hint: available presets: gpt-oss-120b, "),
+    Case("plan-model-unknown", ("plan", "llama-70b"), 2, r"MODEL: unknown preset 'llama-70b' .*did you mean 'llama3\.3-70b'\?"),
+    Case(
+        "option-misspelled",
+        ("engine", "--modle", "tiny"),
+        2,
+        r"^error: eagle3-trt engine: no such option --modle \(hint: did you mean --model\? `eagle3-trt engine --help` lists the options\)$",
+        absent=("Usage:",),
+    ),
+    Case(
+        "option-misspelled-alpha",
+        ("alpha", "{b}", "--promts", "x"),
+        2,
+        r"^error: eagle3-trt alpha: no such option --promts \(hint: did you mean --prompts\? ",
+        absent=("Usage:",),
+    ),
+    Case(
+        "option-unknown-no-close-name",
+        ("engine", "--zzzz"),
+        2,
+        r"^error: eagle3-trt engine: no such option --zzzz \(hint: `eagle3-trt engine --help`",
+        absent=("Usage:",),
+    ),
+    Case(
+        "command-misspelled",
+        ("engin",),
+        2,
+        r"^error: eagle3-trt: no such command 'engin' \(hint: did you mean engine\? `eagle3-trt --help` lists the commands\)$",
+        absent=("Usage:",),
+    ),
+    # serve is loaded lazily (cli.LAZY_COMMANDS): it is a suggestion all the same
+    Case("command-misspelled-lazy", ("serv", "{w}"), 2, r"no such command 'serv' \(hint: did you mean serve\? ", absent=("Usage:",)),
+    Case(
+        "option-bad-choice", ("engine", "--quant", "fp9"), 2, r"^error: eagle3-trt engine: Invalid value for '--quant': 'fp9' is not one of", absent=("Usage:",)
+    ),
+    Case("argument-missing", ("alpha",), 2, r"^error: eagle3-trt alpha: Missing argument 'BUNDLE'", absent=("Usage:",)),
+    Case(
+        "engine-target-not-there",
+        ("engine", "--target", "{w}/nope", "--draft", "{d}", "-o", "{out}"),
+        2,
+        r"^error: --target \S+/w/nope: directory does not exist \(hint: pass an existing local checkpoint directory; make takes it as TARGET=DIR\)$",
+    ),
+    Case(
+        "engine-draft-not-there",
+        ("engine", "--target", "{t}", "--draft", "{w}/nope", "-o", "{out}"),
+        2,
+        r"^error: --draft \S+/w/nope: directory does not exist",
+    ),
+    Case(
+        "engine-draft-is-a-file",
+        ("engine", "--target", "{t}", "--draft", "{d}/config.json", "-o", "{out}"),
+        2,
+        r"^error: --draft \S+/config\.json: is not a directory",
+    ),
+    Case("validate-draft-not-there", ("validate", "--target", "{t}", "--draft", "{w}/nope"), 2, r"^error: --draft \S+/w/nope: directory does not exist"),
+    Case(
+        "train-draft-target-not-there",
+        ("train-draft", "--target", "{w}/nope", "--data", "{w}/p.jsonl", "-o", "{out}"),
+        2,
+        r"^error: eagle3-trt train-draft: Invalid value for '--target': Directory '\S+/w/nope' does not exist",
+        make=write("p.jsonl", GOOD_PROMPTS),
+        absent=("Usage:",),
+    ),
+    Case(
+        "serve-while-running",
+        ("serve", "{w}/repo", "--state-dir", "{w}/state"),
+        2,
+        r"^error: \S+/state/server\.json: a server is already running here: tritonserver pid \d+, HTTP 18000, gRPC 18001, metrics 18002 "
+        r"on 127\.0\.0\.1, repository \S+/repo \(hint: stop it with `eagle3-trt stop --state-dir \S+/state`, or pass another --state-dir",
+        make=_triton_running,
+    ),
+    Case(
+        "serve-dynamo-while-running",
+        ("serve-dynamo", "{b}", "--state-dir", "{w}/dstate"),
+        2,
+        r"^error: \S+/dstate: a Dynamo deployment is already running from this state directory \(http://127\.0\.0\.1:18080/v1; "
+        r"frontend pid \d+ port 18080; bundle \S+\) \(hint: stop it first: eagle3-trt stop-dynamo --state-dir \S+/dstate, ",
+        make=_dynamo_running,
+    ),
     # ---- gpt-oss as openai ships it (experts in MXFP4): a copy of the embedded tiny-gpt-oss pair in {w}/go
     Case(
         "mxfp4-scales-missing",
@@ -833,6 +1064,23 @@ CASES: list[Case] = [
         2,
         r"draft/config\.json:vocab_size: draft was trained for a vocabulary of 512, target has 1024",
         make=_gpt_oss(),
+    ),
+    # ---- what files cannot show (convert/behaviour.py): the pair is run on the calibration prompts
+    Case(
+        "tokenizer-vocab-permuted-deep",
+        ("validate", "--deep", "--target", "{w}/bt/target", "--draft", "{w}/bt/draft"),
+        2,
+        r"bt/target/tokenizer\.json: the target's next-token loss on \d+ calibration prompts is [\d.]+ nats, 1\.\d\d of log V = 7\.62 .*"
+        r"is the tokenizer the model's own\?",
+        make=_behaviour_case("tiny", permuted=True),
+    ),
+    Case(
+        "draft-for-another-target-deep",
+        ("validate", "--deep", "--target", "{w}/bt/target", "--draft", "{w}/bt/draft"),
+        2,
+        r"bt/draft: the draft's top-1 agreement with the target's next token on \d+ calibration prompts is 0\.\d+, [\d.]+x chance \(1/512 .*"
+        r"was this head trained for this target\?",
+        make=_behaviour_case("tiny-qwen3", draft_from="tiny-gpt-oss"),
     ),
 ]
 
@@ -909,7 +1157,7 @@ def _run_case(case: Case, cli, pair, bundle: Path, tmp_path: Path) -> Result:
     if case.rc == 0:
         assert re.search(case.pattern, res.out + res.err), said
     else:
-        # "error: " from a UserError; "Error: " from click for an option outside its declared choices
+        # "error: " from a UserError and from a command-line mistake (cli._usage_line); "Error: " is click's own format
         errors = [ln for ln in res.err.splitlines() if ln.startswith(("error: ", "Error: "))]
         assert len(errors) == 1 and res.last_err_line == errors[0], said  # one line, the last thing printed
         assert re.search(case.pattern, errors[0]), f"pattern {case.pattern!r} not in:\n{errors[0]}"

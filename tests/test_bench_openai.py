@@ -142,6 +142,36 @@ def test_bench_against_dynamo_writes_the_report(dep, fp8_bundle, tmp_path):
     assert all((out / p).is_file() for p in ("latency_cdf.png", "itl_vs_concurrency.png", "throughput_vs_concurrency.png", "acceptance_by_position.png"))
 
 
+def test_bench_fail_on_gate_prints_the_verdict_once(dep, tmp_path):
+    """--fail-on-gate exits 3 with the summary's verdict line as the only verdict (it used to add
+    "gate failed: gate failed: ..." on stderr)."""
+    r = _cli(
+        "bench",
+        "--openai-url",
+        dep.url,
+        "--prompts",
+        str(PROMPTS),
+        "--concurrency",
+        "1",
+        "--requests",
+        "2",
+        "--max-tokens",
+        "6",
+        "--warmup",
+        "0",
+        "--alpha-threshold",
+        "0.999",
+        "--fail-on-gate",
+        "-o",
+        str(tmp_path / "report"),
+    )
+    both = r.stdout + r.stderr
+    assert r.returncode == 3, both
+    rec = json.loads((tmp_path / "report" / "bench.json").read_text())["gate"]["recommendation"]
+    assert rec.startswith("do not enable speculation (alpha ") and "< threshold 0.999" in rec
+    assert both.count(rec) == 1 and both.count("gate: FAIL") == 1 and "gate failed" not in both
+
+
 def test_bench_openai_refuses_triton_options(dep, tmp_path):
     r = _cli("bench", "--openai-url", dep.url, "--url", "127.0.0.1:8001", "--prompts", str(PROMPTS))
     assert r.returncode == 2 and "not both" in r.stderr.strip().splitlines()[-1]

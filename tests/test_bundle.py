@@ -160,6 +160,51 @@ def test_make_engine_dry_run_for_70b(tmp_path, monkeypatch):
     assert m["preset"] == "llama3.3-70b" and m["quant"]["target"] == "fp8" and m["dry_run"]
 
 
+@pytest.mark.needs("make_venv")
+@pytest.mark.parametrize("model, guess", [("nope", None), ("llama-70b", "llama3.3-70b")])
+def test_make_engine_with_an_unknown_model_is_one_line(tmp_path, model, guess):
+    """`make engine MODEL=<typo>`: the CLI's one line (the registry, the closest name when there is
+    one), then only make's own one-line trailer; nothing written, no traceback."""
+    import os
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    venv = Path(sys.executable).parent.parent
+    r = subprocess.run(
+        ["make", "-s", "engine", f"MODEL={model}", f"OUT={tmp_path / 'b'}", f"VENV={venv}"],
+        cwd=root,
+        env={**os.environ, "MAKEFLAGS": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    # (a Makefile newer than the venv's stamp reruns setup first: its lines are not this test's business)
+    *_, line, trailer = r.stderr.strip().splitlines()
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("error")] == [line], r.stderr
+    assert line.startswith(f"error: MODEL: unknown preset '{model}'") and "available presets: gpt-oss-120b" in line and "tiny" in line, r.stderr
+    assert (f"did you mean '{guess}'?" in line) if guess else ("did you mean" not in line), line
+    assert re.fullmatch(r"make: \*\*\* \[\S*Makefile:\d+: engine\] Error 2", trailer), r.stderr
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["engine", "--model", "llama-70b"], "did you mean 'llama3.3-70b'?"),
+        (["engine", "--target", "/nonexistent/t", "--draft", "/nonexistent/d"], "--target /nonexistent/t: directory does not exist"),
+        (["plan", "llama-70b"], "did you mean 'llama3.3-70b'?"),
+    ],
+)
+def test_a_mistyped_model_or_path_answers_before_torch_is_imported(argv, says):
+    """The refusal comes before the builder's imports (torch, transformers, ModelOpt: seconds)."""
+    code = f"import sys; from eagle3_trt.cli import main; rc = main({argv!r}); print('torch' in sys.modules); sys.exit(rc)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stdout.strip() == "False", "torch was imported before the refusal"
+
+
 def test_embedded_pair_bundle_measures_its_acceptance(tmp_path):
     """What `make engine` does: the shipped pair, built, then measured on its held-out prompts."""
     res = build_bundle(EngineRequest(preset=load_preset("tiny"), target_gpu="h100", out=str(tmp_path / "b")))

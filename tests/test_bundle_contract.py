@@ -56,6 +56,19 @@ def every_reader_k(b: Path) -> dict[str, int]:
     }
 
 
+def manifest_ks_disagreeing_with_options(b: Path) -> list[str]:
+    """Every K manifest.json states that is not the options' K, unless its record says which K it measured."""
+    k = fmt.open_bundle(b).k
+    man = json.loads((b / fmt.MANIFEST_FILE).read_text())
+    bad = []
+    acc = man.get("acceptance")
+    if acc and acc["max_draft_len"] != k and not acc["measured_on"].startswith(f"measured at K={acc['max_draft_len']}, not at the options' K={k}"):
+        bad.append(f"acceptance K={acc['max_draft_len']}")
+    if man.get("recommendation") and man["recommendation"]["max_draft_len"] != k:
+        bad.append(f"recommendation K={man['recommendation']['max_draft_len']}")
+    return bad
+
+
 def test_build_alpha_sweep_recommend_write_rebuild_every_reader_agrees(tmp_path, capsys):
     b = tmp_path / "bundle"
     req = EngineRequest(preset=load_preset("tiny"), target_gpu="h100", out=str(b))
@@ -109,6 +122,33 @@ def test_build_alpha_sweep_recommend_write_rebuild_every_reader_agrees(tmp_path,
     assert man["fingerprint"] != first.manifest.fingerprint and man["inputs_fingerprint"] == first.manifest.inputs_fingerprint
     readers = every_reader_k(b)
     assert set(readers.values()) == {k}, readers
+    # one truth per bundle: the acceptance record is now the sweep's measurement at the new K
+    swept = report["pairs"]["bundle"]["sweep"][str(k)]
+    assert man["acceptance"]["max_draft_len"] == k and man["acceptance"]["alpha"] == pytest.approx(swept["alpha"], abs=1e-4)
+    assert man["acceptance"]["target_forwards"] == swept["target_forwards"] and str(rep / "report.json") in man["acceptance"]["measured_on"]
+    assert manifest_ks_disagreeing_with_options(b) == []
+    # no max_concurrency above what the server batches (the grid stops at max_batch_size)
+    opts = yaml.safe_load((b / fmt.OPTIONS_FILE).read_text())
+    assert rec["max_concurrency"] <= opts["max_batch_size"] and max(r["batch"] for r in rec["table"]) == opts["max_batch_size"]
+    assert opts["speculative_config"]["max_concurrency"] == rec["max_concurrency"]
+    assert cli.main(["recommend", str(b), "--report", str(rep / "report.json"), "--concurrency", "256"]) == 2
+    assert "--concurrency: 256 exceeds the bundle's max_batch_size 128" in capsys.readouterr().err
+
+    # a report without counts at the chosen K (an older alpha): the record keeps its figure and says which K it is
+    old_report = json.loads((rep / "report.json").read_text())
+    for v in old_report["pairs"]["bundle"]["sweep"].values():
+        for key in ("turns", "generated_tokens", "target_forwards"):
+            v.pop(key)
+    (tmp_path / "old-report.json").write_text(json.dumps(old_report))
+    assert cli.main(["recommend", str(b), "--report", str(tmp_path / "old-report.json"), "--max-draft-len", "2", "--write", "--json"]) == 0
+    k2 = json.loads(capsys.readouterr().out)["max_draft_len"]
+    man = json.loads((b / fmt.MANIFEST_FILE).read_text())
+    assert k2 <= 2 and man["acceptance"]["max_draft_len"] == k and man["acceptance"]["measured_on"].startswith(f"measured at K={k}, not at the options' K={k2}")
+    assert manifest_ks_disagreeing_with_options(b) == [] and fmt.verify(b) == []
+    # back to the sweep's choice, measured again at that K
+    assert cli.main(["recommend", str(b), "--report", str(rep / "report.json"), "--write", "--json"]) == 0
+    capsys.readouterr()
+    assert json.loads((b / fmt.MANIFEST_FILE).read_text())["acceptance"]["max_draft_len"] == k
 
     logs: list[str] = []
     again = build_bundle(req, log=logs.append)  # the same inputs: a verified cache hit that keeps the recommendation

@@ -175,7 +175,7 @@ def test_gate_verdicts_and_switch_off_point():
     assert evaluate_gate(arms[:4] + [_arm(16, True, 0.052, 0.6), _arm(16, False, 0.050)], itl_tolerance=0.05).verdict == "pass"
     # Low alpha fails whatever the latency says; so does a loss at the lowest concurrency.
     low = evaluate_gate([_arm(1, True, 0.010, 0.3), _arm(1, False, 0.020)])
-    assert low.verdict == "fail" and "alpha 0.300 < 0.55" in low.recommendation
+    assert low.verdict == "fail" and "alpha 0.300 < threshold 0.55" in low.recommendation
     worse = evaluate_gate([_arm(1, True, 0.030, 0.9), _arm(1, False, 0.020)])
     assert worse.verdict == "fail" and worse.switch_off_above is None
 
@@ -394,3 +394,20 @@ def test_bench_report_for_a_go_no_go_decision(served, fp8_bundle, tmp_path):
     assert "0 of 4 requests differ (0.0%). Identical everywhere." in md and "## Sample of generated text" in md
     assert "fewer than 100 samples" in md and f"fingerprint `{env['bundle']['fingerprint']}`" in md
     assert "greedy text on vs off: 0 of 4 differ" in r.stdout and "fewer than 100 samples" in r.stdout
+
+
+def test_integer_inputs_follow_the_models_declared_type():
+    """INT64 for this project's model, INT32 for upstream's llmapi model; a value that would not fit
+    is refused by name before anything is sent (a narrower array would wrap it)."""
+    import numpy as np
+
+    from eagle3_trt.clients.llm_client import _int_tensor
+    from eagle3_trt.errors import UserError
+
+    name, arr, dt = _int_tensor("sampling_param_max_tokens", 2**32 + 5, "INT64")
+    assert (dt, arr.dtype, int(arr[0])) == ("INT64", np.int64, 2**32 + 5)
+    name, arr, dt = _int_tensor("sampling_param_top_k", 7, "INT32")
+    assert (dt, arr.dtype, int(arr[0])) == ("INT32", np.int32, 7)
+    with pytest.raises(UserError) as e:
+        _int_tensor("sampling_param_top_k", 2**31, "INT32")
+    assert e.value.where == "sampling_param_top_k" and "INT32" in e.value.what

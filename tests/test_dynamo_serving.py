@@ -226,6 +226,20 @@ def test_start_failures_are_one_line(dep, fp8_bundle, tmp_path):
     assert not (tmp_path / "s3" / "state.json").exists() and not (tmp_path / "s3" / "discovery").exists()
 
 
+def test_serve_dynamo_again_while_running_says_where_and_how_to_stop(dep, fp8_bundle):
+    """A second serve-dynamo on the running deployment's state directory: one line with its URL, each
+    process's pid and port, the bundle, and the command that stops it; nothing of it is touched."""
+    r = _cli("serve-dynamo", str(fp8_bundle), "--state-dir", dep.state_dir, "--http-port", str(free_port()))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    procs = ", ".join(f"{p.role} pid {p.pid} port {p.port}" for p in dep.procs)
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"error: {dep.state_dir}: a Dynamo deployment is already running from this state directory ({dep.url}; {procs}; bundle {dep.bundle}) "
+        f"(hint: stop it first: eagle3-trt stop-dynamo --state-dir {dep.state_dir}, or pass another --state-dir and --http-port)"
+    ), r.stderr
+    assert all(p.alive() for p in dep.procs) and Path(dep.discovery_dir).is_dir()
+    assert Deployment.load(Path(dep.state_dir)) == dep
+
+
 def test_kill_one_worker_mid_run(dep, client):
     """SIGKILL a worker while 8 streams run: every request ends (migrated or failed) within the
     timeout, the frontend keeps serving on the other worker, and status-dynamo shows the dead one."""

@@ -122,3 +122,25 @@ def test_shipped_set_is_mt_bench_layout():
     assert len(recs) >= 16 and len({r.category for r in recs}) > 1
     if (SHARED / "data" / "mt_bench.jsonl").is_file():
         assert len(load_prompts(SHARED / "data" / "mt_bench.jsonl")) == 80
+
+
+def test_heldout_file_gives_token_id_records(tmp_path):
+    """A held-out prompts file (what an embedded pair ships) is read as token ids, measured as
+    stored: never templated, never sent as text; a bad one names its field."""
+    from eagle3_trt.convert.prompts import IDS
+
+    f = Path(__file__).resolve().parents[1] / "models" / "tiny" / "heldout_prompts.json"
+    held = json.loads(f.read_text())["prompts"]
+    recs = load_prompt_records(f, 8)
+    assert [r.ids for r in recs] == [tuple(p) for p in held[:8]] and {r.kind for r in recs} == {IDS}
+    assert len(load_prompt_records(f)) == len(held)
+    assert use_chat_template(recs, None) == use_chat_template(recs, False) == [False] * 8
+    with pytest.raises(UserError, match="token ids, which cannot go through a chat template"):
+        use_chat_template(recs, True)
+    with pytest.raises(UserError, match=r"holds token ids \(a held-out prompts file\), not text \(hint: pass --calib"):
+        load_prompts(f, option="--calib")
+    bad = _jsonl(tmp_path, {"about": "x", "prompts": [[1, 2], []]}, name="h.json")
+    with pytest.raises(UserError, match=r"h\.json:prompts\[1\]: is empty"):
+        load_prompt_records(bad)
+    # a one-record JSON file of another layout is still read as JSONL
+    assert load_prompt_records(_jsonl(tmp_path, {"prompt": "x"}, name="one.json"))[0].kind == RAW

@@ -11,7 +11,7 @@ DATA = {"build", "convert", "models", "triton_repo", "tests", "benchmarks", "eag
 def test_every_project_path_in_the_readme_exists():
     missing = []
     for lineno, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1):
-        for path in re.findall(r"(?<![\w./-])([a-z_]+/[\w./-]*\.(?:py|yaml|json|jsonl|tmpl|md))", line):
+        for path in re.findall(r"(?<![\w./-])([a-z_]+/[\w./-]*\.(?:py|yaml|jsonl|json|tmpl|md)\b)", line):
             head = path.split("/")[0]
             # a module path is relative to eagle3_trt/ (core/rope.py) or the root; a data path to the root
             candidates = [ROOT / "eagle3_trt" / path, ROOT / path] if head in SUBPACKAGES else [ROOT / path] if head in DATA else []

@@ -78,3 +78,19 @@ def test_user_selection_is_not_a_loss(tmp_path):
 def test_an_ignored_file_is_the_user_s_choice(tmp_path):
     r = _run(tmp_path, {"test_a.py": PASSING, "test_b.py": PASSING}, autoload=False, extra=("--ignore", "test_b.py"))
     assert r.returncode == 0 and "suite: 1 collected" in r.stdout and "0 guard problems" in r.stdout, r.stdout
+
+
+def test_a_missing_shared_folder_is_named_with_the_path_looked_at(tmp_path):
+    """needs("shared") looks for ../shared/data next to the checkout under test (pytest's rootdir, not
+    the installed package's checkout) and its skip line gives that absolute path; once the folder is
+    there, the test runs."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    files = {"test_data.py": "import pytest\n\n@pytest.mark.needs('shared')\ndef test_reads_shared():\n    pass\n"}
+    r = _run(repo, files, autoload=False, extra=("-rs",))
+    assert r.returncode == 0, r.stdout
+    assert f"needs shared: ../shared/data next to the repository (the shared data sets and tokenizers): {tmp_path}/shared/data not found" in r.stdout, r.stdout
+    assert "1 skipped by requirement (1 shared)" in r.stdout, r.stdout
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    r = _run(repo, files, autoload=False)
+    assert r.returncode == 0 and "1 ran (1 passed" in r.stdout and "0 skipped by requirement" in r.stdout, r.stdout

@@ -31,21 +31,23 @@ def test_package_writes_a_valid_repository(repo, fp8_bundle):
     from tritonclient.grpc import model_config_pb2 as mc
 
     m = repo / "eagle3"
-    assert sorted(p.name for p in m.iterdir()) == ["1", "config.pbtxt"]
+    assert sorted(p.name for p in m.iterdir()) == ["1", "config.pbtxt", "eagle3-package.json"]
     assert sorted(p.name for p in (m / "1").iterdir()) == ["eagle3.yaml", "model.py", "model.yaml"]
     cfg = validate_config_text((m / "config.pbtxt").read_text(), expected_name="eagle3")
     assert cfg.backend == "python" and cfg.max_batch_size == 0
     assert cfg.model_transaction_policy.decoupled is True  # in config.pbtxt itself, not auto-complete
     assert [(g.kind, g.count) for g in cfg.instance_group] == [(mc.ModelInstanceGroup.KIND_CPU, 1)]
     # The llmapi names and types (upstream NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/
-    # tensorrt_llm/config.pbtxt), spelled out here independently of the interface table.
+    # tensorrt_llm/config.pbtxt), spelled out here independently of the interface table; the integer
+    # inputs are INT64 where upstream's are INT32 (Triton's JSON reader truncates into 32 bits).
     ins = {t.name: (mc.DataType.Name(t.data_type), list(t.dims), t.optional) for t in cfg.input}
     assert ins["text_input"] == ("TYPE_STRING", [-1], False)
     assert ins["streaming"] == ("TYPE_BOOL", [1], True)
-    assert ins["sampling_param_max_tokens"] == ("TYPE_INT32", [1], True)
+    assert ins["sampling_param_max_tokens"] == ("TYPE_INT64", [1], True)
     assert ins["sampling_param_temperature"] == ("TYPE_FP32", [1], True)
     assert ins["sampling_param_top_p"] == ("TYPE_FP32", [1], True)
-    assert ins["sampling_param_top_k"] == ("TYPE_INT32", [1], True)
+    assert ins["sampling_param_top_k"] == ("TYPE_INT64", [1], True)
+    assert ins["sampling_param_best_of"] == ("TYPE_INT64", [1], True)
     assert ins["sampling_param_seed"] == ("TYPE_UINT64", [1], True)
     assert ins["sampling_param_stop"] == ("TYPE_STRING", [-1], True)
     assert ins["sampling_param_exclude_input_from_output"] == ("TYPE_BOOL", [1], True)
@@ -77,19 +79,19 @@ def test_model_py_sets_locale_before_other_imports():
     assert src[imports[0] :].startswith("import locale")
 
 
-def test_package_refuses_overwrite_and_replaces_with_force(repo, fp8_bundle):
-    with pytest.raises(UserError, match="already exists"):
-        package_bundle(fp8_bundle, repo)
+def test_package_updates_its_models_and_adds_others_beside_them(repo, fp8_bundle):
+    # an unedited model of ours is simply rewritten (tests/test_triton_package_ownership.py: edits are refused)
+    package_bundle(fp8_bundle, repo)
     with pytest.raises(UserError, match="--gpus"):  # two TensorRT-LLM models on the same GPUs
-        package_bundle(fp8_bundle, repo, force=True, with_baseline=True, model_name="llm", runtime="trtllm")
-    models = package_bundle(fp8_bundle, repo, force=True, with_baseline=True, model_name="llm", runtime="trtllm", gpus=2)
+        package_bundle(fp8_bundle, repo, with_baseline=True, model_name="llm", runtime="trtllm")
+    models = package_bundle(fp8_bundle, repo, with_baseline=True, model_name="llm", runtime="trtllm", gpus=2)
     assert [(m.name, m.speculation, m.gpu_device_ids) for m in models] == [("llm", True, "0"), ("llm" + BASELINE_SUFFIX, False, "1")]
-    assert sorted(p.name for p in repo.iterdir()) == ["llm", "llm" + BASELINE_SUFFIX]
+    assert sorted(p.name for p in repo.iterdir()) == ["eagle3", "llm", "llm" + BASELINE_SUFFIX]  # eagle3 was not ours to remove
     base = yaml.safe_load((repo / ("llm" + BASELINE_SUFFIX) / "1" / "eagle3.yaml").read_text())
     assert base["speculation"] is False and base["runtime"] == "trtllm"
     assert "speculative_config" not in yaml.safe_load((repo / ("llm" + BASELINE_SUFFIX) / "1" / "model.yaml").read_text())
-    assert check_repository(repo) == ["llm", "llm" + BASELINE_SUFFIX]
-    assert not [p for p in repo.parent.iterdir() if p.name.startswith(".")]  # no temp dirs left behind
+    assert check_repository(repo) == ["eagle3", "llm", "llm" + BASELINE_SUFFIX]
+    assert not [p for p in [*repo.iterdir(), *repo.parent.iterdir()] if p.name.startswith(".")]  # no temp dirs left behind
 
 
 def test_package_rejects_a_non_bundle(tmp_path):
@@ -128,7 +130,7 @@ GOOD = render_config("eagle3", "/b", "reference")
             "gpu_device_ids",
         ),
         (
-            lambda t: t.replace('name: "sampling_param_max_tokens"\n    data_type: TYPE_INT32', 'name: "sampling_param_max_tokens"\n    data_type: TYPE_FP32'),
+            lambda t: t.replace('name: "sampling_param_max_tokens"\n    data_type: TYPE_INT64', 'name: "sampling_param_max_tokens"\n    data_type: TYPE_FP32'),
             "sampling_param_max_tokens' has data_type TYPE_FP32",
         ),
         (lambda t: t.replace("kind: KIND_CPU", "kind: KIND_GPU"), "KIND_GPU"),
@@ -234,6 +236,14 @@ def _get(d):
         ({"text_input": [b"hi"], "sampling_param_best_of": [2]}, "sampling_param_best_of"),
         ({"text_input": [b"hi"], "return_cumulative_logprob": [True]}, "return_cumulative_logprob"),
         ({"text_input": [b"hi"], "sampling_param_max_tokens": [1, 2]}, "sampling_param_max_tokens"),
+        # INT64 inputs arrive whole; what would not fit the runtimes' 32 bits is refused, not wrapped
+        ({"text_input": [b"hi"], "sampling_param_max_tokens": np.array([2**32 + 5], np.int64)}, "sampling_param_max_tokens"),
+        ({"text_input": [b"hi"], "sampling_param_max_tokens": np.array([2**31], np.int64)}, "sampling_param_max_tokens"),
+        ({"text_input": [b"hi"], "sampling_param_top_k": np.array([2**32 + 5], np.int64)}, "sampling_param_top_k"),
+        ({"text_input": [b"hi"], "sampling_param_top_k": np.array([2**31], np.int64)}, "sampling_param_top_k"),
+        ({"text_input": [b"hi"], "sampling_param_best_of": np.array([2**32 + 1], np.int64)}, "sampling_param_best_of"),
+        ({"text_input": [b"hi"], "sampling_param_stop": [b""]}, "sampling_param_stop"),
+        ({"text_input": [b"hi"], "sampling_param_stop": [b"x", b""]}, "sampling_param_stop"),
     ],
 )
 def test_request_values_rejected_with_field_name(inputs, field):
@@ -247,10 +257,14 @@ def test_request_values_rejected_with_field_name(inputs, field):
 def test_request_limits_and_defaults():
     from eagle3_trt.triton_serving.request_params import RequestError, parse_request, resolve_max_tokens
 
-    r = parse_request(_get({"text_input": [b"hi"], "speculative_decoding": [False], "sampling_param_stop": [b"x", b""]}))
+    r = parse_request(_get({"text_input": [b"hi"], "speculative_decoding": [False], "sampling_param_stop": [b"x"]}))
     assert (r.speculative, r.streaming, r.stop, r.exclude_input_from_output) == (False, False, ("x",), False)
     assert resolve_max_tokens(r, prompt_len=10, max_seq_len=512, default=64) == 64
     assert resolve_max_tokens(r, prompt_len=500, max_seq_len=512, default=64) == 12
+    r = parse_request(
+        _get({"text_input": [b"hi"], "sampling_param_max_tokens": np.array([2**31 - 1], np.int64), "sampling_param_top_k": np.array([2**31 - 1], np.int64)})
+    )
+    assert (r.max_tokens, r.top_k) == (2**31 - 1, 2**31 - 1)  # the largest 32-bit values pass the range check
     r = parse_request(_get({"text_input": [b"hi"], "sampling_param_max_tokens": [503]}))
     with pytest.raises(RequestError, match="max_seq_len 512 - prompt 10 tokens = 502"):
         resolve_max_tokens(r, prompt_len=10, max_seq_len=512, default=64)

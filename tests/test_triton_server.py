@@ -200,8 +200,8 @@ def test_unary_http_infer_grpc_model_infer_and_generate(server, chat):
         cl = mod.InferenceServerClient(url)
         t = mod.InferInput("text_input", [1], "BYTES")
         t.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
-        mt = mod.InferInput("sampling_param_max_tokens", [1], "INT32")
-        mt.set_data_from_numpy(np.array([6], np.int32))
+        mt = mod.InferInput("sampling_param_max_tokens", [1], "INT64")
+        mt.set_data_from_numpy(np.array([6], np.int64))
         ex = mod.InferInput("sampling_param_exclude_input_from_output", [1], "BOOL")
         ex.set_data_from_numpy(np.array([True]))
         res = cl.infer("eagle3_unary", [t, mt, ex])
@@ -261,21 +261,44 @@ def _text(s: str):
 @pytest.mark.parametrize(
     "inputs, field",
     [
-        ([("sampling_param_max_tokens", np.array([4], np.int32), "INT32")], "text_input"),  # missing
+        ([("sampling_param_max_tokens", np.array([4], np.int64), "INT64")], "text_input"),  # missing
         ([_text("hi"), ("sampling_param_max_tokens", np.array([4.0], np.float32), "FP32")], "sampling_param_max_tokens"),  # dtype
         ([_text("")], "text_input"),  # empty prompt
-        ([_text("hi"), ("sampling_param_max_tokens", np.array([0], np.int32), "INT32")], "sampling_param_max_tokens"),
-        ([_text("hi"), ("sampling_param_max_tokens", np.array([600], np.int32), "INT32")], "sampling_param_max_tokens"),  # > max_seq_len 512
+        ([_text("hi"), ("sampling_param_max_tokens", np.array([0], np.int64), "INT64")], "sampling_param_max_tokens"),
+        ([_text("hi"), ("sampling_param_max_tokens", np.array([600], np.int64), "INT64")], "sampling_param_max_tokens"),  # > max_seq_len 512
         ([_text("hi"), ("sampling_param_temperature", np.array([-0.5], np.float32), "FP32")], "sampling_param_temperature"),
         ([_text("hi"), ("sampling_param_top_p", np.array([0.0], np.float32), "FP32")], "sampling_param_top_p"),
         ([_text("hi"), ("sampling_param_top_p", np.array([1.5], np.float32), "FP32")], "sampling_param_top_p"),
+        # 64-bit values arrive whole and are refused, never wrapped into range
+        ([_text("hi"), ("sampling_param_max_tokens", np.array([2**32 + 5], np.int64), "INT64")], "sampling_param_max_tokens: 4294967301 is out of range"),
+        ([_text("hi"), ("sampling_param_max_tokens", np.array([2**31], np.int64), "INT64")], "sampling_param_max_tokens: 2147483648 is out of range"),
+        ([_text("hi"), ("sampling_param_top_k", np.array([2**32 + 5], np.int64), "INT64")], "sampling_param_top_k: 4294967301 is out of range"),
+        ([_text("hi"), ("sampling_param_top_k", np.array([2**31], np.int64), "INT64")], "sampling_param_top_k: 2147483648 is out of range"),
+        ([_text("hi"), ("sampling_param_stop", np.array([b"x", b""], dtype=np.object_), "BYTES")], "sampling_param_stop: stop string 1 is empty"),
+        # upstream's INT32: Triton itself refuses the type, naming the input (the README says so)
+        ([_text("hi"), ("sampling_param_max_tokens", np.array([4], np.int32), "INT32")], "data-type is 'INT32', but model 'eagle3' expects 'INT64'"),
     ],
-    ids=["missing-text", "wrong-dtype", "empty-prompt", "max-tokens-0", "max-tokens-over-limit", "neg-temperature", "top-p-0", "top-p-1.5"],
+    ids=[
+        "missing-text",
+        "wrong-dtype",
+        "empty-prompt",
+        "max-tokens-0",
+        "max-tokens-over-limit",
+        "neg-temperature",
+        "top-p-0",
+        "top-p-1.5",
+        "max-tokens-2^32+5",
+        "max-tokens-2^31",
+        "top-k-2^32+5",
+        "top-k-2^31",
+        "empty-stop-string",
+        "int32-max-tokens",
+    ],
 )
 def test_bad_input_grpc(server, inputs, field):
     err = _grpc_raw(server, inputs)
     assert err is not None and field in err, err
-    assert _grpc_raw(server, [_text("hi"), ("sampling_param_max_tokens", np.array([2], np.int32), "INT32")]) is None
+    assert _grpc_raw(server, [_text("hi"), ("sampling_param_max_tokens", np.array([2], np.int64), "INT64")]) is None
 
 
 @pytest.mark.parametrize(
@@ -319,6 +342,50 @@ def test_bad_input_http(server, payload, status, says):
     assert ok.status_code == 200, ok.text
 
 
+def _post_raw(url: str, body: bytes) -> tuple[int, dict]:
+    """A raw HTTP POST (urllib, the JSON text as written): (status, JSON body)."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.parametrize("field", ["sampling_param_max_tokens", "sampling_param_top_k"])
+@pytest.mark.parametrize("value", ["4294967301", "2147483648"])
+def test_http_integers_that_would_wrap_are_refused(server, field, value):
+    """JSON integers past 32 bits reach the model whole (INT64 inputs) and are refused by name; before,
+    Triton's reader served 4294967301 as 5 and 2147483648 as -2147483648."""
+    url = f"{server.http_url}/v2/models/eagle3/generate"
+    status, body = _post_raw(url, f'{{"text_input": "hi", "{field}": {value}}}'.encode())
+    assert status == 400 and body["error"].startswith(f"{field}: {value} is out of range"), body
+    # in range: served, the reply as long as asked
+    status, body = _post_raw(url, b'{"text_input": "hi", "sampling_param_max_tokens": 3, "sampling_param_top_k": 5, "sampling_param_temperature": 0.7}')
+    assert status == 200 and body["finish_reason"] in ("length", "stop"), body
+
+
+def test_http_empty_stop_string_refused(server):
+    status, body = _post_raw(f"{server.http_url}/v2/models/eagle3/generate", b'{"text_input": "hi", "sampling_param_stop": ["x", ""]}')
+    assert status == 400 and body["error"].startswith("sampling_param_stop: stop string 1 is empty"), body
+
+
+def test_grpc_normal_integers_and_client_adapts_to_int64(server, chat):
+    """tritonclient with INT64 values in range is served; this project's client reads the declared
+    type (INT64 here) from the model's metadata."""
+    from eagle3_trt.clients.llm_client import GenerationParams
+
+    ok = [_text("hi"), ("sampling_param_max_tokens", np.array([3], np.int64), "INT64"), ("sampling_param_top_k", np.array([5], np.int64), "INT64")]
+    assert _grpc_raw(server, ok) is None
+    with _client(server) as c:
+        res = c.generate(chat(PROMPTS[0]), GenerationParams(max_tokens=3, top_k=5, temperature=0.7))
+        assert c._grpc_int_types() == {"sampling_param_max_tokens": "INT64", "sampling_param_top_k": "INT64"}
+    assert res.n_tokens <= 3
+
+
 def test_bad_input_counted_as_rejected(server):
     before = _metrics(server).requests.get("rejected", 0)
     assert "text_input" in (_grpc_raw(server, [_text("")]) or "succeeded")
@@ -326,6 +393,22 @@ def test_bad_input_counted_as_rejected(server):
 
 
 # ---- concurrency, cancellation -------------------------------------------------------------------
+def test_serve_again_while_running_says_where_and_how_to_stop(server):
+    """The newcomer's second `serve`: one line naming the running server (pid, ports, state
+    directory, repository) and the command that stops it; the running server keeps serving."""
+    import urllib.request
+
+    r = _cli("serve", server.repo, "--state-dir", server.state_dir, "--timeout", "30")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"error: {server.state_dir}/server.json: a server is already running here: tritonserver pid {server.pid}, HTTP {server.http_port}, "
+        f"gRPC {server.grpc_port}, metrics {server.metrics_port} on 127.0.0.1, repository {server.repo} "
+        f"(hint: stop it with `eagle3-trt stop --state-dir {server.state_dir}`, or pass another --state-dir and free ports)"
+    ), r.stderr
+    with urllib.request.urlopen(f"{server.http_url}/v2/health/ready", timeout=10) as resp:
+        assert resp.status == 200 and server.alive()
+
+
 def test_16_concurrent_streams(server, chat):
     from eagle3_trt.clients.llm_client import GenerationParams
 
@@ -502,7 +585,7 @@ def test_stop_input_cancels_by_request_id(server, chat):
     try:
         a.async_stream_infer(
             "eagle3",
-            _inputs(_text(chat(PROMPTS[0])), ("streaming", np.array([True]), "BOOL"), ("sampling_param_max_tokens", np.array([300], np.int32), "INT32")),
+            _inputs(_text(chat(PROMPTS[0])), ("streaming", np.array([True]), "BOOL"), ("sampling_param_max_tokens", np.array([300], np.int64), "INT64")),
             request_id="job-42",
             enable_empty_final_response=True,
         )
@@ -520,3 +603,24 @@ def test_stop_input_cancels_by_request_id(server, chat):
     finally:
         a.stop_stream()
         a.close()
+
+
+def test_a_second_package_or_serve_against_the_running_repository_is_refused_before_anything_is_written(server, fp8_bundle):
+    """A second `make serve` (package, then serve) aimed at the running server's repository: refused,
+    --force or not, and the repository is byte-for-byte what the server loaded (issue 21 C4)."""
+    from eagle3_trt.triton_serving.server import free_ports
+
+    repo = Path(server.repo)
+
+    def files() -> dict[str, bytes]:  # Triton's Python backend writes __pycache__ itself
+        return {p.relative_to(repo.parent).as_posix(): p.read_bytes() for p in sorted(repo.parent.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+    before = files()
+    for extra in ((), ("--force",), ("--with-baseline",)):
+        r = _cli("package", str(fp8_bundle), "-o", str(repo), *extra)
+        assert r.returncode == 2 and f"a running tritonserver (pid {server.pid}) serves this repository; nothing written" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    http, grpc, metrics = free_ports(3)
+    r = _cli("serve", str(repo), "--state-dir", server.state_dir, "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics))
+    assert r.returncode == 2 and "a server is already running here" in r.stderr, r.stderr
+    assert files() == before and server.alive()

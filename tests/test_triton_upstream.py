@@ -160,7 +160,7 @@ class _Sink:
         if e.final:
             self.done.set()
 
-    def fail(self, message, cancelled=False, bad_request=False):
+    def fail(self, message, cancelled=False, bad_request=False, unavailable=False):
         self.error = (message, cancelled)
         self.done.set()
 

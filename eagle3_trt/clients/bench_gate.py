@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_trt.clients.bench_stats import ArmResult
+from eagle3_trt.runtime.gate_verdict import DEFAULT_GATE_THRESHOLD, alpha_shortfall
 
-DEFAULT_ALPHA_THRESHOLD = 0.55
+DEFAULT_ALPHA_THRESHOLD = DEFAULT_GATE_THRESHOLD  # one bar for `gate`, `bench` and the build's check
 
 
 @dataclass
@@ -26,7 +27,7 @@ class Gate:
 def evaluate_gate(arms: list[ArmResult], alpha_threshold: float = DEFAULT_ALPHA_THRESHOLD, itl_tolerance: float = 0.0) -> Gate:
     """alpha >= threshold, and per concurrency P99 ITL(on) <= P99 ITL(off) * (1 + tolerance)."""
     alpha, source = _pooled_alpha(arms)
-    alpha_ok = alpha is not None and alpha >= alpha_threshold
+    alpha_ok = alpha_shortfall(alpha, alpha_threshold) is None
     rows = _itl_rows(arms, itl_tolerance)
     judged = [r for r in rows if r["itl_ok"] is not None]
     switch: int | None = None
@@ -97,8 +98,8 @@ def _verdict(alpha: float | None, alpha_threshold: float, alpha_ok: bool, rows: 
             f"switch it off above {switch} (speculative_config.max_concurrency: {switch}){off_note}"
         )
     why = []
-    if not alpha_ok:
-        why.append(f"alpha {alpha:.3f} < {alpha_threshold}" if alpha is not None else "alpha unavailable")
+    if (short := alpha_shortfall(alpha, alpha_threshold)) is not None:
+        why.append(short)
     if switch is None and judged:
         why.append(f"P99 ITL with speculation is worse already at concurrency {judged[0]['concurrency']}")
     if not judged:

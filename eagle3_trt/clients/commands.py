@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from eagle3_trt.clients.bench import BenchConfig, BenchRun, open_client, parse_concurrency, run_bench
+from eagle3_trt.clients.bench_gate import DEFAULT_ALPHA_THRESHOLD
 from eagle3_trt.clients.environment import describe_environment
 from eagle3_trt.clients.llm_client import GenerationParams, LLMClient, Result, ServerError
 from eagle3_trt.clients.openai_client import normalize_openai_url
@@ -157,7 +158,7 @@ def _print_generation(res: Result, as_json: bool) -> None:
 @click.option("--temperature", type=float, default=None, help="default: greedy")
 @click.option("--metrics-url", default=None, help="Triton metrics URL (default: port 8002 on the server's host, or the recorded server)")
 @click.option("--baseline-model", default=None, help="A/B against this model (e.g. eagle3_nospec) instead of the speculative_decoding switch")
-@click.option("--alpha-threshold", default=0.55, show_default=True)
+@click.option("--alpha-threshold", default=DEFAULT_ALPHA_THRESHOLD, show_default=True)
 @click.option("--itl-tolerance", default=0.0, show_default=True, help="allowed relative P99 ITL excess with speculation (0.05 = 5%)")
 @click.option("--warmup", default=2, show_default=True, help="warm-up requests (not measured)")
 @click.option("-o", "--out", "out", type=click.Path(path_type=Path), default=None, help="report folder (default reports/bench-<time>)")
@@ -223,7 +224,7 @@ def bench_cmd(
     write_report(run, out)
     _print_bench_summary(run, out)
     if fail_on_gate and run.gate.verdict == "fail":
-        raise GateFailed(f"gate failed: {run.gate.recommendation}")
+        raise GateFailed()  # the summary's last line is the verdict
 
 
 def _bench_endpoint(

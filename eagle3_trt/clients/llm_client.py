@@ -98,8 +98,26 @@ def normalize_url(url: str, http: bool) -> str:
     return ("http://" + u) if http else u
 
 
-def _grpc_inputs(prompt: str, p: GenerationParams, streaming: bool):
+# The integer inputs' type, unless the model's metadata says otherwise: this project's model
+# declares INT64, upstream's llmapi model INT32 (interface.py says why they differ).
+INT_INPUTS = ("sampling_param_max_tokens", "sampling_param_top_k")
+_NP_INT: dict[str, type[np.signedinteger]] = {"INT32": np.int32, "INT64": np.int64}
+
+
+def _int_tensor(name: str, value: int, datatype: str) -> tuple[str, np.ndarray, str]:
+    """An integer input in the type the model declares; a value that would not fit is refused
+    here (Triton would reject the dtype, and a narrower numpy array would wrap it)."""
+    np_type = _NP_INT.get(datatype, np.int64)
+    info = np.iinfo(np_type)
+    if not info.min <= value <= info.max:
+        raise UserError(name, f"{value} does not fit the model's {datatype} input", f"at most {info.max}")
+    return name, np.array([value], dtype=np_type), datatype if datatype in _NP_INT else "INT64"
+
+
+def _grpc_inputs(prompt: str, p: GenerationParams, streaming: bool, int_types: dict[str, str] | None = None):
     import tritonclient.grpc as g  # local: the optional [triton] extra; an HTTP-only client does not need it
+
+    types = int_types or {}
 
     items: list[tuple[str, np.ndarray, str]] = [
         ("text_input", np.array([prompt.encode("utf-8")], dtype=np.object_), "BYTES"),
@@ -108,13 +126,13 @@ def _grpc_inputs(prompt: str, p: GenerationParams, streaming: bool):
         ("sampling_param_return_perf_metrics", np.array([p.perf_metrics], dtype=np.bool_), "BOOL"),
     ]
     if p.max_tokens is not None:
-        items.append(("sampling_param_max_tokens", np.array([p.max_tokens], dtype=np.int32), "INT32"))
+        items.append(_int_tensor("sampling_param_max_tokens", p.max_tokens, types.get("sampling_param_max_tokens", "INT64")))
     if p.temperature is not None:
         items.append(("sampling_param_temperature", np.array([p.temperature], dtype=np.float32), "FP32"))
     if p.top_p is not None:
         items.append(("sampling_param_top_p", np.array([p.top_p], dtype=np.float32), "FP32"))
     if p.top_k is not None:
-        items.append(("sampling_param_top_k", np.array([p.top_k], dtype=np.int32), "INT32"))
+        items.append(_int_tensor("sampling_param_top_k", p.top_k, types.get("sampling_param_top_k", "INT64")))
     if p.seed is not None:
         items.append(("sampling_param_seed", np.array([p.seed], dtype=np.uint64), "UINT64"))
     if p.stop:
@@ -185,6 +203,7 @@ class LLMClient:
         self.model = model
         self.timeout_s = timeout_s
         self._grpc = None
+        self._int_types: dict[str, str] | None = None
         self._session = None
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
@@ -197,6 +216,18 @@ class LLMClient:
             self._grpc = g.InferenceServerClient(self.url)
             self._grpc.start_stream(callback=lambda result, error: self._queue.put((result, error, time.perf_counter())))
         return self._grpc
+
+    def _grpc_int_types(self) -> dict[str, str]:
+        """The datatypes the model declares for its integer inputs (read once)."""
+        if self._int_types is None:
+            from tritonclient.utils import InferenceServerException  # local: the optional [triton] extra
+
+            try:
+                meta = self._grpc_client().get_model_metadata(self.model, as_json=True)
+            except InferenceServerException:  # no such model: the request itself reports it
+                return {}
+            self._int_types = {i["name"]: i["datatype"] for i in meta.get("inputs", []) if i.get("name") in INT_INPUTS}
+        return self._int_types
 
     def _http_session(self):
         if self._session is None:
@@ -276,7 +307,8 @@ class LLMClient:
         with self._lock:  # one request at a time on this stream
             client = self._grpc_client()
             rid = uuid.uuid4().hex
-            client.async_stream_infer(self.model, _grpc_inputs(prompt, params, streaming), request_id=rid, enable_empty_final_response=True)
+            inputs = _grpc_inputs(prompt, params, streaming, self._grpc_int_types())
+            client.async_stream_infer(self.model, inputs, request_id=rid, enable_empty_final_response=True)
             deadline = time.monotonic() + self.timeout_s
             while True:
                 try:

@@ -89,13 +89,19 @@ def _cat(parts, dim):
     return torch.cat(parts, dim=dim).contiguous()
 
 
-def for_max_seq_len(ckpt: DraftCheckpoint, max_seq_len: int) -> DraftCheckpoint:
-    """The checkpoint as a bundle of ``max_seq_len`` ships it: ``max_position_embeddings`` raised to
+def config_for_max_seq_len(cfg: DraftConfig, max_seq_len: int) -> DraftConfig:
+    """The config as a bundle of ``max_seq_len`` ships it: ``max_position_embeddings`` raised to
     at least ``max_seq_len`` and rope_scaling made explicit, where the rotary function stays the same
-    (see ``trtllm_config``). Tensors are shared, not copied."""
-    cfg = ckpt.config
+    (see ``trtllm_config``). A real build and a dry run both write the draft config through this."""
     rp = cfg.rope()
     if max_seq_len <= cfg.max_position_embeddings or rp.kind not in rope_params.MAX_POS_INDEPENDENT:
+        return cfg
+    return replace(cfg, max_position_embeddings=int(max_seq_len), rope_scaling=rope_params.export_scaling(rp, cfg.rope_scaling))
+
+
+def for_max_seq_len(ckpt: DraftCheckpoint, max_seq_len: int) -> DraftCheckpoint:
+    """The checkpoint with ``config_for_max_seq_len``'s config. Tensors are shared, not copied."""
+    new = config_for_max_seq_len(ckpt.config, max_seq_len)
+    if new is ckpt.config:
         return ckpt
-    new = replace(cfg, max_position_embeddings=int(max_seq_len), rope_scaling=rope_params.export_scaling(rp, cfg.rope_scaling))
     return DraftCheckpoint(path=ckpt.path, config=new, tensors=ckpt.tensors, raw_config=ckpt.raw_config)

@@ -21,7 +21,7 @@ from eagle3_trt.convert import modelopt_compat
 from eagle3_trt.convert.draft_format import DraftCheckpoint
 from eagle3_trt.convert.streaming import stream_convert
 from eagle3_trt.formats.checkpoint_io import read_json
-from eagle3_trt.formats.draft_config import trtllm_config
+from eagle3_trt.formats.draft_config import DraftConfig, trtllm_config
 from eagle3_trt.formats.hf_compat import with_legacy_fields
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -75,7 +75,17 @@ def export_draft_bf16(ckpt: DraftCheckpoint, out_dir: Path) -> None:
     for k, t in ckpt.tensors.items():
         tensors[k] = (t.to(torch.bfloat16) if t.is_floating_point() else t).contiguous()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    write_json(out_dir / "config.json", trtllm_config(ckpt.config, ckpt.raw_config))
+    write_draft_config(ckpt.config, ckpt.raw_config, out_dir)
+
+
+def write_draft_config(cfg: DraftConfig, raw: dict, out_dir: Path, quantization_config: dict | None = None) -> None:
+    """The bundle's draft/config.json. Real builds and dry runs both write it here, from the config
+    ``draft_format.config_for_max_seq_len`` gives, so a dry-run bundle shows the config a build ships."""
+    cfg_json = trtllm_config(cfg, raw)
+    if quantization_config is not None:
+        cfg_json["quantization_config"] = quantization_config
+    make_dirs(out_dir)
+    write_json(out_dir / "config.json", cfg_json)
 
 
 def export_draft_quantized(draft_module, ckpt: DraftCheckpoint, out_dir: Path) -> dict:
@@ -86,9 +96,8 @@ def export_draft_quantized(draft_module, ckpt: DraftCheckpoint, out_dir: Path) -
     if "t2d" in ckpt.tensors:
         tensors["t2d"] = ckpt.tensors["t2d"]
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    cfg = trtllm_config(ckpt.config, ckpt.raw_config)
     q = hf_quant["quantization"]
-    cfg["quantization_config"] = {
+    qcfg = {
         "quant_method": "modelopt",
         "quant_algo": q.get("quant_algo"),
         "kv_cache_quant_algo": q.get("kv_cache_quant_algo"),
@@ -97,7 +106,7 @@ def export_draft_quantized(draft_module, ckpt: DraftCheckpoint, out_dir: Path) -
     }
     for k in ("group_size",):
         if k in q:
-            cfg["quantization_config"][k] = q[k]
-    write_json(out_dir / "config.json", cfg)
+            qcfg[k] = q[k]
+    write_draft_config(ckpt.config, ckpt.raw_config, out_dir, quantization_config=qcfg)
     write_json(out_dir / "hf_quant_config.json", hf_quant)
     return hf_quant

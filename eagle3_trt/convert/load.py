@@ -121,9 +121,16 @@ def load_engine(
 
 def _load_pair(target_dir: Path, draft_dir: Path, *, device: Any, dtype: torch.dtype | None, max_draft_len: int, aux_layer_ids: Any) -> SpeculativeEngine:
     """A BF16 (or FP16/FP32) Hugging Face target directory and an EAGLE-3 draft directory."""
+    return engine_for_checkpoint(target_dir, load_draft(draft_dir), device=device, dtype=dtype, max_draft_len=max_draft_len, aux_layer_ids=aux_layer_ids)
+
+
+def engine_for_checkpoint(
+    target_dir: Path, ckpt: DraftCheckpoint, *, device: Any = "cpu", dtype: torch.dtype | None = None, max_draft_len: int = 3, aux_layer_ids: Any = None
+) -> SpeculativeEngine:
+    """A BF16 (or FP16/FP32) target directory and a draft checkpoint already read (the builder's,
+    validated and loaded once)."""
     dtype = _default_dtype(device, dtype)
     info = read_target(target_dir)
-    ckpt = load_draft(draft_dir)
     aux = tuple(aux_layer_ids or ckpt.config.aux_layer_ids or info.default_aux_layers())
     target = load_target(target_dir, device=device, dtype=dtype, aux_layer_ids=aux)
     draft, embed = _build_draft(ckpt, dtype, device)

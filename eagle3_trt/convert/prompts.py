@@ -11,6 +11,11 @@ Two file kinds, chosen by the suffix so a file is read one way from its first li
   in that order; other keys are ignored.
 - anything else: plain text, one prompt a line, the line kept as written: a user turn by
   default, raw text with ``--no-chat-template``.
+- a held-out prompts file (``{"about": ..., "prompts": [[token ids], ...]}``, what an embedded
+  pair ships as heldout_prompts.json; formats/heldout.py): *token-id* records, measured exactly
+  as stored (no template, no tokenizer), so ``alpha --prompts models/tiny/heldout_prompts.json``
+  reruns the build's own acceptance check. Only measurements take them: text users
+  (calibration, benchmarks: ``load_prompts``) refuse the file in one line.
 
 How a record is encoded (``use_chat_template``): chat records always through the template (a
 chat record cannot be sent raw: ``--no-chat-template`` refuses it), raw records never unless
@@ -28,12 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.heldout import read_heldout_file
 from eagle3_trt.resources import data_dir
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 # The shipped prompt set (MT-Bench layout, 8 categories): calibration default and the compile smoke test.
 SHIPPED_PROMPTS = data_dir("convert") / "data" / "calib_prompts.jsonl"
-CHAT, RAW, LINE = "chat", "raw", "line"  # PromptRecord.kind: turns/messages, prompt/text, a plain-text line
+CHAT, RAW, LINE, IDS = "chat", "raw", "line", "ids"  # PromptRecord.kind: turns/messages, prompt/text, a plain-text line, token ids
 FORMAT_HINT = (
     'one JSON object per line with "turns" (list of user messages), "messages" ([{role, content}]), '
     '"prompt" or "text" (raw completion text); or a plain-text file with one prompt a line'
@@ -43,13 +49,15 @@ FORMAT_HINT = (
 @dataclass(frozen=True)
 class PromptRecord:
     """One conversation's user turns (a raw record: its one text). ``id``: ``question_id``/``id``
-    or the line number. ``kind``: CHAT ("turns"/"messages"), RAW ("prompt"/"text") or LINE (a
-    plain-text file's line)."""
+    or the line number. ``kind``: CHAT ("turns"/"messages"), RAW ("prompt"/"text"), LINE (a
+    plain-text file's line) or IDS (a held-out file's prompt: ``ids`` holds it, ``turns`` one
+    empty turn so multi-turn loops count it once)."""
 
     id: str
     category: str
     turns: tuple[str, ...]
     kind: str = CHAT
+    ids: tuple[int, ...] = ()
 
     @property
     def first(self) -> str:
@@ -90,6 +98,11 @@ def load_prompt_records(path: str | Path, limit: int | None = None, *, option: s
     except UnicodeDecodeError as e:
         raise UserError(path, f"not UTF-8 text ({e.reason} at byte {e.start})", FORMAT_HINT) from None
     jsonl = path.suffix.lower() in JSONL_SUFFIXES
+    if jsonl and _is_heldout_file(lines):
+        ids = read_heldout_file(path).prompts[:limit]
+        if not ids:
+            raise UserError(path, "no prompts in the file", FORMAT_HINT)
+        return [PromptRecord(str(n), "heldout", ("",), IDS, tuple(p)) for n, p in enumerate(ids, 1)]
     out: list[PromptRecord] = []
     for n, line in enumerate(lines, 1):
         if limit is not None and len(out) >= limit:
@@ -114,12 +127,25 @@ def load_prompt_records(path: str | Path, limit: int | None = None, *, option: s
     return out
 
 
+def _is_heldout_file(lines: list[str]) -> bool:
+    """The whole file is one JSON object with "prompts" (a held-out file, not one JSONL record)."""
+    try:
+        obj = json.loads("\n".join(lines))
+    except json.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and "prompts" in obj
+
+
 def use_chat_template(
     records: list[PromptRecord], chat_template: bool | None, *, source: str | Path = "prompts", option: str = "--no-chat-template"
 ) -> list[bool]:
     """Per record: encode through the chat template? ``chat_template``: None (each record by its
     kind), True (every record, raw ones as one user turn) or False (raw text; chat records are
-    refused, a conversation has no raw form). Checked before any model is loaded."""
+    refused, a conversation has no raw form). Token-id records are never templated (they are
+    measured as stored; --chat-template refuses them). Checked before any model is loaded."""
+    ids = next((r for r in records if r.kind == IDS), None)
+    if chat_template and ids is not None:
+        raise UserError(source, f"record {ids.id} is token ids, which cannot go through a chat template", "drop --chat-template")
     if chat_template is False:
         chat = next((r for r in records if r.kind == CHAT), None)
         if chat is not None:
@@ -131,9 +157,12 @@ def use_chat_template(
         return [False] * len(records)
     if chat_template:
         return [True] * len(records)
-    return [r.kind != RAW for r in records]
+    return [r.kind not in (RAW, IDS) for r in records]
 
 
 def load_prompts(path: str | Path, limit: int | None = None, *, option: str = "--prompts") -> list[str]:
     """The first turn of each of the first ``limit`` records (single-turn uses: calibration, benchmarks)."""
-    return [r.first for r in load_prompt_records(path, limit, option=option)]
+    records = load_prompt_records(path, limit, option=option)
+    if records and records[0].kind == IDS:
+        raise UserError(path, "holds token ids (a held-out prompts file), not text", f"pass {option} a text prompt file: {FORMAT_HINT}")
+    return [r.first for r in records]

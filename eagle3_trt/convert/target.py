@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats import rope_params
 from eagle3_trt.formats.checkpoint_io import read_json
 from eagle3_trt.formats.families import Family, family_of
 from eagle3_trt.formats.hf_config import parse_config
@@ -71,7 +72,9 @@ def read_target(path: Path) -> TargetInfo:
             f"{cfg.architectures[0]!r} is not a {family.name} class (model_type {cfg.model_type!r})",
             f"a {family.name} checkpoint names one of {', '.join(family.architectures)}; the config mixes two models",
         )
-    theta, scaling = cfg.rope
+    # the scaling TensorRT-LLM uses (a top-level original_max_position_embeddings written into it), so the
+    # trainer's exported draft config and every reader of TargetInfo carry the value TensorRT-LLM takes
+    theta, scaling = rope_params.effective_scaling(raw, str(cfg_path), family)
     quantized = (path / "hf_quant_config.json").is_file() or cfg.quantization_config is not None
     return TargetInfo(
         path=str(path),

@@ -11,7 +11,7 @@ from eagle3_trt.convert.draft_format import DraftCheckpoint
 from eagle3_trt.convert.target import TargetInfo
 from eagle3_trt.convert.validate_draft import check_aux_layers, check_dtypes, check_rope, check_shapes, check_vocab_map
 from eagle3_trt.convert.validate_report import ValidationReport
-from eagle3_trt.convert.validate_target import check_target_family, check_target_weights
+from eagle3_trt.convert.validate_target import check_target_context, check_target_family, check_target_weights
 from eagle3_trt.convert.validate_tokenizer import check_target_tokenizer, check_tokenizers
 
 # the checks the pipeline runs on their own (config only: the dry run) are imported from here with the report
@@ -29,4 +29,5 @@ def validate_pair(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int, 
     check_aux_layers(target, draft, rep)
     check_vocab_map(target, draft, rep)
     check_rope(target, draft, max_seq_len, rep)
+    check_target_context(target, max_seq_len, rep)
     return rep

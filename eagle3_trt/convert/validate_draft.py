@@ -9,7 +9,8 @@ from eagle3_trt.convert.target import SUPPORTED_DTYPES, TargetInfo
 from eagle3_trt.convert.validate_report import ValidationReport
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats import rope_params
-from eagle3_trt.formats.draft_config import expected_shapes
+from eagle3_trt.formats.checkpoint_io import read_json
+from eagle3_trt.formats.draft_config import DraftConfig, expected_shapes
 from eagle3_trt.formats.families import quant_refusal
 
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
@@ -200,16 +201,27 @@ def check_rope(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int, rep
     compute the way TensorRT-LLM serves it is refused here, in one line, not met later as a traceback."""
     c = draft.config
     tfile, dfile = Path(target.path) / "config.json", draft.path / "config.json"
-    tp = rope_params.from_config(target.rope_theta, target.rope_scaling, target.head_dim, target.max_position_embeddings, where=str(tfile))
-    dp = rope_params.from_config(c.rope_theta, c.rope_scaling, c.head_dim, c.max_position_embeddings, where=str(dfile))
+    # the raw config, so the top-level keys TensorRT-LLM reads (original_max_position_embeddings first,
+    # max_seq_len, the rotary dim's) count, with the family's rotary-dim rule
+    traw = read_json(tfile)
+    tp = rope_params.from_raw_config(traw, str(tfile), target.family_spec)
+    dp = c.rope(str(dfile))
     rope_params.check_supported(tp, str(tfile), max_seq_len)
     # the draft's table is raised to max_seq_len at export where that keeps its function (draft_format.for_max_seq_len)
     rope_params.check_supported(dp, str(dfile), max_seq_len)
+    # TargetInfo.rope_scaling carries the value TensorRT-LLM takes (a top-level one written in: read_target)
     if tp.kind == "llama3" and not (target.rope_scaling or {}).get("original_max_position_embeddings"):
         raise UserError(
             f"{tfile}:rope_scaling",
-            "llama3 rope without original_max_position_embeddings",
+            "llama3 rope without original_max_position_embeddings (top level or in rope_scaling)",
             "TensorRT-LLM assumes 1024, transformers max_position_embeddings; write the model's value (8192 for Llama 3.1)",
+        )
+    if tp.partial:
+        # transformers' Llama/Qwen3 classes rotate the whole head whatever these keys say (5.x), so a head
+        # trained against transformers' target saw another function than the one TensorRT-LLM serves
+        rep.warn(
+            f"target rotates the first {tp.dim} of {tp.head_dim} channels of each head, as TensorRT-LLM's {target.family_spec.name} "
+            f"reads its config (and as measured); transformers' {target.family_spec.hf_class} does not implement partial rotary"
         )
     if c.head_dim != target.head_dim:
         rep.warn(f"draft head_dim {c.head_dim} differs from the target's {target.head_dim} (allowed: the draft has its own attention)")
@@ -218,13 +230,9 @@ def check_rope(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int, rep
             f"draft rope ({rope_params.describe(dp)}) differs from the target's ({rope_params.describe(tp)}); "
             "TensorRT-LLM runs the draft with its own rope, and so does the measurement"
         )
-    if c.max_position_embeddings < max_seq_len:
-        if dp.kind in rope_params.MAX_POS_INDEPENDENT:
-            rep.warn(
-                f"draft max_position_embeddings {c.max_position_embeddings} < max_seq_len {max_seq_len}: the bundle's draft config is raised to {max_seq_len} (same rotary function)"
-            )
-        else:
-            rep.warn(f"draft max_position_embeddings {c.max_position_embeddings} < max_seq_len {max_seq_len}: acceptance drops on longer contexts")
+    warning = max_position_warning(c, max_seq_len)
+    if warning:
+        rep.warn(warning)
     rep.ok("rope", f"draft {rope_params.describe(dp)}; target {rope_params.describe(tp)}")
 
 
@@ -255,3 +263,12 @@ def check_dtypes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationRepo
         "dtypes",
         f"target {target.torch_dtype}, draft {sorted({str(t.dtype).replace('torch.', '') for n, t in draft.tensors.items() if n not in ('d2t', 't2d')})}",
     )
+
+
+def max_position_warning(c: DraftConfig, max_seq_len: int) -> str | None:
+    """What a build (or a dry run: the same words) says about a draft table shorter than max_seq_len."""
+    if c.max_position_embeddings >= max_seq_len:
+        return None
+    if c.rope().kind in rope_params.MAX_POS_INDEPENDENT:
+        return f"draft max_position_embeddings {c.max_position_embeddings} < max_seq_len {max_seq_len}: the bundle's draft config is raised to {max_seq_len} (same rotary function)"
+    return f"draft max_position_embeddings {c.max_position_embeddings} < max_seq_len {max_seq_len}: acceptance drops on longer contexts"

@@ -11,6 +11,9 @@ class ValidationReport:
     warnings: list[str] = field(default_factory=list)
     aux_layer_ids: tuple[int, ...] = ()
     aux_layers_are_default: bool = True
+    # convert/behaviour.py's measured figures (target loss vs log V, draft agreement vs chance), or
+    # {"skipped": why} where they were not measured (a dry run reads no weights)
+    behaviour: dict | None = None
 
     def ok(self, name: str, detail: str) -> None:
         self.checks.append({"check": name, "ok": True, "detail": detail})
@@ -24,4 +27,5 @@ class ValidationReport:
             "warnings": self.warnings,
             "aux_layer_ids": list(self.aux_layer_ids),
             "aux_layers_are_default": self.aux_layers_are_default,
+            **({"behaviour": self.behaviour} if self.behaviour is not None else {}),
         }

@@ -7,6 +7,7 @@ from pathlib import Path
 from eagle3_trt.convert.target import TargetInfo
 from eagle3_trt.convert.validate_report import ValidationReport
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats import rope_params
 from eagle3_trt.formats.checkpoint_io import read_json, tensor_shapes
 from eagle3_trt.formats.families import ATTENTION, MX_BLOCK, family_named, layer_shape_symbols, resolve_shape
 
@@ -150,5 +151,21 @@ def check_target_family(target: TargetInfo, rep: ValidationReport) -> None:
         quirks.append("per-head q/k RMSNorm")
     quirks.append("lm_head tied to the embedding" if target.tie_word_embeddings else "own lm_head")
     quirks.append(f"rope theta {target.rope_theta:g}")
+    # the rotary dim and scaling as the family's TensorRT-LLM model reads them: what it cannot serve as the
+    # checkpoint was trained (gpt-oss partial rotary, Qwen3 keys its fused kernel ignores) is refused here,
+    # which validate and the dry run both run
+    rp = rope_params.from_raw_config(raw, str(cfg_file), fam)
+    if rp.partial:
+        quirks.append(f"rotary dim {rp.dim} of head_dim {rp.head_dim}")
     quirks.append(f"TensorRT-LLM default aux layers {list(target.default_aux_layers())}")
     rep.ok("target_family", f"{fam.name} ({target.architectures[0]}; {fam.trtllm_source}): {', '.join(quirks)}")
+
+
+def check_target_context(target: TargetInfo, max_seq_len: int, rep: ValidationReport) -> None:
+    """A target trained on fewer positions than the bundle would serve: a build refuses that length
+    (pipeline/plan_checks.py), so `validate` says so before anyone starts one."""
+    if target.max_position_embeddings < max_seq_len:
+        rep.warn(
+            f"target max_position_embeddings {target.max_position_embeddings} < max_seq_len {max_seq_len} "
+            f"({Path(target.path) / 'config.json'}): `eagle3-trt engine` refuses this length; build with --max-seq-len {target.max_position_embeddings} or less"
+        )

@@ -10,6 +10,9 @@ The parameters come from ``eagle3_trt.formats.rope_params.from_config`` (TensorR
 Where TensorRT-LLM differs from transformers' ``ROPE_INIT_FUNCTIONS``, TensorRT-LLM wins (it is
 what serves the head); tests/test_rope_types.py pins both the agreements and the differences:
 
+- partial rotary (``RopeParams.dim`` < head_dim): the first ``dim`` channels rotate, GPT-NeoX halves within
+  them, the rest pass through unscaled (``partial_layout`` / ``PartialRotary``); transformers' Llama and Qwen3
+  classes rotate the whole head.
 - llama3 / yarn / longrope without ``original_max_position_embeddings``: TensorRT-LLM uses 1024,
   transformers ``max_position_embeddings``.
 - yarn attention factor: TensorRT-LLM ``get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)``
@@ -104,6 +107,46 @@ def cos_sin(positions: torch.Tensor, freqs: torch.Tensor, dtype: torch.dtype, sc
     if scale != 1.0:
         cos, sin = cos * scale, sin * scale
     return cos.to(dtype), sin.to(dtype)
+
+
+def partial_layout(dim: int, head_dim: int) -> torch.Tensor:
+    """The channel order that makes a whole-head GPT-NeoX rotation (transformers' ``rotate_half``, which
+    pairs channel j with j + head_dim/2) compute TensorRT-LLM's partial one: pairs (i, i + dim/2) over the
+    first ``dim`` channels, the other channels passed through (``RotaryEmbedding.apply_rotary_pos_emb``,
+    tensorrt_llm/_torch/modules/rotary_embedding.py @ 4a05fb8b574f92a6a38c0db87073dc7845557f3a; the fused
+    kernels rotate while ``QK_VEC_SIZE * tidx < rotary_embedding_dim``). Channel j of the new order holds
+    channel ``order[j]``: the rotated halves land on j < dim/2 and j - head_dim/2 < dim/2, the passed-through
+    channels on the slots whose frequency ``PartialRotary`` sets to 0 (cos 1, sin 0: unchanged)."""
+    half, r = head_dim // 2, dim // 2
+    rest = list(range(dim, head_dim))
+    order = list(range(r)) + rest[: half - r] + list(range(r, dim)) + rest[half - r :]
+    return torch.tensor(order, dtype=torch.long)
+
+
+class PartialRotary(torch.nn.Module):
+    """A drop-in for a transformers decoder's ``rotary_emb`` (``forward(x, position_ids) -> (cos, sin)``
+    [B, S, head_dim]) giving TensorRT-LLM's partial-rotary table in ``partial_layout``'s channel order:
+    the rotated slots carry ``tables(p)`` (its yarn/longrope scale too), the passed-through ones cos 1,
+    sin 0 (TensorRT-LLM neither rotates nor scales them). q and k must be in that order (the target
+    permutes its q/k projections once at load: attention scores are sums over channels, so a common
+    permutation of q and k changes nothing else)."""
+
+    def __init__(self, p: RopeParams):
+        super().__init__()
+        if p.head_dim is None:
+            raise ValueError("PartialRotary needs a partial-rotary RopeParams")
+        inv, scale = tables(p)
+        pad = p.head_dim // 2 - inv.numel()
+        self.register_buffer("inv_freq", torch.cat([inv.float(), torch.zeros(pad)]), persistent=False)
+        self.register_buffer("scale", torch.cat([torch.full((inv.numel(),), float(scale)), torch.ones(pad)]), persistent=False)
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inv, sc = self.get_buffer("inv_freq"), self.get_buffer("scale")
+        ang = position_ids.to(torch.float32)[..., None] * inv.to(position_ids.device)
+        emb = torch.cat([ang, ang], dim=-1)
+        s = torch.cat([sc, sc]).to(position_ids.device)
+        return (emb.cos() * s).to(x.dtype), (emb.sin() * s).to(x.dtype)
 
 
 def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ that is to TensorRT-LLM's kernels.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -35,19 +36,24 @@ from eagle3_trt.core.kv_cache import fq_cache_class, prealloc_cache_class
 from eagle3_trt.core.quant_sim import input_scales_of, install_activation_fake_quant, quant_algo_of, split_quant_tensors
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats import rope_params
-from eagle3_trt.formats.families import family_of_config
+from eagle3_trt.formats.families import Family, family_of_config
 
 # imported from here by the runtime (column_windows) and the tests (the attention's name)
 __all__ = ["GQA_ATTENTION", "TargetModel", "attention_implementation", "column_windows"]
 
 
-def _trtllm_rope(rotary: Any, cfg: dict[str, Any]) -> None:
-    """Give the target TensorRT-LLM's rotary tables where transformers' function differs from it
-    (yarn, longrope: see core/rope.py's docstring); other types keep transformers' own tables, which
-    equal TensorRT-LLM's to float rounding. ``rope_type = "default"`` stops transformers' per-forward
-    frequency switching (``dynamic_rope_update``) so the tables stay as TensorRT-LLM builds them."""
-    p = rope_params.from_raw_config(cfg)
-    if p.kind not in rope_params.HF_DIFFERS:
+def _trtllm_rope(rotary: Any, cfg: dict[str, Any], family: Family | None = None) -> None:
+    """Give the target TensorRT-LLM's rotary tables wherever the config scales rope: transformers' function
+    can differ from TensorRT-LLM's (yarn, longrope: see core/rope.py's docstring), and so can the parameters
+    it reads (transformers 5 lets ``rope_type`` win over ``type`` where TensorRT-LLM lets ``type`` win,
+    hf_compat.scaling_kind; TensorRT-LLM takes a top-level original_max_position_embeddings first). Plain
+    rope keeps transformers' own table, equal to TensorRT-LLM's to float rounding. ``rope_type = "default"``
+    stops transformers' per-forward frequency switching (``dynamic_rope_update``) so the tables stay as
+    TensorRT-LLM builds them."""
+    p = rope_params.from_raw_config(cfg, family=family)
+    blocks = [b for b in (cfg.get("rope_scaling"), cfg.get("rope_parameters")) if isinstance(b, dict)]
+    hf_scales = any(str(b.get(k) or "default").lower() != "default" for b in blocks for k in ("type", "rope_type"))
+    if p.kind == "none" and not hf_scales:
         return
     inv, scale = rope.tables(p)
     inv = inv.to(rotary.inv_freq.device)
@@ -55,6 +61,29 @@ def _trtllm_rope(rotary: Any, cfg: dict[str, Any]) -> None:
     rotary.original_inv_freq = inv
     rotary.attention_scaling = scale
     rotary.rope_type = "default"
+
+
+def _partial_rotary(model: Any, p: rope_params.RopeParams) -> None:
+    """TensorRT-LLM's partial rotary (the first ``p.dim`` channels of each head rotate) on a transformers
+    decoder whose attention rotates the whole head: q/k projections (and Qwen3's per-channel q/k norms)
+    are permuted into ``rope.partial_layout`` once, and ``rotary_emb`` gives the matching table
+    (``rope.PartialRotary``). V, o_proj and every layer output are untouched, so logits and aux states
+    are those of the partial-rotary model."""
+    assert p.head_dim is not None
+    order = rope.partial_layout(p.dim, p.head_dim)
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        for name in ("q_proj", "k_proj"):
+            lin = getattr(attn, name)
+            w = lin.weight.data
+            lin.weight.data = w.view(-1, p.head_dim, w.shape[-1])[:, order].reshape(w.shape).contiguous()
+            if lin.bias is not None:
+                lin.bias.data = lin.bias.data.view(-1, p.head_dim)[:, order].reshape(-1).contiguous()
+        for name in ("q_norm", "k_norm"):
+            norm = getattr(attn, name, None)
+            if norm is not None:
+                norm.weight.data = norm.weight.data[order].contiguous()
+    model.model.rotary_emb = rope.PartialRotary(p).to(model.model.embed_tokens.weight.device)
 
 
 class TargetModel:
@@ -120,7 +149,9 @@ class TargetModel:
     ) -> TargetModel:
         cfg = {k: v for k, v in config.items() if k not in ("quantization_config",)}
         family = family_of_config(cfg, "target config")
-        hf_cfg = getattr(transformers, family.hf_config_class).from_dict(cfg)
+        # a deep copy: transformers 5 rewrites the rope block it is given in place (moves top-level keys into it,
+        # picks rope_type over type), and the rope tables below must read the config as TensorRT-LLM does
+        hf_cfg = getattr(transformers, family.hf_config_class).from_dict(copy.deepcopy(cfg))
         hf_cfg._attn_implementation = family.attn_implementation or attention_implementation()
         weights, scales = split_quant_tensors(state_dict)
         # Build on the meta device (no random init of billions of weights), then assign the
@@ -149,7 +180,11 @@ class TargetModel:
         model.to(device=device)
         for b in model.model.rotary_emb.buffers():  # keep rotary frequencies in fp32 like HF does
             b.data = b.data.float()
-        _trtllm_rope(model.model.rotary_emb, cfg)
+        rp = rope_params.from_raw_config(cfg, "target config", family)
+        if rp.partial:
+            _partial_rotary(model, rp)
+        else:
+            _trtllm_rope(model.model.rotary_emb, cfg, family)
         handles = install_activation_fake_quant(model, input_scales_of(quant, scales), quant_algo_of(quant))
         tm = cls(model, aux_layer_ids, cfg)
         tm.fake_quant_handles = handles

@@ -8,7 +8,7 @@ from typing import get_args
 
 import click
 
-from eagle3_trt.dynamo_serving.launcher import DEFAULT_HTTP_PORT, DEFAULT_STATE_DIR, STOP_TIMEOUT_S, start, status, stop_recorded
+from eagle3_trt.dynamo_serving.launcher import DEFAULT_HTTP_PORT, DEFAULT_STATE_DIR, STOP_GRACE_S, STOP_TIMEOUT_S, start, status, stop_recorded
 from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME, DeviceName
 
 _STATE = click.option(
@@ -87,16 +87,42 @@ def status_dynamo_cmd(state_dir: Path) -> None:
 
 @click.command("stop-dynamo")
 @_STATE
-@click.option("--timeout", "timeout_s", default=STOP_TIMEOUT_S, show_default=True, help="seconds after SIGTERM before a process is killed")
-def stop_dynamo_cmd(state_dir: Path, timeout_s: float) -> None:
+@click.option(
+    "--grace",
+    "grace_s",
+    default=STOP_GRACE_S,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="seconds requests in flight get to finish once the frontend stops taking new ones; what is left then ends with an error",
+)
+@click.option("--timeout", "timeout_s", default=STOP_TIMEOUT_S, show_default=True, help="seconds after the grace period before a process is killed")
+def stop_dynamo_cmd(state_dir: Path, grace_s: float, timeout_s: float) -> None:
     """Stop what serve-dynamo started and remove its discovery store.
 
-    Exit 1 when a process had to be killed after --timeout."""
-    res = stop_recorded(state_dir, timeout_s)
+    The frontend stops taking requests first (new ones get 503); requests in flight get --grace
+    seconds to finish, and those still running then end with an error (a streaming client gets an
+    error event after the tokens it has, never finish_reason "stop"). Stderr says how many were cut off.
+
+    Exit 0 when every process exited and none of the deployment's process groups is left; 1 when a
+    process had to be killed after --timeout or one is still alive (the state file is then kept)."""
+    res = stop_recorded(state_dir, grace_s, timeout_s)
     if res is None:
         click.echo("no Dynamo deployment running")
         return
+    if res.inflight or res.cut_off:
+        drained = max(res.inflight - res.cut_off, 0)
+        click.echo(f"drained for {res.waited_s:.1f} s: {drained} of {res.inflight} request(s) in flight finished", err=True)
+    if res.cut_off:
+        click.echo(
+            f"cut off {res.cut_off} request(s) still running after the {grace_s:g} s grace period: their clients got an error, "
+            "not a finished answer (a longer --grace lets them finish)",
+            err=True,
+        )
     if res.killed:
-        click.echo(f"stopped Dynamo: {', '.join(res.stopped) or 'nothing'} exited; killed {', '.join(res.killed)} after {timeout_s:.0f} s", err=True)
+        click.echo(f"killed {', '.join(res.killed)}: not exited {timeout_s:.0f} s after the grace period", err=True)
+    if res.left:
+        click.echo(f"still alive: {'; '.join(res.left)} (state kept in {state_dir})", err=True)
+    if not res.clean:
+        click.echo(f"stopped Dynamo uncleanly: {', '.join(res.stopped) or 'nothing'} exited", err=True)
         raise SystemExit(1)
     click.echo(f"stopped Dynamo ({', '.join(res.stopped)})")

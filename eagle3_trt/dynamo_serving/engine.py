@@ -25,7 +25,11 @@ bench --openai-url``) switch the same thing on both serving paths.
 
 Requests the reference runtime cannot honour (n > 1, beam search, guided decoding, penalties,
 min_tokens, ignore_eos, logprobs, echo, a prompt plus max_tokens over the bundle's max_seq_len) are refused with
-``InvalidArgument`` naming the field, which the frontend answers as a 4xx; none is ignored.
+``InvalidArgument`` naming the field, which the frontend answers as a 4xx. (``logit_bias``, ``suffix`` and
+``tools`` do not reach the worker as fields it could refuse; README's Dynamo section lists them.)
+
+A request the runtime ends before its natural end (worker shutdown, abort) ends with an exception,
+never with a finish_reason: see ``_cut_off`` and ``launcher.stop``.
 """
 
 from __future__ import annotations
@@ -43,10 +47,10 @@ from dynamo.common.backend import EngineConfig, LLMEngine, WorkerConfig
 from dynamo.common.backend.engine import GenerateChunk, GenerateRequest, LlmRegistration
 from dynamo.common.backend.metrics import register_engine_registry
 from dynamo.common.backend.run import run
-from dynamo.llm.exceptions import InvalidArgument
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from dynamo.llm.exceptions import Cancelled, EngineShutdown, InvalidArgument
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from eagle3_trt.dynamo_serving.launcher import NAMESPACE
+from eagle3_trt.dynamo_serving.launcher import INFLIGHT_METRIC, NAMESPACE
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.runtime.factory import open_llm
 from eagle3_trt.runtime.llm_api import ENGINE_DATA_KEY, SERVED_MODEL_NAME, DeviceName, SamplingParams, ServingLlm, spec_stats
@@ -59,6 +63,10 @@ METRIC_PREFIX = "eagle3_"
 # Sampling options the reference runtime implements; everything else must be absent or neutral.
 # The per-request speculation switch carried in ``annotations`` (see the module docstring).
 SPECULATION_ANNOTATION = "eagle3_speculative"
+
+# The runtime's finish reasons of an answer that ended by itself (EOS / stop string, max_tokens);
+# anything else ("cancelled", "timeout", ...) is an answer cut off and ends as an error.
+NATURAL_FINISH = ("stop", "length")
 
 _NEUTRAL = {
     "n": (None, 1),
@@ -82,6 +90,9 @@ class SpecMetrics:
         self.draft_tokens = Counter(f"{p}draft_tokens", "draft tokens proposed", registry=self.registry)
         self.accepted = Counter(f"{p}accepted_draft_tokens", "draft tokens accepted by the target", registry=self.registry)
         self.forwards = Counter(f"{p}target_forwards", "target forward passes", registry=self.registry)
+        self.cut_off = Counter(f"{p}cut_off_requests", "requests ended with an error before their natural end", registry=self.registry)
+        # Read by `stop-dynamo` when its grace period runs out, to report what it has to cut off.
+        self.inflight = Gauge(INFLIGHT_METRIC, "requests being generated", registry=self.registry)
         self.acceptance_length = Histogram(
             f"{p}request_acceptance_length",
             "per request: tokens per target forward (prefill included)",
@@ -113,6 +124,7 @@ class Eagle3ReferenceEngine(LLMEngine):
         self.max_seq_len = 0
         self.metrics = SpecMetrics()
         self._inflight: dict[str, Any] = {}
+        self._closing = False
 
     @classmethod
     async def from_args(cls, argv: list[str] | None = None) -> tuple[Eagle3ReferenceEngine, WorkerConfig]:
@@ -234,6 +246,7 @@ class Eagle3ReferenceEngine(LLMEngine):
         out = self.llm.generate_async(ids, sp, streaming=True)
         rid = context.id()
         self._inflight[rid] = out
+        self.metrics.inflight.set(len(self._inflight))
         sent = 0
         try:
             async for o in out:
@@ -247,6 +260,8 @@ class Eagle3ReferenceEngine(LLMEngine):
                         out.abort()
                     continue
                 reason = c.finish_reason or "stop"
+                if reason not in NATURAL_FINISH:
+                    raise self._cut_off(reason, sent, sp.max_tokens)
                 stats = spec_stats(c.request_perf_metrics, sent, self.speculation and sp.eagle3_speculative).as_dict()
                 self.metrics.record(reason, sent, stats)
                 yield {
@@ -260,13 +275,32 @@ class Eagle3ReferenceEngine(LLMEngine):
             if not out.finished:  # the consumer went away (client disconnect, worker shutdown)
                 out.abort()
             self._inflight.pop(rid, None)
+            self.metrics.inflight.set(len(self._inflight))
 
     async def abort(self, context: Context) -> None:
         out = self._inflight.get(context.id())
         if out is not None:
             out.abort()
 
+    def _cut_off(self, reason: str, sent: int, max_tokens: int) -> Exception:
+        """The error a request the runtime ended early (aborted, shut down, timed out) ends with.
+
+        Never a final chunk: Dynamo 1.6.1's frontend answers a backend finish_reason of
+        "cancelled" as OpenAI "stop", so a cut-off answer reached the client as a finished one
+        (32 streams stopped after 1.5 s: HTTP 200, "stop", a tenth of their tokens). An exception
+        does not: the frontend moves the request to another live worker (EngineShutdown is
+        migratable, --migration-limit), or sends a streaming client ``data: {"error": {...,
+        "code": 503}}`` after the tokens it has and a non-streaming one a 503 (seen with 1.6.1)."""
+        self.metrics.cut_off.inc()
+        what = f"cut off after {sent} of at most {max_tokens} tokens ({reason})"
+        if self._closing:
+            log.warning("request %s by the worker shutting down", what)
+            return EngineShutdown(f"the eagle3-trt worker is shutting down: the answer was {what}")
+        return Cancelled(f"the request was {what}")
+
     async def cleanup(self) -> None:
+        # Set before shutdown() cancels what is still running, so those requests say why.
+        self._closing = True
         if self.llm is not None:
             llm, self.llm = self.llm, None
             await asyncio.to_thread(llm.shutdown)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from eagle3_trt.atomic import make_dirs, write_json
 from eagle3_trt.errors import UserError
-from eagle3_trt.procs import HOST, group_alive, pid_alive, port_is_free
+from eagle3_trt.procs import HOST, describe, group_members, pid_alive, port_is_free
 from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME
 
 DEFAULT_STATE_DIR = Path(".serve-dynamo")
@@ -42,7 +42,13 @@ STATE_FILE = "state.json"
 DISCOVERY_DIR = "discovery"
 # The Dynamo namespace the frontend and workers meet in (the worker's --namespace default too).
 NAMESPACE = "eagle3"
+# stop: how long admitted requests get to finish once the frontend stops taking new ones ...
+STOP_GRACE_S = 30.0
+# ... and how long the processes then get to exit before their process groups are killed.
 STOP_TIMEOUT_S = 30.0
+# The engine's gauge of requests being generated (engine.SpecMetrics takes the name from here: the
+# launcher must import without Dynamo installed), read by stop().
+INFLIGHT_METRIC = "eagle3_inflight_requests"
 INSTALL_HINT = "make serve-dynamo installs it; by hand: pip install -e '.[dynamo]' && pip install --no-deps ai-dynamo==1.6.1"
 
 
@@ -206,13 +212,16 @@ def start(
             port = free_port({http_port, *(w.port for w in dep.workers)})
             log = state_dir / f"worker-{i}.log"
             log.unlink(missing_ok=True)
-            wenv = {**env, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_PORT": str(port)}
+            # No Dynamo grace period on SIGTERM (default 5 s of serving after leaving discovery):
+            # `stop` drains at the frontend for its own grace period first, and SIGTERMs the
+            # workers only to end what is left (see stop()).
+            wenv = {**env, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_PORT": str(port), "DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0"}
             argv = _worker_argv(bundle, model_name, device, threads, speculation)
             dep.workers.append(Proc(f"worker-{i}", _spawn(argv, wenv, log), port, str(log)))
         dep.save()
         _wait_ready(dep, timeout_s)
     except BaseException:
-        stop(dep)
+        stop(dep, grace_s=0)
         raise
     return dep
 
@@ -225,7 +234,14 @@ def _check_can_start(bundle: Path, workers: int, state_dir: Path, http_port: int
         raise UserError("--workers", f"{workers}: must be at least 1")
     old = Deployment.load(state_dir)
     if old is not None and any(p.alive() for p in old.procs):
-        raise UserError(state_dir, f"a Dynamo deployment is already running ({old.url})", "stop it first: eagle3-trt stop-dynamo")
+        # where it runs and how to stop it: the newcomer who typed `serve-dynamo` twice needs both
+        by_make = " (make stop)" if state_dir == DEFAULT_STATE_DIR.resolve() else ""
+        running = ", ".join(f"{p.role} pid {p.pid} port {p.port}" for p in old.procs if p.alive())
+        raise UserError(
+            state_dir,
+            f"a Dynamo deployment is already running from this state directory ({old.url}; {running}; bundle {old.bundle})",
+            f"stop it first: eagle3-trt stop-dynamo --state-dir {state_dir}{by_make}, or pass another --state-dir and --http-port",
+        )
     if not port_is_free(http_port):
         raise UserError(f"{HOST}:{http_port}", "port in use", "pick another with --http-port (make serve-dynamo DYNAMO_PORT=...) or stop what holds it")
 
@@ -320,46 +336,102 @@ def status(state_dir: Path = DEFAULT_STATE_DIR) -> tuple[Deployment | None, list
 
 @dataclass
 class StopResult:
-    stopped: list[str]
-    killed: list[str]
+    stopped: list[str]  # roles that exited after SIGTERM
+    killed: list[str]  # roles whose process group got SIGKILL after the timeout
+    inflight: int = 0  # requests being generated when stop began
+    cut_off: int = 0  # of those, still being generated when the grace period ran out: ended with an error
+    waited_s: float = 0.0  # how long the frontend drained
+    left: list[str] = field(default_factory=list)  # "role: pid N" of processes still alive at the end
+
+    @property
+    def clean(self) -> bool:
+        """Every process exited by itself after SIGTERM and none is left."""
+        return not self.killed and not self.left
 
 
-def stop(dep: Deployment, timeout_s: float = STOP_TIMEOUT_S) -> StopResult:
-    """SIGTERM every process group (workers first, so the frontend sees them leave), SIGKILL what is
-    left after ``timeout_s``; then remove the discovery store and the state file."""
-    res = StopResult([], [])
-    order = [*dep.workers, dep.frontend]
-    for p in order:
+def _inflight(dep: Deployment) -> int:
+    """Requests the live workers are generating (the engine's ``eagle3_inflight_requests`` gauge on
+    each worker's system server); a worker that does not answer counts 0."""
+    try:
+        from prometheus_client.parser import text_string_to_metric_families  # the [dynamo] extra, as the workers
+    except ImportError:  # the extra was removed while a deployment ran: stop it all the same, uncounted
+        return 0
+    n = 0.0
+    for w in dep.workers:
+        if not w.alive():
+            continue
+        code, body = _get(f"http://{HOST}:{w.port}/metrics")
+        if code != 200:
+            continue
         try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+            families = list(text_string_to_metric_families(body))
+        except ValueError:
+            continue
+        n += sum(s.value for f in families if f.name == INFLIGHT_METRIC for s in f.samples if s.name == INFLIGHT_METRIC)
+    return int(n)
+
+
+def _signal_group(p: Proc, sig: signal.Signals) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _gone(p: Proc) -> bool:
+    return not p.alive() and not group_members(p.pid)
+
+
+def stop(dep: Deployment, grace_s: float = STOP_GRACE_S, timeout_s: float = STOP_TIMEOUT_S) -> StopResult:
+    """Stop the deployment without letting a cut-off answer look finished.
+
+    1. SIGTERM the frontend: it stops taking requests (new ones get 503) and keeps streaming the
+       admitted ones; it exits by itself once every stream has ended.
+    2. Wait up to ``grace_s`` for that (the workers keep generating meanwhile).
+    3. SIGTERM the workers (spawned with no Dynamo grace period of their own): their engine's
+       cleanup ends every request still running with an error (``engine.Eagle3ReferenceEngine._cut_off``),
+       which the frontend sends to the client as an error event (streaming) or a 5xx, never as
+       ``finish_reason: "stop"``; the frontend then exits too.
+    4. SIGKILL the process group of whatever is still there ``timeout_s`` later, then check that no
+       process of any group is left; remove the discovery store, and the state file unless something is left.
+    """
+    res = StopResult([], [], inflight=_inflight(dep))
+    t0 = time.monotonic()
+    _signal_group(dep.frontend, signal.SIGTERM)
+    while not _gone(dep.frontend) and time.monotonic() - t0 < grace_s:
+        time.sleep(0.2)
+    res.waited_s = time.monotonic() - t0
+    res.cut_off = _inflight(dep)
+    for w in dep.workers:
+        _signal_group(w, signal.SIGTERM)
+    order = [*dep.workers, dep.frontend]
     end = time.monotonic() + timeout_s
     pending = list(order)
     while pending and time.monotonic() < end:
-        pending = [p for p in pending if p.alive() or group_alive(p.pid)]
+        pending = [p for p in pending if not _gone(p)]
         if pending:
             time.sleep(0.2)
     for p in order:
         if p in pending:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            _signal_group(p, signal.SIGKILL)
             res.killed.append(p.role)
         else:
             res.stopped.append(p.role)
     deadline = time.monotonic() + 10
-    while any(p.alive() or group_alive(p.pid) for p in pending) and time.monotonic() < deadline:
+    while any(not _gone(p) for p in pending) and time.monotonic() < deadline:
         time.sleep(0.1)
+    for p in order:
+        pids = set(group_members(p.pid)) | ({p.pid} if p.alive() else set())
+        res.left += [f"{p.role}: {describe(pid)}" for pid in sorted(pids)]
     shutil.rmtree(dep.discovery_dir, ignore_errors=True)
-    (Path(dep.state_dir) / STATE_FILE).unlink(missing_ok=True)
+    if not res.left:  # else keep it: status-dynamo and a second stop-dynamo still find them
+        (Path(dep.state_dir) / STATE_FILE).unlink(missing_ok=True)
     return res
 
 
-def stop_recorded(state_dir: Path = DEFAULT_STATE_DIR, timeout_s: float = STOP_TIMEOUT_S) -> StopResult | None:
+def stop_recorded(state_dir: Path = DEFAULT_STATE_DIR, grace_s: float = STOP_GRACE_S, timeout_s: float = STOP_TIMEOUT_S) -> StopResult | None:
     dep = Deployment.load(state_dir)
     if dep is None:
         shutil.rmtree(Path(state_dir) / DISCOVERY_DIR, ignore_errors=True)
         return None
-    return stop(dep, timeout_s)
+    return stop(dep, grace_s, timeout_s)

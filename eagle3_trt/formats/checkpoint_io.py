@@ -131,6 +131,15 @@ def tensor_shapes(ckpt_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     return out
 
 
+def safetensors_names(ckpt_dir: Path) -> set[str]:
+    """Tensor names from the directory's safetensors headers (no data read); empty where it ships none
+    (config-only presets, pickled checkpoints)."""
+    ckpt_dir = Path(ckpt_dir)
+    if not any(ckpt_dir.glob("*.safetensors")):
+        return set()
+    return set(tensor_shapes(ckpt_dir))
+
+
 def _st_dtype(code: str) -> str:
     return {
         "BF16": "bfloat16",

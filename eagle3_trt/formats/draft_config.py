@@ -15,9 +15,9 @@ from typing import Any
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats import rope_params
-from eagle3_trt.formats.checkpoint_io import read_json
+from eagle3_trt.formats.checkpoint_io import read_json, safetensors_names
 from eagle3_trt.formats.families import EAGLE3_DEFAULT_NUM_AUX
-from eagle3_trt.formats.hf_compat import dtype_of, rope_of, with_legacy_fields
+from eagle3_trt.formats.hf_compat import dtype_of, rope_of, trtllm_view, with_legacy_fields
 from eagle3_trt.formats.hf_config import DEFAULT_MAX_POSITIONS, Eagle3DraftConfigFields, parse_config
 
 FORMATS = ("safeailab", "modelopt", "speculators")
@@ -107,8 +107,8 @@ class DraftConfig:
     def fuse_width(self) -> int:
         return max(self.num_aux_layers, 1) * self.target_hidden_size
 
-    def rope(self) -> rope_params.RopeParams:
-        return rope_params.from_config(self.rope_theta, self.rope_scaling, self.head_dim, self.max_position_embeddings)
+    def rope(self, where: str = "config.json") -> rope_params.RopeParams:
+        return rope_params.from_config(self.rope_theta, self.rope_scaling, self.head_dim, self.max_position_embeddings, where=where)
 
 
 def detect_format(cfg: dict[str, Any], names: set[str]) -> str:
@@ -133,7 +133,11 @@ def read_draft_config(path: Path) -> DraftConfig:
     ``load_draft`` serves them (fc's blocks are permuted there)."""
     path = Path(path)
     raw = read_json(path / "config.json")
-    fmt = "speculators" if _is_speculators(raw) else ("modelopt" if "eagle_config" in raw else "safeailab")
+    names = safetensors_names(path)  # the layout as load_draft detects it, where headers can tell
+    if names:
+        fmt = detect_format(raw, names)
+    else:
+        fmt = "speculators" if _is_speculators(raw) else ("modelopt" if "eagle_config" in raw else "safeailab")
     cfg = draft_config(raw, path / "config.json", fmt, None)
     if cfg.aux_layer_ids is not None and list(cfg.aux_layer_ids) != sorted(cfg.aux_layer_ids):
         cfg = replace(cfg, aux_layer_ids=tuple(sorted(cfg.aux_layer_ids)), aux_layer_ids_as_trained=cfg.aux_layer_ids)
@@ -154,6 +158,7 @@ def draft_config(raw: dict[str, Any], cfg_path: Path, fmt: str, tensors: dict[st
     # not coerced by int() here and met as a different answer elsewhere. pad_token_id is left out:
     # an EAGLE-3 head never pads, and some heads carry -1 there.
     fields = parse_config({k: v for k, v in base.items() if k != "pad_token_id"}, cfg_path, Eagle3DraftConfigFields)
+    _refuse_partial_rotary(base, fields.head_size, cfg_path)
     num_layers = fields.num_hidden_layers
     if num_layers != 1:
         raise UserError(
@@ -244,22 +249,28 @@ def _refuse_unsupported(base: dict[str, Any], cfg_path: Path) -> None:
         )
     if base.get("model_type") == "llama4_text":
         raise UserError(f"{cfg_path}:model_type", "llama4_text EAGLE-3 heads are not implemented", "use a Llama-style head")
-    for key in ("rotary_dim", "rotary_emb_base", "qk_rope_head_dim", "rotary_pct", "partial_rotary_factor"):
-        v = base.get(key)
-        if v is not None and not (key in ("rotary_pct", "partial_rotary_factor") and v == 1):
-            raise UserError(
-                f"{cfg_path}:{key}", f"{v!r}: partial or custom rotary dimensions", "the reference runtime rotates the whole head_dim, as Llama does"
-            )
+
+
+def _refuse_partial_rotary(base: dict[str, Any], head_dim: int, cfg_path: Path) -> None:
+    """TensorRT-LLM's Eagle3Attention takes ``RopeParams.from_config(draft config)`` (modeling_speculative.py @
+    b35ac1b64368513d215c57d2ed01d62d910df8da), so the draft's rotary dim follows the same precedence as a Llama
+    target's (rope_params.rotary_dim_of); the reference runtime's draft (core/draft.py, and the trainer) rotates
+    the whole head, so a head whose config gives a smaller dim is refused rather than measured as another function."""
+    dim, key = rope_params.rotary_dim_of(trtllm_view(base), head_dim, "rope_params", str(cfg_path))
+    if dim != head_dim:
+        raise UserError(
+            f"{cfg_path}:{key}",
+            f"{base.get(key)!r}: TensorRT-LLM's Eagle3 draft would rotate the first {dim} of {head_dim} channels of each head (partial rotary)",
+            "the reference runtime's EAGLE-3 draft implements full rotary only; remove the key if the head was trained with full rotary",
+        )
 
 
 def _rope_of(base: dict[str, Any], cfg_path: Path) -> tuple[Any, Any]:
     theta, scaling = rope_of(base)
     if scaling is not None and not isinstance(scaling, dict):
         raise UserError(f"{cfg_path}:rope_scaling", f"{scaling!r} is not an object", "rope_scaling is a JSON object or null")
-    if scaling is not None and base.get("original_max_position_embeddings") and rope_params.scaling_kind(scaling) in ("llama3", "yarn", "longrope"):
-        # TensorRT-LLM reads the top-level field first (RopeParams.from_config)
-        scaling = {**scaling, "original_max_position_embeddings": base["original_max_position_embeddings"]}
-    return theta, scaling
+    # TensorRT-LLM reads a top-level original_max_position_embeddings first (RopeParams.from_config)
+    return rope_params.effective_scaling(base, str(cfg_path))
 
 
 def _head_counts(fields: Eagle3DraftConfigFields, aux: Any, tensors: dict[str, Any] | None) -> tuple[int, int, Any]:

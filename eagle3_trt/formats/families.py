@@ -142,6 +142,12 @@ class Family(BaseModel):
     modelopt_refused: str | None = None
     # learned per-head attention-sink logits (one fp32 scalar per query head per layer)
     attention_sinks: bool = False
+    # how TensorRT-LLM's model of this family decides the rotary dim (rope_params.rotary_dim_of):
+    # "rope_params" RopeParams.from_config's keys (Llama), "partial_rotary_factor" only (Qwen3's fused
+    # QK-norm+RoPE kernel), "head_dim" always the whole head (gpt-oss)
+    rotary_dim_rule: Literal["rope_params", "partial_rotary_factor", "head_dim"] = "rope_params"
+    # the attention also parses rope_scaling's type as a PositionEmbeddingType (type key first on presence)
+    position_type_from_scaling: bool = False
     # transformers attention the reference runtime must use (None: the runtime's GQA SDPA); a family whose
     # attention SDPA cannot express (gpt-oss's sinks) names transformers' own implementation
     attn_implementation: str | None = None
@@ -199,6 +205,12 @@ QWEN3 = Family(
     # QKNormRoPEAttention: RMSNorm over each head of q and k, then rope (modeling_qwen3.py @ 010bb95f)
     qk_norm=True,
     default_head_dim=128,
+    # apply_qk_norm_rope: rotary_dim = int(head_dim * partial_rotary_factor) (qk_norm_attention.py @
+    # 034c3f0a0d1d5d90e5567c8d953019bdf5243b77), fuse_qk_norm_rope being Qwen3Attention's default
+    rotary_dim_rule="partial_rotary_factor",
+    # Qwen3Attention: PositionEmbeddingType.from_string(rope_scaling["type"] if "type" in it else ["rope_type"])
+    # (modeling_qwen3.py, newest text: search-index id 46245023650, commit unknown)
+    position_type_from_scaling=True,
     layer_tensors={**ATTENTION, **QK_NORM, **DENSE_MLP, **NORMS},
     unsupported_flags={
         "use_sliding_window": "TensorRT-LLM's Qwen3 attention has no sliding window (QKNormRoPEAttention "
@@ -223,6 +235,8 @@ GPT_OSS = Family(
     # with bias + create_moe over num_local_experts with top-k num_experts_per_tok, biased experts;
     # pipeline parallelism asserted off (modeling_gpt_oss.py @ 050b6cb92871a4ed73486c5e5a573d4198d1a6d9)
     default_head_dim=64,  # transformers' GptOssConfig default (hidden 2880 is not 64 heads x 64)
+    # AttentionBlock builds RopeParams(dim=head_dim, ...) by hand (modeling_gpt_oss.py @ 7924c7f1d3b4a3286b62c13fc890900295dc39cb)
+    rotary_dim_rule="head_dim",
     layer_tensors={**ATTENTION, **ATTENTION_BIAS, **GPT_OSS_MOE, **NORMS},
     native_layer_tensors={"mxfp4": GPT_OSS_MXFP4},
     moe_experts_field="num_local_experts",

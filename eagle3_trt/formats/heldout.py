@@ -1,6 +1,8 @@
 """heldout_prompts.json: the held-out prompts an embedded pair ships beside target/ and draft/.
 
-Written by ``eagle3_trt.testing.make_tiny_pair``; read by the build's acceptance check and tests.
+Written by ``eagle3_trt.testing.make_tiny_pair``; read by the build's acceptance check, by
+``alpha``/``gate --prompts`` (convert/prompts.py: token-id prompts, so the build's own check can
+be rerun) and tests.
 """
 
 from __future__ import annotations
@@ -28,7 +30,17 @@ def read_heldout(pair_dir: Path) -> HeldoutPrompts | None:
     f = Path(pair_dir) / HELDOUT_FILE
     if not f.is_file():
         return None
+    return read_heldout_file(f)
+
+
+def read_heldout_file(f: Path) -> HeldoutPrompts:
+    """A held-out prompts file (any name), a one-line UserError naming the field when it is not one."""
     try:
-        return HeldoutPrompts.model_validate_json(f.read_text())
-    except ValidationError as e:
-        raise UserError(f, f"not a held-out prompts file ({e.errors()[0]['msg']})", "regenerate it with eagle3_trt.testing.make_tiny_pair") from None
+        held = HeldoutPrompts.model_validate_json(Path(f).read_text(encoding="utf-8"))
+    except (ValidationError, UnicodeDecodeError) as e:
+        what = e.errors()[0]["msg"] if isinstance(e, ValidationError) else "not UTF-8 text"
+        raise UserError(f, f"not a held-out prompts file ({what})", "regenerate it with eagle3_trt.testing.make_tiny_pair") from None
+    for n, ids in enumerate(held.prompts):
+        if not ids or min(ids) < 0:
+            raise UserError(f"{f}:prompts[{n}]", "is empty or has a negative token id", "each prompt is a non-empty list of token ids")
+    return held

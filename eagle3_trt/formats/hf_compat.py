@@ -25,14 +25,49 @@ from typing import Any
 # attention. Every config this toolkit writes carries both spellings (``with_legacy_fields``).
 
 
+def scaling_kind(scaling: Any) -> str:
+    """The rope scaling type of a rope_scaling / rope_parameters block as TensorRT-LLM resolves it: the
+    one function every reader of ``type`` / ``rope_type`` goes through (validate, the runtime's rope,
+    the bundle's draft config).
+
+    Both keys exist because transformers renamed ``type`` to ``rope_type``; a config may carry both,
+    disagreeing. TensorRT-LLM's ``RopeParams.from_config`` reads
+    ``rope_scaling.get("type") or rope_scaling.get("rope_type")`` (``type`` wins whenever it is truthy:
+    tensorrt_llm/_torch/attention_backend/interface.py @ 51ea5c963794a4818ad8396a77d147fa901435d9 and
+    000a01de66f0eab4ab05640711f0253f50f5209c), then ``RotaryScalingType.from_string`` lower-cases the
+    name and maps ``"default"`` to none. Returned lower-cased, ``"none"`` for plain rope; an unknown
+    name is returned as is and refused by ``rope_params.from_config``."""
+    if not isinstance(scaling, dict) or not scaling:
+        return "none"
+    s = scaling.get("type") or scaling.get("rope_type")
+    if s is None:
+        return "none"
+    key = str(s).lower()
+    return "none" if key == "default" else key
+
+
+def trtllm_view(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config's top-level keys as TensorRT-LLM's ``RopeParams.from_config`` sees them: a transformers-5
+    ``rope_parameters`` block is merged into the config first (``config.update(hf_rope_parameters)``, its
+    ``full_attention`` entry when it is keyed by layer type), overwriting top-level keys of the same name
+    (``original_max_position_embeddings``, ``partial_rotary_factor``): interface.py, newest version
+    (search-index id 55427064947, commit unknown)."""
+    params = cfg.get("rope_parameters")
+    if not isinstance(params, dict):
+        return cfg
+    if params and all(isinstance(v, dict) for v in params.values()):
+        params = params.get("full_attention") or next(iter(params.values()))
+    return {**cfg, **params}
+
+
 def rope_of(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling or None) from either spelling; theta defaults to HF's 10000."""
     params = cfg.get("rope_parameters") or {}
     theta = cfg.get("rope_theta", params.get("rope_theta", 10000.0))
     scaling = cfg.get("rope_scaling")
-    if scaling is None and params and params.get("rope_type", "default") != "default":
+    if scaling is None and params and scaling_kind(params) != "none":
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "default":
+    if isinstance(scaling, dict) and scaling_kind(scaling) == "none":
         scaling = None
     return float(theta), scaling
 

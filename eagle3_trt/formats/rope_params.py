@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.formats.hf_compat import rope_of
+from eagle3_trt.formats.families import Family
+from eagle3_trt.formats.hf_compat import rope_of, trtllm_view
+from eagle3_trt.formats.hf_compat import scaling_kind as scaling_kind  # the one type/rope_type resolver, re-exported
 
 # TensorRT-LLM's RotaryScalingType names; "none" covers a missing rope_scaling and "default".
 TRTLLM_TYPES = ("none", "linear", "dynamic", "longrope", "llama3", "yarn", "mrope")
@@ -44,7 +46,7 @@ DEFAULT_ORIGINAL_MAX_POSITIONS = 1024
 class RopeParams:
     kind: str
     theta: float
-    dim: int
+    dim: int  # the rotary dim: the first ``dim`` channels of each head rotate (GPT-NeoX halves within them)
     max_positions: int
     factor: float = 1.0
     alpha: float = 1.0
@@ -58,25 +60,127 @@ class RopeParams:
     short_factor: tuple[float, ...] | None = None
     long_factor: tuple[float, ...] | None = None
     max_seq_len: int | None = None
+    # the attention head's size where it is larger than ``dim`` (partial rotary: the rest pass through)
+    head_dim: int | None = None
 
-
-def scaling_kind(scaling: dict[str, Any] | None) -> str:
-    """TensorRT-LLM's ``RotaryScalingType.from_string(rope_scaling.get("type") or rope_scaling.get("rope_type"))``
-    as a name ("type" wins over "rope_type", matching is case-insensitive). Unknown names are returned
-    lower-cased; ``check_supported`` refuses them."""
-    if not scaling:
-        return "none"
-    s = scaling.get("type") or scaling.get("rope_type")
-    if s is None:
-        return "none"
-    key = str(s).lower()
-    return "none" if key == "default" else key
+    @property
+    def partial(self) -> bool:
+        return self.head_dim is not None and self.head_dim != self.dim
 
 
 def _num(v: Any, where: str, key: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise UserError(f"{where}:rope_scaling.{key}", f"{v!r} is not a number", "fix the rope_scaling block of config.json")
     return float(v)
+
+
+def original_max_of(top: dict[str, Any], scaling: dict[str, Any] | None, where: str = "config.json") -> tuple[int, str | None]:
+    """(value, the key it came from; None: TensorRT-LLM's default) of ``original_max_position_embeddings``
+    as ``RopeParams.from_config`` takes it: the top-level config attribute first, then rope_scaling's,
+    else 1024 (``getattr(config, ...) or rope_scaling.get(...) or 1024``: interface.py @
+    51ea5c963794a4818ad8396a77d147fa901435d9; ``top`` is ``hf_compat.trtllm_view`` of the config, where a
+    transformers-5 rope_parameters value has already overwritten the top-level one)."""
+    for key, src in (("original_max_position_embeddings", top), ("rope_scaling.original_max_position_embeddings", scaling or {})):
+        v = src.get("original_max_position_embeddings")
+        if v:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise UserError(f"{where}:{key}", f"{v!r} is not a positive integer", "original_max_position_embeddings is the pre-training context length")
+            return v, key
+    return DEFAULT_ORIGINAL_MAX_POSITIONS, None
+
+
+# The config keys RopeParams.from_config reads for the rotary dim, in its order (first truthy wins):
+#   rotary_dim or rotary_emb_base or qk_rope_head_dim or int(head_dim * (rotary_pct or partial_rotary_factor or 1.0))
+# (interface.py @ 000a01de66f0eab4ab05640711f0253f50f5209c and @ 51ea5c963794a4818ad8396a77d147fa901435d9).
+DIM_KEYS = ("rotary_dim", "rotary_emb_base", "qk_rope_head_dim")
+PCT_KEYS = ("rotary_pct", "partial_rotary_factor")
+
+
+def _rope_params_dim(top: dict[str, Any], head_dim: int, where: str) -> tuple[int, str]:
+    """(rotary dim, the key that decided it) by RopeParams.from_config's precedence."""
+    for key in DIM_KEYS:
+        v = top.get(key)
+        if not v:
+            continue
+        if key == "rotary_emb_base":
+            # Qwen-1 configs mean the rope *theta* by it; TensorRT-LLM would rotate that many channels
+            raise UserError(
+                f"{where}:rotary_emb_base",
+                f"{v!r}: TensorRT-LLM reads rotary_emb_base as the rotary dim (RopeParams.from_config), while configs that carry it mean the rope theta",
+                "write the theta as rope_theta and remove rotary_emb_base",
+            )
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise UserError(f"{where}:{key}", f"{v!r} is not an integer", "the rotary dim is a number of channels per head")
+        return v, key
+    for key in PCT_KEYS:
+        v = top.get(key)
+        if v:
+            return int(head_dim * _pct(v, where, key)), key
+    return head_dim, "head_dim"
+
+
+def _pct(v: Any, where: str, key: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise UserError(f"{where}:{key}", f"{v!r} is not a number", "the fraction of each head that rotates, in (0, 1]")
+    return float(v)
+
+
+def _check_dim(dim: int, head_dim: int, where: str, key: str) -> None:
+    if dim <= 0 or dim % 2 or dim > head_dim:
+        raise UserError(
+            f"{where}:{key}",
+            f"gives a rotary dim of {dim} for head_dim {head_dim}",
+            "rope rotates channel pairs of the head: the rotary dim must be even, positive and at most head_dim",
+        )
+
+
+def rotary_dim_of(top: dict[str, Any], head_dim: int, rule: str, where: str = "config.json") -> tuple[int, str]:
+    """(rotary dim, the config key that decided it) as TensorRT-LLM's model for ``rule`` computes it
+    (``Family.rotary_dim_rule``; ``top`` is ``hf_compat.trtllm_view`` of the config):
+
+    - ``rope_params`` (Llama, the EAGLE-3 draft): ``RopeParams.from_config``'s precedence (DIM_KEYS, then
+      PCT_KEYS). ``rotary_emb_base`` is refused: it is the theta where configs carry it.
+    - ``partial_rotary_factor`` (Qwen3): the default fused QK-norm+RoPE path rotates
+      ``int(head_dim * partial_rotary_factor)`` channels and reads no other key
+      (QKNormRoPEAttention.apply_qk_norm_rope, qk_norm_attention.py @ 034c3f0a0d1d5d90e5567c8d953019bdf5243b77);
+      a config whose other keys would give the generic path another dim is refused (the two paths disagree).
+    - ``head_dim`` (gpt-oss): ``RopeParams(dim=head_dim)`` whatever the config says (modeling_gpt_oss.py @
+      7924c7f1d3b4a3286b62c13fc890900295dc39cb builds it by hand); a partial-rotary config is refused, since
+      TensorRT-LLM would silently serve a full-rotary model the checkpoint was not trained as.
+    """
+    generic, key = _rope_params_dim(top, head_dim, where)
+    if rule == "rope_params":
+        _check_dim(generic, head_dim, where, key)
+        return generic, key
+    if rule == "partial_rotary_factor":
+        dim, fkey = head_dim, "head_dim"
+        if "partial_rotary_factor" in top:
+            fkey = "partial_rotary_factor"
+            if top[fkey] is None:
+                raise UserError(
+                    f"{where}:{fkey}", "null", "TensorRT-LLM's Qwen3 attention computes int(head_dim * partial_rotary_factor); remove the key or write a number"
+                )
+            dim = int(head_dim * _pct(top[fkey], where, fkey))
+        _check_dim(dim, head_dim, where, fkey)
+        if generic != dim:
+            raise UserError(
+                f"{where}:{key}",
+                f"{top.get(key)!r} gives TensorRT-LLM's generic rope a rotary dim of {generic}, but its Qwen3 fused QK-norm+RoPE "
+                f"kernel (the default) rotates {dim} channels: it reads partial_rotary_factor only",
+                f"spell Qwen3 partial rotary as partial_rotary_factor and remove {key}",
+            )
+        return dim, fkey
+    if rule == "head_dim":
+        if generic != head_dim:
+            raise UserError(
+                f"{where}:{key}",
+                f"{top.get(key)!r}: partial rotary ({generic} of {head_dim} channels), but TensorRT-LLM's gpt-oss builds "
+                "RopeParams(dim=head_dim) and silently rotates the whole head, so it would serve a model this checkpoint "
+                "was not trained as",
+                "gpt-oss rotates the whole head; this checkpoint cannot be served faithfully by TensorRT-LLM",
+            )
+        return head_dim, "head_dim"
+    raise ValueError(f"unknown rotary dim rule {rule!r}")
 
 
 def from_config(
@@ -86,13 +190,16 @@ def from_config(
     max_position_embeddings: int,
     top_level: dict[str, Any] | None = None,
     where: str = "config.json",
+    rotary_dim: int | None = None,
 ) -> RopeParams:
     """RopeParams.from_config on an already split config (theta, rope_scaling dict, head_dim).
 
     ``top_level``: the config.json's own keys TensorRT-LLM reads besides rope_scaling
     (``original_max_position_embeddings``, which wins over the dict's, and ``max_seq_len``).
+    ``rotary_dim``: ``rotary_dim_of``'s answer where it is not the whole head.
     """
     top = top_level or {}
+    dim = int(rotary_dim or head_dim)
     kind = scaling_kind(scaling)
     sc = scaling or {}
     if kind not in TRTLLM_TYPES:
@@ -101,6 +208,15 @@ def from_config(
             f"rope type {kind!r} is not one TensorRT-LLM accepts ({', '.join(TRTLLM_TYPES[1:])})",
             "TensorRT-LLM would refuse this config (Unsupported rotary scaling type); fix rope_scaling",
         )
+    if "type" in sc and not sc["type"] and sc.get("rope_type") and kind != "none":
+        # transformers 4.57 (TensorRT-LLM 1.2's) copies type over rope_type when loading, so TensorRT-LLM then
+        # reads no type at all; transformers 5 keeps rope_type, which TensorRT-LLM then reads: two answers
+        raise UserError(
+            f"{where}:rope_scaling.type",
+            f"{sc['type']!r} while rope_type is {sc['rope_type']!r}: TensorRT-LLM reads {kind} under transformers 5 and plain rope "
+            "under transformers 4.57 (which copies type over rope_type)",
+            "remove the empty type key",
+        )
     kw: dict[str, Any] = {}
     if scaling:
         kw = dict(
@@ -108,9 +224,7 @@ def from_config(
             alpha=_num(sc.get("alpha", 1.0) if sc.get("alpha") is not None else 1.0, where, "alpha"),
             low_freq_factor=_num(sc.get("low_freq_factor", 1.0), where, "low_freq_factor"),
             high_freq_factor=_num(sc.get("high_freq_factor", 4.0), where, "high_freq_factor"),
-            original_max_positions=int(
-                top.get("original_max_position_embeddings") or sc.get("original_max_position_embeddings") or DEFAULT_ORIGINAL_MAX_POSITIONS
-            ),
+            original_max_positions=original_max_of(top, sc, where)[0],
             beta_fast=_num(sc.get("beta_fast", 32), where, "beta_fast"),
             beta_slow=_num(sc.get("beta_slow", 1), where, "beta_slow"),
             mscale=_num(sc.get("mscale", 1.0), where, "mscale"),
@@ -119,30 +233,87 @@ def from_config(
         for key in ("short_factor", "long_factor"):
             if key in sc:
                 vals = sc[key]
-                if not isinstance(vals, (list, tuple)) or len(vals) != head_dim // 2:
-                    raise UserError(f"{where}:rope_scaling.{key}", f"expected a list of {head_dim // 2} numbers", "one factor per rotary frequency")
+                if not isinstance(vals, (list, tuple)) or len(vals) != dim // 2:
+                    raise UserError(f"{where}:rope_scaling.{key}", f"expected a list of {dim // 2} numbers", "one factor per rotary frequency")
                 kw[key] = tuple(_num(v, where, key) for v in vals)
     msl = top.get("max_seq_len")
     return RopeParams(
         kind=kind,
         theta=float(theta),
-        dim=int(head_dim),
+        dim=dim,
         max_positions=int(max_position_embeddings),
         max_seq_len=int(msl) if isinstance(msl, int) else None,
+        head_dim=int(head_dim) if dim != head_dim else None,
         **kw,
     )
 
 
-def from_raw_config(cfg: dict[str, Any], where: str = "config.json") -> RopeParams:
-    """RopeParams of a flat Llama config.json dict (either transformers spelling, see hf_compat.rope_of)."""
+def from_raw_config(cfg: dict[str, Any], where: str = "config.json", family: Family | None = None) -> RopeParams:
+    """RopeParams of a config.json dict (either transformers spelling, see hf_compat.rope_of) as TensorRT-LLM's
+    model of ``family`` builds them (None: RopeParams.from_config's rules, as Llama and the EAGLE-3 draft):
+    scaling type, original_max_position_embeddings and rotary dim all decided here."""
     theta, scaling = rope_of(cfg)
-    heads = cfg.get("num_attention_heads") or 1
-    head_dim = cfg.get("head_dim")
-    if not isinstance(head_dim, int):
-        head_dim = int(cfg.get("hidden_size") or 0) // int(heads)
+    given = cfg.get("head_dim")
+    if family is not None:
+        head_dim = family.head_dim(cfg)
+    elif isinstance(given, int):
+        head_dim = given
+    else:
+        head_dim = int(cfg.get("hidden_size") or 0) // int(cfg.get("num_attention_heads") or 1)
     if scaling is not None and not isinstance(scaling, dict):
         raise UserError(f"{where}:rope_scaling", f"{scaling!r} is not an object", "rope_scaling is a JSON object or null")
-    return from_config(theta, scaling, head_dim, int(cfg.get("max_position_embeddings") or 0), top_level=cfg, where=where)
+    if family is not None and family.position_type_from_scaling and scaling is not None:
+        _check_position_type(scaling, family, where)
+    top = _top_level(cfg, family)
+    dim, _ = rotary_dim_of(top, head_dim, family.rotary_dim_rule if family is not None else "rope_params", where)
+    return from_config(theta, scaling, head_dim, int(cfg.get("max_position_embeddings") or 0), top_level=top, where=where, rotary_dim=dim)
+
+
+# PositionEmbeddingType names a rope_scaling type may take (the rest raise "Unsupported position embedding type")
+POSITION_TYPES = ("yarn", "mrope", "default")
+
+
+def _check_position_type(scaling: dict[str, Any], family: Family, where: str) -> None:
+    """Qwen3Attention reads the type a second time, as a PositionEmbeddingType, letting ``type`` win on key
+    presence (``if "type" in rope_scaling``) where RopeParams lets it win when truthy; it raises on names that are
+    no PositionEmbeddingType (llama3, linear, dynamic, longrope) and on a block with neither key."""
+    if "type" in scaling:
+        key, name = "type", scaling["type"]
+    elif "rope_type" in scaling:
+        key, name = "rope_type", scaling["rope_type"]
+    else:
+        raise UserError(f"{where}:rope_scaling", "has neither type nor rope_type", f"TensorRT-LLM's {family.name} attention raises on it; name the rope type")
+    kind = scaling_kind(scaling)
+    if name not in POSITION_TYPES or (kind != "none" and name != kind):
+        raise UserError(
+            f"{where}:rope_scaling.{key}",
+            f"{name!r}: TensorRT-LLM's {family.name} attention parses it as a position embedding type"
+            + (f" (while its rope tables use {kind!r})" if name != kind and kind != "none" else "")
+            + f" and accepts only {', '.join(POSITION_TYPES)}",
+            f"a {family.name} target served by TensorRT-LLM uses yarn or plain rope, named by one type key",
+        )
+
+
+def _top_level(cfg: dict[str, Any], family: Family | None) -> dict[str, Any]:
+    """The top-level keys TensorRT-LLM reads next to rope_scaling. gpt-oss builds its RopeParams by hand from
+    rope_scaling alone (``original_max_positions=rope_scaling['original_max_position_embeddings']``,
+    modeling_gpt_oss.py @ 7924c7f1d3b4a3286b62c13fc890900295dc39cb), so a top-level value does not count there."""
+    top = trtllm_view(cfg)
+    if family is not None and family.rotary_dim_rule == "head_dim":
+        top = {k: v for k, v in top.items() if k != "original_max_position_embeddings"}
+    return top
+
+
+def effective_scaling(cfg: dict[str, Any], where: str = "config.json", family: Family | None = None) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) of a config.json dict with ``original_max_position_embeddings`` written into
+    the block where TensorRT-LLM takes it from the top level (``original_max_of``): readers that keep
+    only (theta, scaling), such as TargetInfo and the draft config, then carry the value TensorRT-LLM uses."""
+    theta, scaling = rope_of(cfg)
+    if isinstance(scaling, dict) and scaling_kind(scaling) in ("llama3", "yarn", "longrope"):
+        value, key = original_max_of(_top_level(cfg, family), scaling, where)
+        if key == "original_max_position_embeddings":
+            scaling = {**scaling, "original_max_position_embeddings": value}
+    return theta, scaling
 
 
 # Types whose transformers function (what the reference runtime's target runs) can differ from
@@ -160,6 +331,10 @@ def check_supported(p: RopeParams, where: str, max_seq_len: int | None = None) -
         )
     if p.dim % 2 or p.dim <= 0:
         raise UserError(f"{where}:head_dim", f"{p.dim} is not a positive even number", "rotary embeddings need an even head_dim")
+    if p.partial and p.kind == "dynamic":
+        # the reference runtime's partial-rotary tables are TensorRT-LLM's python table; dynamic is
+        # rescaled inside the fused kernels instead, for which no partial-rotary source was checked
+        raise UserError(f"{where}:rope_scaling", "dynamic rope with partial rotary", "not measurable: use full rotary or another rope type")
     if p.theta <= 0:
         raise UserError(f"{where}:rope_theta", f"{p.theta:g} must be positive", "fix the config")
     if p.kind in ("linear", "llama3", "yarn") and p.factor <= 0:
@@ -187,7 +362,8 @@ def check_supported(p: RopeParams, where: str, max_seq_len: int | None = None) -
     if p.kind == "longrope" and max_seq_len is not None and max_seq_len > max(p.max_positions, p.original_max_positions):
         raise UserError(
             f"{where}:max_position_embeddings",
-            f"longrope table has {max(p.max_positions, p.original_max_positions)} rows, max_seq_len is {max_seq_len}",
+            f"longrope table has {max(p.max_positions, p.original_max_positions)} rows (max_position_embeddings {p.max_positions}, "
+            f"original_max_position_embeddings {p.original_max_positions}), max_seq_len is {max_seq_len}",
             "TensorRT-LLM's longrope scale depends on max_position_embeddings, so it cannot be raised; lower --max-seq-len",
         )
 
@@ -195,6 +371,8 @@ def check_supported(p: RopeParams, where: str, max_seq_len: int | None = None) -
 def describe(p: RopeParams) -> str:
     """A short human form, used in validate's report and the mismatch warning."""
     s = f"rope_theta {p.theta:g}, {p.kind}"
+    if p.partial:
+        s += f", rotary dim {p.dim} of head_dim {p.head_dim}"
     if p.kind in ("linear", "llama3", "yarn"):
         s += f" factor {p.factor:g}"
     if p.kind in ("llama3", "yarn", "longrope"):
@@ -216,11 +394,13 @@ def same_function(a: RopeParams, b: RopeParams) -> bool:
 def export_scaling(p: RopeParams, source: dict[str, Any] | None) -> dict[str, Any] | None:
     """The rope_scaling block for an exported config: the source block with
     original_max_position_embeddings written out where the function uses it (TensorRT-LLM defaults it
-    to 1024, transformers to max_position_embeddings, so an implicit value means two functions).
-    None for plain rope."""
+    to 1024, transformers to max_position_embeddings, so an implicit value means two functions), and the
+    type under ``rope_type`` alone, as ``scaling_kind`` resolved it (a stale ``type`` beside it would be read
+    by TensorRT-LLM but not by transformers 5). None for plain rope."""
     if p.kind == "none":
         return None
-    out = dict(source or {})
+    out = {k: v for k, v in (source or {}).items() if k != "type"}
+    out["rope_type"] = p.kind
     if p.kind in ("llama3", "yarn", "longrope"):
         out["original_max_position_embeddings"] = p.original_max_positions
     return out

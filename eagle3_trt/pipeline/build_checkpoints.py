@@ -1,7 +1,7 @@
 """The checkpoints a build writes into its staging directory: target/, draft/ and tokenizer/.
 
 A real build loads the target (only when something is calibrated), calibrates and quantizes
-with ModelOpt, and exports unified Hugging Face checkpoints; a dry run copies the configs only.
+with ModelOpt, and exports unified Hugging Face checkpoints; a dry run writes the configs only.
 Also the acceptance figure of an embedded pair, measured on the checkpoints just written.
 pipeline/builder.py decides what to build and calls these; the on-disk format is bundle.py's.
 """
@@ -21,17 +21,28 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from eagle3_trt.convert import export, quantize
+from eagle3_trt.convert.draft_format import config_for_max_seq_len
 from eagle3_trt.convert.embedded import heldout_prompts
 from eagle3_trt.convert.load import load_engine
 from eagle3_trt.convert.prompts import load_prompts
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SamplingParams
+from eagle3_trt.formats.checkpoint_io import read_json
+from eagle3_trt.formats.draft_config import read_draft_config
 from eagle3_trt.pipeline import bundle as fmt
 
 Progress = Callable[[str, int | None], Callable[[], None]]
 
 
-def measure_embedded_acceptance(bundle: Path, pair_dir: Path, k: int, aux: tuple[int, ...], n_prompts: int = 8, max_tokens: int = 32) -> fmt.Acceptance | None:
+# How many held-out prompts and tokens the build's check measures; the build's summary prints
+# `eagle3-trt alpha ... --limit HELDOUT_PROMPTS --max-tokens HELDOUT_MAX_TOKENS` to rerun it.
+HELDOUT_PROMPTS = 8
+HELDOUT_MAX_TOKENS = 32
+
+
+def measure_embedded_acceptance(
+    bundle: Path, pair_dir: Path, k: int, aux: tuple[int, ...], n_prompts: int = HELDOUT_PROMPTS, max_tokens: int = HELDOUT_MAX_TOKENS
+) -> fmt.Acceptance | None:
     """Greedy speculative decoding of the built (quantized) checkpoints on the pair's shipped held-out prompts.
 
     Only embedded pairs ship such prompts; a few seconds on a CPU. The figure is the bundle's own
@@ -58,10 +69,13 @@ def measure_embedded_acceptance(bundle: Path, pair_dir: Path, k: int, aux: tuple
     )
 
 
-def write_config_only(target_dir: Path, draft_dir: Path, tmp: Path) -> None:
-    for role, src in (("target", target_dir), ("draft", draft_dir)):
-        (tmp / role).mkdir()
-        shutil.copy2(src / "config.json", tmp / role / "config.json")
+def write_config_only(target_dir: Path, draft_dir: Path, tmp: Path, max_seq_len: int) -> None:
+    """A dry run's configs: the target's as shipped, the draft's through the function a real build
+    writes it with (its layout flattened, max_position_embeddings raised to max_seq_len)."""
+    (tmp / "target").mkdir()
+    shutil.copy2(target_dir / "config.json", tmp / "target" / "config.json")
+    draft_cfg = config_for_max_seq_len(read_draft_config(draft_dir), max_seq_len)
+    export.write_draft_config(draft_cfg, read_json(draft_dir / "config.json"), tmp / "draft")
     export.copy_tokenizer(target_dir, tmp / "target")
     export.copy_tokenizer(target_dir, tmp / "tokenizer")
 

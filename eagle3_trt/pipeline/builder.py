@@ -22,11 +22,12 @@ from pathlib import Path
 
 from eagle3_trt import __version__
 from eagle3_trt.atomic import remove_stale_staging, staged_dir, write_json
-from eagle3_trt.convert import quantize
+from eagle3_trt.convert import behaviour, quantize
 from eagle3_trt.convert.draft_format import for_max_seq_len, load_draft
 from eagle3_trt.convert.embedded import embedded_pair
 from eagle3_trt.convert.target import TargetInfo, read_target
 from eagle3_trt.convert.validate import ValidationReport, check_target_family, check_target_tokenizer, validate_pair
+from eagle3_trt.convert.validate_draft import max_position_warning
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import read_json, sha256_file
 from eagle3_trt.formats.draft_config import read_draft_config
@@ -34,6 +35,7 @@ from eagle3_trt.formats.hf_config import Eagle3DraftConfigFields, parse_config
 from eagle3_trt.pipeline import bundle as fmt
 from eagle3_trt.pipeline import bundle_write, gpus
 from eagle3_trt.pipeline.build_checkpoints import Progress, measure_embedded_acceptance, quantize_and_export, write_config_only
+from eagle3_trt.pipeline.bundle_manifest import Behaviour
 from eagle3_trt.pipeline.llm_options import CudaGraphOptions, Eagle3Options, KvCacheOptions, LlmApiOptions, MoeOptions
 from eagle3_trt.pipeline.planner import make_plan as plan_deployment
 from eagle3_trt.pipeline.presets import Preset, resolve_source
@@ -64,6 +66,9 @@ class EngineRequest:
     out: str | None = None
     force: bool = False
     dry_run: bool = False
+    # convert/behaviour.py's checks (target loss, draft agreement): on unless --skip-behaviour-checks
+    # or behaviour.SKIP_ENV is set (random-weight test pairs, which the checks rightly refuse)
+    skip_behaviour_checks: bool = False
 
 
 @dataclass
@@ -294,6 +299,7 @@ def _inputs_fingerprint(req: EngineRequest, st: _Settings, digests: dict[str, di
             "max_seq_len": req.preset.max_seq_len,
             "calib": [calib_digest, st.n_calib, st.calib_len],
             "dry_run": req.dry_run,
+            "behaviour_checks": report.behaviour is None or "skipped" not in report.behaviour,
             "aux": list(report.aux_layer_ids),
             "gpus": plan.num_gpus,
             "tp": plan.tp,
@@ -309,6 +315,10 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
     s = time.perf_counter()
     plan, draft, report = _validate(req, st)
     timings["validate_s"] = time.perf_counter() - s
+    if req.dry_run:
+        report.behaviour = {"skipped": "dry run: no weights were read, so the target's loss and the draft's agreement were not measured"}
+    elif req.skip_behaviour_checks or behaviour.skipped_by_env():
+        report.behaviour = {"skipped": f"--skip-behaviour-checks ({behaviour.SKIP_ENV})"}
     for w in report.warnings:
         log(f"warning: {w}")
 
@@ -325,16 +335,24 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
         return BuildResult(st.dest, True, fmt.open_bundle(st.dest), report.warnings)
     if st.dest.exists():
         log(f"rebuilding {st.dest}: {reason}")
+    if report.behaviour is None:  # measured only now: a cache hit pays nothing, a refusal writes nothing
+        s = time.perf_counter()
+        tick = progress("check behaviour (target loss, draft agreement)", None)
+        behaviour.check_behaviour(st.target_dir, draft, report.aux_layer_ids, st.calib_file, st.calib_len, report)
+        tick()
+        timings["behaviour_s"] = time.perf_counter() - s
 
     with staged_dir(st.dest) as tmp:
         calib = fmt.Calibration(file=str(st.calib_file), sha256=calib_digest, num_samples=st.n_calib, max_length=st.calib_len)
         if req.dry_run:
-            write_config_only(st.target_dir, st.draft_dir, tmp)
+            write_config_only(st.target_dir, st.draft_dir, tmp, req.preset.max_seq_len)
         else:
             info = quantize_and_export(
                 st.target_dir, draft, report, tmp, st.quant, st.kv, st.draft_quant, st.calib_file, st.n_calib, st.calib_len, timings, progress
             )
             calib = calib.model_copy(update=info)
+            # recorded, and shown by the summary and `gate`: a short file is used as it is, never silently
+            calib = calib.model_copy(update={"shortfall": fmt.calibration_shortfall(calib)})
         opts = llm_options(req, st.kv, st.k, report.aux_layer_ids, report.aux_layers_are_default, plan)
         bundle_write.write_options(tmp, opts)
         write_json(tmp / fmt.VALIDATION_FILE, report.to_dict())
@@ -365,7 +383,9 @@ def _manifest(
             draft=fmt.Source(path=str(st.draft_dir.resolve()), source=preset.draft.source, revision=preset.draft.revision, files=digests["draft"]),
         ),
         calibration=calib,
-        validation=fmt.Validation(checks=[c["check"] for c in report.checks], warnings=report.warnings),
+        validation=fmt.Validation(
+            checks=[c["check"] for c in report.checks], warnings=report.warnings, behaviour=Behaviour(**report.behaviour) if report.behaviour else None
+        ),
         versions=fmt.package_versions(),
         git_sha=fmt.git_sha(),
         timings={k_: round(v, 3) for k_, v in timings.items()},
@@ -401,7 +421,8 @@ def _validate_config_only(target, draft_dir: Path, max_seq_len: int) -> Validati
         )
     rep.aux_layer_ids, rep.aux_layers_are_default = tuple(ids), tuple(sorted(ids)) == tuple(sorted(default))
     rep.ok("aux_layers", f"captures outputs of target layers {list(ids)} of {target.num_hidden_layers}")
-    if dc.max_position_embeddings < max_seq_len:
-        rep.warn(f"draft max_position_embeddings {dc.max_position_embeddings} < max_seq_len {max_seq_len}: acceptance drops on longer contexts")
+    warning = max_position_warning(dc, max_seq_len)
+    if warning:
+        rep.warn(warning)
     rep.warn("dry run: weights, d2t and tensor shapes were not checked")
     return rep

@@ -36,6 +36,7 @@ from eagle3_trt.formats.checkpoint_io import read_json, sha256_file
 from eagle3_trt.formats.families import default_aux_layers_of
 from eagle3_trt.formats.hf_config import max_positions_of
 from eagle3_trt.pipeline.bundle_manifest import (
+    CALIBRATION_HINT,
     KIND,
     MANIFEST_FILE,
     OPTIONS_FILE,
@@ -55,6 +56,7 @@ from eagle3_trt.pipeline.bundle_manifest import (
     Validation,
     WeightFormat,
     bundle_files,
+    calibration_shortfall,
     content_fingerprint,
     file_digests,
     fingerprint,
@@ -65,6 +67,7 @@ from eagle3_trt.pipeline.llm_options import LlmApiOptions, validate_options
 
 # The schema's names, for readers that take the whole format from this module (``bundle as fmt``).
 __all__ = [
+    "CALIBRATION_HINT",
     "KIND",
     "MANIFEST_FILE",
     "OPTIONS_FILE",
@@ -84,6 +87,7 @@ __all__ = [
     "TargetGpu",
     "Validation",
     "WeightFormat",
+    "calibration_shortfall",
     "content_fingerprint",
     "file_digests",
     "fingerprint",

@@ -75,11 +75,45 @@ class Calibration(_Strict):
     prompts_used: int | None = None
     tokens: int | None = None
     tokens_sha256: str | None = None
+    shortfall: str | None = Field(None, description="set when the file held fewer prompts than num_samples: asked vs got, in prompts and tokens")
+
+
+def calibration_shortfall(calib: Calibration) -> str | None:
+    """Asked vs got, when a build calibrated on fewer prompts than it asked for (the loader takes
+    what the file has, so a short file would otherwise pass silently); None when it got them all."""
+    if calib.prompts_used is None or calib.prompts_used >= calib.num_samples:
+        return None
+    return (
+        f"calibration asked for {calib.num_samples} prompts x up to {calib.max_length} tokens ({calib.num_samples * calib.max_length:,} tokens) "
+        f"but {Path(calib.file).name} has {calib.prompts_used} prompts: calibrated on {calib.tokens or 0:,} tokens"
+    )
+
+
+CALIBRATION_HINT = "pass --calib FILE with that many prompts like your traffic (JSONL or one prompt a line), or --calib-samples N to ask for fewer"
+
+
+class Behaviour(_Strict):
+    """convert/behaviour.py's figures: what files cannot show (a swapped tokenizer, a head trained
+    for another target). ``skipped`` says why none were measured (a dry run reads no weights)."""
+
+    skipped: str | None = None
+    prompts_file: str | None = None
+    target_loss_nats: float | None = None
+    log_vocab: float | None = Field(None, description="log V: the loss of a uniform guess over the target's ids")
+    loss_ratio: float | None = Field(None, description="target_loss_nats / log_vocab")
+    loss_tokens: int | None = None
+    loss_prompts: int | None = None
+    draft_agreement: float | None = Field(None, description="draft step-1 top-1 == the target's next token (argmax), teacher-forced")
+    chance: float | None = Field(None, description="1 / draft_vocab_size")
+    agreement_over_chance: float | None = None
+    agreement_positions: int | None = None
+    agreement_prompts: int | None = None
 
 
 class Validation(_Strict):
     checks: list[str]
     warnings: list[str]
+    behaviour: Behaviour | None = None
 
 
 class Acceptance(_Strict):

@@ -16,6 +16,7 @@ from eagle3_trt.pipeline.bundle_manifest import (
     MANIFEST_FILE,
     OPTIONS_FILE,
     REBUILD_HINT,
+    Acceptance,
     CompileRecord,
     FileDigest,
     Manifest,
@@ -66,8 +67,15 @@ def seal(bundle_dir: Path, man: Manifest) -> Manifest:
     return man
 
 
-def update(bundle_dir: Path, *, options: LlmApiOptions | None = None, record: Recommendation | CompileRecord | None = None) -> Bundle:
-    """Change a built bundle: new options (launch/ is re-rendered from them) and/or a record.
+def update(
+    bundle_dir: Path,
+    *,
+    options: LlmApiOptions | None = None,
+    record: Recommendation | CompileRecord | None = None,
+    acceptance: Acceptance | None = None,
+) -> Bundle:
+    """Change a built bundle: new options (launch/ is re-rendered from them) and/or a record;
+    ``acceptance`` replaces the manifest's acceptance record (recommend --write: the figure at the new K).
 
     The bundle must match its manifest first (a hand-edited bundle would otherwise be blessed).
     Every file is replaced atomically; manifest.json goes last, with the new files' digests and
@@ -89,6 +97,8 @@ def update(bundle_dir: Path, *, options: LlmApiOptions | None = None, record: Re
             outputs[rel] = FileDigest(sha256=sha256_file(b.path / rel), bytes=(b.path / rel).stat().st_size)
         outputs = dict(sorted(outputs.items()))
     changes: dict[str, Any] = {"outputs": outputs, "fingerprint": content_fingerprint(man.inputs_fingerprint, outputs)}
+    if acceptance is not None:
+        changes["acceptance"] = acceptance
     if isinstance(record, Recommendation):
         changes["recommendation"] = record
     elif isinstance(record, CompileRecord):

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import click
 
+from eagle3_trt.convert.prompts import SHIPPED_PROMPTS, load_prompts
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline import compile as comp
 from eagle3_trt.pipeline.gpus import GPUS
 from eagle3_trt.pipeline.plan_presets import plan_for_preset
 from eagle3_trt.pipeline.plan_report import format_plan, plan_steps
-from eagle3_trt.pipeline.presets import load_preset_file
+from eagle3_trt.pipeline.presets import Preset, load_preset, load_preset_file
 
 
 @click.command("plan")
@@ -59,7 +60,10 @@ def plan_cmd(
     preset = load_preset_file(Path(preset_file)) if preset_file else model
     assert preset is not None
     plan = plan_for_preset(preset, gpu, num_gpus, quant, tp, max_seq_len=max_seq_len, max_batch_size=max_batch_size, pp=pp)
-    steps = plan_steps(plan)
+    cal = (preset if isinstance(preset, Preset) else load_preset(preset)).calibration
+    # the build's default --calib (quantize.DEFAULT_CALIB_FILE); a preset asking for more than it holds needs the user's data
+    shipped = len(load_prompts(SHIPPED_PROMPTS, cal.num_samples, option="--calib"))
+    steps = plan_steps(plan, cal.num_samples, cal.max_length, shipped)
     if as_json:
         click.echo(json.dumps({**plan.to_dict(), "steps": steps}, indent=2))
         return

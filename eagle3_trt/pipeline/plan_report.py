@@ -60,8 +60,9 @@ def _duration(seconds: float) -> str:
     return f"~{minutes} min" if minutes < 60 else f"~{minutes // 60} h {minutes % 60:02d} min"
 
 
-def plan_steps(plan: Plan, calib_samples: int = 512, calib_len: int = 512) -> list[str]:
-    """The steps `make engine` runs for this plan, each with a rough duration."""
+def plan_steps(plan: Plan, calib_samples: int = 512, calib_len: int = 512, calib_available: int | None = None) -> list[str]:
+    """The steps `make engine` runs for this plan, each with a rough duration. ``calib_available``:
+    prompts in the default calibration file, when it has fewer than the preset asks for."""
     gpu = get_gpu(plan.gpu)
     draft_bytes = plan.draft_weight_bytes_per_gpu
     src = plan.target_checkpoint_bytes + draft_bytes
@@ -78,6 +79,12 @@ def plan_steps(plan: Plan, calib_samples: int = 512, calib_len: int = 512) -> li
         steps.append(
             f"calibrate + quantize target to {plan.quant} with ModelOpt on {where}: load {gb(plan.target_checkpoint_bytes)} BF16, "
             f"{calib_samples}x{calib_len} calibration tokens ({flops:.1e} FLOP): {_duration(secs)}"
+            + (
+                f"; needs your calibration data: the shipped set has {calib_available} prompts, so pass --calib FILE with {calib_samples} "
+                "(without it the build calibrates on those, warns and records the shortfall in the manifest)"
+                if calib_available is not None and calib_available < calib_samples
+                else ""
+            )
         )
     out = plan.quantized_target_bytes + draft_bytes
     what = "copy the checkpoint as shipped" if plan.quant == "native" else "export quantized checkpoint"

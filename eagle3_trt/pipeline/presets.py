@@ -5,6 +5,7 @@ Unknown or conflicting fields are rejected when the file is loaded, not when a v
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Literal
@@ -88,10 +89,13 @@ def load_preset(name: str) -> Preset:
     (a preset outside the registry is read with ``load_preset_file``, behind its own option)."""
     names = available()
     if name not in names:
+        # a newcomer's guess (llama-70b) is usually one edit away from a shipped name: suggest it first
+        close = difflib.get_close_matches(name, names, n=1)
+        guess = f"did you mean {close[0]!r}? " if close else ""
         raise UserError(
             "MODEL",
             f"unknown preset {name!r} (a preset name from the registry, never a path)",
-            f"available presets: {', '.join(names)}; for a preset file of your own pass --preset-file PATH",
+            f"{guess}available presets: {', '.join(names)}; for a preset file of your own pass --preset-file PATH",
         )
     return load_preset_file(PRESET_DIR / f"{name}.yaml")
 
@@ -133,13 +137,23 @@ def hf_cache_dir(hf_id: str, revision: str | None = None) -> Path | None:
     return snaps[-1] if snaps else None
 
 
+def override_dir(override: str, role: str) -> Path:
+    """The directory given with --target/--draft (make: TARGET=/DRAFT=), which must exist. `engine`
+    calls it before any other work (GPU probe, preset checks); resolve_source again for library callers."""
+    p = Path(override).expanduser()
+    if not p.is_dir():
+        raise UserError(
+            f"--{role} {override}",
+            "directory does not exist" if not p.exists() else "is not a directory",
+            f"pass an existing local checkpoint directory; make takes it as {role.upper()}=DIR",
+        )
+    return p
+
+
 def resolve_source(src: Source, override: str | None, role: str) -> Path | None:
     """Local directory for a target/draft source; None for embedded models (built on demand)."""
     if override:
-        p = Path(override).expanduser()
-        if not p.is_dir():
-            raise UserError(f"{role.upper()}={override}", "directory does not exist", f"point {role.upper()}= at a local Hugging Face checkpoint directory")
-        return p
+        return override_dir(override, role)
     if src.embedded:
         return None
     if src.hf_id:

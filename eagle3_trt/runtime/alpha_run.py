@@ -10,7 +10,7 @@ from eagle3_trt.convert.prompts import load_prompt_records, use_chat_template
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.runtime.alpha_report import compare
-from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs
+from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs, recommendation_batches
 from eagle3_trt.runtime.cost_model import recommend
 from eagle3_trt.runtime.diagnostics import diagnose
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
@@ -176,6 +176,7 @@ def _add_recommendation(report: dict, b: Bundle, prim: Measurement, concurrency:
             ov.cumulative_acceptance,
             concurrency=concurrency,
             **bundle_cost_inputs(b),
+            batches=recommendation_batches(b),
             measured_by_k={kk: v["cumulative_acceptance"] for kk, v in prim.sweep().items()},
         )
         report["recommendation"] = rec.to_dict()

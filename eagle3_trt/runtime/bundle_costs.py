@@ -10,10 +10,18 @@ from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.pipeline.gpus import get_gpu
 from eagle3_trt.pipeline.memory import kv_bytes_per_token
 from eagle3_trt.pipeline.model_size import count_target, moe_cost_inputs, parse_shape
+from eagle3_trt.runtime.cost_model import DEFAULT_BATCHES
 
 
 def _weight_bytes(d: Path) -> int:
     return sum(f.stat().st_size for f in Path(d).glob("*.safetensors"))
+
+
+def recommendation_batches(b: Bundle) -> tuple[int, ...]:
+    """The batch sizes a recommendation is predicted at: the cost model's grid up to the bundle's
+    max_batch_size (a server never batches more, so a larger max_concurrency promises nothing)."""
+    mbs = b.options.max_batch_size
+    return tuple(sorted({x for x in DEFAULT_BATCHES if x <= mbs} | {mbs}))
 
 
 def bundle_cost_inputs(bundle: Bundle | Path, gpu: str | None = None, tp: int | None = None) -> dict:

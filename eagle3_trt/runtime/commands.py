@@ -13,9 +13,10 @@ from eagle3_trt.errors import GateFailed, UserError
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.runtime.alpha_report import render_summary
 from eagle3_trt.runtime.alpha_run import run_alpha
-from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs
+from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs, recommendation_batches
 from eagle3_trt.runtime.cost_model import recommend
-from eagle3_trt.runtime.gate import DEFAULT_GATE_THRESHOLD, run_gate
+from eagle3_trt.runtime.gate import run_gate
+from eagle3_trt.runtime.gate_verdict import DEFAULT_GATE_THRESHOLD
 from eagle3_trt.runtime.recommendation import acceptance_curves, print_recommendation, write_recommendation_to_bundle
 from eagle3_trt.runtime.report_files import write_report
 
@@ -51,7 +52,8 @@ CHAT_TEMPLATE_OPTION = click.option(
 )
 PROMPTS_HELP = (
     'JSONL: chat records {"turns": [...]} (MT-Bench layout, optional "category") or {"messages": [...]}, '
-    'raw completion records {"text": ...} or {"prompt": ...}; or plain text, one prompt a line'
+    'raw completion records {"text": ...} or {"prompt": ...}; or plain text, one prompt a line; or a held-out '
+    'prompts file {"prompts": [[token ids], ...]} (models/tiny/heldout_prompts.json: token ids measured as stored)'
 )
 
 
@@ -178,9 +180,13 @@ def gate_cmd(
         click.echo(
             f"predicted speedup at concurrency {concurrency} on {res['gpu']} TP{res['tp']} with K={res['max_draft_len']}: {res['predicted_speedup']:.2f}x"
         )
-        click.echo("gate passed" if res["passed"] else "gate FAILED: " + "; ".join(res["reasons"]))
+        if res["calibration_shortfall"]:
+            click.echo(f"warning: {res['calibration_shortfall']}: this bundle's quantization scales come from that little data")
+        if res["passed"]:
+            click.echo("gate passed")
     if not res["passed"]:
-        raise GateFailed(f"{bundle}: " + "; ".join(res["reasons"]))
+        # the one verdict line, printed by the CLI on stderr (with --json too, next to the data)
+        raise GateFailed(f"gate FAILED: {bundle}: " + "; ".join(res["reasons"]))
 
 
 @click.command("recommend")
@@ -220,7 +226,14 @@ def recommend_cmd(
     """Predict speedup per K and batch size from measured acceptance; recommend K and max_concurrency."""
     if max_draft_len is not None and not 1 <= max_draft_len <= 16:
         raise UserError("--max-draft-len", f"{max_draft_len}", "draft lengths are 1..16")
-    cum, by_k = acceptance_curves(
+    b = open_bundle(Path(bundle))
+    if concurrency > b.options.max_batch_size:
+        raise UserError(
+            "--concurrency",
+            f"{concurrency} exceeds the bundle's max_batch_size {b.options.max_batch_size}",
+            "no server batches more; pass a smaller batch size",
+        )
+    cum, by_k, report = acceptance_curves(
         Path(bundle),
         report_file,
         prompts_file,
@@ -230,9 +243,10 @@ def recommend_cmd(
         device=device,
         chat_template=chat_template,
     )
-    rec = recommend(cum, concurrency=concurrency, **bundle_cost_inputs(Path(bundle), gpu=gpu, tp=tp), measured_by_k=by_k, max_k=max_draft_len)
+    costs = bundle_cost_inputs(b, gpu=gpu, tp=tp)
+    rec = recommend(cum, concurrency=concurrency, **costs, batches=recommendation_batches(b), measured_by_k=by_k, max_k=max_draft_len)
     if write:
-        write_recommendation_to_bundle(Path(bundle), rec, source=report_file or prompts_file)
+        write_recommendation_to_bundle(Path(bundle), rec, source=report_file or prompts_file, report=report)
     if as_json:
         click.echo(json.dumps(rec.to_dict(), indent=1))
         return

@@ -11,10 +11,9 @@ from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.pipeline.gpus import GpuSpec
 from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs
 from eagle3_trt.runtime.cost_model import CostParams, Prediction, model_cost, predict
+from eagle3_trt.runtime.gate_verdict import DEFAULT_GATE_THRESHOLD, alpha_shortfall
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
 from eagle3_trt.runtime.measure import measure
-
-DEFAULT_GATE_THRESHOLD = 0.55
 
 
 def run_gate(
@@ -35,6 +34,7 @@ def run_gate(
         raise UserError("--threshold", f"{threshold} is not a probability", "use e.g. 0.55")
     if concurrency < 1:
         raise UserError("--concurrency", f"{concurrency}", "concurrency is at least 1")
+
     b = open_bundle(Path(bundle))
     k = b.k
     records = load_prompt_records(Path(prompts_file), limit)
@@ -44,8 +44,8 @@ def run_gate(
     ov = m.overall()
     pred, gpu, tp = _predicted_speedup(b, ov, concurrency)
     reasons = []
-    if ov.alpha < threshold:
-        reasons.append(f"alpha {ov.alpha:.3f} < threshold {threshold:.2f}")
+    if (why := alpha_shortfall(ov.alpha, threshold)) is not None:
+        reasons.append(why)
     if pred.speedup < 1.0:
         reasons.append(f"predicted speedup {pred.speedup:.2f}x < 1 at concurrency {concurrency} on {gpu.name} (K={k})")
     return {
@@ -65,6 +65,8 @@ def run_gate(
         "prediction": pred.to_dict(),
         "passed": not reasons,
         "reasons": reasons,
+        # the bundle was calibrated on fewer prompts than its build asked for (manifest calibration.shortfall)
+        "calibration_shortfall": b.manifest.calibration.shortfall,
     }
 
 

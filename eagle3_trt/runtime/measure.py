@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from eagle3_trt.convert.prompts import PromptRecord, use_chat_template
+from eagle3_trt.convert.prompts import IDS, PromptRecord, use_chat_template
 from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.stats import AggregateStats, RequestStats, aggregate
 from eagle3_trt.errors import UserError
@@ -107,6 +107,10 @@ class Measurement:
                 "acceptance_length": a.acceptance_length,
                 "predicted_acceptance_length": expected_tokens(cum, k),
                 "cumulative_acceptance": a.cumulative_acceptance,
+                # the counts behind the figures: recommend --write records them as the bundle's acceptance at K
+                "turns": a.requests,
+                "generated_tokens": a.generated_tokens,
+                "target_forwards": a.target_forwards,
             }  # measured at this K: recommend predicts K from it
         return out
 
@@ -168,7 +172,7 @@ def measure(
         stop = set(engine.eos_token_ids)
         for i, p, st, c, bk in zip(idx, prompts, stats, conts, by_k):
             results.append(TurnResult(records[i].id, records[i].category, t + 1, len(p), st, c, p, bk))
-            n_raw += not templated[i]
+            n_raw += not templated[i] and records[i].kind != IDS  # token ids are not text sent raw
             reply = tok.decode([x for x in c if x not in stop], skip_special_tokens=True) if tok is not None else ""
             history[i] = history[i] + [{"role": "assistant", "content": reply}]
     return Measurement(label, results, skipped, time.perf_counter() - t0, bool(getattr(tok, "chat_template", None)), n_raw)
@@ -184,7 +188,16 @@ def _turn_prompts(
         if t >= len(rec.turns) or history[i] is None:
             continue
         msgs = history[i] + [{"role": "user", "content": rec.turns[t]}]
-        ids = encode_chat(engine.tokenizer, msgs) if templated[i] else encode_raw(engine.tokenizer, rec.turns[t])
+        if rec.kind == IDS:
+            ids = list(rec.ids)  # measured as stored (a held-out file: the build's own check)
+            if max(ids) >= engine.target.vocab_size:
+                raise UserError(
+                    f"prompt {rec.id}",
+                    f"token id {max(ids)} is outside the target's vocabulary of {engine.target.vocab_size}",
+                    "these ids belong to another tokenizer",
+                )
+        else:
+            ids = encode_chat(engine.tokenizer, msgs) if templated[i] else encode_raw(engine.tokenizer, rec.turns[t])
         if len(ids) >= engine.max_seq_len - 1:
             skipped.append(f"{rec.id} turn {t + 1}: {len(ids)} prompt tokens >= max_seq_len {engine.max_seq_len}")
             history[i] = None  # type: ignore[assignment]

@@ -27,11 +27,12 @@ def acceptance_curves(
     max_tokens: int,
     device: str | None,
     chat_template: bool | None,
-) -> tuple[list[float], dict[int, list[float]]]:
-    """(cumulative acceptance, {K: curve measured at K}) from an alpha report, else measured on the prompts."""
+) -> tuple[list[float], dict[int, list[float]], dict]:
+    """(cumulative acceptance, {K: curve measured at K}, the alpha report they come from) from an
+    alpha report, else measured on the prompts."""
     if report_file:
         rep = read_report(Path(report_file))
-        return report_curves(rep, report_file)
+        return (*report_curves(rep, report_file), rep)
     if prompts_file:
         k = max_draft_len or open_bundle(Path(bundle)).k
         # every K up to the largest measured directly (one continuation serves all)
@@ -48,13 +49,39 @@ def acceptance_curves(
             sweep=tuple(range(1, k + 1)),
             chat_template=chat_template,
         )
-        return report_curves(rep, prompts_file)
+        return (*report_curves(rep, prompts_file), rep)
     raise UserError("recommend", "needs --report or --prompts", "measure acceptance first with `eagle3-trt alpha`")
 
 
-def write_recommendation_to_bundle(bundle: Path, rec, source: str | None) -> Bundle:
+def acceptance_at(report: dict, k: int, source: str | None, old: bundle_format.Acceptance | None) -> bundle_format.Acceptance | None:
+    """The manifest's acceptance record once K is ``k``: the alpha report's measurement at ``k`` (its
+    sweep, or its own run at that K), else the old record with ``measured_on`` saying which K it
+    measured, so no K in the manifest reads as the options' K without saying so."""
+    prim = report.get("pairs", {}).get("bundle", {})
+    entry = (prim.get("sweep") or {}).get(str(k))
+    if entry is None and report.get("settings", {}).get("max_draft_len") == k:
+        entry = dict(prim.get("overall", {}), turns=prim.get("overall", {}).get("requests"))
+    counts = ("alpha", "acceptance_length", "turns", "generated_tokens", "target_forwards")
+    if isinstance(entry, dict) and all(isinstance(entry.get(c), int | float) for c in counts):
+        return bundle_format.Acceptance(
+            alpha=round(float(entry["alpha"]), 4),
+            acceptance_length=round(float(entry["acceptance_length"]), 4),
+            max_draft_len=k,
+            prompts=int(entry["turns"]),
+            generated_tokens=int(entry["generated_tokens"]),
+            target_forwards=int(entry["target_forwards"]),
+            measured_on=f"{source or 'alpha'} (alpha measurement at K={k}, taken by recommend --write), greedy, reference runtime on this bundle",
+        )
+    if old is None or old.max_draft_len == k:
+        return old
+    note = f"measured at K={old.max_draft_len}, not at the options' K={k} (recommend --write found no measurement at K={k} in {source or 'its alpha run'}); "
+    return old if old.measured_on.startswith("measured at K=") else old.model_copy(update={"measured_on": note + old.measured_on})
+
+
+def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report: dict | None = None) -> Bundle:
     """K and max_concurrency into llm_api_options.yaml (TensorRT-LLM's names), the evidence into
-    manifest.json: one ``bundle.update``, so the launchers, the digests and the fingerprint follow."""
+    manifest.json, and the acceptance record at the new K (``acceptance_at``, from ``report``): one
+    ``bundle.update``, so the launchers, the digests and the fingerprint follow."""
     if not rec.speculation_pays:
         raise UserError(
             f"{bundle}",
@@ -62,6 +89,12 @@ def write_recommendation_to_bundle(bundle: Path, rec, source: str | None) -> Bun
             "train a domain draft head (eagle3-trt train-draft) or serve without speculation",
         )
     b = open_bundle(Path(bundle))
+    if rec.max_concurrency is not None and rec.max_concurrency > b.options.max_batch_size:
+        raise UserError(
+            f"{bundle}",
+            f"max_concurrency {rec.max_concurrency} exceeds the bundle's max_batch_size {b.options.max_batch_size}; nothing written",
+            "predict over bundle_costs.recommendation_batches(bundle) (recommend does)",
+        )
     opts = recommended_options(b.options, rec.max_draft_len, max_concurrency=rec.max_concurrency)
     evidence = bundle_format.Recommendation(
         max_draft_len=rec.max_draft_len,
@@ -71,7 +104,8 @@ def write_recommendation_to_bundle(bundle: Path, rec, source: str | None) -> Bun
         evidence=rec.evidence,
         table=rec.table,
     )
-    return bundle_write.update(b.path, options=opts, record=evidence)
+    acceptance = acceptance_at(report or {}, rec.max_draft_len, source, b.manifest.acceptance)
+    return bundle_write.update(b.path, options=opts, record=evidence, acceptance=acceptance)
 
 
 def print_recommendation(rec: Recommendation) -> None:

@@ -9,9 +9,10 @@ from typing import get_args
 
 import click
 
+from eagle3_trt.errors import UserError
 from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME, DeviceName, RuntimeName
 from eagle3_trt.triton_serving.package import package_bundle
-from eagle3_trt.triton_serving.server import EXIT_TIMEOUT_S, STOP_TIMEOUT_S, start_server, stop_recorded, stop_server
+from eagle3_trt.triton_serving.server import DRAIN_MAX_S, DRAIN_S, EXIT_TIMEOUT_S, STOP_TIMEOUT_S, start_server, stop_recorded, stop_server
 
 
 @click.command("package")
@@ -45,7 +46,11 @@ from eagle3_trt.triton_serving.server import EXIT_TIMEOUT_S, STOP_TIMEOUT_S, sta
 @click.option("--default-max-tokens", default=64, show_default=True, help="when a request sets no sampling_param_max_tokens")
 @click.option("--with-baseline", is_flag=True, help="also write <name>_nospec, the same bundle served without the draft (A/B for the trtllm runtime)")
 @click.option("--bundle-path", default=None, help="path to write into model.yaml instead of BUNDLE (repository used elsewhere, e.g. a container mount)")
-@click.option("--force", is_flag=True, help="replace an existing repository")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="overwrite this command's own models in REPO even where a file was edited since (other models are never touched)",
+)
 def package_cmd(
     bundle: Path,
     out: Path,
@@ -130,23 +135,39 @@ def serve_cmd(repo: Path, http_port: int, grpc_port: int, metrics_port: int, sta
     "timeout_s",
     default=STOP_TIMEOUT_S,
     show_default=True,
-    help=f"seconds after SIGTERM before the server is killed (Triton itself drains for {EXIT_TIMEOUT_S} s)",
+    help=f"seconds after SIGTERM before the server is killed (Triton itself waits at most {EXIT_TIMEOUT_S} s)",
 )
-def stop_cmd(state_dir: Path, timeout_s: float) -> None:
+@click.option(
+    "--drain",
+    "drain_s",
+    default=DRAIN_S,
+    show_default=True,
+    type=click.FloatRange(min=0, max=DRAIN_MAX_S),
+    help="seconds in-flight requests get to finish; then each one still open ends with a 'server is shutting down' error",
+)
+def stop_cmd(state_dir: Path, timeout_s: float, drain_s: float) -> None:
     """Stop the server started by `eagle3-trt serve` (recorded in STATE_DIR/server.json).
 
-    Exit status 0: stopped cleanly, or nothing was running. 1: the server did not exit within
-    --timeout and was killed; its shared-memory regions are removed either way.
+    Requests in flight get --drain seconds, then an error response saying the server is shutting
+    down. Exit status 0: stopped cleanly (or nothing was running) and nothing of it is left.
+    1: something had to be killed (the server past --timeout, or its backend processes still
+    running after it exited; listed on stderr), and nothing of it is left now. 2: a process of it
+    is still running (server.json is kept: run stop again once it is gone). Its shared-memory
+    regions are removed in every case.
     """
-    res = stop_recorded(state_dir, timeout_s)
+    res = stop_recorded(state_dir, timeout_s, drain_s)
+    for line in res.lines(timeout_s) if res is not None else []:
+        click.echo(line, err=True)
+    if res is not None and res.left:
+        raise UserError(
+            state_dir / "server.json",
+            f"{len(res.left)} process(es) of tritonserver (pid {res.pid}) still running after SIGKILL: {', '.join(res.left)}",
+            "end them (another user's process needs that user or root), then run `eagle3-trt stop` again",
+        )
     if not res:
         click.echo("no server running")
-        for line in res.lines(timeout_s) if res is not None else []:
-            click.echo(line, err=True)
         return
-    for line in res.lines(timeout_s):
-        click.echo(line, err=True)
-    if res.killed:
-        click.echo(f"stopped tritonserver (pid {res.pid}) by killing it", err=True)
+    if not res.clean:
+        click.echo(f"stopped tritonserver (pid {res.pid}) by killing " + ("it" if res.killed else "what it left running"), err=True)
         raise SystemExit(1)
     click.echo(f"stopped tritonserver (pid {res.pid})")

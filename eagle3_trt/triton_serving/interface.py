@@ -6,6 +6,13 @@ what the model reads. Names and types follow upstream's llmapi ``config.pbtxt``
 triton-inference-server/tensorrtllm_backend ``docs/llmapi.md``) so that clients written for that
 model work unchanged; the extras are optional inputs upstream clients never send and outputs
 they never ask for.
+
+One deliberate difference: the integer inputs (``sampling_param_max_tokens``, ``_top_k``,
+``_best_of``) are INT64, not upstream's INT32. Triton's JSON reader truncates a JSON integer into
+a 32-bit input without a word (4294967301 arrives as 5, 2147483648 as -2147483648); at 64 bits
+every JSON integer a client can send arrives intact and ``request_params`` range-checks it.
+tritonclient code written for upstream must send these three as INT64; this project's client
+reads the declared type from the model's metadata and works with either.
 """
 
 from __future__ import annotations
@@ -26,13 +33,13 @@ class TensorSpec:
 INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("text_input", "TYPE_STRING", (-1,), optional=False, doc="prompt, sent as-is (apply the chat template client-side)"),
     TensorSpec("streaming", "TYPE_BOOL", (1,), doc="one response per decoding step instead of one at the end"),
-    TensorSpec("sampling_param_best_of", "TYPE_INT32", (1,), doc="only 1 is supported"),
+    TensorSpec("sampling_param_best_of", "TYPE_INT64", (1,), doc="only 1 is supported"),
     TensorSpec("sampling_param_temperature", "TYPE_FP32", (1,), doc=">= 0; 0 means greedy (default)"),
-    TensorSpec("sampling_param_top_k", "TYPE_INT32", (1,), doc=">= 0; 0 disables"),
+    TensorSpec("sampling_param_top_k", "TYPE_INT64", (1,), doc=">= 0; 0 disables"),
     TensorSpec("sampling_param_top_p", "TYPE_FP32", (1,), doc="in (0, 1]"),
     TensorSpec("sampling_param_frequency_penalty", "TYPE_FP32", (1,), doc="trtllm runtime only"),
     TensorSpec("sampling_param_presence_penalty", "TYPE_FP32", (1,), doc="trtllm runtime only"),
-    TensorSpec("sampling_param_max_tokens", "TYPE_INT32", (1,), doc="1 .. bundle max_seq_len - prompt length"),
+    TensorSpec("sampling_param_max_tokens", "TYPE_INT64", (1,), doc="1 .. bundle max_seq_len - prompt length"),
     TensorSpec("sampling_param_stop", "TYPE_STRING", (-1,), doc="stop strings"),
     TensorSpec("sampling_param_seed", "TYPE_UINT64", (1,), doc="sampling seed"),
     TensorSpec("sampling_param_exclude_input_from_output", "TYPE_BOOL", (1,), doc="default false: text_output starts with the prompt"),

@@ -10,7 +10,8 @@ same code.
   prompt echo, per-response token counts, perf metrics, the ``RequestSummary`` for metrics.
 * ``LlmServing``: encodes prompts, builds ``SamplingParams``, runs every request as a coroutine on
   one asyncio loop thread (as upstream's llmapi model does), tracks in-flight requests by request
-  id (the ``stop`` input), polls client cancellation every ``cancel_period_ms`` and aborts.
+  id (the ``stop`` input), polls client cancellation every ``cancel_period_ms`` and aborts, and
+  ends what is still running when a stop's drain window closes (``draining.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from eagle3_trt.runtime.llm_api import SamplingParamError, ServingLlm, SpecStats, spec_stats, to_ns
+from eagle3_trt.triton_serving.draining import SHUTDOWN_MESSAGE, DrainWatch
 from eagle3_trt.triton_serving.request_params import GenRequest, RequestError, resolve_max_tokens
 
 
@@ -63,7 +65,7 @@ class RequestSummary:
 
 class Sink(Protocol):
     def emit(self, e: Emission) -> None: ...
-    def fail(self, message: str, cancelled: bool = False, bad_request: bool = False) -> None: ...
+    def fail(self, message: str, cancelled: bool = False, bad_request: bool = False, unavailable: bool = False) -> None: ...
     def is_cancelled(self) -> bool: ...
 
 
@@ -150,11 +152,11 @@ class Job:
             stop = str(stop_reason)
         self._send(Emission(self._prefix() + text, max(0, n), True, finish_reason, stop, perf))
 
-    def fail(self, message: str, cancelled: bool = False) -> None:
+    def fail(self, message: str, cancelled: bool = False, unavailable: bool = False) -> None:
         if self.done:
             return
         self.done = True
-        self.sink.fail(message, cancelled)
+        self.sink.fail(message, cancelled, unavailable=unavailable)
 
     # -- metrics ----------------------------------------------------------------------------
     def _spec(self):
@@ -206,6 +208,7 @@ class LlmServing:
         decoupled: bool,
         on_done: Callable[[RequestSummary], None],
         log: Callable[[str], None],
+        drain: DrainWatch | None = None,
     ):
         self.llm = llm
         self.SamplingParams = llm.sampling_params_cls
@@ -219,6 +222,8 @@ class LlmServing:
         self.decoupled = decoupled
         self.on_done = on_done
         self.log = log
+        self.drain = drain
+        self._drained = False
         self._jobs: set[Job] = set()
         self._by_id: dict[str, set[Job]] = {}
         self._lock = threading.Lock()
@@ -331,11 +336,11 @@ class LlmServing:
             pass
 
     @staticmethod
-    def _cancel_on_loop(job: Job, message: str) -> None:
+    def _cancel_on_loop(job: Job, message: str, shutting_down: bool = False) -> None:
         if job.done:
             return
         job.cancelled = True
-        job.fail(message, cancelled=True)
+        job.fail(message, cancelled=not shutting_down, unavailable=shutting_down)
         if job.out is not None:
             job.out.abort()
 
@@ -353,6 +358,9 @@ class LlmServing:
             time.sleep(self.cancel_period_s)
             with self._lock:
                 jobs = list(self._jobs)
+            if self.drain is not None and self.drain.expired():
+                self._end_drain(jobs)
+                continue
             for j in jobs:
                 if j.done:
                     continue
@@ -363,6 +371,20 @@ class LlmServing:
                 if gone:
                     self._cancel(j, "Request cancelled by client")
 
+    def _end_drain(self, jobs: list[Job]) -> None:
+        """The stop's drain window is over: each open request gets a final error response now,
+        while Triton can still deliver it (past its exit timeout it cuts every stream silently)."""
+        if jobs and not self._drained:
+            self.log(f"drain window over: ending {len(jobs)} request(s) still running")
+        self._drained = True
+        msg = f"{SHUTDOWN_MESSAGE}: the request was still running when the drain window ended; retry it on another server"
+        for j in jobs:
+            if not j.done:
+                try:
+                    self._loop.call_soon_threadsafe(self._cancel_on_loop, j, msg, True)
+                except RuntimeError:  # loop already closed at shutdown
+                    pass
+
     def in_flight(self) -> int:
         with self._lock:
             return len(self._jobs)
@@ -372,7 +394,7 @@ class LlmServing:
         with self._lock:
             jobs = list(self._jobs)
         for j in jobs:
-            j.fail("server is shutting down")
+            j.fail(SHUTDOWN_MESSAGE, unavailable=True)
         try:
             self.llm.shutdown()
         finally:

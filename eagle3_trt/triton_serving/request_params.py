@@ -80,9 +80,19 @@ def _float(get: Getter, name: str) -> float | None:
     return f
 
 
+# The integer inputs are INT64 (interface.py), so a client's value arrives whole; the runtimes take
+# 32-bit values (TensorRT-LLM's SamplingConfig), so anything wider is refused here, not truncated.
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
 def _int(get: Getter, name: str) -> int | None:
     v = _scalar(get, name)
-    return None if v is None else int(v)
+    if v is None:
+        return None
+    i = int(v)
+    if not INT32_MIN <= i <= INT32_MAX:
+        raise RequestError(name, f"{i} is out of range (at most {INT32_MAX}, a 32-bit integer)")
+    return i
 
 
 def _text(v) -> str:
@@ -181,9 +191,11 @@ def _stop_strings(get: Getter) -> tuple[str, ...]:
     stop: tuple[str, ...] = ()
     if stop_arr is not None:
         try:
-            stop = tuple(s for s in (_text(v) for v in np.asarray(stop_arr).reshape(-1)) if s)
+            stop = tuple(_text(v) for v in np.asarray(stop_arr).reshape(-1))
         except UnicodeDecodeError:
             raise RequestError("sampling_param_stop", "not valid UTF-8") from None
+        if "" in stop:  # would stop nowhere (or, to some runtimes, everywhere): a client mistake
+            raise RequestError("sampling_param_stop", f"stop string {stop.index('')} is empty; leave out empty strings")
 
     return stop
 

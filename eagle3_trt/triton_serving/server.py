@@ -12,11 +12,16 @@ Where the server comes from:
 The server runs in its own session (process group), logs to a file, and leaves a
 ``server.json`` in the state directory so ``eagle3-trt stop`` can find it.
 
-Stopping: SIGTERM, then Triton waits ``--exit-timeout-secs`` (``EXIT_TIMEOUT_S``) for in-flight
-work (an open gRPC stream counts, even one Triton rejected) and unloads the models. ``stop`` waits
-longer than that before it kills the process group, says so when it had to kill (and exits
-non-zero), and in every case removes the Python backend's shared-memory regions of that server
-(``/dev/shm/<shm_prefix>*``), which a killed server leaves behind.
+Stopping: ``stop`` writes a drain marker (``draining.py``), then SIGTERM. Triton stops taking
+requests and waits up to ``--exit-timeout-secs`` (``EXIT_TIMEOUT_S``) for in-flight work (an open
+gRPC stream counts, even one Triton rejected); the model lets requests run for the drain window
+(``DRAIN_S``) and then ends each one still open with a "server is shutting down" error, so Triton
+unloads the models and exits well inside its timeout. ``stop`` waits longer than that before it
+kills the process group. Once the server is gone, whatever is left of it (its process group,
+Python-backend stubs that outlived it: found by group, by the shared-memory prefix in their
+command line and by the ``/dev/shm`` files they hold) gets SIGTERM, then SIGKILL; ``stop`` reports
+what it had to kill (and exits non-zero), keeps ``server.json`` while anything of it still runs,
+and removes the server's shared-memory regions (``/dev/shm/<shm_prefix>*``).
 """
 
 from __future__ import annotations
@@ -39,15 +44,21 @@ from pathlib import Path
 
 from eagle3_trt.atomic import FILE_MODE, make_dirs, staged_dir, write_json
 from eagle3_trt.errors import UserError
-from eagle3_trt.procs import HOST, group_alive, pid_alive, port_is_free
+from eagle3_trt.procs import HOST, cmdline_contains, describe, group_members, holders_of, pid_alive, port_is_free, terminate
+from eagle3_trt.triton_serving.draining import SHM_DIR, marker_path, write_marker
 from eagle3_trt.triton_serving.package import check_repository, package_import_root
 
 STATE_FILE = "server.json"
 DEFAULT_STATE_DIR = Path(".serve")
-SHM_DIR = Path("/dev/shm")
-# Triton's own drain time on SIGTERM; `stop` waits STOP_TIMEOUT_S (> this) before it kills.
-EXIT_TIMEOUT_S = 15
-STOP_TIMEOUT_S = 30.0
+# On `stop`, requests get DRAIN_S to finish, then the model ends them with an error; Triton's own
+# limit (EXIT_TIMEOUT_S) leaves time after that to deliver the errors and unload the models.
+# `stop` waits STOP_TIMEOUT_S (> both) before it kills the server.
+DRAIN_S = 15.0
+EXIT_TIMEOUT_S = 25
+DRAIN_MAX_S = EXIT_TIMEOUT_S - 5.0
+STOP_TIMEOUT_S = 35.0
+# After the server exits: how long its stubs get to exit on their own, then to honour SIGTERM.
+LEFTOVER_GRACE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -224,9 +235,9 @@ def start_server(
     """Launch tritonserver, wait for /v2/health/ready; on failure stop it and raise with Triton's error."""
     repo = Path(repo).resolve()
     state_dir = Path(state_dir).resolve()
+    _check_can_start(state_dir, http_port, grpc_port, metrics_port)  # a running server: refused before anything is touched
     models = check_repository(repo) if validate else []
     make_dirs(state_dir)
-    _check_can_start(state_dir, http_port, grpc_port, metrics_port)
 
     install = find_tritonserver()
     backend_dir = prepare_backend_dir(install, state_dir)
@@ -254,7 +265,14 @@ def _check_can_start(state_dir: Path, http_port: int, grpc_port: int, metrics_po
     except UserError:  # no server recorded here
         prev = None
     if prev is not None and prev.alive():
-        raise UserError(state_dir / STATE_FILE, f"a server is already running here (pid {prev.pid}, {prev.http_url})", "`eagle3-trt stop` first")
+        # where it runs and how to stop it: the newcomer who typed `serve` twice needs both
+        by_make = " (make stop)" if state_dir == DEFAULT_STATE_DIR.resolve() else ""
+        raise UserError(
+            state_dir / STATE_FILE,
+            f"a server is already running here: tritonserver pid {prev.pid}, HTTP {prev.http_port}, gRPC {prev.grpc_port}, "
+            f"metrics {prev.metrics_port} on {HOST}, repository {prev.repo}",
+            f"stop it with `eagle3-trt stop --state-dir {state_dir}`{by_make}, or pass another --state-dir and free ports",
+        )
     for name, port in (("--http-port", http_port), ("--grpc-port", grpc_port), ("--metrics-port", metrics_port)):
         if not port_is_free(port):
             raise UserError(name, f"port {port} on {HOST} is in use", "pick another port or stop what holds it")
@@ -334,9 +352,16 @@ class StopResult:
     was_alive: bool
     killed: bool  # did not exit within the timeout after SIGTERM: its process group got SIGKILL
     removed_shm: tuple[str, ...]  # shared-memory regions it left behind, now removed
+    killed_leftovers: tuple[str, ...] = ()  # its processes still running after it exited, and the signal that ended each
+    left: tuple[str, ...] = ()  # its processes still running after SIGKILL (e.g. another user's): not stopped
 
     def __bool__(self) -> bool:
-        return self.was_alive
+        return self.was_alive or bool(self.killed_leftovers or self.left)
+
+    @property
+    def clean(self) -> bool:
+        """Stopped without killing anything, and nothing of it is left."""
+        return not (self.killed or self.killed_leftovers or self.left)
 
     def lines(self, timeout_s: float) -> list[str]:
         out = []
@@ -345,6 +370,10 @@ class StopResult:
                 f"tritonserver (pid {self.pid}) did not exit within {timeout_s:.0f} s of SIGTERM: killed its process group "
                 "(in-flight requests were lost; see its log)"
             )
+        if self.killed_leftovers:
+            out.append(f"killed {len(self.killed_leftovers)} process(es) of it still running after it exited: {', '.join(self.killed_leftovers)}")
+        if self.left:
+            out.append(f"still running after SIGKILL: {', '.join(self.left)}")
         if self.removed_shm:
             out.append(f"removed {len(self.removed_shm)} shared-memory region(s) it left behind: {', '.join(self.removed_shm)}")
         return out
@@ -352,7 +381,7 @@ class StopResult:
 
 def remove_shm_regions(prefix: str, shm_dir: Path = SHM_DIR) -> tuple[str, ...]:
     """Delete ``shm_dir/<prefix>*`` (the regions of one server, named by its unique prefix)."""
-    if not prefix.startswith("eagle3_") or len(prefix) < 12:  # never a broad pattern
+    if not _valid_prefix(prefix):
         return ()
     removed = []
     for p in sorted(Path(shm_dir).glob(prefix + "*")):
@@ -364,13 +393,18 @@ def remove_shm_regions(prefix: str, shm_dir: Path = SHM_DIR) -> tuple[str, ...]:
     return tuple(removed)
 
 
-def stop_server(handle: ServerHandle, timeout_s: float = STOP_TIMEOUT_S, shm_dir: Path = SHM_DIR) -> StopResult:
-    """SIGTERM the server (it unloads models, stubs exit), then SIGKILL its process group if it
-    hangs; then remove its shared-memory regions. Truthy when a running server was stopped."""
+def stop_server(
+    handle: ServerHandle, timeout_s: float = STOP_TIMEOUT_S, shm_dir: Path = SHM_DIR, drain_s: float = DRAIN_S, grace_s: float = LEFTOVER_GRACE_S
+) -> StopResult:
+    """Drain (``drain_s``), SIGTERM the server (it unloads models, stubs exit), SIGKILL its process
+    group if it hangs past ``timeout_s``; then end whatever of it is left and remove its
+    shared-memory regions. Truthy when anything of a server was running."""
     pid = handle.pid
     was_alive = pid_alive(pid)
     killed = False
     if was_alive:
+        if _valid_prefix(handle.shm_prefix):
+            write_marker(handle.shm_prefix, drain_s, shm_dir)
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -387,19 +421,43 @@ def stop_server(handle: ServerHandle, timeout_s: float = STOP_TIMEOUT_S, shm_dir
             deadline = time.monotonic() + 5
             while pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
-    # The stubs exit after the server; give them a moment before looking for their regions.
-    deadline = time.monotonic() + 5
-    while group_alive(pid) and time.monotonic() < deadline:
+    # The stubs exit on their own shortly after the server; one that does not (Triton exited with
+    # work in flight: the stub keeps computing, reparented to init, its shared memory held) is ended here.
+    deadline = time.monotonic() + grace_s
+    while _leftovers(handle, shm_dir) and time.monotonic() < deadline:
         time.sleep(0.1)
-    removed = remove_shm_regions(handle.shm_prefix, shm_dir) if handle.shm_prefix else ()
-    _forget(Path(handle.state_dir))
-    return StopResult(pid, was_alive, killed, removed)
+    rest = _leftovers(handle, shm_dir)
+    names = {p: describe(p) for p in rest}  # while they still run
+    ended, alive = terminate(rest, grace_s) if rest else ({}, [])
+    killed_leftovers = tuple(f"{names[p]} by {sig}" for p, sig in sorted(ended.items()))
+    left = tuple(names[p] for p in alive)
+    if _valid_prefix(handle.shm_prefix):
+        marker_path(handle.shm_prefix, shm_dir).unlink(missing_ok=True)  # ours, not a region it left behind
+    removed = remove_shm_regions(handle.shm_prefix, shm_dir)
+    if not left:  # keep the record while anything of it runs: a second `stop` finds it again
+        _forget(Path(handle.state_dir))
+    return StopResult(pid, was_alive, killed, removed, killed_leftovers, left)
 
 
-def stop_recorded(state_dir: Path = DEFAULT_STATE_DIR, timeout_s: float = STOP_TIMEOUT_S) -> StopResult | None:
+def _valid_prefix(prefix: str) -> bool:
+    return prefix.startswith("eagle3_") and len(prefix) >= 12  # never a broad pattern
+
+
+def _leftovers(handle: ServerHandle, shm_dir: Path) -> list[int]:
+    """Processes of the server still running: its process group, and the stubs that may have left
+    it (found by the unique shared-memory prefix in their command line or in the files they hold)."""
+    pids = set(group_members(handle.pid))
+    if _valid_prefix(handle.shm_prefix):
+        pids.update(cmdline_contains(handle.shm_prefix))
+        pids.update(holders_of(str(Path(shm_dir) / handle.shm_prefix)))
+    pids.discard(os.getpid())
+    return sorted(p for p in pids if pid_alive(p))
+
+
+def stop_recorded(state_dir: Path = DEFAULT_STATE_DIR, timeout_s: float = STOP_TIMEOUT_S, drain_s: float = DRAIN_S) -> StopResult | None:
     """Stop the server recorded in ``state_dir``; None when nothing was recorded there."""
     try:
         handle = ServerHandle.load(state_dir)
     except UserError:
         return None
-    return stop_server(handle, timeout_s)
+    return stop_server(handle, timeout_s, drain_s=drain_s)

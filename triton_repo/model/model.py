@@ -205,8 +205,8 @@ class _Sink:
     def emit(self, e) -> None:
         self.responder.put((self, "emit", e))
 
-    def fail(self, message: str, cancelled: bool = False, bad_request: bool = False) -> None:
-        self.responder.put((self, "fail", (message, cancelled, bad_request)))
+    def fail(self, message: str, cancelled: bool = False, bad_request: bool = False, unavailable: bool = False) -> None:
+        self.responder.put((self, "fail", (message, cancelled, bad_request, unavailable)))
 
     def is_cancelled(self) -> bool:
         return self.dead or bool(self.sender.is_cancelled())
@@ -236,9 +236,10 @@ class _Sink:
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if e.final else 0
         self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=flags)
 
-    def _fail(self, message: str, cancelled: bool, bad_request: bool = False) -> None:
-        # INVALID_ARG is what makes Triton answer HTTP 400 (and gRPC INVALID_ARGUMENT) instead of 500.
-        name = "CANCELLED" if cancelled else "INVALID_ARG" if bad_request else None
+    def _fail(self, message: str, cancelled: bool, bad_request: bool = False, unavailable: bool = False) -> None:
+        # INVALID_ARG is what makes Triton answer HTTP 400 (and gRPC INVALID_ARGUMENT) instead of 500;
+        # UNAVAILABLE (server shutting down) tells a client to retry elsewhere.
+        name = "CANCELLED" if cancelled else "INVALID_ARG" if bad_request else "UNAVAILABLE" if unavailable else None
         code = getattr(pb_utils.TritonError, name, None) if name else None
         err = pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
         self.sender.send(pb_utils.InferenceResponse(error=err), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -285,6 +286,7 @@ class TritonPythonModel:
             del os.environ[k]
         os.environ.update(env)
 
+        from eagle3_trt.triton_serving.draining import DrainWatch
         from eagle3_trt.triton_serving.job import Emission, LlmServing
         from eagle3_trt.triton_serving.model_yaml import load_model_yaml, load_serving_yaml, read_bundle, resolve_bundle
         from eagle3_trt.triton_serving.request_params import RequestError, check_parameters, parse_request
@@ -332,6 +334,8 @@ class TritonPythonModel:
             decoupled=decoupled,
             on_done=lambda s: self.metrics.done(s),
             log=lambda m: pb_utils.Logger.log_warn(f"[eagle3] {m}"),
+            # `eagle3-trt stop` marks when its drain window ends (Triton does not tell the model it is draining).
+            drain=DrainWatch.for_parent(),
         )
         pb_utils.Logger.log_info(
             f"[eagle3] model '{self.model_name}' ready: runtime={cfg.runtime} bundle={info.path} "

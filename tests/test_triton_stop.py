@@ -1,0 +1,288 @@
+"""`eagle3-trt stop` under load, against a real tritonserver: every cut-off client gets an error
+response, and nothing of the server (process group, backend stubs, /dev/shm files) is left.
+
+Also the clean-up itself on real processes: a "stub" that outlived its server, ignores SIGTERM
+and holds a shared-memory file open is found and killed, and stop says so.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import queue
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHM = Path("/dev/shm")
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def _left_of(pid: int, prefix: str) -> tuple[list[int], list[int], list[Path]]:
+    """(process-group members, processes naming the shm prefix, /dev/shm files) of a server."""
+    from eagle3_trt.procs import cmdline_contains, group_members
+
+    return group_members(pid), cmdline_contains(prefix), sorted(SHM.glob(prefix + "*"))
+
+
+# ---- under load, the real server ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bundle(fp8_bundle) -> Path:
+    """The session's tiny FP8 bundle (built once, shared with the other Triton tests)."""
+    return fp8_bundle
+
+
+def _grpc_stream(url: str, prompt: str, max_tokens: int, out: dict, key: str, started: threading.Event) -> None:
+    import tritonclient.grpc as g
+
+    q: queue.Queue = queue.Queue()
+    c = g.InferenceServerClient(url)
+    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    tensors = []
+    for name, arr, dt in (
+        ("text_input", np.array([prompt.encode()], dtype=np.object_), "BYTES"),
+        ("streaming", np.array([True]), "BOOL"),
+        ("sampling_param_max_tokens", np.array([max_tokens], np.int64), "INT64"),
+    ):
+        t = g.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        tensors.append(t)
+    try:
+        c.async_stream_infer("eagle3", tensors, enable_empty_final_response=True)
+        n = 0
+        while True:
+            r, e = q.get(timeout=90)
+            if e is not None:
+                out[key] = ("error", e.message(), n)
+                return
+            n += 1
+            started.set()
+            if r.get_response().parameters["triton_final_response"].bool_param:
+                out[key] = ("finished", "", n)
+                return
+    except Exception as e:  # the stream broke without an error response
+        out[key] = ("broken", repr(e), -1)
+    finally:
+        c.stop_stream()
+        c.close()
+
+
+def _http_stream(port: int, prompt: str, max_tokens: int, out: dict, key: str, started: threading.Event) -> None:
+    """Raw HTTP generate_stream: server-sent events, read line by line."""
+    body = json.dumps({"text_input": prompt, "streaming": True, "sampling_param_max_tokens": max_tokens})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=90)
+    try:
+        conn.request("POST", "/v2/models/eagle3/generate_stream", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        n = 0
+        last: dict = {}
+        for line in resp:
+            if not line.startswith(b"data:"):
+                continue
+            last = json.loads(line[5:])
+            if "error" in last:
+                out[key] = ("error", last["error"], n)
+                return
+            n += 1
+            started.set()
+        out[key] = ("finished", "", n) if "finish_reason" in last else ("broken", f"ended after {n} events without finish_reason", n)
+    except Exception as e:  # http.client.IncompleteRead: the chunked stream was cut
+        out[key] = ("broken", repr(e), -1)
+    finally:
+        conn.close()
+
+
+@pytest.mark.triton
+@pytest.mark.needs("tritonserver")
+def test_stop_under_load_errors_every_open_stream_and_leaves_nothing(bundle, tmp_path):
+    from eagle3_trt.triton_serving.server import ServerHandle, free_ports
+
+    repo, state = tmp_path / "repo", tmp_path / "state"
+    assert _cli("package", str(bundle), "-o", str(repo)).returncode == 0
+    http_port, grpc_port, metrics_port = free_ports(3)
+    r = _cli("serve", str(repo), "--state-dir", str(state), "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port))
+    assert r.returncode == 0, r.stdout + r.stderr
+    h = ServerHandle.load(state)
+    assert _left_of(h.pid, h.shm_prefix)[0]  # the server and its stub are there
+
+    out: dict[str, tuple[str, str, int]] = {}
+    started = [threading.Event() for _ in range(32)]
+    threads = []
+    for i in range(32):
+        prompt = f"Story number {i}: once upon a time"
+        if i % 2:
+            args: tuple = (h.grpc_url, prompt, 400, out, f"grpc{i}", started[i])
+            threads.append(threading.Thread(target=_grpc_stream, args=args, daemon=True))
+        else:
+            threads.append(threading.Thread(target=_http_stream, args=(http_port, prompt, 400, out, f"http{i}", started[i]), daemon=True))
+    for t in threads:
+        t.start()
+    assert all(e.wait(60) for e in started), "every stream produced a response before the stop"
+
+    t0 = time.monotonic()
+    r = _cli("stop", "--state-dir", str(state), "--drain", "2", timeout=120)
+    took = time.monotonic() - t0
+    for t in threads:
+        t.join(30)
+    assert r.returncode == 0 and "stopped tritonserver" in r.stdout, r.stdout + r.stderr
+    assert "killed" not in r.stderr, r.stderr
+    assert took < 20, f"stop took {took:.1f} s: the drain did not end the streams"
+
+    # Nothing of the server is left: no process of its group, none naming its shm prefix, no /dev/shm file.
+    assert _left_of(h.pid, h.shm_prefix) == ([], [], [])
+    assert not (state / "server.json").exists()
+
+    assert len(out) == 32, sorted(out)
+    broken = {k: v for k, v in out.items() if v[0] == "broken"}
+    assert not broken, broken  # never a bare cut
+    cut = {k: v for k, v in out.items() if v[0] == "error"}
+    assert len(cut) >= 16, out  # 400 tokens x 32 streams outlast a 2 s drain on CPU
+    assert all("server is shutting down" in v[1] for v in cut.values()), cut
+    assert {k[:4] for k in cut} == {"grpc", "http"}
+    print(f"stop took {took:.1f} s (drain 2 s); {len(cut)} of 32 streams ended with a shutting-down error, {len(out) - len(cut)} finished first")
+    log = Path(h.log_file).read_text(errors="replace")
+    assert "Exit timeout expired" not in log and "drain window over" in log
+
+
+# ---- the clean-up on real processes ---------------------------------------------------------------
+def test_stop_kills_backend_processes_left_after_the_server(tmp_path):
+    """A server whose child outlived it, left its process group, ignores SIGTERM and holds one of the
+    server's /dev/shm files open: stop finds it, kills it, says so, exits 1; nothing is left."""
+    from eagle3_trt.triton_serving.server import ServerHandle, stop_server
+
+    prefix = f"eagle3_{time.time_ns() % 10**12:012d}_"
+    state = tmp_path / "state"
+    state.mkdir()
+    stub = textwrap.dedent(f"""
+        import os, signal, time
+        os.setsid()  # leaves the server's process group, as a stub that went astray
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        f = open("/dev/shm/{prefix}region", "w")
+        print("ready", flush=True)
+        while True:
+            time.sleep(1)
+    """)
+    server = textwrap.dedent(f"""
+        import subprocess, sys
+        p = subprocess.Popen([sys.executable, "-c", {stub!r}, "--shm-region={prefix}x"], stdout=subprocess.PIPE, text=True)
+        print(p.pid, p.stdout.readline().strip(), flush=True)
+    """)
+    leader = subprocess.Popen([sys.executable, "-c", server], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    stub_pid, ready = leader.stdout.readline().split()
+    assert ready == "ready"
+    leader.wait(10)  # the "server" has exited; its child runs on
+    stub_pid = int(stub_pid)
+    try:
+        h = ServerHandle(leader.pid, str(tmp_path), 1, 2, 3, str(tmp_path / "log"), str(state), [], time.time(), prefix)
+        h.save()
+        res = stop_server(h, timeout_s=5, grace_s=0.5)
+        assert not res.clean and bool(res) and not res.left
+        assert len(res.killed_leftovers) == 1, res
+        assert res.killed_leftovers[0].startswith(f"pid {stub_pid} (") and res.killed_leftovers[0].endswith("by SIGKILL")
+        assert any("killed 1 process(es)" in line for line in res.lines(5))
+        assert res.removed_shm == (f"/dev/shm/{prefix}region",)
+        assert _left_of(leader.pid, prefix) == ([], [], [])
+        assert not (state / "server.json").exists()
+    finally:
+        subprocess.run(["kill", "-9", str(stub_pid)], capture_output=True)
+
+
+def test_stop_cli_reports_a_leftover_and_exits_1(tmp_path):
+    """The same through the CLI: a process holding the server's (deleted) shm file, found only by
+    that; a second stop then finds nothing."""
+    from eagle3_trt.triton_serving.server import ServerHandle
+
+    prefix = f"eagle3_{(time.time_ns() + 7) % 10**12:012d}_"
+    state = tmp_path / "state"
+    state.mkdir()
+    holder = textwrap.dedent(f"""
+        import os, signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        f = open("/dev/shm/{prefix}region", "w")
+        os.unlink(f.name)  # deleted, still held: only /proc/<pid>/fd shows it
+        print("ready", flush=True)
+        while True:
+            time.sleep(1)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        ServerHandle(dead.pid, str(tmp_path), 1, 2, 3, str(tmp_path / "log"), str(state), [], time.time(), prefix).save()
+        r = _cli("stop", "--state-dir", str(state), "--timeout", "5")
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert f"pid {p.pid} (python" in r.stderr and "by SIGKILL" in r.stderr and "killing what it left running" in r.stderr
+        assert p.wait(5) == -9
+        r = _cli("stop", "--state-dir", str(state))
+        assert r.returncode == 0 and "no server running" in r.stdout, r.stdout + r.stderr
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+@pytest.mark.triton
+@pytest.mark.needs("tritonserver")
+def test_stop_after_triton_gave_up_kills_the_orphaned_stub(bundle, tmp_path):
+    """The reported case: Triton's exit timeout runs out with streams in flight ("Exit timeout
+    expired. Exiting immediately", then signal 11) and its Python-backend stub runs on. Here the
+    timeout is 1 s and the drain 10 s, so it always does; stop must leave nothing behind."""
+    from eagle3_trt.triton_serving.package import package_bundle
+    from eagle3_trt.triton_serving.server import free_ports, start_server, stop_server
+
+    package_bundle(bundle, tmp_path / "repo")
+    hp, gp, mp = free_ports(3)
+    h = start_server(tmp_path / "repo", state_dir=tmp_path / "state", http_port=hp, grpc_port=gp, metrics_port=mp, extra_args=("--exit-timeout-secs=1",))
+    out: dict = {}
+    started = [threading.Event() for _ in range(8)]
+    threads = [threading.Thread(target=_http_stream, args=(hp, f"tale {i}", 400, out, str(i), started[i]), daemon=True) for i in range(8)]
+    for t in threads:
+        t.start()
+    assert all(e.wait(60) for e in started)
+    res = stop_server(h, drain_s=10)
+    assert "Exit timeout expired" in Path(h.log_file).read_text(errors="replace")
+    assert not res.left and _left_of(h.pid, h.shm_prefix) == ([], [], [])
+    assert all("triton_python_backend_stub" in k for k in res.killed_leftovers), res
+    assert res.clean == (not res.killed_leftovers)
+    assert not (tmp_path / "state" / "server.json").exists()
+
+
+def test_drain_marker_found_from_the_servers_command_line(tmp_path):
+    """The model finds the marker through its parent's --backend-config (a real process here) and
+    sees the window end at the time stop wrote; a process not started by serve has no marker."""
+    from eagle3_trt.triton_serving.draining import DrainWatch, marker_path, server_shm_prefix, write_marker
+
+    prefix = "eagle3_0123456789ab_"
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", f"--backend-config=python,shm-region-prefix-name={prefix}", "--x=1"])
+    try:
+        # right after fork /proc/<pid>/cmdline may still be the parent's: wait for the exec
+        deadline = time.monotonic() + 10
+        while server_shm_prefix(p.pid) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server_shm_prefix(p.pid) == prefix
+    finally:
+        p.kill()
+        p.wait()
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert server_shm_prefix(plain.pid) is None
+    finally:
+        plain.kill()
+        plain.wait()
+    watch = DrainWatch(marker_path(prefix, tmp_path))
+    assert not watch.expired()  # no stop yet
+    write_marker(prefix, 3.0, tmp_path)  # a window a loaded machine cannot overrun between two lines
+    assert not watch.expired()
+    time.sleep(3.2)
+    assert watch.expired()
+    assert not DrainWatch(None).expired()
