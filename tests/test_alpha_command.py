@@ -217,9 +217,10 @@ def test_recommend_write_updates_options_and_manifest(bundle, prompts_file, tmp_
     opts = yaml.safe_load((b / "llm_api_options.yaml").read_text())
     LlmApiOptions.model_validate(opts)
     spec = opts["speculative_config"]
-    assert spec["max_draft_len"] == rec["max_draft_len"] and spec["max_concurrency"] == rec["max_concurrency"] >= 1
+    assert spec["max_draft_len"] == rec["max_draft_len"] and max(spec["draft_len_schedule"]) == rec["max_concurrency"] >= 1
     man = json.loads((b / "manifest.json").read_text())
     assert man["recommendation"]["max_concurrency"] == rec["max_concurrency"]
+    assert {int(x): v for x, v in man["recommendation"]["draft_len_schedule"].items()} == spec["draft_len_schedule"]
     assert man["recommendation"]["cumulative_acceptance"] and man["fingerprint"]
 
 

@@ -365,6 +365,25 @@ def _copy_bundle(c: Ctx) -> None:
     shutil.copytree(c.bundle, c.w / "out")
 
 
+def _spec_options(schedule: Callable[[int], dict] | None = None, **top) -> Callable[[Ctx], None]:
+    """A copy of the bundle at out/ whose llm_api_options.yaml gets ``schedule(K)`` merged into its
+    speculative_config (K: the bundle's max_draft_len) and ``top`` into the top level."""
+
+    def make(c: Ctx) -> None:
+        import yaml  # local: only these cases edit YAML
+
+        _copy_bundle(c)
+        path = c.w / "out" / "llm_api_options.yaml"
+        opts = yaml.safe_load(path.read_text())
+        opts["speculative_config"].pop("max_concurrency", None)
+        if schedule is not None:
+            opts["speculative_config"].update(schedule(opts["speculative_config"]["max_draft_len"]))
+        opts.update(top)
+        path.write_text(yaml.safe_dump(opts))
+
+    return make
+
+
 def _stale_staging(c: Ctx) -> None:
     """What a SIGKILLed build leaves: its staging directory, named with its (now dead) pid."""
     p = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -841,6 +860,20 @@ CASES: list[Case] = [
         make=write("p.jsonl", '{"question": "where is the text?"}\n'),
     ),
     Case("alpha-prompts-empty", ("alpha", "{b}", "--prompts", "{w}/p.jsonl"), 2, r"p\.jsonl: no prompts in the file", make=write("p.jsonl", "\n")),
+    Case(
+        "alpha-sa-threshold-zero",
+        ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--modes", "chain,sa", "--sa-threshold", "0"),
+        2,
+        r"sa_config\.threshold: 0 is not a positive integer",
+        make=write("p.jsonl", GOOD_PROMPTS),
+    ),
+    Case(
+        "alpha-modes-unknown",
+        ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--modes", "chain,tree"),
+        2,
+        r"--modes: unknown mode 'tree'",
+        make=write("p.jsonl", GOOD_PROMPTS),
+    ),
     Case("alpha-prompts-not-utf8", ("alpha", "{b}", "--prompts", "{w}/p.txt"), 2, r"p\.txt: not UTF-8 text", make=write("p.txt", b"caf\xe9\n")),
     Case("alpha-sweep-backwards", ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--sweep", "5-2"), 2, r"--sweep: '5-2'", make=write("p.jsonl", GOOD_PROMPTS)),
     Case(
@@ -887,6 +920,42 @@ CASES: list[Case] = [
     ),
     Case("recommend-nothing-measured", ("recommend", "{b}"), 2, r"recommend: needs --report or --prompts"),
     Case("recommend-report-missing", ("recommend", "{b}", "--report", "{w}/none.json"), 2, r"none\.json: (report|file) not found"),
+    # speculation knobs in the options file (TensorRT-LLM Eagle3DecodingConfig), refused when the bundle is opened
+    Case(
+        "options-schedule-k-rises",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config: .*K rises with batch size",
+        make=_spec_options(lambda k: {"draft_len_schedule": {1: k, 4: 1, 8: 2}}),
+    ),
+    Case(
+        "options-schedule-batch-zero",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config: .*keys are batch sizes, at least 1",
+        make=_spec_options(lambda k: {"draft_len_schedule": {0: k, 4: 1}}),
+    ),
+    Case(
+        "options-schedule-k0-guided",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:<root>: .*guided_decoding_backend 'xgrammar' the draft length must not reach 0 \(TensorRT-LLM #15022\)",
+        make=_spec_options(lambda k: {"draft_len_schedule": {1: k, 4: 0}}, guided_decoding_backend="xgrammar"),
+    ),
+    Case(
+        "options-acceptance-threshold-above-1",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config\.acceptance_rate_threshold: Input should be less than or equal to 1",
+        make=_spec_options(lambda k: {"acceptance_rate_threshold": 1.5, "acceptance_rate_window_size": 16}),
+    ),
+    Case(
+        "options-acceptance-threshold-without-window",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config: .*acceptance_rate_window_size and acceptance_rate_threshold go together",
+        make=_spec_options(lambda k: {"acceptance_rate_threshold": 0.3}),
+    ),
     Case(
         "recommend-report-not-json",
         ("recommend", "{b}", "--report", "{w}/report.json"),

@@ -23,8 +23,10 @@ from eagle3_trt.pipeline import bundle as fmt
 from eagle3_trt.pipeline import bundle_write
 from eagle3_trt.pipeline import compile as comp
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
+from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.pipeline.presets import load_preset
-from eagle3_trt.pipeline.trtllm_adapter import serving_llm_kwargs
+from eagle3_trt.pipeline.trtllm_adapter import serving_llm_kwargs, to_llm_kwargs
+from eagle3_trt.runtime.cost_model import break_even_alpha
 from eagle3_trt.runtime.loader import engine_from_bundle
 from eagle3_trt.triton_serving.model_yaml import read_bundle
 
@@ -130,7 +132,39 @@ def test_build_alpha_sweep_recommend_write_rebuild_every_reader_agrees(tmp_path,
     # no max_concurrency above what the server batches (the grid stops at max_batch_size)
     opts = yaml.safe_load((b / fmt.OPTIONS_FILE).read_text())
     assert rec["max_concurrency"] <= opts["max_batch_size"] and max(r["batch"] for r in rec["table"]) == opts["max_batch_size"]
-    assert opts["speculative_config"]["max_concurrency"] == rec["max_concurrency"]
+    # recommend --write sets a draft_len_schedule (it replaces max_concurrency): batch 1 at K, K never
+    # rising with batch, keys on the prediction grid, the last key max_concurrency
+    spec = opts["speculative_config"]
+    sched = spec["draft_len_schedule"]
+    assert "max_concurrency" not in spec and min(sched) == 1 and sched[1] == k and max(sched) == rec["max_concurrency"]
+    ks = [sched[x] for x in sorted(sched)]
+    assert ks == sorted(ks, reverse=True) and set(sched) - {rec["max_concurrency"]} <= {r["batch"] for r in rec["table"]}
+    # the gate: the break-even acceptance recomputed here from the cost model's own functions
+    conc = rec["evidence"]["chosen_at_concurrency"]
+    row = next(r for r in rec["table"] if r["k"] == k and r["batch"] == conc)
+    assert spec["acceptance_rate_threshold"] == pytest.approx(break_even_alpha(k, row["overhead"]), abs=1e-4)
+    assert 0 < spec["acceptance_rate_threshold"] < row["alpha"] <= 1  # the measured K pays, so it is above break-even
+    assert spec["acceptance_rate_window_size"] == swept["turns"]
+    # the manifest records the same choice
+    mrec = man["recommendation"]
+    assert {int(x): v for x, v in mrec["draft_len_schedule"].items()} == sched
+    assert (mrec["acceptance_rate_threshold"], mrec["acceptance_rate_window_size"]) == (spec["acceptance_rate_threshold"], spec["acceptance_rate_window_size"])
+    # and each release gets its own form: 1.2 leaves the rate gate out with a note naming it and takes
+    # the schedule in its lower-bound form (batch 1 first, 0 past max_concurrency); 1.3/1.4 take every key unchanged
+    bo = open_bundle(b).options
+    res = to_llm_kwargs(b, bo, version="1.2.0", use_installed=False)
+    old = res.kwargs["speculative_config"]
+    assert "acceptance_rate_threshold" not in old and "acceptance_window" not in old and any("1.2.0" in n and "acceptance_rate" in n for n in res.notes)
+    assert old["draft_len_schedule"][1] == k and old["draft_len_schedule"][max(old["draft_len_schedule"])] == 0
+    for release in ("1.3.0", "1.4.0rc1"):
+        new = to_llm_kwargs(b, bo, version=release, use_installed=False).kwargs["speculative_config"]
+        assert new["draft_len_schedule"] == sched and new["acceptance_rate_threshold"] == spec["acceptance_rate_threshold"]
+    # the trtllm-serve and Dynamo launchers carry them unchanged (the 1.2 band without the gate)
+    knobs = ("draft_len_schedule", "acceptance_rate_window_size", "acceptance_rate_threshold")
+    for launcher in ("trtllm-serve.yaml", "dynamo-trtllm.yaml"):
+        launched = yaml.safe_load((b / "launch" / launcher).read_text())["speculative_config"]
+        assert {x: launched[x] for x in knobs} == {x: spec[x] for x in knobs}, launcher
+    assert "acceptance_rate_threshold" not in yaml.safe_load((b / "launch" / "trtllm-serve-1.2.yaml").read_text())["speculative_config"]
     assert cli.main(["recommend", str(b), "--report", str(rep / "report.json"), "--concurrency", "256"]) == 2
     assert "--concurrency: 256 exceeds the bundle's max_batch_size 128" in capsys.readouterr().err
 

@@ -14,7 +14,9 @@ from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.gpus import get_gpu
 from eagle3_trt.runtime.cost_model import (
     CostParams,
+    acceptance_gate,
     break_even_alpha,
+    draft_len_schedule,
     expected_tokens,
     model_cost,
     predict,
@@ -209,3 +211,38 @@ def test_mxfp4_runs_at_bf16_rate_on_hopper_and_fp8_rate_on_blackwell():
 
     assert peak_tflops(get_gpu("h100"), "mxfp4") == get_gpu("h100").bf16_tflops
     assert peak_tflops(get_gpu("b200"), "mxfp4") == get_gpu("b200").fp8_tflops
+
+
+def test_draft_len_schedule_falls_with_batch_and_stops_at_max_concurrency():
+    gpu = get_gpu("h100")
+    good = [0.85, 0.7, 0.58, 0.48, 0.4]
+    kw = dict(target_format="fp8", target_kv_bytes_per_token=160 * 1024, draft_kv_bytes_per_token=4096, target_layers=80, hidden=8192)
+    r = recommend(good, gpu, 72.7e9, 2.8e9, 1, **kw)
+    sched = draft_len_schedule(r)
+    ks = [sched[b] for b in sorted(sched)]
+    assert sched[1] == r.max_draft_len and max(sched) == r.max_concurrency and ks == sorted(ks, reverse=True)
+    # at each grid batch size below max_concurrency: the best K there (capped at K, running minimum)
+    for b in sorted(sched)[:-1]:
+        best = max((row for row in r.table if row["batch"] == b), key=lambda row: (row["speedup"], -row["k"]))["k"]
+        assert sched[b] <= min(best, r.max_draft_len) or b == 1
+    assert len(set(ks)) > 1, "on this target K should fall with batch; the test needs a falling schedule"
+    # a grid where the best K rises with batch (noise) still gives a non-increasing schedule
+    fell = min(b for b in sched if sched[b] < r.max_draft_len)
+    later = min(b for b in sched if b > fell)
+    rows = [dict(row) for row in r.table]
+    for row in rows:
+        if row["batch"] == later:
+            row["speedup"] = 9.0 if row["k"] == r.max_draft_len else 0.5
+    noisy = draft_len_schedule(dataclasses.replace(r, table=rows))
+    assert noisy[later] == noisy[fell] < r.max_draft_len
+
+
+def test_acceptance_gate_is_the_break_even_acceptance():
+    gpu = get_gpu("h100")
+    r = recommend([0.85, 0.7, 0.58, 0.48, 0.4], gpu, 72.7e9, 2.8e9, 1, concurrency=4, target_format="fp8", target_layers=80, hidden=8192)
+    thr, how = acceptance_gate(r)
+    row = next(x for x in r.table if x["batch"] == 4 and x["k"] == r.max_draft_len)
+    assert thr == pytest.approx(break_even_alpha(r.max_draft_len, row["overhead"]), abs=1e-4) and how["batch"] == 4
+    # at the threshold the simple form breaks even: (1 + K * thr) / (1 + overhead) = 1
+    assert simple_speedup(thr, r.max_draft_len, row["overhead"]) == pytest.approx(1.0, abs=1e-3)
+    assert 0 < thr < row["alpha"]

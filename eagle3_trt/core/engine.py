@@ -36,6 +36,7 @@ from eagle3_trt.core.drafting import Drafter
 from eagle3_trt.core.requests import BatchState, RequestResult, Row, StepOutput, emit, new_rows
 from eagle3_trt.core.sampling import SamplingParams, process_logits, sample_token
 from eagle3_trt.core.stats import RequestStats
+from eagle3_trt.core.suffix_automaton import SAConfig, SuffixAutomaton, overrides, propose
 from eagle3_trt.core.target import TargetModel
 from eagle3_trt.core.tree import DraftTree, parse_tree
 from eagle3_trt.core.verify import accept
@@ -67,6 +68,8 @@ class SpeculativeEngine:
         self.draft_embed = draft_embed
         self.pad_token_id = int(pad_token_id)
         self.device = target.device
+        # TensorRT-LLM's Eagle3DecodingConfig.sa_config (None: off); set per run, e.g. by `alpha --modes sa`
+        self.sa: SAConfig | None = None
         if draft is not None:
             n_aux = draft.fc.in_features // target.hidden_size
             if len(target.aux_layer_ids) != n_aux:
@@ -149,6 +152,11 @@ class SpeculativeEngine:
 
         st = BatchState(self.target.new_cache())
         st.aux_sink = aux_sink
+        if self.sa is not None and tree is not None:
+            if not tree.is_chain:
+                # TensorRT-LLM's enhancer overrides a [batch, K] linear draft only (sa_enhancer.py)
+                raise UserError("sa_config", "the suffix-automaton enhancer works on a chain draft", "drop the tree (tree=None) or sa_config")
+            st.sa = [SuffixAutomaton(r.prompt) for r in rows]
         yield rows, self._prefill(rows, st, keep_draft_inputs=tree is not None)
         while not all(r.finished for r in rows):
             yield rows, self._step(rows, st, tree)
@@ -194,6 +202,8 @@ class SpeculativeEngine:
         q_full: list[list[torch.Tensor | None]] = [[None] * T for _ in range(B)]
         if drafted is not None:
             node_tok, q_full = self._draft(rows, st, drafted, k_eff)
+            if st.sa is not None:
+                self._sa_override(rows, st.sa, node_tok, q_full, k_eff)
 
         # Verification: one target forward over [root, tree nodes].
         root_pos = torch.tensor([len(r.tokens) - 1 for r in rows])
@@ -243,6 +253,31 @@ class SpeculativeEngine:
             out.append(emit(r, toks, self.max_seq_len))
         st.append_target(new_valid.to(dev))
         return out
+
+    def _sa_override(
+        self, rows: list[Row], sa: list[SuffixAutomaton], node_tok: torch.Tensor, q_full: list[list[torch.Tensor | None]], k_eff: list[int]
+    ) -> None:
+        """TensorRT-LLM's SADraftEnhancer after the neural draft loop: each row's automaton is extended
+        with the tokens accepted since (prompt + output so far), and when its longest suffix match is
+        >= threshold ALL K chain tokens become the SA's (no merge). Verification is unchanged, so greedy
+        output stays the target's; when sampling, an SA token is a point-mass draft (q = one-hot)."""
+        assert self.sa is not None
+        K = node_tok.shape[1]
+        for b, r in enumerate(rows):
+            a = sa[b]
+            a.extend_many(r.tokens[len(a.tokens) :])
+            if r.finished or k_eff[b] == 0:
+                continue
+            pool = [o for i, o in enumerate(sa) if i != b] if self.sa.enable_global_pool else ()
+            p = propose(a, K, self.pad_token_id, pool)
+            if not overrides(p, self.sa.threshold):
+                continue
+            node_tok[b] = torch.tensor(p.tokens)
+            if not r.params.greedy:
+                for c in range(min(K, k_eff[b])):
+                    q = torch.zeros(self.target.vocab_size, device=self.target.device)
+                    q[p.tokens[c]] = 1.0
+                    q_full[b][c] = q
 
     def draft_embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings the draft reads: its own table when it ships one, else the target's."""

@@ -12,6 +12,7 @@ import torch
 
 from eagle3_trt.core.sampling import SamplingParams
 from eagle3_trt.core.stats import RequestStats
+from eagle3_trt.core.suffix_automaton import SuffixAutomaton
 from eagle3_trt.errors import UserError
 
 
@@ -111,6 +112,7 @@ class BatchState:
         self.d_kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self.d_valid: torch.Tensor | None = None
         self.aux_sink: dict[int, list[torch.Tensor]] | None = None
+        self.sa: list[SuffixAutomaton] | None = None  # per row, when the SA enhancer is on (core/suffix_automaton.py)
 
     def append_target(self, new_valid: torch.Tensor) -> None:
         assert self.t_valid is not None  # set by _prefill

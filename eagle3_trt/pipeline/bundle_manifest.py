@@ -137,6 +137,10 @@ class Recommendation(_Strict):
     measured_on: str | None
     evidence: dict[str, Any]
     table: list[dict[str, Any]]
+    # what recommend --write put into speculative_config beside K (the options file holds the same)
+    draft_len_schedule: dict[int, int] | None = None
+    acceptance_rate_window_size: int | None = None
+    acceptance_rate_threshold: float | None = None
 
 
 class CompileRecord(_Strict):

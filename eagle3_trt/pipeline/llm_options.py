@@ -19,6 +19,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class SAEnhancerOptions(_Strict):
+    """TensorRT-LLM 1.3+ ``SAEnhancerConfig`` (tensorrt_llm/llmapi/llm_args.py): the suffix automaton's
+    tokens replace the neural draft when its match is >= threshold tokens (core/suffix_automaton.py)."""
+
+    threshold: int = Field(4, ge=1, description="minimum suffix-match length for the automaton to override the draft")
+    enable_global_pool: bool = Field(False, description="search every active request's automaton, not only the request's own")
+
+
 class Eagle3Options(_Strict):
     decoding_type: Literal["Eagle3"] = "Eagle3"
     max_draft_len: int = Field(ge=1, description="draft length K; tokens proposed per target forward")
@@ -31,6 +39,7 @@ class Eagle3Options(_Strict):
     draft_len_schedule: dict[int, int] | None = Field(None, description="batch size -> draft length")
     acceptance_rate_window_size: int | None = Field(None, ge=1)
     acceptance_rate_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    sa_config: SAEnhancerOptions | None = Field(None, description="suffix-automaton draft enhancer (TensorRT-LLM >= 1.3)")
 
     @model_validator(mode="after")
     def _consistent(self) -> Eagle3Options:
@@ -42,6 +51,15 @@ class Eagle3Options(_Strict):
                 raise ValueError("draft_len_schedule: the smallest batch size must map to max_draft_len")
             if any(v > self.max_draft_len or v < 0 for v in self.draft_len_schedule.values()):
                 raise ValueError("draft_len_schedule values must be in 0..max_draft_len")
+            if min(self.draft_len_schedule) < 1:
+                raise ValueError("draft_len_schedule keys are batch sizes, at least 1")
+            # more sequences make a verification forward costlier, so K may only fall as batch grows;
+            # a rising K is a typo or a noisy measurement, not a plan
+            ks = [self.draft_len_schedule[b] for b in sorted(self.draft_len_schedule)]
+            if any(later > earlier for earlier, later in zip(ks, ks[1:])):
+                raise ValueError(
+                    f"draft_len_schedule: K rises with batch size ({dict(sorted(self.draft_len_schedule.items()))}); K must not increase as batch grows"
+                )
         if (self.acceptance_rate_window_size is None) != (self.acceptance_rate_threshold is None):
             raise ValueError("acceptance_rate_window_size and acceptance_rate_threshold go together")
         if self.eagle3_layers_to_capture is not None and len(set(self.eagle3_layers_to_capture)) != len(self.eagle3_layers_to_capture):
@@ -96,6 +114,24 @@ class LlmApiOptions(_Strict):
     moe_config: MoeOptions | None = Field(None, description="MoE targets: the kernels (None: TensorRT-LLM's default)")
     speculative_config: Eagle3Options
     return_perf_metrics: bool = True
+    # structured output (TorchLlmArgs.guided_decoding_backend); None = off
+    guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = None
+
+    @model_validator(mode="after")
+    def _guided_keeps_drafting(self) -> LlmApiOptions:
+        # TensorRT-LLM #15022: a draft length that reaches 0 crashes xgrammar guided decoding. Above
+        # the largest draft_len_schedule key (and above max_concurrency) K is 0 too (llm_args.py after
+        # PR #10860), so with guided decoding the schedule must cover every batch size the server runs.
+        spec, mbs = self.speculative_config, self.max_batch_size
+        if self.guided_decoding_backend is None:
+            return self
+        sched = spec.draft_len_schedule or {}
+        if any(k == 0 for k in sched.values()) or (sched and max(sched) < mbs) or (spec.max_concurrency is not None and spec.max_concurrency < mbs):
+            raise ValueError(
+                f"with guided_decoding_backend {self.guided_decoding_backend!r} the draft length must not reach 0 "
+                f"(TensorRT-LLM #15022): no K=0 in draft_len_schedule, largest key / max_concurrency at least max_batch_size {mbs}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _no_pp_with_spec(self) -> LlmApiOptions:

@@ -178,8 +178,10 @@ def bundle_facts(opts: LlmApiOptions, *, target_format: str, draft_format: str, 
     spec = opts.speculative_config
     mc = spec.max_concurrency
     if mc is None and spec.draft_len_schedule:
-        zero = [b for b, k in spec.draft_len_schedule.items() if k == 0]
-        mc = min(zero) if zero else None
+        # the bundle's form (TensorRT-LLM 1.3+, PR #10860): keys are upper bounds, K is 0 above the
+        # largest key, and K never rises with batch (schema), so speculation stops after the last key with K > 0
+        speculating = [b for b, k in spec.draft_len_schedule.items() if k > 0]
+        mc = max(speculating) if speculating else None
     return BundleFacts(
         max_draft_len=spec.max_draft_len,
         tensor_parallel_size=opts.tensor_parallel_size,
@@ -345,7 +347,9 @@ def trtllm_serve_yamls(opts: LlmApiOptions) -> dict[str, str]:
     out = {}
     for band, version, pattern in versions.LAUNCH_BANDS:
         d = dict(base)
-        spec, notes = versions.spec_for_release(d["speculative_config"], version or None, where=f"{LAUNCH_DIR}/{TRTLLM_SERVE_YAMLS[band]}")
+        spec, sa_notes = versions.drop_sa_for_launch(d["speculative_config"], version or None)
+        spec, notes = versions.spec_for_release(spec, version or None, where=f"{LAUNCH_DIR}/{TRTLLM_SERVE_YAMLS[band]}")
+        notes = sa_notes + notes
         d["speculative_config"] = spec
         text = yaml.safe_dump(d, sort_keys=False)
         for line in text.splitlines():

@@ -229,6 +229,8 @@ def recommend(
     *,
     max_concurrency: int | None = None,
     draft_len_schedule: dict[int, int] | None = None,
+    acceptance_rate_window_size: int | None = None,
+    acceptance_rate_threshold: float | None = None,
 ) -> LlmApiOptions:
     """Options with the recommended draft length K and the concurrency limit for speculation.
 
@@ -242,6 +244,8 @@ def recommend(
     data = opts.model_dump()
     spec = data["speculative_config"]
     spec.update(max_draft_len=k, max_concurrency=max_concurrency, draft_len_schedule=draft_len_schedule)
+    # the acceptance gate (TensorRT-LLM 1.3+): both or neither, the schema checks the pair
+    spec.update(acceptance_rate_window_size=acceptance_rate_window_size, acceptance_rate_threshold=acceptance_rate_threshold)
     if draft_len_schedule is not None and data.get("cuda_graph_config") is not None:
         # TensorRT-LLM turns padding on with a schedule; say so in the file instead of silently.
         data["cuda_graph_config"]["enable_padding"] = True

@@ -131,6 +131,7 @@ DOCUMENTED_NESTED: dict[str, frozenset[str]] = {
             "acceptance_rate_threshold",
             "use_rejection_sampling",
             "enable_penalty",
+            "sa_config",  # SAEnhancerConfig, 1.3+ (PR #12130); older releases: trtllm_versions.spec_for_release refuses it
         ]
     ),
     "kv_cache_config": frozenset(

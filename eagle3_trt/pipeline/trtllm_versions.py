@@ -60,6 +60,8 @@ class OptionChange:
 NEW_SCHEDULE_SINCE = "1.3.0rc0"
 ACCEPTANCE_RATE_SINCE = "1.3.0rc0"
 ONE_MODEL_ONLY_SINCE = "1.4.0rc1"
+# Eagle3DecodingConfig.sa_config (SAEnhancerConfig, TensorRT-LLM PR #12130): in the 1.3.0rc27 API reference
+SA_CONFIG_SINCE = "1.3.0rc0"
 # First release assumed to know `speculative_model` (see pipeline/trtllm_adapter.py's docstring).
 SPECULATIVE_MODEL_SINCE = "1.3.0rc0"
 # Oldest release the toolkit targets: unified ModelOpt checkpoints need >= 1.2.0
@@ -130,11 +132,22 @@ def spec_for_release(
         else _before(version, ACCEPTANCE_RATE_SINCE)
     )
     if old_acceptance and ("acceptance_rate_threshold" in spec or "acceptance_rate_window_size" in spec):
+        # Left out, not refused: the gate is a safety net against acceptance falling in production,
+        # not part of what the bundle's K was measured and predicted with, so a 1.2 server still
+        # serves the measured behaviour without it. A rate cannot become 1.2's length threshold.
+        spec.pop("acceptance_rate_threshold", None)
+        spec.pop("acceptance_rate_window_size", None)
+        notes.append(
+            f"TensorRT-LLM {version or 'installed'}: acceptance_rate_window_size/acceptance_rate_threshold left out; this release "
+            "has no acceptance-rate gate (its acceptance_window/acceptance_length_threshold gate a length, on the two-model path "
+            "only; renamed and moved to one-model by PR #12905), so speculation stays on even if acceptance falls"
+        )
+    no_sa = "sa_config" not in spec_fields if spec_fields is not None else _before(version, SA_CONFIG_SINCE)
+    if spec.get("sa_config") is not None and no_sa:
         raise UserError(
-            f"{where}.acceptance_rate_threshold",
-            f"TensorRT-LLM {version} has no acceptance-rate gate (its acceptance_window/acceptance_length_threshold "
-            "gate a length, on the two-model path only; renamed and moved to one-model by PR #12905)",
-            "remove acceptance_rate_* from the bundle for this release, or use TensorRT-LLM 1.3 or newer",
+            f"{where}.sa_config",
+            f"TensorRT-LLM {version or 'installed'} has no suffix-automaton enhancer (sa_config came with 1.3, PR #12130)",
+            "remove sa_config from the bundle for this release, or use TensorRT-LLM 1.3 or newer",
         )
     # No field changed name here, so only the version number can tell.
     if _before(version, NEW_SCHEDULE_SINCE):
@@ -154,6 +167,44 @@ def spec_for_release(
             f"{where}.eagle3_one_model", f"TensorRT-LLM {version or 'installed'} has only one-model EAGLE-3", "remove eagle3_one_model: false from the bundle"
         )
     return spec, notes
+
+
+# Which speculation keys each release band takes, and under which name (None: the release has no
+# such key; the adapter leaves it out with a note). From the CHANGES rows above and, for 1.3/1.4,
+# NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py (DecodingBaseConfig; stored version at commit
+# 0004396720054fd8, whose draft_len_schedule description is the upper-bound form; earlier stored
+# versions carry the batch-1/lower-bound form and acceptance_window; the 1.3.0rc27 and 1.4.0rc1
+# API reference pages list acceptance_rate_* and, in 1.4 only, spec_dec_variant). 1.2's schedule key is
+# accepted but keyed by lower bounds (``old_schedule``) and inert for one-model EAGLE-3.
+SPEC_KEYS_BY_RELEASE: dict[str, dict[str, str | None]] = {
+    "1.2": {
+        "draft_len_schedule": "draft_len_schedule",
+        "acceptance_rate_window_size": None,
+        "acceptance_rate_threshold": None,
+        "spec_dec_variant": None,
+    },
+    "1.3": {
+        "draft_len_schedule": "draft_len_schedule",
+        "acceptance_rate_window_size": "acceptance_rate_window_size",
+        "acceptance_rate_threshold": "acceptance_rate_threshold",
+        "spec_dec_variant": None,
+    },
+    "1.4": {
+        "draft_len_schedule": "draft_len_schedule",
+        "acceptance_rate_window_size": "acceptance_rate_window_size",
+        "acceptance_rate_threshold": "acceptance_rate_threshold",
+        "spec_dec_variant": "spec_dec_variant",
+    },
+}
+
+
+def drop_sa_for_launch(spec: dict[str, Any], version: str | None) -> tuple[dict[str, Any], list[str]]:
+    """A launch band's file for a release without sa_config (1.2): the enhancer left out with a note,
+    so the same bundle still serves there (``spec_for_release`` refuses it when deploying to that release)."""
+    if spec.get("sa_config") is None or not _before(version, SA_CONFIG_SINCE):
+        return spec, []
+    spec = {k: v for k, v in spec.items() if k != "sa_config"}
+    return spec, [f"TensorRT-LLM {version}: no suffix-automaton enhancer (sa_config is 1.3+); served without it"]
 
 
 def installed_version() -> str | None:
@@ -200,6 +251,7 @@ __all__ = [
     "LAUNCH_BANDS",
     "MIN_SUPPORTED",
     "SPECULATIVE_MODEL_SINCE",
+    "SPEC_KEYS_BY_RELEASE",
     "OptionChange",
     "check_supported",
     "installed_version",

@@ -43,6 +43,8 @@ def render_summary(report: dict, con: Console) -> None:
     con.print(_position_table(prim, ref))
     if prim.get("sweep"):
         con.print(_sweep_table(prim["sweep"]))
+    if report.get("modes"):
+        con.print(_modes_table(report["modes"]))
     for p in [prim] + ([ref] if ref else []):
         _print_pair_notes(p, con)
     if report.get("numerics_note"):
@@ -90,6 +92,19 @@ def _position_table(prim: dict, ref: dict | None) -> Table:
         o = p["overall"]
         pos.add_row(p["label"], *[f"{c:.2f} / {q:.2f}" for c, q in zip(o["cumulative_acceptance"], o["conditional_acceptance"])])
     return pos
+
+
+def _modes_table(modes: dict) -> Table:
+    """Per speculation mode (alpha --modes), overall and per category."""
+    t = Table(title="speculation modes (speculative generation): acceptance length / alpha / tokens verified per target forward")
+    t.add_column("mode")
+    t.add_column("category")
+    for c in ("acceptance length", "alpha", "verified/forward"):
+        t.add_column(c, justify="right")
+    for mode, e in modes.items():
+        for cat, f in [("overall", e["overall"]), *e["by_category"].items()]:
+            t.add_row(mode, cat, f"{f['acceptance_length']:.3f}", f"{f['alpha']:.3f}", f"{f['tokens_verified_per_forward']:.2f}")
+    return t
 
 
 def _sweep_table(sweep: dict) -> Table:

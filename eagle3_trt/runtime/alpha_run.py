@@ -7,6 +7,8 @@ from functools import partial
 from pathlib import Path
 
 from eagle3_trt.convert.prompts import load_prompt_records, use_chat_template
+from eagle3_trt.core.stats import AggregateStats
+from eagle3_trt.core.suffix_automaton import SAConfig
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.runtime.alpha_report import compare
@@ -42,8 +44,13 @@ def run_alpha(
     progress=None,
     sweep: tuple[int, ...] = (),
     chat_template: bool | None = None,
+    modes: tuple[str, ...] = (),
+    sa_threshold: int = 4,
 ) -> dict:
     """Measure the bundle (as built) and optionally a reference pair; returns the report dict.
+
+    ``modes``: also measure these speculation modes ("chain": the neural chain; "sa": the chain with
+    TensorRT-LLM's suffix-automaton enhancer at ``sa_threshold``) into report["modes"].
 
     ``chat_template``: None encodes chat records through the template and raw completion
     records as they are; False sends every record raw; True templates every record."""
@@ -52,6 +59,10 @@ def run_alpha(
         raise UserError("--max-draft-len", f"{max_draft_len}", "draft lengths are 1..16")
     if sweep and method != "estimator":
         raise UserError("--sweep", "needs the estimator", "drop --method generate (the estimator's counts are identical)")
+    bad = [m for m in modes if m not in SPEC_MODES]
+    if bad:
+        raise UserError("--modes", f"unknown mode {bad[0]!r}", f"use a comma-separated subset of {','.join(SPEC_MODES)}")
+    sa_cfg = SAConfig(threshold=sa_threshold) if "sa" in modes else None  # a bad threshold fails before loading
     b = open_bundle(Path(bundle))
     records = load_prompt_records(Path(prompts_file), limit)
     use_chat_template(records, chat_template, source=prompts_file)  # a one-line error before any model is loaded
@@ -66,12 +77,57 @@ def run_alpha(
     say(f"measuring {len(records)} prompts ({turns} turns, up to {max_tokens} tokens each)")
     prim = measure_pair(eng, label=b.label, sweep=sweep)
     diag = diagnose(eng, prim) if diagnostics and prim.results else []
+    by_mode = measure_modes(eng, modes, sa_cfg, measure_pair, say)
     del eng  # before a reference pair is loaded next to it
     ref, ref_note = _measure_reference(b, reference_bundle, bf16, device, k, measure_pair, say)
     settings = _settings(prompts_file, len(records), limit, turns, max_tokens, k, method, device, batch_size, sweep, chat_template)
     report = _report(b, settings, prim, ref, ref_note, diag, load_s)
     _add_recommendation(report, b, prim, concurrency)
+    if by_mode:
+        report["modes"] = by_mode
     return report
+
+
+SPEC_MODES = ("chain", "sa")
+
+
+def mode_figures(a: AggregateStats) -> dict:
+    """Acceptance length (tokens per target forward), alpha, and tokens the target verifies per
+    forward (the root plus the drafted tokens), with the counts behind them."""
+    f = a.target_forwards
+    return {
+        "acceptance_length": a.acceptance_length,
+        "alpha": a.alpha,
+        "tokens_verified_per_forward": (a.draft_tokens + f) / f if f else 0.0,
+        "requests": a.requests,
+        "generated_tokens": a.generated_tokens,
+        "target_forwards": f,
+        "draft_tokens": a.draft_tokens,
+        "accepted_tokens": a.accepted_tokens,
+    }
+
+
+def measure_modes(eng, modes: tuple[str, ...], sa_cfg: SAConfig | None, measure_pair, say) -> dict:
+    """Each mode measured by running speculative generation (``--method generate``): the estimator
+    replays the neural draft over a target-only continuation and has no suffix automaton, so both
+    modes run the same engine loop for a like-for-like comparison."""
+    out: dict = {}
+    for mode in modes:
+        say(f"measuring mode {mode} (speculative generation)")
+        eng.sa = sa_cfg if mode == "sa" else None
+        try:
+            m = measure_pair(eng, label=f"mode {mode}", method="generate", sweep=())
+        finally:
+            eng.sa = None
+        entry = {
+            "method": "generate",
+            "overall": mode_figures(m.overall()),
+            "by_category": {c: mode_figures(a) for c, a in m.by_category().items()},
+        }
+        if mode == "sa" and sa_cfg is not None:
+            entry["sa_config"] = {"threshold": sa_cfg.threshold, "enable_global_pool": sa_cfg.enable_global_pool}
+        out[mode] = entry
+    return out
 
 
 def _measure_reference(

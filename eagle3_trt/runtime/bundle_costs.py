@@ -19,9 +19,13 @@ def _weight_bytes(d: Path) -> int:
 
 def recommendation_batches(b: Bundle) -> tuple[int, ...]:
     """The batch sizes a recommendation is predicted at: the cost model's grid up to the bundle's
-    max_batch_size (a server never batches more, so a larger max_concurrency promises nothing)."""
+    max_batch_size (a server never batches more, so a larger max_concurrency promises nothing),
+    and the bundle's CUDA-graph batch sizes, the sizes TensorRT-LLM actually runs (draft_len_schedule
+    keys fall on them)."""
     mbs = b.options.max_batch_size
-    return tuple(sorted({x for x in DEFAULT_BATCHES if x <= mbs} | {mbs}))
+    cg = b.options.cuda_graph_config
+    graphs = {x for x in (cg.batch_sizes or []) if x <= mbs} if cg is not None else set()
+    return tuple(sorted({x for x in DEFAULT_BATCHES if x <= mbs} | graphs | {mbs}))
 
 
 def bundle_cost_inputs(bundle: Bundle | Path, gpu: str | None = None, tp: int | None = None) -> dict:

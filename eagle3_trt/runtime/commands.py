@@ -84,6 +84,12 @@ PROMPTS_HELP = (
     help="also measure these draft lengths, e.g. 1-5 or 1,2,4 (estimator; one continuation serves all); `recommend --report` may then choose any of them",
 )
 @CHAT_TEMPLATE_OPTION
+@click.option(
+    "--modes",
+    default=None,
+    help="also measure these speculation modes, comma-separated: chain (the neural chain), sa (chain + TensorRT-LLM's suffix-automaton enhancer, sa_config); run by speculative generation",
+)
+@click.option("--sa-threshold", type=int, default=4, show_default=True, help="sa mode: minimum suffix-match length for the automaton to override the draft")
 @click.option("-o", "--out", default=None, help="report dir (default: reports/alpha-<bundle name>)")
 @click.option("--json", "as_json", is_flag=True, help="print the report JSON on stdout")
 def alpha_cmd(
@@ -101,6 +107,8 @@ def alpha_cmd(
     concurrency: int,
     sweep: str | None,
     chat_template: bool | None,
+    modes: str | None,
+    sa_threshold: int,
     out: str | None,
     as_json: bool,
 ) -> None:
@@ -125,6 +133,8 @@ def alpha_cmd(
         progress=lambda m: err.print(f"[dim]{m}[/]"),
         sweep=parse_sweep(sweep),
         chat_template=chat_template,
+        modes=tuple(m.strip() for m in modes.split(",") if m.strip()) if modes else (),
+        sa_threshold=sa_threshold,
     )
     write_report(report, dest)
     if as_json:
@@ -206,7 +216,11 @@ def gate_cmd(
 @click.option("--concurrency", type=int, default=1, show_default=True, help="batch size K is chosen for")
 @click.option("--device", default=None)
 @CHAT_TEMPLATE_OPTION
-@click.option("--write", is_flag=True, help="write max_draft_len and max_concurrency into the bundle's options, evidence into its manifest")
+@click.option(
+    "--write",
+    is_flag=True,
+    help="write max_draft_len, draft_len_schedule and the acceptance-rate gate into the bundle's options, the same and the evidence into its manifest",
+)
 @click.option("--json", "as_json", is_flag=True)
 def recommend_cmd(
     bundle: str,

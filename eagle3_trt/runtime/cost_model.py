@@ -380,3 +380,62 @@ def _cost_evidence(gpu, tcost: ModelCost, dcost: ModelCost, tp: int, target: dic
         "draft": draft,
         "params": asdict(params),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# TensorRT-LLM's per-batch draft length and acceptance gate, from a Recommendation
+
+
+def draft_len_schedule(rec: Recommendation) -> dict[int, int]:
+    """``draft_len_schedule`` for TensorRT-LLM (1.3+ form: key = largest batch size using that K,
+    no speculation above the largest key; NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py after
+    PR #10860) from the prediction grid: at each grid batch size up to ``rec.max_concurrency``, the
+    K with the best predicted speedup, capped at the chosen max_draft_len (TensorRT-LLM requires the
+    smallest key to map to it and no value above it), then made non-increasing with batch size (a
+    running minimum: a K that rose with batch would mean the grid is noisy, not that drafting
+    more got cheaper), and ``max_concurrency`` itself as the last key so the schedule stops where
+    ``recommend`` found speculation stops paying. Every grid batch size is a key, batch 1 included,
+    which releases before #10860 require.
+    """
+    if not rec.speculation_pays:
+        return {}
+    best: dict[int, tuple[float, int]] = {}
+    for row in rec.table:
+        b, k, s = int(row["batch"]), int(row["k"]), float(row["speedup"])
+        if b <= rec.max_concurrency and k <= rec.max_draft_len and (b not in best or (s, -k) > (best[b][0], -best[b][1])):
+            best[b] = (s, k)
+    out: dict[int, int] = {}
+    k_prev = rec.max_draft_len
+    for b in sorted(best):
+        # the smallest batch size maps to max_draft_len whatever its own best K (TensorRT-LLM's rule)
+        k_prev = rec.max_draft_len if not out else min(k_prev, best[b][1])
+        out[b] = k_prev
+    out[rec.max_concurrency] = min(k_prev, out.get(rec.max_concurrency, k_prev))
+    return out
+
+
+def acceptance_gate(rec: Recommendation) -> tuple[float, dict]:
+    """``acceptance_rate_threshold`` for TensorRT-LLM's speculation gate, and how it was derived.
+
+    TensorRT-LLM (1.3+, PR #12905) switches speculation off for good once the rolling acceptance
+    rate (accepted / drafted tokens) over ``acceptance_rate_window_size`` falls below the threshold.
+    The right threshold is the break-even acceptance at the chosen K and the expected concurrency b
+    (``recommend --concurrency``): with every iteration drafting K tokens at acceptance rate alpha,
+    E_K = 1 + K * alpha tokens come out per iteration at cost T_spec, against one token per T_base
+    without speculation, so S = (1 + K * alpha) * T_base / T_spec >= 1 exactly when
+    alpha >= (T_spec / T_base - 1) / K = overhead / K = ``break_even_alpha(K, overhead)``, with
+    overhead the cost model's prediction at (b, K). Below it speculation is slower than none, so
+    turning it off is right; above it, it still pays. (T_spec's first draft step grows a little
+    with E_K; at the break-even point that term is the one predicted, so the error is second order.)
+    """
+    conc = int(rec.evidence.get("chosen_at_concurrency", 1))
+    rows = [r for r in rec.table if int(r["k"]) == rec.max_draft_len]
+    row = min(rows, key=lambda r: (abs(int(r["batch"]) - conc), int(r["batch"])))
+    thr = min(1.0, max(0.0, break_even_alpha(rec.max_draft_len, float(row["overhead"]))))
+    return round(thr, 4), {
+        "threshold": "break_even_alpha(K, overhead) = overhead / K at the chosen K and the expected concurrency",
+        "k": rec.max_draft_len,
+        "batch": int(row["batch"]),
+        "overhead": float(row["overhead"]),
+        "measured_alpha": float(row["alpha"]),
+    }

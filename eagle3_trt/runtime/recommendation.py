@@ -11,9 +11,10 @@ from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline import bundle as bundle_format
 from eagle3_trt.pipeline import bundle_write
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
+from eagle3_trt.pipeline.llm_options import SAEnhancerOptions
 from eagle3_trt.pipeline.trtllm_adapter import recommend as recommended_options
 from eagle3_trt.runtime.alpha_run import run_alpha
-from eagle3_trt.runtime.cost_model import Recommendation
+from eagle3_trt.runtime.cost_model import Recommendation, acceptance_gate, draft_len_schedule
 from eagle3_trt.runtime.report_files import read_report, report_curves
 
 
@@ -78,8 +79,36 @@ def acceptance_at(report: dict, k: int, source: str | None, old: bundle_format.A
     return old if old.measured_on.startswith("measured at K=") else old.model_copy(update={"measured_on": note + old.measured_on})
 
 
+# SA must beat the chain by more than run-to-run noise in acceptance length: both margins
+SA_MIN_GAIN_REL = 0.03
+SA_MIN_GAIN_ABS = 0.05
+
+
+def sa_choice(report: dict) -> tuple[int | None, dict | None]:
+    """(sa_config threshold to write, the measurement it comes from) from an alpha report measured
+    with ``--modes chain,sa``: a threshold only when SA's overall acceptance length beats the chain's
+    by >= 3% and >= 0.05; (None, None) without both modes measured."""
+    modes = report.get("modes") or {}
+    chain, sa = modes.get("chain"), modes.get("sa")
+    if not chain or not sa or "sa_config" not in sa:
+        return None, None
+    al_c, al_s = chain["overall"]["acceptance_length"], sa["overall"]["acceptance_length"]
+    wins = al_c > 0 and al_s - al_c >= SA_MIN_GAIN_ABS and (al_s - al_c) / al_c >= SA_MIN_GAIN_REL
+    ev = {
+        "chain_acceptance_length": round(al_c, 4),
+        "sa_acceptance_length": round(al_s, 4),
+        "threshold": sa["sa_config"]["threshold"],
+        "turns": sa["overall"]["requests"],
+        "prompts": report.get("settings", {}).get("prompts"),
+        "rule": f"sa_config written when AL gain >= {SA_MIN_GAIN_REL:.0%} and >= {SA_MIN_GAIN_ABS}",
+        "written": wins,
+    }
+    return (int(sa["sa_config"]["threshold"]) if wins else None), ev
+
+
 def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report: dict | None = None) -> Bundle:
-    """K and max_concurrency into llm_api_options.yaml (TensorRT-LLM's names), the evidence into
+    """K, the draft_len_schedule and the acceptance gate (``schedule_and_gate``) into
+    llm_api_options.yaml (TensorRT-LLM's names), the same and the evidence into
     manifest.json, and the acceptance record at the new K (``acceptance_at``, from ``report``): one
     ``bundle.update``, so the launchers, the digests and the fingerprint follow."""
     if not rec.speculation_pays:
@@ -95,17 +124,41 @@ def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report
             f"max_concurrency {rec.max_concurrency} exceeds the bundle's max_batch_size {b.options.max_batch_size}; nothing written",
             "predict over bundle_costs.recommendation_batches(bundle) (recommend does)",
         )
-    opts = recommended_options(b.options, rec.max_draft_len, max_concurrency=rec.max_concurrency)
+    acceptance = acceptance_at(report or {}, rec.max_draft_len, source, b.manifest.acceptance)
+    spec_knobs = schedule_and_gate(rec, acceptance)
+    opts = recommended_options(b.options, rec.max_draft_len, **spec_knobs)
+    sa_threshold, sa_evidence = sa_choice(report or {})
+    if sa_threshold is not None:
+        spec = opts.speculative_config.model_copy(update={"sa_config": SAEnhancerOptions(threshold=sa_threshold)})
+        opts = opts.model_copy(update={"speculative_config": spec})
     evidence = bundle_format.Recommendation(
         max_draft_len=rec.max_draft_len,
         max_concurrency=rec.max_concurrency,
         cumulative_acceptance=rec.cumulative_acceptance,
         measured_on=source,
-        evidence=rec.evidence,
+        evidence={**rec.evidence, "sa": sa_evidence} if sa_evidence else rec.evidence,
         table=rec.table,
+        **spec_knobs,
     )
-    acceptance = acceptance_at(report or {}, rec.max_draft_len, source, b.manifest.acceptance)
     return bundle_write.update(b.path, options=opts, record=evidence, acceptance=acceptance)
+
+
+def schedule_and_gate(rec: Recommendation, acceptance: bundle_format.Acceptance | None) -> dict:
+    """The speculative_config knobs ``recommend --write`` sets beside K, in TensorRT-LLM's names
+    (tensorrt_llm/llmapi/llm_args.py ``Eagle3DecodingConfig``): ``draft_len_schedule`` (best K per
+    batch size, non-increasing, up to max_concurrency: ``cost_model.draft_len_schedule``; it
+    replaces max_concurrency, which TensorRT-LLM would turn into ``{max_concurrency: K}`` anyway) and
+    the acceptance gate (``cost_model.acceptance_gate``: the break-even acceptance at the expected
+    concurrency). The gate's window is the number of requests the acceptance at K was measured
+    over, so the server switches speculation off only on as much evidence as chose K; with no
+    measurement at K there is no window to justify and the gate is left out."""
+    knobs: dict = {"draft_len_schedule": draft_len_schedule(rec)}
+    rec.evidence["draft_len_schedule_written"] = knobs["draft_len_schedule"]
+    if acceptance is not None and acceptance.max_draft_len == rec.max_draft_len and acceptance.prompts >= 1:
+        threshold, how = acceptance_gate(rec)
+        knobs.update(acceptance_rate_window_size=acceptance.prompts, acceptance_rate_threshold=threshold)
+        rec.evidence["acceptance_gate"] = how | {"window_size": f"requests in the measurement at K={rec.max_draft_len} ({acceptance.measured_on})"}
+    return knobs
 
 
 def print_recommendation(rec: Recommendation) -> None:
