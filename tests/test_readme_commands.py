@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -152,10 +153,12 @@ def test_alpha_sweep_recommend_and_gate_on_the_example_prompts(work, tiny_engine
     chat, code, rec, gate = work.run_block(block("tiny-alpha"))
     # chat prompts: the Python-trained pair repeats one line, the draft predicts it almost every time ("about 1.0")
     assert float(_figure(r"overall\s*│\s*\d+\s*│\s*([\d.]+)", chat.stdout)) >= 0.95
-    # code prompts: "alpha about 0.66 at K=3 ..., acceptance length about 2.9", and the sweep measures K=1..6
+    # code prompts: "alpha about 0.66 at K=3 ..., acceptance length about 2.9; about 0.61 and 2.8 with
+    # TensorRT-LLM 1.2's libraries (ModelOpt 0.37)", and the sweep measures K=1..6
     sweep = {int(k): (float(a), float(al)) for k, a, al in re.findall(r"│\s*(\d)\s*│\s*([\d.]+)\s*│\s*([\d.]+)\s*│\s*[\d.]+\s*│", code.stdout)}
     assert sorted(sweep) == [1, 2, 3, 4, 5, 6], code.stdout[-3000:]
-    assert abs(sweep[3][0] - 0.66) <= 0.03 and abs(sweep[3][1] - 2.9) <= 0.1, sweep[3]
+    alpha, al = (0.61, 2.8) if metadata.version("nvidia-modelopt").startswith("0.37") else (0.66, 2.9)
+    assert abs(sweep[3][0] - alpha) <= 0.03 and abs(sweep[3][1] - al) <= 0.1, sweep[3]
     # recommend chooses among the swept K and --write puts it into the bundle's options
     k = int(_figure(r"max_draft_len: (\d+) \(chosen among K=1\.\.6; measured K: 1, 2, 3, 4, 5, 6\)", rec.stdout.replace("\n", " ")))
     opts = yaml.safe_load((Path(work.cwd) / "engines/tiny-fp8-h100/llm_api_options.yaml").read_text())
