@@ -1,0 +1,181 @@
+"""Captured traffic: the one schema, writer and reader for ``serve --capture DIR`` (issue 23).
+
+A capture directory holds segments ``traffic-<start unix ms>-<pid>-<n>.jsonl``, one JSON record
+per line (``TrafficRecord``), plus nothing else the reader cares about. Each segment file is only
+ever written whole through the atomic writer (staged, fsynced, renamed), so a reader sees a
+segment as it was at its last flush or not at all, never half a record. The open segment is
+rewritten at each flush; once it holds ``segment_records`` records the writer moves on to the next.
+
+Readers: ``read_traffic`` (every record, oldest first; a truncated or foreign segment is a
+one-line UserError naming the file and line). Writers: ``SegmentWriter`` (synchronous; the serving
+side runs it off the request path, see runtime/capture.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from eagle3_trt.atomic import make_dirs, write_text
+from eagle3_trt.errors import UserError
+
+SEGMENT_GLOB = "traffic-*.jsonl"
+_SEGMENT_RE = re.compile(r"^traffic-(\d+)-(\d+)-(\d+)\.jsonl$")
+SCHEMA: Literal[1] = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CapturedSampling(_Strict):
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int
+    seed: int | None = None
+
+
+class ServedAcceptance(_Strict):
+    """What the server reported for this request (runtime/llm_api.SpecStats)."""
+
+    speculative: bool
+    draft_tokens: int = Field(ge=0)
+    accepted_draft_tokens: int = Field(ge=0)
+    target_forwards: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+
+    @property
+    def acceptance_length(self) -> float:
+        return self.completion_tokens / self.target_forwards if self.target_forwards else 0.0
+
+
+class TrafficRecord(_Strict):
+    """One finished request as the model saw it."""
+
+    schema_: Literal[1] = Field(SCHEMA, alias="schema")
+    request_id: str
+    time_unix: float = Field(description="when the request finished")
+    bundle_fingerprint: str = Field(description="the served bundle's manifest fingerprint")
+    model: str = Field(description="the served model name (Triton model or Dynamo served name)")
+    model_version: str | None = None
+    frontend: Literal["triton", "dynamo"]
+    chat: bool = Field(description="the prompt went through the chat template (prompt_text is the templated text)")
+    prompt_text: str | None = Field(description="the prompt as the model saw it, after redaction")
+    prompt_ids: list[int] = Field(min_length=1)
+    output_ids: list[int]
+    output_text: str | None = None
+    finish_reason: str | None = None
+    sampling: CapturedSampling
+    acceptance: ServedAcceptance
+    category: str | None = None
+    redacted: bool = False
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def to_line(self) -> str:
+        return json.dumps(self.model_dump(mode="json", by_alias=True), separators=(",", ":"), ensure_ascii=False)
+
+
+def segment_name(start_ms: int, n: int, pid: int | None = None) -> str:
+    return f"traffic-{start_ms:013d}-{os.getpid() if pid is None else pid}-{n:06d}.jsonl"
+
+
+def segments(d: Path) -> list[Path]:
+    """The capture directory's segments, oldest first (by start time, writer, number)."""
+
+    def key(p: Path) -> tuple[int, int, int]:
+        m = _SEGMENT_RE.match(p.name)
+        assert m is not None
+        return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+    return sorted((p for p in Path(d).glob(SEGMENT_GLOB) if _SEGMENT_RE.match(p.name)), key=key)
+
+
+def read_segment(f: Path) -> list[TrafficRecord]:
+    out: list[TrafficRecord] = []
+    try:
+        text = Path(f).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f, "is not UTF-8 text", "capture segments are JSON lines written by serve --capture") from None
+    if text and not text.endswith("\n"):
+        raise UserError(f, "ends in the middle of a record (truncated)", "remove or restore the segment; the writer never leaves one like this")
+    for n, line in enumerate(text.splitlines(), 1):
+        try:
+            out.append(TrafficRecord.model_validate_json(line))
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(x) for x in err["loc"]) or "record"
+            raise UserError(f"{f}:{n}", f"not a traffic record ({where}: {err['msg']})", "capture segments are written by serve --capture") from None
+    return out
+
+
+def read_traffic(d: Path) -> list[TrafficRecord]:
+    """Every record under the capture directory ``d``, oldest first."""
+    d = Path(d)
+    if not d.is_dir():
+        raise UserError(d, "is not a directory", "pass the directory given to serve --capture")
+    segs = segments(d)
+    if not segs:
+        raise UserError(d, "holds no capture segments (traffic-*.jsonl)", "serve with --capture DIR and send some requests first")
+    recs = [r for s in segs for r in read_segment(s)]
+    return sorted(recs, key=lambda r: r.time_unix)
+
+
+def traffic_digest(records: Iterable[TrafficRecord]) -> str:
+    """sha256 over the records' canonical lines, order-independent: names the traffic a head was trained on."""
+    lines = sorted(r.to_line() for r in records)
+    h = hashlib.sha256()
+    for ln in lines:
+        h.update(ln.encode("utf-8"))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+class SegmentWriter:
+    """Appends records to rotating segments; ``flush`` rewrites the open segment atomically.
+
+    Not thread-safe: one writer thread owns it. ``max_bytes`` caps the bytes of all segments this
+    writer wrote; ``write`` returns False (and writes nothing) once a record would pass it."""
+
+    def __init__(self, d: Path, *, segment_records: int = 256, max_bytes: int | None = None) -> None:
+        self.dir = make_dirs(Path(d))
+        self.segment_records = int(segment_records)
+        self.max_bytes = max_bytes
+        self._start_ms = int(time.time() * 1000)
+        self._n = 0
+        self._lines: list[str] = []
+        self._closed_bytes = 0  # bytes of segments already rotated out
+        self._open_bytes = 0
+        self._dirty = False
+
+    @property
+    def bytes_written(self) -> int:
+        return self._closed_bytes + self._open_bytes
+
+    def write(self, rec: TrafficRecord) -> bool:
+        line = rec.to_line() + "\n"
+        size = len(line.encode("utf-8"))
+        if self.max_bytes is not None and self.bytes_written + size > self.max_bytes:
+            return False
+        self._lines.append(line)
+        self._open_bytes += size
+        self._dirty = True
+        if len(self._lines) >= self.segment_records:
+            self.flush()
+            self._closed_bytes += self._open_bytes
+            self._open_bytes, self._lines, self._n = 0, [], self._n + 1
+        return True
+
+    def flush(self) -> None:
+        if self._dirty and self._lines:
+            write_text(self.dir / segment_name(self._start_ms, self._n), "".join(self._lines))
+        self._dirty = False
