@@ -12,6 +12,7 @@
 #     against Triton, or with OPENAI_URL against an OpenAI endpoint (the Dynamo frontend of make serve-dynamo)
 #   make bench-aiperf  [BUNDLE=dir] [DYNAMO=1]: eagle3-trt bench vs NVIDIA AIPerf (own Triton, or Dynamo with 2 workers; C=1,8)
 #   make bench-overhead [BUNDLE=dir] [ROUNDS=5]: ITL through Triton vs the runtime called directly
+#   make loop-demo     the traffic loop on CPU: serve with capture, measure, retrain, gate, deploy, measure again
 PY      ?= python3
 VENV    ?= .venv
 MODEL   ?= tiny
@@ -184,3 +185,9 @@ bench-aiperf: $(STAMP) $(AIPERF_VENV)/bin/aiperf $(if $(filter 1,$(DYNAMO)),$(DY
 
 bench-overhead: $(STAMP)
 	$(BIN)/python benchmarks/bench_serving_overhead.py --rounds $(ROUNDS) $(BENCH_BUNDLE_ARG)
+
+# --- The traffic loop (issue 23): serve with capture, measure, retrain, gate, deploy, measure again ---
+# CPU only, a few minutes; work files in loop-demo/ (replaced on each run); ports 8100-8102.
+.PHONY: loop-demo
+loop-demo: $(STAMP)
+	$(BIN)/python examples/loop_demo.py $(LOOP_ARGS)

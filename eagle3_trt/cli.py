@@ -72,6 +72,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "serve": ("eagle3_trt.triton_serving.commands", "serve_cmd", "Start tritonserver on 127.0.0.1 with REPO, wait until it is ready, print the URLs."),
     "stop": ("eagle3_trt.triton_serving.commands", "stop_cmd", "Stop the server started by `eagle3-trt serve` (recorded in STATE_DIR/server.json)."),
+    "deploy": (
+        "eagle3_trt.triton_serving.deploy_commands",
+        "deploy_cmd",
+        "Add bundle NEW as the next version of the served Triton model: new requests go to it, requests in flight finish on the old one.",
+    ),
     "serve-dynamo": (
         "eagle3_trt.dynamo_serving.commands",
         "serve_dynamo_cmd",
@@ -79,6 +84,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "status-dynamo": ("eagle3_trt.dynamo_serving.commands", "status_dynamo_cmd", "One line per process started by serve-dynamo; exit 1 when one is dead."),
     "stop-dynamo": ("eagle3_trt.dynamo_serving.commands", "stop_dynamo_cmd", "Stop what serve-dynamo started and remove its discovery store."),
+    "deploy-dynamo": (
+        "eagle3_trt.dynamo_serving.deploy_commands",
+        "deploy_dynamo_cmd",
+        "Serve bundle NEW on a serve-dynamo deployment: workers are replaced one at a time, each drained before it stops.",
+    ),
     "generate": ("eagle3_trt.clients.commands", "generate_cmd", "Send PROMPT to the eagle3 model on a Triton server (chat template applied client-side)."),
     "bench": (
         "eagle3_trt.clients.commands",

@@ -54,6 +54,13 @@ def fp8_bundle(tiny_pair_session, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def k5_bundle(tiny_pair_session, tmp_path_factory) -> Path:
+    """The tiny FP8 pair at K=5 (fp8_bundle is K=3): a second bundle for deploy tests to tell apart."""
+    t, d = tiny_pair_session
+    return _build(target=str(t), draft=str(d), target_gpu="h100", max_draft_len=5, out=str(tmp_path_factory.mktemp("b") / "k5")).bundle
+
+
+@pytest.fixture(scope="session")
 def nvfp4_bundle(tiny_pair_session, tmp_path_factory) -> Path:
     t, d = tiny_pair_session
     return _build(target=str(t), draft=str(d), target_gpu="b200", quantize_draft=True, out=str(tmp_path_factory.mktemp("b") / "nvfp4")).bundle

@@ -384,6 +384,19 @@ def _spec_options(schedule: Callable[[int], dict] | None = None, **top) -> Calla
     return make
 
 
+def _dynamic_tree_options(target: dict | None = None, **spec) -> Callable[[Ctx], None]:
+    """``_spec_options`` turning on TensorRT-LLM's dynamic tree (topK 4 and ``spec``), the bundle's
+    target config.json changed by ``target`` (e.g. a sliding window)."""
+    base = _spec_options(lambda k: {"use_dynamic_tree": True, "dynamic_tree_max_topK": 4, **spec})
+
+    def make(c: Ctx) -> None:
+        base(c)
+        if target:
+            edit_json(c.w / "out" / "target" / "config.json", **target)
+
+    return make
+
+
 def _stale_staging(c: Ctx) -> None:
     """What a SIGKILLed build leaves: its staging directory, named with its (now dead) pid."""
     p = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -452,6 +465,78 @@ def _triton_running(c: Ctx) -> None:
     package_bundle(c.bundle, c.w / "repo")
     (c.w / "state").mkdir()
     ServerHandle(os.getpid(), str(c.w / "repo"), 18000, 18001, 18002, str(c.w / "state" / "tritonserver.log"), str(c.w / "state")).save()
+
+
+def _packaged(c: Ctx) -> None:
+    """A repository `package` wrote for the dry bundle, and no server."""
+    from eagle3_trt.triton_serving.package import package_bundle
+
+    package_bundle(c.bundle, c.w / "repo")
+
+
+def _deploy_other_target(c: Ctx) -> None:
+    """A repository `package` wrote for the dry bundle, and a copy of that bundle at other/ whose
+    manifest records another target checkpoint: a head for another target, handed to `deploy`."""
+    from eagle3_trt.triton_serving.package import package_bundle
+
+    package_bundle(c.bundle, c.w / "repo")
+    shutil.copytree(c.bundle, c.w / "other")
+    m = c.w / "other" / "manifest.json"
+    man = json.loads(m.read_text())
+    name = sorted(man["sources"]["target"]["files"])[0]
+    man["sources"]["target"]["files"][name]["sha256"] = "0" * 64
+    man["sources"]["target"]["source"] = "someone/other-target"
+    m.write_text(json.dumps(man, indent=2))
+
+
+def _traffic(n: int, fingerprint: str | None = None, truncate: bool = False, other_target: bool = False, lineage: bool = False) -> Callable[[Ctx], None]:
+    """``n`` captured records in cap/ (through SegmentWriter, 8 a segment) served by the shared bundle (or
+    ``fingerprint``); ``truncate``: the second segment loses its tail; ``other_target``: a copy of the
+    bundle at other/ whose manifest records another target checkpoint; ``lineage``: a copy at child/
+    whose manifest says it was trained on cap/ beside the held-back split of seed 0, fraction 0.5."""
+
+    def make(c: Ctx) -> None:
+        from eagle3_trt.formats.traffic import CapturedSampling, SegmentWriter, ServedAcceptance, TrafficRecord
+
+        fp = fingerprint or json.loads((c.bundle / "manifest.json").read_text())["fingerprint"]
+        w = SegmentWriter(c.w / "cap", segment_records=8)
+        for i in range(n):
+            acc = ServedAcceptance(speculative=True, draft_tokens=9, accepted_draft_tokens=5, target_forwards=4, completion_tokens=9)
+            w.write(
+                TrafficRecord(
+                    request_id=f"r{i}",
+                    time_unix=1e9 + i,
+                    bundle_fingerprint=fp,
+                    model="eagle3",
+                    frontend="triton",
+                    chat=False,
+                    prompt_text=None,
+                    prompt_ids=[5 + i, 6 + 2 * i, 7 + 3 * i, 11 + i, 13, 17 + i],
+                    output_ids=[1] * 9,
+                    finish_reason="length",
+                    sampling=CapturedSampling(max_tokens=9),
+                    acceptance=acc,
+                )
+            )
+        w.flush()
+        if truncate:
+            seg = sorted((c.w / "cap").glob("traffic-*.jsonl"))[1]
+            seg.write_bytes(seg.read_bytes()[:-30])
+        if other_target:
+            shutil.copytree(c.bundle, c.w / "other")
+            m = c.w / "other" / "manifest.json"
+            man = json.loads(m.read_text())
+            name = sorted(man["sources"]["target"]["files"])[0]
+            man["sources"]["target"]["files"][name]["sha256"] = "0" * 64
+            m.write_text(json.dumps(man, indent=2))
+        if lineage:
+            shutil.copytree(c.bundle, c.w / "child")
+            m = c.w / "child" / "manifest.json"
+            man = json.loads(m.read_text())
+            man["lineage"] = {"parent_fingerprint": fp, "traffic_digest": "0" * 64, "traffic_dir": str(c.w / "cap"), "heldout_seed": 0, "heldout_fraction": 0.5}
+            m.write_text(json.dumps(man, indent=2))
+
+    return make
 
 
 def _dynamo_running(c: Ctx) -> None:
@@ -874,6 +959,27 @@ CASES: list[Case] = [
         r"--modes: unknown mode 'tree'",
         make=write("p.jsonl", GOOD_PROMPTS),
     ),
+    Case(
+        "alpha-modes-dynamic-tree-plus-sa",
+        ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--modes", "chain,dynamic-tree+sa"),
+        2,
+        r"--modes: dynamic-tree\+sa: TensorRT-LLM's dynamic tree does not support the suffix-automaton enhancer",
+        make=write("p.jsonl", GOOD_PROMPTS),
+    ),
+    Case(
+        "alpha-dynamic-tree-topk-zero",
+        ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--modes", "chain,dynamic-tree", "--dynamic-tree-topk", "0"),
+        2,
+        r"--dynamic-tree-topk: 0: the dynamic tree needs dynamic_tree_max_topK >= 1",
+        make=write("p.jsonl", GOOD_PROMPTS),
+    ),
+    Case(
+        "alpha-dynamic-tree-total-out-of-range",
+        ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--modes", "dynamic-tree", "--dynamic-tree-topk", "2", "--max-total-draft-tokens", "100"),
+        2,
+        r"--max-total-draft-tokens: 100 must be in \[max_draft_len \(\d+\), dynamic_tree_max_topK \* max_draft_len \(\d+\)\]",
+        make=write("p.jsonl", GOOD_PROMPTS),
+    ),
     Case("alpha-prompts-not-utf8", ("alpha", "{b}", "--prompts", "{w}/p.txt"), 2, r"p\.txt: not UTF-8 text", make=write("p.txt", b"caf\xe9\n")),
     Case("alpha-sweep-backwards", ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--sweep", "5-2"), 2, r"--sweep: '5-2'", make=write("p.jsonl", GOOD_PROMPTS)),
     Case(
@@ -898,6 +1004,13 @@ CASES: list[Case] = [
         make=write("p.jsonl", GOOD_PROMPTS),
     ),
     Case(
+        "alpha-temperature-with-estimator",
+        ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--temperature", "0.7"),
+        2,
+        r"--temperature: 0\.7 \(hint: use 0 \(greedy\), or a positive temperature with --method generate",
+        make=write("p.jsonl", GOOD_PROMPTS),
+    ),
+    Case(
         "alpha-k-zero",
         ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--max-draft-len", "0"),
         2,
@@ -917,6 +1030,57 @@ CASES: list[Case] = [
         2,
         r"--threshold: 1\.5 is not a probability",
         make=write("p.jsonl", GOOD_PROMPTS),
+    ),
+    # ---- captured traffic given to alpha --traffic / gate --against --traffic (issue 23 B, D)
+    Case(
+        "traffic-truncated-segment",
+        ("alpha", "{b}", "--traffic", "{w}/cap"),
+        2,
+        r"cap/traffic-\d+-\d+-\d+\.jsonl: ends in the middle of a record \(truncated\)",
+        make=_traffic(12, truncate=True),
+    ),
+    Case(
+        "alpha-traffic-and-prompts",
+        ("alpha", "{b}", "--prompts", "{w}/p.jsonl", "--traffic", "{w}/cap"),
+        2,
+        r"--traffic: does not go with --prompts",
+        make=lambda c: (write("p.jsonl", GOOD_PROMPTS)(c), _traffic(3)(c)),
+    ),
+    Case(
+        "gate-new-for-another-target",
+        ("gate", "{w}/other", "--against", "{b}", "--traffic", "{w}/cap"),
+        2,
+        r"other: was built from another target than OLD .*sources\.target digests differ",
+        make=_traffic(40, other_target=True),
+    ),
+    Case(
+        "gate-too-little-heldout-traffic",
+        ("gate", "{b}", "--against", "{b}", "--traffic", "{w}/cap"),
+        2,
+        r"cap: the held-back split has \d+ requests \(of 12, --holdout-fraction 0\.2\); the gate needs at least 20",
+        make=_traffic(12),
+    ),
+    Case(
+        "gate-traffic-from-another-bundle",
+        ("gate", "{b}", "--against", "{b}", "--traffic", "{w}/cap"),
+        2,
+        r"cap: 40 of 40 records were served by bundle ffffffffffff .*neither OLD .* nor NEW",
+        make=_traffic(40, fingerprint="f" * 64),
+    ),
+    Case("gate-traffic-without-against", ("gate", "{b}", "--traffic", "{w}/cap"), 2, r"--against: missing", make=_traffic(3)),
+    Case(
+        "alpha-traffic-option-not-read",
+        ("alpha", "{b}", "--traffic", "{w}/cap", "--limit", "3"),
+        2,
+        r"--limit: does not apply with --traffic",
+        make=_traffic(3),
+    ),
+    Case(
+        "gate-seed-contradicts-lineage",
+        ("gate", "{w}/child", "--against", "{b}", "--traffic", "{w}/cap", "--seed", "3"),
+        2,
+        r"--seed: 3 differs from the 0 NEW's manifest lineage records for its held-back split \(hint: drop the option",
+        make=_traffic(40, lineage=True),
     ),
     Case("recommend-nothing-measured", ("recommend", "{b}"), 2, r"recommend: needs --report or --prompts"),
     Case("recommend-report-missing", ("recommend", "{b}", "--report", "{w}/none.json"), 2, r"none\.json: (report|file) not found"),
@@ -955,6 +1119,150 @@ CASES: list[Case] = [
         2,
         r"llm_api_options\.yaml:speculative_config: .*acceptance_rate_window_size and acceptance_rate_threshold go together",
         make=_spec_options(lambda k: {"acceptance_rate_threshold": 0.3}),
+    ),
+    # TensorRT-LLM's dynamic tree (core/dynamic_tree.py): what its validators and worker refuse
+    Case(
+        "options-dynamic-tree-sliding-window-target",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config\.use_dynamic_tree: TensorRT-LLM's dynamic tree does not support this target: .*sliding-window",
+        make=_dynamic_tree_options(target={"sliding_window": 32, "layer_types": ["sliding_attention", "full_attention"] * 4}),
+    ),
+    Case(
+        "options-dynamic-tree-mla-target",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config\.use_dynamic_tree: .*MLA",
+        make=_dynamic_tree_options(target={"kv_lora_rank": 512}),
+    ),
+    Case(
+        "options-dynamic-tree-no-topk",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config: .*use_dynamic_tree needs dynamic_tree_max_topK",
+        make=_dynamic_tree_options(dynamic_tree_max_topK=None),
+    ),
+    Case(
+        "options-dynamic-tree-topk-zero",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config\.dynamic_tree_max_topK: Input should be greater than or equal to 1",
+        make=_dynamic_tree_options(dynamic_tree_max_topK=0),
+    ),
+    Case(
+        "options-dynamic-tree-total-above-topk-times-k",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config: .*max_total_draft_tokens 999 must be in \[max_draft_len \d+, dynamic_tree_max_topK \* max_draft_len \d+\]",
+        make=_dynamic_tree_options(max_total_draft_tokens=999),
+    ),
+    Case(
+        "options-dynamic-tree-with-sa",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config: .*use_dynamic_tree does not go with sa_config",
+        make=_dynamic_tree_options(sa_config={"threshold": 4}),
+    ),
+    Case(
+        "options-dynamic-tree-stepped-schedule",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config: .*with use_dynamic_tree, draft_len_schedule may only switch speculation off",
+        make=_spec_options(lambda k: {"use_dynamic_tree": True, "dynamic_tree_max_topK": 4, "draft_len_schedule": {1: k, 4: 1}}),
+    ),
+    Case(
+        "options-topk-without-dynamic-tree",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config: .*dynamic_tree_max_topK / max_total_draft_tokens need use_dynamic_tree: true",
+        make=_spec_options(lambda k: {"dynamic_tree_max_topK": 4}),
+    ),
+    # speculative sampling flags (core/spec_sampling.py)
+    Case(
+        "options-advanced-sampling-mode-unknown",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config\.advanced_sampling_mode: Input should be 'full', 'no_topk', 'no_topp' or 'no_topk_no_topp'",
+        make=_spec_options(lambda k: {"allow_advanced_sampling": True, "advanced_sampling_mode": "no_top_k"}),
+    ),
+    Case(
+        "options-rejection-sampling-without-advanced-sampling",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config: .*use_rejection_sampling needs allow_advanced_sampling: true",
+        make=_spec_options(lambda k: {"use_rejection_sampling": True, "allow_advanced_sampling": False}),
+    ),
+    # suffix automaton, spec_dec_variant, eagle3_model_arch, and what a TensorRT-LLM release lacks
+    # (compile --check-only --trtllm-version: the options as that release loads them; issue 22)
+    Case(
+        "options-sa-threshold-zero",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config\.sa_config\.threshold: Input should be greater than or equal to 1",
+        make=_spec_options(lambda k: {"sa_config": {"threshold": 0}}),
+    ),
+    Case(
+        "options-spec-dec-variant-zero",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config\.spec_dec_variant: Input should be greater than 0",
+        make=_spec_options(lambda k: {"spec_dec_variant": 0}),
+    ),
+    Case(
+        "options-spec-dec-variant-unknown",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config\.spec_dec_variant: Input should be a valid integer",
+        make=_spec_options(lambda k: {"spec_dec_variant": "tree"}),
+    ),
+    Case(
+        "options-eagle3-model-arch-unknown",
+        ("recommend", "{w}/out"),
+        2,
+        r"llm_api_options\.yaml:speculative_config\.eagle3_model_arch: Input should be 'llama3' or 'mistral_large3'",
+        make=_spec_options(lambda k: {"eagle3_model_arch": "qwen3"}),
+    ),
+    Case(
+        "release-lacks-eagle3-model-arch",
+        ("compile", "{w}/out", "--check-only", "--trtllm-version", "1.2.1"),
+        2,
+        r"llm_api_options\.yaml:speculative_config\.eagle3_model_arch: TensorRT-LLM 1\.2\.1 has no eagle3_model_arch .*hint: deploy to TensorRT-LLM 1\.3",
+        make=_spec_options(lambda k: {"eagle3_model_arch": "mistral_large3"}),
+    ),
+    Case(
+        "release-lacks-sa-config",
+        ("compile", "{w}/out", "--check-only", "--trtllm-version", "1.2.1"),
+        2,
+        r"speculative_config\.sa_config: TensorRT-LLM 1\.2\.1 has no suffix-automaton enhancer",
+        make=_spec_options(lambda k: {"sa_config": {"threshold": 4}}),
+    ),
+    Case(
+        "release-lacks-spec-dec-variant",  # served with the release's default: left out, with a note naming the release
+        ("compile", "{w}/out", "--check-only", "--trtllm-version", "1.3.0rc27"),
+        0,
+        r"note: TensorRT-LLM 1\.3\.0rc27: spec_dec_variant: 5 left out",
+        make=_spec_options(lambda k: {"spec_dec_variant": 5}),
+    ),
+    Case(
+        "release-schedule-without-batch-1",  # 1.2 wants batch size 1 in the schedule: translated (keys become lower bounds), with a note
+        ("compile", "{w}/out", "--check-only", "--trtllm-version", "1.2.1"),
+        0,
+        r"note: TensorRT-LLM 1\.2\.1: max_concurrency / draft_len_schedule load but do not switch speculation off",
+        make=_spec_options(lambda k: {"draft_len_schedule": {4: k, 8: 1}}),
+    ),
+    Case(
+        "release-version-not-a-version",
+        ("compile", "{w}/out", "--check-only", "--trtllm-version", "latest"),
+        2,
+        r"TensorRT-LLM version: cannot parse version 'latest'",
+        make=_spec_options(),
+    ),
+    Case(
+        "release-version-without-check-only",
+        ("compile", "{w}/out", "--trtllm-version", "1.2.1"),
+        2,
+        r"--trtllm-version: 1\.2\.1 \(hint: only with --check-only",
+        make=_spec_options(),
     ),
     Case(
         "recommend-report-not-json",
@@ -1001,6 +1309,72 @@ CASES: list[Case] = [
         make=write("repo/eagle3/config.pbtxt", 'name: "eagle3"\nbackend: "python"\n'),
     ),
     Case("serve-no-repository", ("serve", "{w}/nope"), 2, r"nope: model repository not found"),
+    # ---- issue 23 A: traffic capture settings, refused before any server starts
+    Case(
+        "serve-capture-not-a-directory",
+        ("serve", "{w}/nope", "--capture", "{w}/afile"),
+        2,
+        r"^error: \S+/afile: is not a directory \(hint: --capture takes a directory this user can write",
+        make=write("afile", "x"),
+    ),
+    Case(
+        "serve-capture-read-only",
+        ("serve", "{w}/nope", "--capture", "{w}/ro/cap"),
+        2,
+        r"^error: \S+/ro/cap: not writable: \S+/ro is on a read-only file system \(hint: --capture takes a directory",
+        around="rofs",
+        root_only=True,
+    ),
+    Case(
+        "serve-capture-bad-regex",
+        ("serve", "{w}/nope", "--capture", "{w}/cap", "--capture-redact", "sk-(\\w+"),
+        2,
+        r"^error: --capture-redact: 'sk-\(\\\\w\+' is not a regular expression \(missing \), unterminated subpattern",
+    ),
+    Case(
+        "serve-capture-redact-alone",
+        ("serve", "{w}/nope", "--capture-redact", "sk-\\w+"),
+        2,
+        r"^error: --capture-redact: given without --capture \(hint: add --capture DIR",
+    ),
+    Case(
+        "serve-dynamo-capture-under-a-file",
+        ("serve-dynamo", "{b}", "--capture", "{w}/afile/cap"),
+        2,
+        r"^error: \S+/afile/cap: cannot be created: \S+/afile is not a directory",
+        make=write("afile", "x"),
+    ),
+    # ---- issue 23 E: deploy a new head into a served repository
+    Case(
+        "deploy-head-for-another-target",
+        ("deploy", "{w}/other", "--repo", "{w}/repo", "--state-dir", "{w}/state"),
+        2,
+        r"^error: \S+/other: built for another target \(someone/other-target\) than version 1 of 'eagle3' serves \(\S+\) "
+        r"\(hint: deploy a head built for the served target",
+        make=_deploy_other_target,
+    ),
+    Case(
+        "deploy-to-a-repository-not-ours",
+        ("deploy", "{b}", "--repo", "{w}/repo", "--state-dir", "{w}/state"),
+        2,
+        r"^error: \S+/repo/eagle3: a model `eagle3-trt package` did not write \(no eagle3-package\.json\); deploy adds versions only to the "
+        r"toolkit's own models \(hint: package the first version",
+        make=write("repo/eagle3/config.pbtxt", 'name: "eagle3"\nbackend: "python"\n'),
+    ),
+    Case(
+        "deploy-with-no-server",
+        ("deploy", "{b}", "--repo", "{w}/repo", "--state-dir", "{w}/state"),
+        2,
+        r"^error: \S+/state/server\.json: no server running for \S+/repo \(hint: start it with `eagle3-trt serve \S+/repo --state-dir \S+/state`, "
+        r"or pass --offline",
+        make=_packaged,
+    ),
+    Case(
+        "deploy-dynamo-with-no-deployment",
+        ("deploy-dynamo", "{b}", "--state-dir", "{w}/dstate"),
+        2,
+        r"^error: \S+/dstate/state\.json: no Dynamo deployment running here \(hint: start one with `eagle3-trt serve-dynamo BUNDLE --state-dir \S+/dstate`",
+    ),
     # ---- issue 21 E: newcomer mistakes (a misspelled preset, option or command, a path that is not
     # there, a second server): one line with the fix, before any work, no usage dump
     Case(
@@ -1180,6 +1554,15 @@ def _around(case: Case, ctx: Ctx):
                 raise _Abandon()  # leave nothing: the staging directory and the lock go with the exception
         except _Abandon:
             pass
+    elif case.around == "rofs":  # a read-only file system at {w}/ro (unwritable even for root)
+        mnt = ctx.w / "ro"
+        mnt.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(mnt)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr  # root_only cases carry needs("tmpfs")
+        try:
+            yield
+        finally:
+            subprocess.run(["umount", "-l", str(mnt)], check=True)
     elif case.around == "tmpfs":
         mnt = ctx.w / "small"
         mnt.mkdir()

@@ -5,8 +5,6 @@ speculation switch (the ``eagle3_speculative=false`` annotation) at the engine a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,40 +18,18 @@ from dynamo.llm.exceptions import InvalidArgument
 from eagle3_trt.clients.llm_client import GenerationParams
 from eagle3_trt.clients.openai_client import OpenAIClient, normalize_openai_url
 from eagle3_trt.dynamo_serving.engine import Eagle3ReferenceEngine
-from eagle3_trt.dynamo_serving.launcher import Deployment, free_port
 from eagle3_trt.errors import UserError
+from eagle3_trt.testing.servers import dynamo_served
+from eagle3_trt.testing.servers import run_cli as _cli
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = REPO_ROOT / "convert" / "data" / "calib_prompts.jsonl"
 
 
-def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def dep(fp8_bundle, tmp_path_factory):
-    state = tmp_path_factory.mktemp("dynamo-bench") / "state"
-    r = _cli(
-        "serve-dynamo",
-        str(fp8_bundle),
-        "--workers",
-        "2",
-        "--http-port",
-        str(free_port()),
-        "--state-dir",
-        str(state),
-        "--torch-threads",
-        "1",
-        "--timeout",
-        "240",
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    d = Deployment.load(state)
-    assert d is not None
-    yield d
-    r = _cli("stop-dynamo", "--state-dir", str(state))
-    assert r.returncode == 0, r.stdout + r.stderr
+    with dynamo_served(fp8_bundle, tmp_path_factory.mktemp("dynamo-bench") / "state") as (d, _):
+        yield d
 
 
 def _engine(fp8_bundle) -> Eagle3ReferenceEngine:

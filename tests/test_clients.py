@@ -325,28 +325,12 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def served(fp8_bundle, tmp_path_factory):
-    from eagle3_trt.triton_serving.server import ServerHandle, free_ports
+    from eagle3_trt.testing.servers import serve_triton
 
     tmp = tmp_path_factory.mktemp("bench-triton")
     r = _cli("package", str(fp8_bundle), "-o", str(tmp / "repo"))
     assert r.returncode == 0, r.stderr
-    http, grpc, metrics = free_ports(3)
-    r = _cli(
-        "serve",
-        str(tmp / "repo"),
-        "--state-dir",
-        str(tmp / "state"),
-        "--http-port",
-        str(http),
-        "--grpc-port",
-        str(grpc),
-        "--metrics-port",
-        str(metrics),
-        "--timeout",
-        "240",
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    yield ServerHandle.load(tmp / "state")
+    yield serve_triton(tmp / "repo", tmp / "state", "--timeout", "240")[0]
     _cli("stop", "--state-dir", str(tmp / "state"))
 
 

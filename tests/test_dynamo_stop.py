@@ -15,8 +15,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import re
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,21 +22,17 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_trt.dynamo_serving.launcher import Deployment, free_port
 from eagle3_trt.procs import group_members, pid_alive
 from eagle3_trt.runtime.factory import open_llm
 from eagle3_trt.runtime.llm_api import SamplingParams
+from eagle3_trt.testing.servers import run_cli as _cli
+from eagle3_trt.testing.servers import serve_dynamo
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 LONG = 300  # tokens: far more than the grace period lets 33 streams on 2 CPU workers generate
 SHORT = 24  # tokens: still being generated when the frontend stops, done within the grace period
 N_SHORT = 8
 GRACE_S = 15.0
 TIMEOUT = 60
-
-
-def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def _outcome(finish: str | None, tokens: int | None, error: str | None) -> dict:
@@ -74,23 +68,7 @@ def test_stop_under_load_never_reports_a_cut_off_answer_as_finished(fp8_bundle, 
     import openai
 
     state = tmp_path / "state"
-    r = _cli(
-        "serve-dynamo",
-        str(fp8_bundle),
-        "--workers",
-        "2",
-        "--http-port",
-        str(free_port()),
-        "--state-dir",
-        str(state),
-        "--torch-threads",
-        "1",
-        "--timeout",
-        "240",
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    dep = Deployment.load(state)
-    assert dep is not None
+    dep, _ = serve_dynamo(fp8_bundle, state)
     client = openai.OpenAI(base_url=dep.url, api_key="unused", timeout=TIMEOUT * 2, max_retries=0)
     msgs = {i: [{"role": "user", "content": f"Tell me a long story about the number {i}."}] for i in range(32)}
     max_tokens = {i: SHORT if i < N_SHORT else LONG for i in msgs}

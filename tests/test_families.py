@@ -183,17 +183,12 @@ def test_qwen3_bundle_served_by_triton_matches_the_runtime(qwen_fp8_bundle, tmp_
     from eagle3_trt.clients.llm_client import GenerationParams, LLMClient
     from eagle3_trt.core.engine import SamplingParams
     from eagle3_trt.runtime.loader import engine_from_bundle
-    from eagle3_trt.triton_serving.server import ServerHandle, free_ports
+    from eagle3_trt.testing.servers import serve_triton
 
     repo, state = tmp_path / "repo", tmp_path / "state"
     r = _cli("package", str(qwen_fp8_bundle), "-o", str(repo))
     assert r.returncode == 0, r.stderr
-    http, grpc, metrics = free_ports(3)
-    r = _cli(
-        "serve", str(repo), "--state-dir", str(state), "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--timeout", "240"
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    handle = ServerHandle.load(state)
+    handle, _ = serve_triton(repo, state, "--timeout", "240")
     try:
         text = PromptFormatter(qwen_fp8_bundle)("def parse(line):")
         eng = engine_from_bundle(qwen_fp8_bundle, device="cpu")
@@ -220,28 +215,20 @@ def test_qwen3_bundle_served_by_dynamo_matches_the_runtime(qwen_fp8_bundle, tmp_
     reference runtime called directly on the token ids the frontend sends (the tokenizer's chat template)."""
     import openai  # the [dynamo] extra; the test needs("dynamo", "openai")
 
-    from eagle3_trt.dynamo_serving.launcher import free_port
     from eagle3_trt.runtime.llm_api import SamplingParams
     from eagle3_trt.runtime.reference_llm import ReferenceLLM
+    from eagle3_trt.testing.servers import dynamo_served
 
-    state, port = tmp_path / "dyn", free_port()
-    r = _cli(
-        "serve-dynamo", str(qwen_fp8_bundle), "--workers", "1", "--http-port", str(port), "--state-dir", str(state), "--torch-threads", "1", "--timeout", "240"
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    try:
+    with dynamo_served(qwen_fp8_bundle, tmp_path / "dyn", workers=1) as (dep, _):
         llm = ReferenceLLM(qwen_fp8_bundle, device="cpu", torch_threads=1)
         q = "def parse(line):"
         ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False)
         want = llm.generate_async(list(ids), SamplingParams(max_tokens=16, temperature=0.0)).result(timeout=60).outputs[0].text
         llm.shutdown()
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=60, max_retries=0)
+        client = openai.OpenAI(base_url=dep.url, api_key="unused", timeout=60, max_retries=0)
         res = client.chat.completions.create(
             model="eagle3", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0, extra_body={"nvext": {"extra_fields": ["engine_data"]}}
         )
         assert res.choices[0].message.content == want and want
         st = res.model_extra["nvext"]["engine_data"]["eagle3"]
         assert st["speculative"] and st["draft_tokens"] > 0 and st["completion_tokens"] == res.usage.completion_tokens
-    finally:
-        r = _cli("stop-dynamo", "--state-dir", str(state))
-        assert r.returncode == 0, r.stdout + r.stderr

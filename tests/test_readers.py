@@ -32,6 +32,7 @@ JSON_PARSERS = {
     "pipeline/model_size.py": "a preset's model config.json",
     "train/data.py": "user training data (JSONL)",
     "clients/llm_client.py": "server responses",
+    "triton_serving/deploy.py": "Triton's repository API responses",
     "clients/openai_client.py": "server-sent events",
     "clients/chat.py": "the checkpoint's tokenizer_config.json",
 }

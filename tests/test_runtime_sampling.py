@@ -20,6 +20,8 @@ import pytest
 import torch
 
 from eagle3_trt.core.engine import SamplingParams
+from eagle3_trt.testing.spec_sampling_check import chi2_p as _chi2_pvalue
+from eagle3_trt.testing.spec_sampling_check import exact_joint as _exact_joint
 from eagle3_trt.testing.toy_pair import toy_engine
 
 V, DV, N_SAMPLES, PROMPT = 16, 12, 4000, [1, 2, 3]
@@ -28,45 +30,6 @@ V, DV, N_SAMPLES, PROMPT = 16, 12, 4000, [1, 2, 3]
 @pytest.fixture(scope="module")
 def pair():
     return toy_engine(V, DV, max_draft_len=2, seed=0)
-
-
-def _exact_joint(hf, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """P(t1, t2, t3) [V, V, V] from HF forward passes and HF's warpers."""
-    from transformers.generation.logits_process import (
-        LogitsProcessorList,
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
-
-    warp = LogitsProcessorList(
-        [TemperatureLogitsWarper(temperature)] + ([TopKLogitsWarper(top_k)] if top_k else []) + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
-    )
-    t12 = torch.cartesian_prod(torch.arange(V), torch.arange(V))
-    ids = torch.cat([torch.tensor(PROMPT).expand(V * V, -1), t12], dim=1)
-    with torch.no_grad():
-        logits = hf(input_ids=ids).logits.float()
-
-    def probs(lg, prefix):
-        return torch.softmax(warp(prefix, lg), dim=-1)
-
-    p1 = probs(logits[:1, len(PROMPT) - 1], ids[:1, : len(PROMPT)])[0]
-    first = torch.arange(0, V * V, V)  # rows whose t2 = 0, one per t1
-    p2 = probs(logits[first, len(PROMPT)], ids[first, : len(PROMPT) + 1])  # [t1, t2]
-    p3 = probs(logits[:, len(PROMPT) + 1], ids).view(V, V, V)  # [t1, t2, t3]
-    return p1[:, None, None] * p2[:, :, None] * p3
-
-
-def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    exp = probs.flatten().double() * counts.sum()
-    obs = counts.flatten().double()
-    big = exp >= 5
-    o = torch.cat([obs[big], obs[~big].sum()[None]])
-    e = torch.cat([exp[big], exp[~big].sum()[None]])
-    keep = e > 0
-    stat = float((((o - e) ** 2) / e)[keep].sum())
-    df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
 
 
 def _sample_counts(eng, params: SamplingParams, speculate: bool):

@@ -134,27 +134,13 @@ def test_alpha_modes_and_recommend_write(bundle, tmp_path):
     for mode in ("chain", "sa"):
         assert set(m[mode]["by_category"]) == {"repeat"}
         assert m[mode]["overall"]["tokens_verified_per_forward"] > 1
+    # +0.13 AL over 4 turns clears both margins, but its paired 95% interval reaches 0: noise, not written
     threshold, ev = sa_choice(rep)
-    assert threshold == 4 and ev is not None and ev["written"]
+    assert threshold is None and ev is not None and not ev["written"] and ev["gain_ci95"][0] <= 0 < ev["gain_ci95"][1]
 
     r = _cli("recommend", str(bundle), "--report", str(tmp_path / "rep" / "report.json"), "--write", cwd=ROOT)
     assert r.returncode == 0, r.stderr
     opts = yaml.safe_load((bundle / "llm_api_options.yaml").read_text())
-    assert opts["speculative_config"]["sa_config"] == {"threshold": 4, "enable_global_pool": False}
-    # the 1.2 launch file serves the same bundle without the enhancer, and says so
-    old = (bundle / "launch" / "trtllm-serve-1.2.yaml").read_text()
-    assert "sa_config" not in yaml.safe_load(old)["speculative_config"] and "no suffix-automaton enhancer" in old
+    assert "sa_config" not in opts["speculative_config"]
     man = json.loads((bundle / "manifest.json").read_text())
     assert man["recommendation"]["evidence"]["sa"]["sa_acceptance_length"] == round(m["sa"]["overall"]["acceptance_length"], 4)
-
-
-def test_recommend_write_no_sa_where_it_does_not_win(tmp_path):
-    r = _cli("engine", "--model", "tiny", "-o", str(tmp_path / "b"), cwd=ROOT)
-    assert r.returncode == 0, r.stderr
-    rep = _alpha(tmp_path / "b", "examples/prompts.jsonl", tmp_path / "p")
-    threshold, ev = sa_choice(rep)
-    assert threshold is None and ev is not None and not ev["written"]
-    r = _cli("recommend", str(tmp_path / "b"), "--report", str(tmp_path / "p" / "report.json"), "--write", cwd=ROOT)
-    assert r.returncode == 0, r.stderr
-    opts = yaml.safe_load((tmp_path / "b" / "llm_api_options.yaml").read_text())
-    assert "sa_config" not in opts["speculative_config"]

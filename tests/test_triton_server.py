@@ -20,6 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from eagle3_trt.testing.reference_oracle import direct_generate as _direct
+from eagle3_trt.testing.servers import run_cli, serve_triton
+
 
 def _have_tritonserver() -> bool:
     import importlib.util
@@ -31,29 +34,19 @@ def _have_tritonserver() -> bool:
 pytestmark = [pytest.mark.triton, pytest.mark.needs("tritonserver")]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+_cli = run_cli
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.", "Explain caching."]
-
-
-def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def server(fp8_bundle, tmp_path_factory):
-    from eagle3_trt.triton_serving.server import ServerHandle, free_ports
-
     tmp = tmp_path_factory.mktemp("triton")
     repo, state = tmp / "repo", tmp / "state"
     # The decoupled model (streaming) and its unary twin (HTTP /infer, gRPC ModelInfer): one server start.
     r = _cli("package", str(fp8_bundle), "-o", str(repo), "--with-unary")
     assert r.returncode == 0, r.stderr
-    http, grpc, metrics = free_ports(3)
-    r = _cli(
-        "serve", str(repo), "--state-dir", str(state), "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--timeout", "240"
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert f"http://127.0.0.1:{http}" in r.stdout and f"127.0.0.1:{grpc}" in r.stdout
-    handle = ServerHandle.load(state)
+    handle, out = serve_triton(repo, state, "--timeout", "240")
+    assert f"http://127.0.0.1:{handle.http_port}" in out and f"127.0.0.1:{handle.grpc_port}" in out
     assert handle.shm_prefix.startswith("eagle3_") and list(Path("/dev/shm").glob(handle.shm_prefix + "*"))
     yield handle
     r = _cli("stop", "--state-dir", str(state))
@@ -87,20 +80,6 @@ def _metrics(server):
     from eagle3_trt.clients.prom import read_counters
 
     return read_counters(server.metrics_url, "eagle3")
-
-
-def _direct(engine, text: str, max_tokens: int, speculate: bool):
-    """(text, tokens, finish reason, final stats) of the reference runtime called directly."""
-    from eagle3_trt.core.engine import SamplingParams
-
-    bos = engine.tokenizer.bos_token
-    ids = engine.tokenizer.encode(text, add_special_tokens=not text.startswith(bos))
-    toks, reason, stats = [], None, None
-    for step in engine.stream(ids, SamplingParams(max_tokens=max_tokens), speculate=speculate):
-        toks += step.new_token_ids
-        reason, stats = step.finish_reason, step.stats
-    out = engine.tokenizer.decode(toks, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-    return out, len(toks), reason, stats
 
 
 # ---- generation ----------------------------------------------------------------------------------
@@ -222,14 +201,9 @@ def test_unary_http_infer_grpc_model_infer_and_generate(server, chat):
 
 # ---- bad input: an error naming the field; the server keeps serving --------------------------------
 def _inputs(*items: tuple[str, np.ndarray, str]):
-    import tritonclient.grpc as g
+    from eagle3_trt.clients.llm_client import infer_inputs
 
-    tensors = []
-    for name, arr, dt in items:
-        t = g.InferInput(name, list(arr.shape), dt)
-        t.set_data_from_numpy(arr)
-        tensors.append(t)
-    return tensors
+    return infer_inputs(list(items))
 
 
 def _grpc_raw(server, inputs: list[tuple[str, np.ndarray, str]], request_id: str = "") -> str | None:

@@ -114,9 +114,19 @@ def _int_tensor(name: str, value: int, datatype: str) -> tuple[str, np.ndarray, 
     return name, np.array([value], dtype=np_type), datatype if datatype in _NP_INT else "INT64"
 
 
-def _grpc_inputs(prompt: str, p: GenerationParams, streaming: bool, int_types: dict[str, str] | None = None):
+def infer_inputs(items: list[tuple[str, np.ndarray, str]]) -> list:
+    """tritonclient gRPC ``InferInput``s of (name, array, Triton datatype)."""
     import tritonclient.grpc as g  # local: the optional [triton] extra; an HTTP-only client does not need it
 
+    out = []
+    for name, arr, dt in items:
+        t = g.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        out.append(t)
+    return out
+
+
+def _grpc_inputs(prompt: str, p: GenerationParams, streaming: bool, int_types: dict[str, str] | None = None):
     types = int_types or {}
 
     items: list[tuple[str, np.ndarray, str]] = [
@@ -139,12 +149,7 @@ def _grpc_inputs(prompt: str, p: GenerationParams, streaming: bool, int_types: d
         items.append(("sampling_param_stop", np.array([s.encode() for s in p.stop], dtype=np.object_), "BYTES"))
     if p.speculative is not None:
         items.append(("speculative_decoding", np.array([p.speculative], dtype=np.bool_), "BOOL"))
-    out = []
-    for name, arr, dt in items:
-        t = g.InferInput(name, list(arr.shape), dt)
-        t.set_data_from_numpy(arr)
-        out.append(t)
-    return out
+    return infer_inputs(items)
 
 
 def _http_payload(prompt: str, p: GenerationParams, streaming: bool) -> dict:

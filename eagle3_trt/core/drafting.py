@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from eagle3_trt.core.draft import Eagle3Draft
+from eagle3_trt.core.dynamic_drafting import draft_dynamic_tree
 from eagle3_trt.core.requests import BatchState, Row
 from eagle3_trt.core.sampling import process_logits
 from eagle3_trt.core.target import TargetModel
@@ -25,6 +26,9 @@ class Drafter:
     embed: Callable[[torch.Tensor], torch.Tensor]  # SpeculativeEngine.draft_embedding
     d2t_ids: torch.Tensor  # draft id -> target id
     pad_token_id: int
+    # TensorRT-LLM with allow_advanced_sampling but not use_rejection_sampling drafts greedily at any
+    # temperature (core/spec_sampling.py); verification then matches the target's samples
+    greedy_draft: bool = False
 
     def run(self, rows: list[Row], st: BatchState, tree: DraftTree, k_eff: list[int]) -> tuple[torch.Tensor, list[list[torch.Tensor | None]]]:
         """Commit pending draft inputs (step 1 at every newly accepted position), then draft the tree.
@@ -39,6 +43,16 @@ class Drafter:
         # roll the draft cache back to the committed (target-hidden) entries
         st.d_kv = (st.d_kv[0][:, :, :committed], st.d_kv[1][:, :, :committed])
         return node_tok, q_full
+
+    def run_dynamic(self, rows: list[Row], st: BatchState, topk: int, depth: int, total: int) -> tuple[torch.Tensor, list[DraftTree]]:
+        """Commit pending draft inputs, then build each row's dynamic tree (core/dynamic_drafting.py):
+        (node target ids [B, total] on CPU, the rows' trees)."""
+        root_h, root_logits = self._commit_pending(rows, st)
+        assert st.d_kv is not None and st.d_valid is not None  # set by _commit_pending
+        committed = st.d_valid.shape[1]
+        out = draft_dynamic_tree(self.draft, self.embed, self.d2t_ids, rows, st, topk, depth, total, root_h, root_logits)
+        st.d_kv = (st.d_kv[0][:, :, :committed], st.d_kv[1][:, :, :committed])
+        return out
 
     def _commit_pending(self, rows: list[Row], st: BatchState) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft pass over every row's pending inputs, appended to the draft cache; returns the
@@ -124,7 +138,7 @@ class Drafter:
         for parent in sorted({tree.parent[i] for i in range(T) if tree.depth[i] == depth}):
             kids = tree.children(parent)
             lg = out_logits[parent]
-            if prm.greedy:
+            if prm.greedy or self.greedy_draft:
                 top = torch.topk(lg, tree.max_rank_after(parent), dim=-1).indices
                 for c in kids:
                     node_tok[:, c] = self.d2t_ids[top[:, tree.rank[c]]].cpu()

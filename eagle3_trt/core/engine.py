@@ -33,8 +33,10 @@ import torch
 
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.drafting import Drafter
+from eagle3_trt.core.dynamic_tree import DynamicTreeConfig, check_target
 from eagle3_trt.core.requests import BatchState, RequestResult, Row, StepOutput, emit, new_rows
 from eagle3_trt.core.sampling import SamplingParams, process_logits, sample_token
+from eagle3_trt.core.spec_sampling import REJECTION_SAMPLING, SpecSamplingConfig
 from eagle3_trt.core.stats import RequestStats
 from eagle3_trt.core.suffix_automaton import SAConfig, SuffixAutomaton, overrides, propose
 from eagle3_trt.core.target import TargetModel
@@ -70,6 +72,12 @@ class SpeculativeEngine:
         self.device = target.device
         # TensorRT-LLM's Eagle3DecodingConfig.sa_config (None: off); set per run, e.g. by `alpha --modes sa`
         self.sa: SAConfig | None = None
+        # TensorRT-LLM's use_dynamic_tree (dynamic_tree_max_topK, max_total_draft_tokens; None: off); core/dynamic_tree.py
+        self.dynamic_tree: DynamicTreeConfig | None = None
+        # TensorRT-LLM's speculative sampling flags (core/spec_sampling.py): how temperature > 0
+        # requests are served while speculating. Default: both flags on (exact rejection sampling);
+        # a bundle's options set TensorRT-LLM's own defaults when they name none (runtime/loader.py)
+        self.sampling: SpecSamplingConfig = REJECTION_SAMPLING
         if draft is not None:
             n_aux = draft.fc.in_features // target.hidden_size
             if len(target.aux_layer_ids) != n_aux:
@@ -137,6 +145,8 @@ class SpeculativeEngine:
     def _decode(
         self, prompts: list[list[int]], params: SamplingParams, speculate: bool, tree_spec: Any, aux_sink: dict[int, list[torch.Tensor]] | None = None
     ) -> Iterator[tuple[list[Row], list[list[int]]]]:
+        if speculate and self.draft is not None:
+            params = self.sampling.served_params(params)  # e.g. greedy when allow_advanced_sampling is off
         tree = self._tree_for(speculate, tree_spec, params)
         if not prompts:
             return
@@ -157,6 +167,8 @@ class SpeculativeEngine:
                 # TensorRT-LLM's enhancer overrides a [batch, K] linear draft only (sa_enhancer.py)
                 raise UserError("sa_config", "the suffix-automaton enhancer works on a chain draft", "drop the tree (tree=None) or sa_config")
             st.sa = [SuffixAutomaton(r.prompt) for r in rows]
+        if self.dynamic_tree is not None and tree is not None:
+            st.dynamic = self._dynamic_setup(tree_spec, params)
         yield rows, self._prefill(rows, st, keep_draft_inputs=tree is not None)
         while not all(r.finished for r in rows):
             yield rows, self._step(rows, st, tree)
@@ -200,25 +212,36 @@ class SpeculativeEngine:
         drafted = tree if T else None  # the tree of this step's draft tokens, None when none are drafted
         node_tok = torch.zeros(B, T, dtype=torch.long)
         q_full: list[list[torch.Tensor | None]] = [[None] * T for _ in range(B)]
-        if drafted is not None:
+        row_trees: list[DraftTree | None] = [drafted] * B  # a static tree is every row's; a dynamic tree is per row
+        if drafted is not None and st.dynamic is not None:
+            node_tok, dyn_trees = self._drafter().run_dynamic(rows, st, st.dynamic[0], drafted.max_depth, st.dynamic[1])
+            row_trees = list(dyn_trees)
+            T = node_tok.shape[1]
+            q_full = [[None] * T for _ in range(B)]
+        elif drafted is not None:
             node_tok, q_full = self._draft(rows, st, drafted, k_eff)
             if st.sa is not None:
                 self._sa_override(rows, st.sa, node_tok, q_full, k_eff)
 
-        # Verification: one target forward over [root, tree nodes].
+        # Verification: one target forward over [root, tree nodes] (each row's own tree: per-row ancestor masks).
         root_pos = torch.tensor([len(r.tokens) - 1 for r in rows])
         ids = torch.cat([torch.tensor([[r.root if not r.finished else self.pad_token_id] for r in rows]), node_tok], dim=1)
-        depth = torch.tensor([0] + (list(drafted.depth) if drafted is not None else []))
-        pos = root_pos[:, None] + depth[None]
+        depth = torch.zeros(B, 1 + T, dtype=torch.long)
+        anc = torch.eye(1 + T, dtype=torch.bool).repeat(B, 1, 1)
+        anc[:, :, 0] = True
+        shared: dict[int, torch.Tensor] = {}  # a static tree's mask, computed once
+        for b, t in enumerate(row_trees):
+            if t is not None:
+                if id(t) not in shared:
+                    shared[id(t)] = t.ancestors()
+                depth[b, 1:] = torch.tensor(t.depth)
+                anc[b, 1:, 1:] = shared[id(t)]
+        pos = root_pos[:, None] + depth
         enabled = torch.zeros(B, 1 + T, dtype=torch.bool)
         for b in range(B):
             if active[b]:
-                enabled[b] = depth <= k_eff[b]
-        anc = torch.eye(1 + T, dtype=torch.bool)
-        anc[:, 0] = True
-        if drafted is not None:
-            anc[1:, 1:] = drafted.ancestors()
-        new_allowed = (anc[None] & enabled[:, None, :] & enabled[:, :, None]) | torch.eye(1 + T, dtype=torch.bool)[None]
+                enabled[b] = depth[b] <= k_eff[b]
+        new_allowed = (anc & enabled[:, None, :] & enabled[:, :, None]) | torch.eye(1 + T, dtype=torch.bool)[None]
         assert st.t_valid is not None  # set by _prefill
         past = st.t_valid.cpu()[:, None, :].expand(B, 1 + T, -1) & enabled[:, :, None]
         logits, aux = self.target.forward(ids, pos, torch.cat([past, new_allowed], dim=-1), st.cache)
@@ -233,7 +256,8 @@ class SpeculativeEngine:
             r.stats.target_forwards += 1
             if st.aux_sink is not None:
                 st.aux_sink[b].append(aux[b, :1])
-            path, bonus, reached = accept(r, logits[b], node_tok[b].tolist(), q_full[b], drafted, k_eff[b], greedy[b] if greedy is not None else None)
+            g = greedy[b] if greedy is not None else None
+            path, bonus, reached = accept(r, logits[b], node_tok[b].tolist(), q_full[b], row_trees[b], k_eff[b], g, match=self.sampling.served == "match")
             accepted = len(path)
             new_valid[b, 0] = True
             for n in path:
@@ -241,6 +265,7 @@ class SpeculativeEngine:
             toks = [int(node_tok[b, n]) for n in path] + ([bonus] if bonus is not None else [])
             if tree is not None and k_eff[b] > 0:
                 r.stats.record_iteration(k_eff[b], reached, accepted)
+                r.stats.verified_tokens += int(enabled[b, 1:].sum())
             cols = [0] + [1 + n for n in path]
             if tree is not None:
                 # append: inputs not yet committed (no draft pass ran this step) must be kept
@@ -286,6 +311,37 @@ class SpeculativeEngine:
 
     _draft_embed = draft_embedding
 
+    def _drafter(self) -> Drafter:
+        """The dynamic tree's drafter (greedy: ``_dynamic_setup`` refuses sampling)."""
+        assert self.draft is not None  # _tree_for drafts only with a draft
+        return Drafter(self.draft, self.target, self._draft_embed, self._d2t_ids, self.pad_token_id)
+
+    def _dynamic_setup(self, tree_spec: Any, params: SamplingParams) -> tuple[int, int] | None:
+        """(dynamic_tree_max_topK, max_total_draft_tokens) for this run, or the one-line reason
+        TensorRT-LLM refuses the combination (core/dynamic_tree.py); None: sampled requests, which
+        this reference runtime drafts as the chain (it walks the tree greedily only; TensorRT-LLM
+        samples the tree with target-only rejection sampling), so a served bundle still answers them."""
+        cfg = self.dynamic_tree
+        assert cfg is not None and self.draft is not None
+        if tree_spec is not None:
+            raise UserError(
+                "use_dynamic_tree", "a static tree (eagle_choices) and the dynamic tree are mutually exclusive", "drop the tree or the dynamic tree"
+            )
+        if self.sa is not None:
+            # eagle3_dynamic_tree.py @057c8a65: "Dynamic tree mode does not support relaxed acceptance or suffix-automaton enhancement."
+            raise UserError(
+                "sa_config",
+                "TensorRT-LLM's dynamic tree does not support the suffix-automaton enhancer",
+                "use sa_config with the chain, or the dynamic tree alone",
+            )
+        check_target(self.target.hf.config)
+        if not params.greedy:
+            return None
+        if cfg.topk > self.draft.config.draft_vocab_size:
+            raise UserError("dynamic_tree_max_topK", f"{cfg.topk} exceeds the draft vocabulary ({self.draft.config.draft_vocab_size})", "use a smaller top-K")
+        return cfg.topk, cfg.total(self.max_draft_len)
+
     def _draft(self, rows: list[Row], st: BatchState, tree: DraftTree, k_eff: list[int]) -> tuple[torch.Tensor, list[list[torch.Tensor | None]]]:
         assert self.draft is not None  # _tree_for drafts only with a draft
-        return Drafter(self.draft, self.target, self._draft_embed, self._d2t_ids, self.pad_token_id).run(rows, st, tree, k_eff)
+        greedy_draft = self.sampling.served == "match"
+        return Drafter(self.draft, self.target, self._draft_embed, self._d2t_ids, self.pad_token_id, greedy_draft=greedy_draft).run(rows, st, tree, k_eff)

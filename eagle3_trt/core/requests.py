@@ -113,6 +113,8 @@ class BatchState:
         self.d_valid: torch.Tensor | None = None
         self.aux_sink: dict[int, list[torch.Tensor]] | None = None
         self.sa: list[SuffixAutomaton] | None = None  # per row, when the SA enhancer is on (core/suffix_automaton.py)
+        # (dynamic_tree_max_topK, max_total_draft_tokens) when TensorRT-LLM's dynamic tree drafts (core/dynamic_tree.py)
+        self.dynamic: tuple[int, int] | None = None
 
     def append_target(self, new_valid: torch.Tensor) -> None:
         assert self.t_valid is not None  # set by _prefill

@@ -48,6 +48,8 @@ class RequestStats:
     reached_per_position: list[int] = field(default_factory=list)
     # accept_hist[a] = iterations (after the prefill) that accepted a draft tokens
     accept_hist: list[int] = field(default_factory=list)
+    # draft tokens the target verified (tree nodes within the draft length; a chain: = draft_tokens)
+    verified_tokens: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -107,6 +109,7 @@ class AggregateStats:
     accept_hist: list[int] = field(default_factory=list)
     request_al: list[float] = field(default_factory=list)
     wall_time_s: float = 0.0
+    verified_tokens: int = 0
 
     def add(self, s: RequestStats) -> None:
         self.requests += 1
@@ -114,6 +117,7 @@ class AggregateStats:
         self.accepted_tokens += s.accepted_tokens
         self.target_forwards += s.target_forwards
         self.generated_tokens += s.generated_tokens
+        self.verified_tokens += s.verified_tokens
         for mine, theirs in (
             (self.drafted_per_position, s.drafted_per_position),
             (self.reached_per_position, s.reached_per_position),

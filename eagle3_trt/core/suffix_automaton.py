@@ -12,8 +12,16 @@ Ground truth (read through the search index, NVIDIA/TensorRT-LLM):
   tokens; the lookup finds the longest suffix of the text that also occurs earlier, and the draft is
   the (up to K) tokens that followed that earlier occurrence (``get_draft_tokens(pos, K)``, positions
   it cannot fill stay 0). The Python fallback there takes the oldest occurrence within a 1024-token
-  window; the CUDA kernel's choice is not readable in the index. Here: the oldest occurrence over the
-  whole text (the automaton's ``firstpos``), no window.
+  window.
+- The native kernel (what TensorRT-LLM runs; the module above requires it):
+  ``cpp/tensorrt_llm/kernels/speculativeDecoding/suffixAutomaton/suffixAutomaton.h`` @ 1503aa80
+  ``lookup()`` walks the suffix links up from the whole text's state to the first state whose ``pos``
+  is not the last index; ``pos`` is set when a state is created and copied to its clones, so it is
+  the end of the state's first occurrence: the oldest occurrence over the whole text, no window, as
+  here (``firstpos``). ``getDraftTokens`` copies min(K, tokens after it); in a loop of period p < K
+  only p tokens exist after the oldest match, so the SA proposes p real tokens. The slots it does not
+  fill keep what the [batch, K] buffer held before (``suffixAutomatonKernels.cu`` @ 1503aa80); here
+  they hold the pad id.
 - ``tensorrt_llm/llmapi/llm_args.py`` (``SAEnhancerConfig``): ``threshold`` PositiveInt, default 4;
   ``enable_global_pool``: "each request searches all active SA states for the longest match, not
   just its own" (``SADecodingConfig`` adds: suffix matching capped at 64 tokens per request).

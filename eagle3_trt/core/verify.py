@@ -18,17 +18,41 @@ def accept(
     tree: DraftTree | None,
     k_eff: int,
     greedy: list[int] | None = None,
+    match: bool = False,
 ) -> tuple[list[int], int | None, int]:
     """(accepted node path, bonus token or None when the path ends in a stop token, positions offered).
 
     ``greedy``: the argmax of every row of ``logits`` (greedy decoding), computed once per step.
+    ``match``: sampling verified by matching the target's own samples (TensorRT-LLM's
+    allow_advanced_sampling without use_rejection_sampling, see core/spec_sampling.py), not by
+    rejection sampling.
     """
     if tree is None or k_eff == 0:
         return [], (greedy[0] if greedy is not None else sample_token(logits[0], r.params, r.gen)), 0
     if r.params.greedy:
         assert greedy is not None  # computed by _step for greedy batches
         return _accept_greedy(r, node_tok, tree, k_eff, greedy)
+    if match:
+        return _accept_match(r, logits, node_tok, k_eff)
     return _accept_sampled(r, logits, node_tok, q_full, k_eff)
+
+
+def _accept_match(r: Row, logits: torch.Tensor, node_tok: list[int], k_eff: int) -> tuple[list[int], int | None, int]:
+    """Sampling on a chain as TensorRT-LLM's ``_sample_and_accept_draft_tokens_base`` does it: the
+    target samples one token per position (temperature / top-k / top-p) and a draft token is
+    accepted while it equals that sample; the first differing sample (or the one after the last
+    draft token) is emitted. Every emitted token is a target sample given the emitted prefix."""
+    path: list[int] = []
+    prm = r.params
+    for d in range(k_eff + 1):
+        p = process_logits(logits[d], prm.temperature, prm.top_k, prm.top_p)  # row d predicts chain node d
+        y = int(torch.multinomial(p, 1, generator=r.gen))
+        if d == k_eff or node_tok[d] != y:
+            return path, y, min(d + 1, k_eff)
+        path.append(d)
+        if y in r.stop_ids:
+            return path, None, len(path)
+    raise AssertionError("unreachable: the loop returns at d == k_eff")
 
 
 def _accept_greedy(r: Row, node_tok: list[int], tree: DraftTree, k_eff: int, greedy: list[int]) -> tuple[list[int], int | None, int]:

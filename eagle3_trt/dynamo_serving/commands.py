@@ -9,6 +9,7 @@ from typing import get_args
 import click
 
 from eagle3_trt.dynamo_serving.launcher import DEFAULT_HTTP_PORT, DEFAULT_STATE_DIR, STOP_GRACE_S, STOP_TIMEOUT_S, start, status, stop_recorded
+from eagle3_trt.runtime.capture_cli import capture_options, capture_summary, from_options
 from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME, DeviceName
 
 _STATE = click.option(
@@ -31,6 +32,7 @@ _STATE = click.option(
 @click.option("--migration-limit", default=3, show_default=True, help="times the frontend moves a request off a failed worker")
 @click.option("--timeout", "timeout_s", default=300.0, show_default=True, help="seconds to wait for every worker to register")
 @_STATE
+@capture_options
 def serve_dynamo_cmd(
     bundle: Path,
     workers: int,
@@ -42,10 +44,14 @@ def serve_dynamo_cmd(
     migration_limit: int,
     timeout_s: float,
     state_dir: Path,
+    capture_dir: Path | None,
+    capture_max_mb: float | None,
+    capture_redact: tuple[str, ...],
 ) -> None:
     """Start NVIDIA Dynamo's OpenAI frontend and N reference-runtime workers for BUNDLE on 127.0.0.1.
 
     File discovery and the TCP request plane: no etcd, no NATS. Prints the OpenAI URL."""
+    capture = from_options(capture_dir, capture_max_mb, capture_redact)  # refused before anything starts
     t0 = time.monotonic()
     click.echo(f"starting Dynamo: frontend + {workers} worker(s) for {bundle} (logs: {state_dir})", err=True)
     dep = start(
@@ -59,11 +65,14 @@ def serve_dynamo_cmd(
         speculation=not no_speculation,
         migration_limit=migration_limit,
         timeout_s=timeout_s,
+        capture=capture,
     )
     click.echo(f"ready in {time.monotonic() - t0:.1f} s: model '{dep.model}' on {len(dep.workers)} worker(s)")
     click.echo(f"  OpenAI  {dep.url}   (POST {dep.url}/chat/completions, {dep.url}/completions)")
     for w in dep.workers:
         click.echo(f"  {w.role}  pid {w.pid}, metrics http://127.0.0.1:{w.port}/metrics")
+    if capture is not None:
+        click.echo(f"  capture {capture_summary(capture)}")
     suffix = "" if state_dir == DEFAULT_STATE_DIR else f" --state-dir {state_dir}"
     click.echo(f"status: eagle3-trt status-dynamo{suffix}    stop: eagle3-trt stop-dynamo{suffix} (or make stop)")
 

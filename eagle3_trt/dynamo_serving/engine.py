@@ -30,6 +30,11 @@ min_tokens, ignore_eos, logprobs, echo, a prompt plus max_tokens over the bundle
 
 A request the runtime ends before its natural end (worker shutdown, abort) ends with an exception,
 never with a finish_reason: see ``_cut_off`` and ``launcher.stop``.
+
+Traffic capture (``serve-dynamo --capture DIR``: the launcher puts the settings in the worker's
+environment): each request that ended naturally is handed to ``runtime.capture.Capturer`` with the
+token ids the frontend sent, the runtime's output, the sampling options and the ``engine_data``
+figures; the annotation ``eagle3_category=NAME`` rides along as the record's category.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import argparse
 import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
 from typing import Any, get_args
@@ -50,8 +56,10 @@ from dynamo.common.backend.run import run
 from dynamo.llm.exceptions import Cancelled, EngineShutdown, InvalidArgument
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from eagle3_trt.dynamo_serving.drain import own_deadline
 from eagle3_trt.dynamo_serving.launcher import INFLIGHT_METRIC, NAMESPACE
 from eagle3_trt.pipeline.bundle import open_bundle
+from eagle3_trt.runtime.capture import Capturer, CaptureSource, config_from_env, load_tokenizer
 from eagle3_trt.runtime.factory import open_llm
 from eagle3_trt.runtime.llm_api import ENGINE_DATA_KEY, SERVED_MODEL_NAME, DeviceName, SamplingParams, ServingLlm, spec_stats
 
@@ -63,6 +71,8 @@ METRIC_PREFIX = "eagle3_"
 # Sampling options the reference runtime implements; everything else must be absent or neutral.
 # The per-request speculation switch carried in ``annotations`` (see the module docstring).
 SPECULATION_ANNOTATION = "eagle3_speculative"
+# The request's category for traffic capture (``serve-dynamo --capture``): ``eagle3_category=NAME``.
+CATEGORY_ANNOTATION = "eagle3_category"
 
 # The runtime's finish reasons of an answer that ended by itself (EOS / stop string, max_tokens);
 # anything else ("cancelled", "timeout", ...) is an answer cut off and ends as an error.
@@ -124,7 +134,9 @@ class Eagle3ReferenceEngine(LLMEngine):
         self.max_seq_len = 0
         self.metrics = SpecMetrics()
         self._inflight: dict[str, Any] = {}
+        self.card_dir: Path | None = None  # from_args: --card-dir (rolling.py)
         self._closing = False
+        self.capture: Capturer | None = None
 
     @classmethod
     async def from_args(cls, argv: list[str] | None = None) -> tuple[Eagle3ReferenceEngine, WorkerConfig]:
@@ -139,16 +151,21 @@ class Eagle3ReferenceEngine(LLMEngine):
         p.add_argument("--device", choices=get_args(DeviceName), default="auto")
         p.add_argument("--torch-threads", type=int, default=None)
         p.add_argument("--no-speculation", action="store_true", help="serve the target alone (A/B baseline)")
+        # `deploy-dynamo` (rolling.py): a replacement worker registers the model card of the workers it
+        # replaces (the same target checkpoint): the frontend keeps one model and routes to both.
+        p.add_argument("--card-dir", type=Path, default=None, help="the model card's directory (default: BUNDLE/target)")
         a = p.parse_args(argv)
         bundle = a.bundle.resolve()
+        card = (a.card_dir or bundle / "target").resolve()
         engine = cls(bundle, served_model_name=a.served_model_name, device=a.device, torch_threads=a.torch_threads, speculation=not a.no_speculation)
+        engine.card_dir = card
         wc = WorkerConfig(
             namespace=a.namespace,
             component=a.component,
             endpoint=a.endpoint,
             # The model card (tokenizer, chat template, generation config) is read from the
             # bundle's target directory; clients address the model by served_model_name.
-            model_name=str(bundle / "target"),
+            model_name=str(card),
             served_model_name=a.served_model_name,
             endpoint_types="chat,completions",
             discovery_backend=a.discovery_backend,
@@ -163,12 +180,26 @@ class Eagle3ReferenceEngine(LLMEngine):
         b = open_bundle(self.bundle)
         self.max_seq_len = b.max_seq_len
         self.llm = await asyncio.to_thread(open_llm, b, "reference", device=self.device, torch_threads=self.torch_threads, speculation=self.speculation)
+        self.capture = self._capturer(b)
         log.info("eagle3 reference runtime ready: %s (max_seq_len %d, speculation %s)", self.bundle, self.max_seq_len, self.speculation)
         return EngineConfig(
-            model=str(self.bundle / "target"),
+            model=str(self.card_dir or self.bundle / "target"),
             served_model_name=self.served_model_name,
             llm=LlmRegistration(context_length=self.max_seq_len, enable_eagle=self.speculation),
         )
+
+    def _capturer(self, b: Any) -> Capturer | None:
+        """`serve-dynamo --capture`: the capture settings the launcher put in this worker's environment."""
+        try:
+            cfg = config_from_env()
+            if cfg is None:
+                return None
+            tok_dir = b.tokenizer_dir
+            source = CaptureSource(b.manifest.fingerprint, self.served_model_name, "dynamo")
+            return Capturer(cfg, source, tokenizer=lambda: load_tokenizer(tok_dir), warn=log.warning)
+        except Exception as e:  # capture must not keep the worker from serving
+            log.warning("capture off: %s: %s", type(e).__name__, e)
+            return None
 
     async def register_prometheus(self, metrics: Any) -> None:
         register_engine_registry(metrics, self.metrics.registry, prefix_filters=[METRIC_PREFIX])
@@ -187,6 +218,15 @@ class Eagle3ReferenceEngine(LLMEngine):
                 raise InvalidArgument(f"annotation {a!r}: expected {SPECULATION_ANNOTATION}=true or {SPECULATION_ANNOTATION}=false")
             speculative = value.lower() == "true"
         return speculative
+
+    @staticmethod
+    def request_category(request: Mapping[str, Any]) -> str | None:
+        """The ``eagle3_category=NAME`` annotation (recorded with captured traffic), if any."""
+        for a in request.get("annotations") or []:
+            name, sep, value = str(a).partition("=")
+            if name == CATEGORY_ANNOTATION and sep and value:
+                return value
+        return None
 
     def sampling_params(self, request: Mapping[str, Any]) -> SamplingParams:
         """Dynamo's PreprocessedRequest (sampling_options, stop_conditions) -> SamplingParams."""
@@ -262,8 +302,11 @@ class Eagle3ReferenceEngine(LLMEngine):
                 reason = c.finish_reason or "stop"
                 if reason not in NATURAL_FINISH:
                     raise self._cut_off(reason, sent, sp.max_tokens)
-                stats = spec_stats(c.request_perf_metrics, sent, self.speculation and sp.eagle3_speculative).as_dict()
+                spec = spec_stats(c.request_perf_metrics, sent, self.speculation and sp.eagle3_speculative)
+                stats = spec.as_dict()
                 self.metrics.record(reason, sent, stats)
+                if self.capture is not None:
+                    self._capture(rid, ids, c, reason, sp, spec, request)
                 yield {
                     "token_ids": new,
                     "index": 0,
@@ -276,6 +319,29 @@ class Eagle3ReferenceEngine(LLMEngine):
                 out.abort()
             self._inflight.pop(rid, None)
             self.metrics.inflight.set(len(self._inflight))
+
+    def _capture(self, rid: str, ids: list[int], c: Any, reason: str, sp: SamplingParams, spec: Any, request: Mapping[str, Any]) -> None:
+        """Hand the finished request to the capturer (a queue put; decoding and writing happen on its thread)."""
+        assert self.capture is not None
+        try:
+            self.capture.record(
+                request_id=rid,
+                prompt_ids=ids,
+                output_ids=list(c.token_ids),
+                output_text=c.text,
+                finish_reason=reason,
+                sampling={
+                    "temperature": sp.temperature or 0.0,
+                    "top_p": 1.0 if sp.top_p is None else sp.top_p,
+                    "top_k": sp.top_k or 0,
+                    "max_tokens": sp.max_tokens,
+                    "seed": sp.seed,
+                },
+                stats=spec,
+                category=self.request_category(request),
+            )
+        except Exception as e:
+            log.warning("capture: request %s not recorded: %s: %s", rid, type(e).__name__, e)
 
     async def abort(self, context: Context) -> None:
         out = self._inflight.get(context.id())
@@ -299,11 +365,18 @@ class Eagle3ReferenceEngine(LLMEngine):
         return Cancelled(f"the request was {what}")
 
     async def cleanup(self) -> None:
+        # Replaced by `eagle3-trt deploy --dynamo` (drain.py): out of discovery already, so let the
+        # requests in flight finish, until the marker's deadline.
+        deadline = own_deadline()
+        while deadline is not None and self._inflight and time.time() < deadline:
+            await asyncio.sleep(0.05)
         # Set before shutdown() cancels what is still running, so those requests say why.
         self._closing = True
         if self.llm is not None:
             llm, self.llm = self.llm, None
             await asyncio.to_thread(llm.shutdown)
+        if self.capture is not None:
+            await asyncio.to_thread(self.capture.close)
 
 
 def main(argv: list[str] | None = None) -> None:

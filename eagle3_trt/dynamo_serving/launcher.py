@@ -32,6 +32,7 @@ from pathlib import Path
 from eagle3_trt.atomic import make_dirs, write_json
 from eagle3_trt.errors import UserError
 from eagle3_trt.procs import HOST, describe, group_members, pid_alive, port_is_free
+from eagle3_trt.runtime.capture import CaptureConfig, capture_env
 from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME
 
 DEFAULT_STATE_DIR = Path(".serve-dynamo")
@@ -189,9 +190,13 @@ def start(
     speculation: bool = True,
     migration_limit: int = 3,
     timeout_s: float = 300.0,
+    capture: CaptureConfig | None = None,
 ) -> Deployment:
     """Start the frontend and ``workers`` workers; return once every worker is registered and the
-    model is listed. Any failure stops what was started and raises a one-line UserError."""
+    model is listed. Any failure stops what was started and raises a one-line UserError.
+
+    ``capture``: the workers record finished requests (runtime/capture.py); None: nothing is
+    captured, even when this process's environment carries capture settings."""
     bundle = Path(bundle).resolve()
     state_dir = Path(state_dir).resolve()
     _check_can_start(bundle, workers, state_dir, http_port)
@@ -200,7 +205,7 @@ def start(
     discovery = state_dir / DISCOVERY_DIR
     shutil.rmtree(discovery, ignore_errors=True)  # a stale store would advertise dead workers
     make_dirs(discovery)
-    env = dynamo_env(discovery)
+    env = capture_env(None, dynamo_env(discovery))
     threads = torch_threads or max(1, (os.cpu_count() or 1) // workers)
 
     fe_log = state_dir / "frontend.log"
@@ -215,7 +220,7 @@ def start(
             # No Dynamo grace period on SIGTERM (default 5 s of serving after leaving discovery):
             # `stop` drains at the frontend for its own grace period first, and SIGTERMs the
             # workers only to end what is left (see stop()).
-            wenv = {**env, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_PORT": str(port), "DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0"}
+            wenv = capture_env(capture, {**env, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_PORT": str(port), "DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0"})
             argv = _worker_argv(bundle, model_name, device, threads, speculation)
             dep.workers.append(Proc(f"worker-{i}", _spawn(argv, wenv, log), port, str(log)))
         dep.save()

@@ -144,11 +144,14 @@ class SegmentWriter:
     """Appends records to rotating segments; ``flush`` rewrites the open segment atomically.
 
     Not thread-safe: one writer thread owns it. ``max_bytes`` caps the bytes of all segments this
-    writer wrote; ``write`` returns False (and writes nothing) once a record would pass it."""
+    writer wrote; ``write`` returns False (and writes nothing) once a record would pass it.
+    ``segment_bytes``: also move on once the open segment holds that many bytes (each flush rewrites
+    the open segment whole, so this bounds a flush's work when records are large)."""
 
-    def __init__(self, d: Path, *, segment_records: int = 256, max_bytes: int | None = None) -> None:
+    def __init__(self, d: Path, *, segment_records: int = 256, max_bytes: int | None = None, segment_bytes: int | None = None) -> None:
         self.dir = make_dirs(Path(d))
         self.segment_records = int(segment_records)
+        self.segment_bytes = segment_bytes
         self.max_bytes = max_bytes
         self._start_ms = int(time.time() * 1000)
         self._n = 0
@@ -169,7 +172,7 @@ class SegmentWriter:
         self._lines.append(line)
         self._open_bytes += size
         self._dirty = True
-        if len(self._lines) >= self.segment_records:
+        if len(self._lines) >= self.segment_records or (self.segment_bytes is not None and self._open_bytes >= self.segment_bytes):
             self.flush()
             self._closed_bytes += self._open_bytes
             self._open_bytes, self._lines, self._n = 0, [], self._n + 1

@@ -175,6 +175,9 @@ def llm_options(req: EngineRequest, kv: str, k: int, aux: tuple[int, ...], aux_d
             max_draft_len=k,
             speculative_model="draft",
             eagle3_layers_to_capture=None if aux_default else list(aux),
+            # without it TensorRT-LLM's one-model EAGLE-3 serves temperature > 0 greedily (core/spec_sampling.py);
+            # with it the target samples each position and the output follows the target's distribution
+            allow_advanced_sampling=True,
         ),
     )
 

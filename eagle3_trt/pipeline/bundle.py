@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from eagle3_trt.core.dynamic_tree_rules import check_target
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import read_json, sha256_file
 from eagle3_trt.formats.families import default_aux_layers_of
@@ -242,7 +243,11 @@ def open_bundle(path: Path) -> Bundle:
     path = Path(path)
     if not path.is_dir():
         raise UserError(path, "bundle directory not found", "build one with `eagle3-trt engine`")
-    return Bundle(path, read_manifest(path), read_options(path))
+    b = Bundle(path, read_manifest(path), read_options(path))
+    if b.options.speculative_config.use_dynamic_tree:
+        # TensorRT-LLM runs no dynamic tree on sliding-window or MLA targets (core/dynamic_tree.py)
+        check_target(b.target_config, where=f"{path / OPTIONS_FILE}:speculative_config.use_dynamic_tree")
+    return b
 
 
 def verify(bundle: Bundle | Path, *, content: bool = True, unrecorded: bool = True) -> list[str]:

@@ -141,6 +141,10 @@ class Recommendation(_Strict):
     draft_len_schedule: dict[int, int] | None = None
     acceptance_rate_window_size: int | None = None
     acceptance_rate_threshold: float | None = None
+    # the dynamic tree (core/dynamic_tree.py), written only where it beat the chain (runtime/dynamic_tree_choice.py)
+    use_dynamic_tree: bool | None = None
+    dynamic_tree_max_topK: int | None = None
+    max_total_draft_tokens: int | None = None
 
 
 class CompileRecord(_Strict):
@@ -156,6 +160,19 @@ class CompileRecord(_Strict):
     smoke: dict[str, Any] | None = None
     acceptance: dict[str, Any] | None = None
     error: str | None = None
+
+
+class Lineage(_Strict):
+    """Where a bundle retrained on captured traffic came from (``train-draft --traffic --from``, issue 23).
+
+    Absent on a bundle built from checkpoints; older manifests without it stay readable."""
+
+    parent_fingerprint: str = Field(description="the --from bundle's manifest fingerprint (its head was the starting point)")
+    traffic_digest: str = Field(description="formats/traffic.traffic_digest of the records trained on (the training side of the split)")
+    traffic_dir: str = Field(description="the capture directory read, as given")
+    training: dict[str, Any] = Field(default_factory=dict, description="the training settings (steps, lr, regeneration, record counts)")
+    heldout_seed: int = Field(description="formats/traffic_split.split_traffic seed: the gate rebuilds the held-back side with it")
+    heldout_fraction: float = Field(ge=0.0, lt=1.0)
 
 
 class Manifest(_Strict):
@@ -176,6 +193,7 @@ class Manifest(_Strict):
     acceptance: Acceptance | None = None
     recommendation: Recommendation | None = None
     compile: CompileRecord | None = None
+    lineage: Lineage | None = None
     inputs_fingerprint: str = Field(description="sha256 of the inputs and the build request: the builder's cache key")
     outputs: dict[str, FileDigest] = Field(default_factory=dict, description="every file of the bundle but manifest.json")
     fingerprint: str = Field("", description="sha256 of inputs_fingerprint and outputs: changes whenever a file does")

@@ -82,14 +82,20 @@ def plan_cmd(
     help="check the bundle against this GPU (CPU-only CI); on a GPU machine it must match the GPU present",
 )
 @click.option("--check-only", is_flag=True, help="run the checks that need neither TensorRT-LLM nor a GPU, then stop")
+@click.option(
+    "--trtllm-version",
+    "for_release",
+    metavar="VERSION",
+    help="with --check-only: check the options as this TensorRT-LLM release loads them (e.g. 1.2.1; keys it lacks are left out with a note, or refused)",
+)
 @click.option("--prompts", type=int, default=16, show_default=True, help="prompts for the acceptance measurement")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="tokens generated per prompt")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
-def compile_cmd(bundle: Path, target_gpu: str | None, check_only: bool, prompts: int, max_tokens: int, as_json: bool) -> None:
+def compile_cmd(bundle: Path, target_gpu: str | None, check_only: bool, for_release: str | None, prompts: int, max_tokens: int, as_json: bool) -> None:
     """Load BUNDLE in TensorRT-LLM (EAGLE-3 one-model, CUDA graphs), run a smoke generation and a
     short acceptance measurement, and record results, GPU and versions in its manifest.json."""
     if check_only:
-        pf = comp.preflight(bundle, target_gpu, require_runtime=False, detected=comp.detect_gpus())
+        pf = comp.preflight(bundle, target_gpu, require_runtime=False, detected=comp.detect_gpus(), for_release=for_release)
         summary = comp.preflight_summary(pf)
         if as_json:
             click.echo(json.dumps(summary, indent=2, default=str))
@@ -99,6 +105,8 @@ def compile_cmd(bundle: Path, target_gpu: str | None, check_only: bool, prompts:
             for n in summary["notes"]:
                 click.echo(f"  note: {n}")
         return
+    if for_release is not None:
+        raise UserError("--trtllm-version", f"{for_release}", "only with --check-only; a compile loads the installed release")
     rec = comp.compile_bundle(bundle, target_gpu, prompts=prompts, max_tokens=max_tokens, log=lambda s: click.echo(s, err=True))
     if as_json:
         click.echo(json.dumps(rec, indent=2, default=str))

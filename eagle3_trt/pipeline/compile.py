@@ -80,15 +80,21 @@ class Preflight:
     checks: list[str] = field(default_factory=list)
 
 
-def preflight(bundle: Path, target_gpu: str | None = None, *, require_runtime: bool = True, detected: DetectedGpu | None = None) -> Preflight:
-    """All checks before the load. ``require_runtime``: also insist on TensorRT-LLM and a GPU."""
+def preflight(
+    bundle: Path, target_gpu: str | None = None, *, require_runtime: bool = True, detected: DetectedGpu | None = None, for_release: str | None = None
+) -> Preflight:
+    """All checks before the load. ``require_runtime``: also insist on TensorRT-LLM and a GPU.
+    ``for_release`` (checks only): the options as that TensorRT-LLM release would load them
+    (trtllm_versions.spec_for_release: keys it lacks left out with a note, or refused)."""
     b = open_bundle(Path(bundle))
     pf = Preflight(b, None, None, None, ["manifest"])
     pf.gpu = choose_gpu(target_gpu, detected, b)
     if pf.gpu is not None:
         check_formats(b.formats, pf.gpu.sm, pf.gpu.label)
         pf.checks.append(f"formats {b.quant.target}/{b.quant.draft}/KV {b.kv_cache} on SM{pf.gpu.sm}")
-    pf.trtllm_version = versions.installed_version()
+    if for_release is not None and require_runtime:
+        raise UserError("--trtllm-version", f"{for_release}", "only with --check-only; a compile loads the installed release")
+    pf.trtllm_version = for_release or versions.installed_version()
     if pf.trtllm_version is None:
         if require_runtime:
             raise UserError(
@@ -103,7 +109,8 @@ def preflight(bundle: Path, target_gpu: str | None = None, *, require_runtime: b
         raise UserError("compile", "no CUDA GPU is visible", "run on the GPU machine; use --check-only with --target-gpu NAME on a CPU-only machine")
     if require_runtime and b.dry_run:
         raise UserError(f"{b.path / MANIFEST_FILE}:dry_run", "a dry-run bundle has configs only, no weights", "build it without DRY_RUN=1 / --dry-run first")
-    pf.llm = adapter.to_llm_kwargs(b.path, b.options, version=pf.trtllm_version, use_installed=True, resolve_paths=True, check_files=not b.dry_run)
+    installed = for_release is None  # another release's options: its documented names and forms, not the installed field list
+    pf.llm = adapter.to_llm_kwargs(b.path, b.options, version=pf.trtllm_version, use_installed=installed, resolve_paths=True, check_files=not b.dry_run)
     pf.checks.append(f"option names ({pf.llm.names_checked_against})")
     world = int(pf.llm.kwargs.get("tensor_parallel_size", 1)) * int(pf.llm.kwargs.get("pipeline_parallel_size", 1))
     if pf.gpu is not None and pf.gpu.detected is not None and world > pf.gpu.detected.count:

@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
+from eagle3_trt.core.spec_sampling import SpecSamplingConfig
 from eagle3_trt.errors import UserError
 
 
@@ -40,6 +41,61 @@ class Eagle3Options(_Strict):
     acceptance_rate_window_size: int | None = Field(None, ge=1)
     acceptance_rate_threshold: float | None = Field(None, ge=0.0, le=1.0)
     sa_config: SAEnhancerOptions | None = Field(None, description="suffix-automaton draft enhancer (TensorRT-LLM >= 1.3)")
+    # TensorRT-LLM's EAGLE-3 dynamic tree (core/dynamic_tree.py; PyTorch backend from 1.3, pipeline/trtllm_versions.py)
+    use_dynamic_tree: bool | None = Field(None, description="draft a tree built per step from the draft's probabilities (None: off)")
+    dynamic_tree_max_topK: int | None = Field(None, ge=1, description="dynamic tree: nodes expanded per draft layer")
+    max_total_draft_tokens: int | None = Field(None, ge=1, description="dynamic tree: nodes verified per step, in [max_draft_len, topK * max_draft_len]")
+
+    @model_validator(mode="after")
+    def _dynamic_tree(self) -> Eagle3Options:
+        """TensorRT-LLM's rules (tensorrt_llm/llmapi/llm_args.py @00043967 validate_eagle_config; the
+        dynamic-tree worker, tensorrt_llm/_torch/speculative/eagle3_dynamic_tree.py @057c8a65)."""
+        if not self.use_dynamic_tree:
+            if self.dynamic_tree_max_topK is not None or self.max_total_draft_tokens is not None:
+                # newer releases ignore a lone dynamic_tree_max_topK, older ones turned the tree on with it
+                raise ValueError("dynamic_tree_max_topK / max_total_draft_tokens need use_dynamic_tree: true (or drop them)")
+            return self
+        if self.dynamic_tree_max_topK is None:
+            raise ValueError("use_dynamic_tree needs dynamic_tree_max_topK (TensorRT-LLM has no default)")
+        top = self.dynamic_tree_max_topK * self.max_draft_len
+        if self.max_total_draft_tokens is not None and not self.max_draft_len <= self.max_total_draft_tokens <= top:
+            raise ValueError(
+                f"max_total_draft_tokens {self.max_total_draft_tokens} must be in [max_draft_len {self.max_draft_len}, dynamic_tree_max_topK * max_draft_len {top}]"
+            )
+        if self.sa_config is not None:
+            raise ValueError("use_dynamic_tree does not go with sa_config (TensorRT-LLM's dynamic tree refuses the suffix-automaton enhancer)")
+        # a tree keeps its draft length: TensorRT-LLM's dynamic draft length is for linear trees only
+        # (attention backend trtllm.py: "Currently dynamic draft length is only supported for linear tree")
+        if self.draft_len_schedule and any(v not in (0, self.max_draft_len) for v in self.draft_len_schedule.values()):
+            raise ValueError("with use_dynamic_tree, draft_len_schedule may only switch speculation off (values max_draft_len or 0)")
+        return self
+
+    # pipeline/spec_variant_release.py: which releases have them, and what a release without them does
+    eagle3_model_arch: Literal["llama3", "mistral_large3"] | None = Field(
+        None, description="draft module TensorRT-LLM builds (>= 1.3; None: its default, llama3, which every draft built here is)"
+    )
+    spec_dec_variant: StrictInt | None = Field(None, gt=0, description="TensorRT-LLM 1.4 DecodingBaseConfig field, positive (None: its default, 3)")
+    # DecodingBaseConfig's speculative sampling flags; what each combination serves at temperature > 0
+    # is in core/spec_sampling.py. None: not written, the release's default (False, False, full).
+    allow_advanced_sampling: bool | None = Field(None, description="sample temperature > 0 requests while speculating (off: served greedily)")
+    use_rejection_sampling: bool | None = Field(None, description="verify by rejection sampling (TensorRT-LLM >= 1.3; needs allow_advanced_sampling)")
+    advanced_sampling_mode: Literal["full", "no_topk", "no_topp", "no_topk_no_topp"] | None = Field(
+        None, description="filters skipped while speculating (TensorRT-LLM >= 1.3); anything but full ignores a request's top_k/top_p"
+    )
+
+    @model_validator(mode="after")
+    def _sampling_flags(self) -> Eagle3Options:
+        if self.use_rejection_sampling and not self.allow_advanced_sampling:
+            raise ValueError("use_rejection_sampling needs allow_advanced_sampling: true (TensorRT-LLM fills the sampling parameters only with it)")
+        return self
+
+    def sampling_flags(self) -> SpecSamplingConfig:
+        """The flags as the served release reads them (an unset flag: TensorRT-LLM's default)."""
+        return SpecSamplingConfig(
+            use_rejection_sampling=bool(self.use_rejection_sampling),
+            allow_advanced_sampling=bool(self.allow_advanced_sampling),
+            advanced_sampling_mode=self.advanced_sampling_mode or "full",
+        )
 
     @model_validator(mode="after")
     def _consistent(self) -> Eagle3Options:

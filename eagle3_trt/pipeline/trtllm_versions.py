@@ -47,6 +47,9 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline.dynamic_tree_release import dynamic_tree_for_release
+from eagle3_trt.pipeline.spec_sampling_release import sampling_for_release
+from eagle3_trt.pipeline.spec_variant_release import variant_for_release
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,11 @@ def spec_for_release(
             "has no acceptance-rate gate (its acceptance_window/acceptance_length_threshold gate a length, on the two-model path "
             "only; renamed and moved to one-model by PR #12905), so speculation stays on even if acceptance falls"
         )
+    spec, sampling_notes = sampling_for_release(spec, version, spec_fields, where)  # use_rejection_sampling, advanced_sampling_mode
+    notes += sampling_notes
+    spec, variant_notes = variant_for_release(spec, version, spec_fields, where)  # spec_dec_variant, eagle3_model_arch
+    notes += variant_notes
+    spec = dynamic_tree_for_release(spec, version, where)  # use_dynamic_tree: 1.3+ (pipeline/dynamic_tree_release.py)
     no_sa = "sa_config" not in spec_fields if spec_fields is not None else _before(version, SA_CONFIG_SINCE)
     if spec.get("sa_config") is not None and no_sa:
         raise UserError(
@@ -182,20 +190,31 @@ SPEC_KEYS_BY_RELEASE: dict[str, dict[str, str | None]] = {
         "acceptance_rate_window_size": None,
         "acceptance_rate_threshold": None,
         "spec_dec_variant": None,
+        "eagle3_model_arch": None,  # pipeline/spec_variant_release.py
+        # speculative sampling flags (pipeline/spec_sampling_release.py, core/spec_sampling.py)
+        "allow_advanced_sampling": "allow_advanced_sampling",
+        "use_rejection_sampling": None,
+        "advanced_sampling_mode": None,
+        # the EAGLE-3 dynamic tree (pipeline/dynamic_tree_release.py): 1.3+ on the PyTorch backend
+        "use_dynamic_tree": None,
+        "dynamic_tree_max_topK": None,
+        "max_total_draft_tokens": None,
     },
     "1.3": {
         "draft_len_schedule": "draft_len_schedule",
         "acceptance_rate_window_size": "acceptance_rate_window_size",
         "acceptance_rate_threshold": "acceptance_rate_threshold",
         "spec_dec_variant": None,
-    },
-    "1.4": {
-        "draft_len_schedule": "draft_len_schedule",
-        "acceptance_rate_window_size": "acceptance_rate_window_size",
-        "acceptance_rate_threshold": "acceptance_rate_threshold",
-        "spec_dec_variant": "spec_dec_variant",
+        "eagle3_model_arch": "eagle3_model_arch",  # pipeline/spec_variant_release.py
+        "allow_advanced_sampling": "allow_advanced_sampling",
+        "use_rejection_sampling": "use_rejection_sampling",
+        "advanced_sampling_mode": "advanced_sampling_mode",
+        "use_dynamic_tree": "use_dynamic_tree",
+        "dynamic_tree_max_topK": "dynamic_tree_max_topK",
+        "max_total_draft_tokens": "max_total_draft_tokens",
     },
 }
+SPEC_KEYS_BY_RELEASE["1.4"] = {**SPEC_KEYS_BY_RELEASE["1.3"], "spec_dec_variant": "spec_dec_variant"}  # 1.3's keys, plus spec_dec_variant
 
 
 def drop_sa_for_launch(spec: dict[str, Any], version: str | None) -> tuple[dict[str, Any], list[str]]:

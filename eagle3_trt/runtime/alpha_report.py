@@ -96,14 +96,23 @@ def _position_table(prim: dict, ref: dict | None) -> Table:
 
 def _modes_table(modes: dict) -> Table:
     """Per speculation mode (alpha --modes), overall and per category."""
-    t = Table(title="speculation modes (speculative generation): acceptance length / alpha / tokens verified per target forward")
+    t = Table(title="speculation modes: acceptance length / alpha / tokens verified per target forward; AL gain over the chain (paired 95% interval)")
     t.add_column("mode")
     t.add_column("category")
-    for c in ("acceptance length", "alpha", "verified/forward"):
+    for c in ("acceptance length", "alpha", "verified/forward", "vs chain"):
         t.add_column(c, justify="right")
     for mode, e in modes.items():
+        vs = e.get("vs_chain")
+        gain = f"{vs['diff']:+.3f} [{vs['ci'][0]:+.3f}, {vs['ci'][1]:+.3f}]" if vs else ""
         for cat, f in [("overall", e["overall"]), *e["by_category"].items()]:
-            t.add_row(mode, cat, f"{f['acceptance_length']:.3f}", f"{f['alpha']:.3f}", f"{f['tokens_verified_per_forward']:.2f}")
+            t.add_row(
+                f"{mode} ({e.get('method', 'generate')})" if cat == "overall" else mode,
+                cat,
+                f"{f['acceptance_length']:.3f}",
+                f"{f['alpha']:.3f}",
+                f"{f['tokens_verified_per_forward']:.2f}",
+                gain if cat == "overall" else "",
+            )
     return t
 
 

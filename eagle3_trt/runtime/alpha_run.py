@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
 from eagle3_trt.convert.prompts import load_prompt_records, use_chat_template
+from eagle3_trt.core.dynamic_tree import DynamicTreeConfig
 from eagle3_trt.core.stats import AggregateStats
 from eagle3_trt.core.suffix_automaton import SAConfig
 from eagle3_trt.errors import UserError
@@ -15,8 +17,10 @@ from eagle3_trt.runtime.alpha_report import compare
 from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs, recommendation_batches
 from eagle3_trt.runtime.cost_model import recommend
 from eagle3_trt.runtime.diagnostics import diagnose
+from eagle3_trt.runtime.dynamic_tree_mode import DEFAULT_TOPK, DYNAMIC_TREE_MODE, dynamic_tree_entry, dynamic_tree_for_modes, refuse_combined_modes
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
 from eagle3_trt.runtime.measure import Measurement, measure
+from eagle3_trt.runtime.mode_compare import add_vs_chain
 
 MXFP4_NUMERICS_NOTE = (
     "target experts are MXFP4 as shipped; the reference runtime dequantizes them exactly (every "
@@ -46,6 +50,9 @@ def run_alpha(
     chat_template: bool | None = None,
     modes: tuple[str, ...] = (),
     sa_threshold: int = 4,
+    temperature: float = 0.0,
+    dynamic_tree_topk: int = DEFAULT_TOPK,
+    max_total_draft_tokens: int | None = None,
 ) -> dict:
     """Measure the bundle (as built) and optionally a reference pair; returns the report dict.
 
@@ -53,12 +60,19 @@ def run_alpha(
     TensorRT-LLM's suffix-automaton enhancer at ``sa_threshold``) into report["modes"].
 
     ``chat_template``: None encodes chat records through the template and raw completion
-    records as they are; False sends every record raw; True templates every record."""
+    records as they are; False sends every record raw; True templates every record.
+
+    ``temperature`` > 0 (``--method generate``): sampled, served as TensorRT-LLM serves the bundle's
+    speculative sampling flags (core/spec_sampling.py; a one-line warning when that is not the
+    target's own sampling)."""
     say = progress or (lambda msg: None)
+    if temperature < 0 or (temperature > 0 and method != "generate"):
+        raise UserError("--temperature", f"{temperature}", "use 0 (greedy), or a positive temperature with --method generate (the estimator is greedy)")
     if max_draft_len is not None and not 1 <= max_draft_len <= 16:  # 0 would silently mean the bundle's K
         raise UserError("--max-draft-len", f"{max_draft_len}", "draft lengths are 1..16")
     if sweep and method != "estimator":
         raise UserError("--sweep", "needs the estimator", "drop --method generate (the estimator's counts are identical)")
+    refuse_combined_modes(modes)  # dynamic-tree+sa: TensorRT-LLM refuses it
     bad = [m for m in modes if m not in SPEC_MODES]
     if bad:
         raise UserError("--modes", f"unknown mode {bad[0]!r}", f"use a comma-separated subset of {','.join(SPEC_MODES)}")
@@ -68,27 +82,56 @@ def run_alpha(
     use_chat_template(records, chat_template, source=prompts_file)  # a one-line error before any model is loaded
     device = default_device(device)
     k = int(max_draft_len or b.k)
+    # dynamic-tree (dynamic_tree_max_topK, max_total_draft_tokens): checked before any model is loaded
+    dyn_cfg = dynamic_tree_for_modes(modes, b, k, dynamic_tree_topk, max_total_draft_tokens, temperature)
     # the bundle and its reference pair are measured alike
-    measure_pair = partial(measure, records=records, max_tokens=max_tokens, turns=turns, method=method, batch_size=batch_size, k=k, chat_template=chat_template)
+    measure_pair = partial(
+        measure,
+        records=records,
+        max_tokens=max_tokens,
+        turns=turns,
+        method=method,
+        batch_size=batch_size,
+        k=k,
+        chat_template=chat_template,
+        temperature=temperature,
+    )
+    flags = b.options.speculative_config.sampling_flags()
+    sampling_warning = flags.warning() if temperature > 0 else None
+    if sampling_warning:
+        say(sampling_warning)
     t0 = time.perf_counter()
     say(f"loading {b.path} ({b.label}) on {device}")
     eng = engine_from_bundle(b, device=device, max_draft_len=k)
     load_s = time.perf_counter() - t0
     say(f"measuring {len(records)} prompts ({turns} turns, up to {max_tokens} tokens each)")
-    prim = measure_pair(eng, label=b.label, sweep=sweep)
+    if eng.dynamic_tree is not None and method == "estimator":
+        # the bundle serves TensorRT-LLM's dynamic tree, which the estimator does not replay: measure it as served
+        if sweep:
+            raise UserError("--sweep", "the bundle serves a dynamic tree (use_dynamic_tree), which the estimator's K sweep does not replay", "drop --sweep")
+        say("the bundle serves a dynamic tree: measured by speculative generation")
+        prim = measure_pair(eng, label=b.label, sweep=(), method="generate")
+    else:
+        prim = measure_pair(eng, label=b.label, sweep=sweep)
     diag = diagnose(eng, prim) if diagnostics and prim.results else []
-    by_mode = measure_modes(eng, modes, sa_cfg, measure_pair, say)
+    by_mode = measure_modes(eng, modes, sa_cfg, measure_pair, say, dyn_cfg)
     del eng  # before a reference pair is loaded next to it
     ref, ref_note = _measure_reference(b, reference_bundle, bf16, device, k, measure_pair, say)
     settings = _settings(prompts_file, len(records), limit, turns, max_tokens, k, method, device, batch_size, sweep, chat_template)
+    if temperature > 0:
+        settings["decoding"] = f"sampled, temperature {temperature}"
+        settings["temperature"] = temperature
+        settings["spec_sampling"] = {**asdict(flags), "served": flags.served}
     report = _report(b, settings, prim, ref, ref_note, diag, load_s)
+    if sampling_warning:
+        report["sampling_warning"] = sampling_warning
     _add_recommendation(report, b, prim, concurrency)
     if by_mode:
         report["modes"] = by_mode
     return report
 
 
-SPEC_MODES = ("chain", "sa")
+SPEC_MODES = ("chain", "sa", DYNAMIC_TREE_MODE)
 
 
 def mode_figures(a: AggregateStats) -> dict:
@@ -98,7 +141,8 @@ def mode_figures(a: AggregateStats) -> dict:
     return {
         "acceptance_length": a.acceptance_length,
         "alpha": a.alpha,
-        "tokens_verified_per_forward": (a.draft_tokens + f) / f if f else 0.0,
+        # a tree verifies all its nodes (verified_tokens); a chain its draft (the estimator counts only that)
+        "tokens_verified_per_forward": ((a.verified_tokens or a.draft_tokens) + f) / f if f else 0.0,
         "requests": a.requests,
         "generated_tokens": a.generated_tokens,
         "target_forwards": f,
@@ -107,26 +151,43 @@ def mode_figures(a: AggregateStats) -> dict:
     }
 
 
-def measure_modes(eng, modes: tuple[str, ...], sa_cfg: SAConfig | None, measure_pair, say) -> dict:
-    """Each mode measured by running speculative generation (``--method generate``): the estimator
-    replays the neural draft over a target-only continuation and has no suffix automaton, so both
-    modes run the same engine loop for a like-for-like comparison."""
+def mode_method(mode: str, measure_pair) -> str:
+    """How a mode is measured: greedy chain and sa by the run's own method (the estimator's counts
+    equal the engine loop's, tests/test_sa_estimator.py), anything else (a tree, sampling) by
+    speculative generation."""
+    kw = getattr(measure_pair, "keywords", {})
+    if mode in ("chain", "sa") and not kw.get("temperature"):
+        return str(kw.get("method", "estimator"))
+    return "generate"
+
+
+def measure_modes(eng, modes: tuple[str, ...], sa_cfg: SAConfig | None, measure_pair, say, dyn_cfg: DynamicTreeConfig | None = None) -> dict:
+    """Each mode measured alike (``mode_method``): chain and sa greedy by the run's method (the
+    estimator replays the suffix automaton exactly, runtime/estimator.walk_chain), else by running
+    speculative generation."""
     out: dict = {}
+    measured: dict = {}
+    own = (eng.sa, eng.dynamic_tree)  # what the bundle serves (runtime/loader.py), put back after the modes
     for mode in modes:
-        say(f"measuring mode {mode} (speculative generation)")
+        method = mode_method(mode, measure_pair)
+        say(f"measuring mode {mode} ({'speculative generation' if method == 'generate' else 'estimator'})")
         eng.sa = sa_cfg if mode == "sa" else None
+        eng.dynamic_tree = dyn_cfg if mode == DYNAMIC_TREE_MODE else None
         try:
-            m = measure_pair(eng, label=f"mode {mode}", method="generate", sweep=())
+            m = measure_pair(eng, label=f"mode {mode}", method=method, sweep=())
         finally:
-            eng.sa = None
+            eng.sa, eng.dynamic_tree = own
         entry = {
-            "method": "generate",
+            "method": method,
             "overall": mode_figures(m.overall()),
             "by_category": {c: mode_figures(a) for c, a in m.by_category().items()},
         }
         if mode == "sa" and sa_cfg is not None:
             entry["sa_config"] = {"threshold": sa_cfg.threshold, "enable_global_pool": sa_cfg.enable_global_pool}
-        out[mode] = entry
+        if mode == DYNAMIC_TREE_MODE and dyn_cfg is not None:
+            entry["dynamic_tree"] = dynamic_tree_entry(dyn_cfg, eng.max_draft_len)
+        out[mode], measured[mode] = entry, m
+    add_vs_chain(out, measured)  # each mode's AL gain over the chain, with its paired interval
     return out
 
 

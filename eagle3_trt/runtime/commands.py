@@ -15,10 +15,15 @@ from eagle3_trt.runtime.alpha_report import render_summary
 from eagle3_trt.runtime.alpha_run import run_alpha
 from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs, recommendation_batches
 from eagle3_trt.runtime.cost_model import recommend
+from eagle3_trt.runtime.dynamic_tree_choice import dynamic_tree_summary
+from eagle3_trt.runtime.dynamic_tree_mode import DEFAULT_TOPK as DYNAMIC_TREE_DEFAULT_TOPK
 from eagle3_trt.runtime.gate import run_gate
 from eagle3_trt.runtime.gate_verdict import DEFAULT_GATE_THRESHOLD
 from eagle3_trt.runtime.recommendation import acceptance_curves, print_recommendation, write_recommendation_to_bundle
 from eagle3_trt.runtime.report_files import write_report
+from eagle3_trt.runtime.traffic_alpha import AL_TOLERANCE
+from eagle3_trt.runtime.traffic_commands import alpha_traffic, gate_traffic
+from eagle3_trt.runtime.traffic_gate import DEFAULT_MARGIN
 
 
 def parse_sweep(text: str | None) -> tuple[int, ...]:
@@ -50,6 +55,7 @@ CHAT_TEMPLATE_OPTION = click.option(
     '({"text"}/{"prompt"}) as they are; --no-chat-template: every prompt raw, as a /v1/completions request '
     "(plain-text lines too; chat records are refused); --chat-template: every prompt as a user turn",
 )
+TRAFFIC_HELP = "a capture directory (serve --capture DIR): the requests as served, measured on the token ids the model saw"
 PROMPTS_HELP = (
     'JSONL: chat records {"turns": [...]} (MT-Bench layout, optional "category") or {"messages": [...]}, '
     'raw completion records {"text": ...} or {"prompt": ...}; or plain text, one prompt a line; or a held-out '
@@ -59,7 +65,16 @@ PROMPTS_HELP = (
 
 @click.command("alpha")
 @click.argument("bundle", type=click.Path(file_okay=False))
-@click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False), help=PROMPTS_HELP)
+@click.option("--prompts", "prompts_file", default=None, type=click.Path(dir_okay=False), help=PROMPTS_HELP + " (or --traffic)")
+@click.option("--traffic", "traffic_dir", default=None, type=click.Path(), help=TRAFFIC_HELP)
+@click.option(
+    "--tolerance",
+    type=float,
+    default=AL_TOLERANCE,
+    show_default=True,
+    help="--traffic: AL difference (tokens per forward) beyond the 95%% interval that is flagged",
+)
+@click.option("--window", type=int, default=None, help="--traffic: requests per drift window (default: about a tenth of the traffic, at least 10)")
 @click.option("--reference-bundle", type=click.Path(file_okay=False), default=None, help="compare with this bundle (e.g. a BF16 one)")
 @click.option(
     "--bf16/--no-bf16", "bf16", default=None, help="compare with the BF16 sources in manifest.json (default: when the bundle is quantized and they exist)"
@@ -87,9 +102,30 @@ PROMPTS_HELP = (
 @click.option(
     "--modes",
     default=None,
-    help="also measure these speculation modes, comma-separated: chain (the neural chain), sa (chain + TensorRT-LLM's suffix-automaton enhancer, sa_config); run by speculative generation",
+    help="also measure these speculation modes, comma-separated: chain (the neural chain), sa (chain + TensorRT-LLM's suffix-automaton enhancer, sa_config), "
+    "dynamic-tree (TensorRT-LLM's use_dynamic_tree, by speculative generation)",
 )
 @click.option("--sa-threshold", type=int, default=4, show_default=True, help="sa mode: minimum suffix-match length for the automaton to override the draft")
+@click.option(
+    "--dynamic-tree-topk",
+    type=int,
+    default=DYNAMIC_TREE_DEFAULT_TOPK,
+    show_default=True,
+    help="dynamic-tree mode: TensorRT-LLM's dynamic_tree_max_topK, the nodes expanded per draft layer",
+)
+@click.option(
+    "--max-total-draft-tokens",
+    type=int,
+    default=None,
+    help="dynamic-tree mode: tree nodes verified per step, in [K, topK*K] (default: TensorRT-LLM's, topK * max_draft_len)",
+)
+@click.option(
+    "--temperature",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="sample at this temperature (with --method generate), served as TensorRT-LLM serves the bundle's speculative sampling flags",
+)
 @click.option("-o", "--out", default=None, help="report dir (default: reports/alpha-<bundle name>)")
 @click.option("--json", "as_json", is_flag=True, help="print the report JSON on stdout")
 def alpha_cmd(
@@ -109,10 +145,35 @@ def alpha_cmd(
     chat_template: bool | None,
     modes: str | None,
     sa_threshold: int,
+    temperature: float,
     out: str | None,
     as_json: bool,
+    traffic_dir: str | None = None,
+    tolerance: float = AL_TOLERANCE,
+    window: int | None = None,
+    dynamic_tree_topk: int = DYNAMIC_TREE_DEFAULT_TOPK,
+    max_total_draft_tokens: int | None = None,
 ) -> None:
     """Measure acceptance (alpha) of BUNDLE's quantized pair on your prompts, per category, vs BF16."""
+    if traffic_dir is not None or prompts_file is None:
+        if prompts_file is not None or traffic_dir is None:
+            raise UserError(
+                "--prompts" if traffic_dir is None else "--traffic",
+                "missing" if traffic_dir is None else "does not go with --prompts",
+                "pass --prompts FILE or --traffic DIR",
+            )
+        return alpha_traffic(
+            click.get_current_context(),
+            bundle,
+            traffic_dir,
+            device=device,
+            batch_size=batch_size,
+            sweep=parse_sweep(sweep),
+            tolerance=tolerance,
+            window=window,
+            out=out,
+            as_json=as_json,
+        )
     err = Console(stderr=True)
     open_bundle(Path(bundle))  # a one-line error before any model is loaded
     dest = Path(out) if out else Path("reports") / f"alpha-{Path(bundle).resolve().name}"
@@ -135,6 +196,9 @@ def alpha_cmd(
         chat_template=chat_template,
         modes=tuple(m.strip() for m in modes.split(",") if m.strip()) if modes else (),
         sa_threshold=sa_threshold,
+        temperature=temperature,
+        dynamic_tree_topk=dynamic_tree_topk,
+        max_total_draft_tokens=max_total_draft_tokens,
     )
     write_report(report, dest)
     if as_json:
@@ -146,7 +210,16 @@ def alpha_cmd(
 
 @click.command("gate")
 @click.argument("bundle", type=click.Path(file_okay=False))
-@click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False), help=PROMPTS_HELP)
+@click.option("--prompts", "prompts_file", default=None, type=click.Path(dir_okay=False), help=PROMPTS_HELP + " (or --against OLD --traffic DIR)")
+@click.option("--against", default=None, type=click.Path(file_okay=False), help="OLD: the bundle serving now; BUNDLE (NEW) must beat it on --traffic")
+@click.option("--traffic", "traffic_dir", default=None, type=click.Path(), help=TRAFFIC_HELP + "; measured on its held-back split")
+@click.option(
+    "--margin", type=float, default=DEFAULT_MARGIN, show_default=True, help="--against: AL gain (tokens per forward) the whole 95%% interval must clear"
+)
+@click.option("--seed", type=int, default=None, help="--against: held-back split seed (default: NEW's manifest lineage, else 0)")
+@click.option("--holdout-fraction", type=float, default=None, help="--against: held-back fraction (default: NEW's manifest lineage, else 0.2)")
+@click.option("--json-out", default=None, type=click.Path(dir_okay=False), help="--against: the JSON report (default: reports/gate-NEW-vs-OLD.json)")
+@click.option("--allow-other-bundles", is_flag=True, help="--against: use records a bundle other than OLD/NEW served (you vouch it served the same target)")
 @click.option("--threshold", type=float, default=DEFAULT_GATE_THRESHOLD, show_default=True, help="minimum alpha")
 @click.option("--concurrency", type=int, default=1, show_default=True, help="batch size the deployment runs at")
 @click.option("--max-tokens", type=int, default=64, show_default=True)
@@ -166,8 +239,34 @@ def gate_cmd(
     device: str | None,
     chat_template: bool | None,
     as_json: bool,
+    against: str | None = None,
+    traffic_dir: str | None = None,
+    margin: float = DEFAULT_MARGIN,
+    seed: int | None = None,
+    holdout_fraction: float | None = None,
+    json_out: str | None = None,
+    allow_other_bundles: bool = False,
 ) -> None:
     """Fail (exit 3) when BUNDLE's alpha on the prompts is below --threshold or speculation would slow it down."""
+    if against is not None or traffic_dir is not None or prompts_file is None:
+        if prompts_file is not None or (against is None and traffic_dir is None):
+            what = "missing" if prompts_file is None else "does not go with --against/--traffic"
+            raise UserError("--prompts", what, "gate on prompts (--prompts FILE) or on traffic (--against OLD --traffic DIR)")
+        return gate_traffic(
+            click.get_current_context(),
+            bundle,
+            against,
+            traffic_dir,
+            margin=margin,
+            seed=seed,
+            holdout_fraction=holdout_fraction,
+            json_out=json_out,
+            allow_other_bundles=allow_other_bundles,
+            threshold=threshold,
+            concurrency=concurrency,
+            device=device,
+            as_json=as_json,
+        )
     res = run_gate(
         Path(bundle),
         Path(prompts_file),
@@ -259,9 +358,12 @@ def recommend_cmd(
     )
     costs = bundle_cost_inputs(b, gpu=gpu, tp=tp)
     rec = recommend(cum, concurrency=concurrency, **costs, batches=recommendation_batches(b), measured_by_k=by_k, max_k=max_draft_len)
+    dt_line = dynamic_tree_summary(report, rec, b)  # alpha --modes chain,dynamic-tree: the tree against the chain
     if write:
         write_recommendation_to_bundle(Path(bundle), rec, source=report_file or prompts_file, report=report)
     if as_json:
         click.echo(json.dumps(rec.to_dict(), indent=1))
         return
     print_recommendation(rec)
+    if dt_line:
+        click.echo(dt_line)

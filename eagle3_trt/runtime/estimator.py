@@ -28,6 +28,7 @@ import torch
 from eagle3_trt.core import hf_compat
 from eagle3_trt.core.engine import RequestResult, SamplingParams
 from eagle3_trt.core.stats import RequestStats
+from eagle3_trt.core.suffix_automaton import SAConfig, SuffixAutomaton, overrides, propose
 from eagle3_trt.core.target import column_windows
 from eagle3_trt.errors import UserError
 
@@ -132,12 +133,26 @@ def _teacher_forced_drafts_rows(draft, embed_fn, aux, tokens, k, feed, d2t_ids, 
 # Replaying the runtime's iterations
 # ---------------------------------------------------------------------------------------------
 def walk_chain(
-    seq: Sequence[int], prompt_len: int, preds: Sequence[Sequence[int]], k: int, max_tokens: int, max_seq_len: int, stop_ids: frozenset[int]
+    seq: Sequence[int],
+    prompt_len: int,
+    preds: Sequence[Sequence[int]],
+    k: int,
+    max_tokens: int,
+    max_seq_len: int,
+    stop_ids: frozenset[int],
+    sa: SAConfig | None = None,
+    pad: int = 0,
 ) -> RequestStats:
     """Stats of greedy chain speculation over a known greedy continuation.
 
     ``seq`` = prompt + continuation (as the runtime emitted it); ``preds[s-1][p]`` = draft step s
-    prediction (target id) at origin p.
+    prediction (target id) at origin p. ``sa``: TensorRT-LLM's suffix-automaton enhancer as the
+    engine applies it (``SpeculativeEngine._sa_override``): at each iteration the automaton holds
+    the text emitted so far (``seq[: root + 1]``), and when its match is >= threshold its K tokens
+    (``pad`` where it has fewer) replace the neural ones. Greedy output does not depend on the
+    draft, so the text at every iteration is the same as when generating: the counts are exact.
+    The global pool searches the other requests' automata as they stand mid-batch, which depends
+    on the batch's timing, so it is not replayed here (``estimate`` refuses it).
     """
     st = RequestStats(speculation=True)
     cont = len(seq) - prompt_len
@@ -146,10 +161,17 @@ def walk_chain(
     st.target_forwards, st.generated_tokens = 1, 1
     g, r = 1, prompt_len  # tokens emitted; position of the root (last emitted token)
     end = len(seq) - 1
+    auto = SuffixAutomaton(seq[:prompt_len]) if sa is not None else None
     while g < cont:
         kk = max(0, min(k, max_tokens - g - 1, max_seq_len - (prompt_len + g) - 1))
+        draft = [preds[s][r - 1] for s in range(kk)]
+        if auto is not None and kk > 0:
+            auto.extend_many(seq[len(auto.tokens) : r + 1])
+            p = propose(auto, k, pad)
+            if overrides(p, sa.threshold):  # type: ignore[union-attr]  # auto is set only with sa
+                draft = p.tokens[:kk]
         a = 0
-        while a < kk and r + a + 1 <= end and preds[a][r - 1] == seq[r + a + 1]:
+        while a < kk and r + a + 1 <= end and draft[a] == seq[r + a + 1]:
             a += 1
             if seq[r + a] in stop_ids:
                 break
@@ -314,7 +336,8 @@ def _batched_decode(tgt, rows: _GreedyRows, cache, S: int) -> None:
 
 @torch.inference_mode()
 def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = None, batch_size: int = 16, sweep: Sequence[int] = ()) -> EstimateResult:
-    """Greedy chain acceptance of ``engine``'s draft on ``prompts``, identical to running it.
+    """Greedy chain acceptance of ``engine``'s draft on ``prompts``, identical to running it
+    (with ``engine.sa`` set: the chain with TensorRT-LLM's suffix-automaton enhancer, see ``walk_chain``).
 
     The target runs once, without speculation, batched over prompts; the aux states it produced
     for every token are kept and the draft's K steps run over them for all positions at once.
@@ -331,6 +354,9 @@ def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = 
     if ks[0] < 1:
         raise UserError("max_draft_len", f"{ks[0]}", "measure with K >= 1")
     k_max = ks[-1]
+    sa = getattr(engine, "sa", None)  # TensorRT-LLM's sa_config, as the engine would apply it
+    if sa is not None and sa.enable_global_pool:
+        raise UserError("sa_config.enable_global_pool", "the estimator replays each request alone", "measure the global pool with --method generate")
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     conts: list[list[int]] = [[] for _ in prompts]
     reasons: list[str | None] = [None] * len(prompts)
@@ -368,5 +394,5 @@ def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = 
                 j = idx[b]
                 preds = [[-1] * starts[r] + p[r].tolist() for p in steps]
                 for kk in ks:
-                    by_k[kk][j] = walk_chain(seqs[b], len(prompts[j]), preds, kk, max_tokens, engine.max_seq_len, stop)
+                    by_k[kk][j] = walk_chain(seqs[b], len(prompts[j]), preds, kk, max_tokens, engine.max_seq_len, stop, sa, engine.pad_token_id)
     return EstimateResult(by_k[k], conts, reasons, by_k)

@@ -12,7 +12,9 @@ from pathlib import Path
 import torch
 
 from eagle3_trt.convert.load import load_engine
+from eagle3_trt.core.dynamic_tree_rules import DynamicTreeConfig
 from eagle3_trt.core.engine import SpeculativeEngine
+from eagle3_trt.core.suffix_automaton import SAConfig
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 
 
@@ -29,7 +31,23 @@ def engine_from_bundle(
     k = b.k if max_draft_len is None else int(max_draft_len)
     if reference:
         tdir, ddir = b.source_dirs()
-        return load_engine(tdir, ddir, max_draft_len=k, aux_layer_ids=b.aux_layer_ids, quantized=False, max_seq_len=b.max_seq_len, device=device, dtype=dtype)
+        eng = load_engine(tdir, ddir, max_draft_len=k, aux_layer_ids=b.aux_layer_ids, quantized=False, max_seq_len=b.max_seq_len, device=device, dtype=dtype)
+    else:
+        eng = _load_built(b, k, device, dtype)
+    # temperature > 0 while speculating is served as TensorRT-LLM serves the bundle's flags
+    eng.sampling = b.options.speculative_config.sampling_flags()
+    spec = b.options.speculative_config
+    if spec.use_dynamic_tree and spec.dynamic_tree_max_topK and k == b.k:
+        # TensorRT-LLM's dynamic tree as the bundle configures it (core/dynamic_tree.py); at another K its
+        # max_total_draft_tokens may not fit, so a K override (alpha --max-draft-len) measures the chain
+        eng.dynamic_tree = DynamicTreeConfig(spec.dynamic_tree_max_topK, spec.max_total_draft_tokens)
+    if spec.sa_config is not None:
+        # served as TensorRT-LLM serves the bundle's sa_config: the suffix-automaton enhancer overrides the chain
+        eng.sa = SAConfig(threshold=spec.sa_config.threshold, enable_global_pool=spec.sa_config.enable_global_pool)
+    return eng
+
+
+def _load_built(b: Bundle, k: int, device: str, dtype) -> SpeculativeEngine:
     return load_engine(
         b.target_dir,
         b.draft_dir,

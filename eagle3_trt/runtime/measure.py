@@ -143,12 +143,15 @@ def measure(
     k: int | None = None,
     sweep: Sequence[int] = (),
     chat_template: bool | None = None,
+    temperature: float = 0.0,
 ) -> Measurement:
     """Greedy acceptance of ``engine`` on every turn of every record (later turns see the target's own replies).
 
     ``sweep``: draft lengths to measure as well (estimator only: one continuation serves every K).
     ``chat_template``: None encodes each record by its kind (chat turns through the template, raw
     completion records as they are), True / False forces it (``convert.prompts.use_chat_template``).
+    ``temperature`` > 0: sampled (seed 0 per batch), by speculative generation only, served as the
+    engine's ``sampling`` flags say (core/spec_sampling.py).
     """
     if turns not in ("all", "first"):
         raise UserError("--turns", f"{turns!r}", "use 'all' or 'first'")
@@ -156,6 +159,8 @@ def measure(
         raise UserError("--method", f"{method!r}", "use 'estimator' or 'generate'")
     if sweep and method != "estimator":
         raise UserError("--sweep", "needs the estimator", "drop --method generate (the estimator's counts are identical)")
+    if temperature < 0 or (temperature > 0 and method != "generate"):
+        raise UserError("--temperature", f"{temperature}", "use 0 (greedy), or a positive temperature with --method generate (the estimator is greedy)")
     templated = use_chat_template(list(records), chat_template)
     t0 = time.perf_counter()
     tok = engine.tokenizer
@@ -168,7 +173,9 @@ def measure(
         idx, prompts = _turn_prompts(engine, records, templated, history, t, skipped)
         if not prompts:
             break
-        stats, conts, by_k = _continue_turn(engine, prompts, method=method, max_tokens=max_tokens, k=k, batch_size=batch_size, sweep=sweep)
+        stats, conts, by_k = _continue_turn(
+            engine, prompts, method=method, max_tokens=max_tokens, k=k, batch_size=batch_size, sweep=sweep, temperature=temperature
+        )
         stop = set(engine.eos_token_ids)
         for i, p, st, c, bk in zip(idx, prompts, stats, conts, by_k):
             results.append(TurnResult(records[i].id, records[i].category, t + 1, len(p), st, c, p, bk))
@@ -209,7 +216,7 @@ def _turn_prompts(
 
 
 def _continue_turn(
-    engine, prompts: list[list[int]], *, method: str, max_tokens: int, k: int | None, batch_size: int, sweep: Sequence[int]
+    engine, prompts: list[list[int]], *, method: str, max_tokens: int, k: int | None, batch_size: int, sweep: Sequence[int], temperature: float = 0.0
 ) -> tuple[list, list[list[int]], list[dict]]:
     """(stats, continuations, stats per swept K) of one turn's prompts, by the estimator or by generating."""
     if method == "estimator":
@@ -218,7 +225,8 @@ def _continue_turn(
         return est.stats, est.continuations, by_k
     stats, conts = [], []
     for s in range(0, len(prompts), batch_size):
-        for rr in engine.generate(prompts[s : s + batch_size], SamplingParams(max_tokens=max_tokens)):
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=0 if temperature > 0 else None)
+        for rr in engine.generate(prompts[s : s + batch_size], params):
             stats.append(rr.stats)
             conts.append(rr.token_ids)
     return stats, conts, [{} for _ in prompts]

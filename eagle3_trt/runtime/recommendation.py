@@ -11,11 +11,14 @@ from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline import bundle as bundle_format
 from eagle3_trt.pipeline import bundle_write
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
-from eagle3_trt.pipeline.llm_options import SAEnhancerOptions
+from eagle3_trt.pipeline.llm_options import SAEnhancerOptions, validate_options
 from eagle3_trt.pipeline.trtllm_adapter import recommend as recommended_options
 from eagle3_trt.runtime.alpha_run import run_alpha
 from eagle3_trt.runtime.cost_model import Recommendation, acceptance_gate, draft_len_schedule
+from eagle3_trt.runtime.dynamic_tree_choice import DT_KEYS, dynamic_tree_choice
+from eagle3_trt.runtime.dynamic_tree_choice import bundle_inputs as dt_inputs
 from eagle3_trt.runtime.report_files import read_report, report_curves
+from eagle3_trt.runtime.sampling_choice import sampling_choice
 
 
 def acceptance_curves(
@@ -87,20 +90,25 @@ SA_MIN_GAIN_ABS = 0.05
 def sa_choice(report: dict) -> tuple[int | None, dict | None]:
     """(sa_config threshold to write, the measurement it comes from) from an alpha report measured
     with ``--modes chain,sa``: a threshold only when SA's overall acceptance length beats the chain's
-    by >= 3% and >= 0.05; (None, None) without both modes measured."""
+    by >= 3% and >= 0.05 and the gain's paired 95% interval lies above 0; (None, None) without both
+    modes measured."""
     modes = report.get("modes") or {}
     chain, sa = modes.get("chain"), modes.get("sa")
     if not chain or not sa or "sa_config" not in sa:
         return None, None
     al_c, al_s = chain["overall"]["acceptance_length"], sa["overall"]["acceptance_length"]
-    wins = al_c > 0 and al_s - al_c >= SA_MIN_GAIN_ABS and (al_s - al_c) / al_c >= SA_MIN_GAIN_REL
+    # the paired 95% interval of the gain over the same turns (runtime/mode_compare.py), where the report has one
+    ci = (sa.get("vs_chain") or {}).get("ci")
+    beyond_noise = ci is None or ci[0] > 0
+    wins = al_c > 0 and al_s - al_c >= SA_MIN_GAIN_ABS and (al_s - al_c) / al_c >= SA_MIN_GAIN_REL and beyond_noise
     ev = {
         "chain_acceptance_length": round(al_c, 4),
         "sa_acceptance_length": round(al_s, 4),
+        "gain_ci95": [round(x, 4) for x in ci] if ci is not None else None,
         "threshold": sa["sa_config"]["threshold"],
         "turns": sa["overall"]["requests"],
         "prompts": report.get("settings", {}).get("prompts"),
-        "rule": f"sa_config written when AL gain >= {SA_MIN_GAIN_REL:.0%} and >= {SA_MIN_GAIN_ABS}",
+        "rule": f"sa_config written when AL gain >= {SA_MIN_GAIN_REL:.0%} and >= {SA_MIN_GAIN_ABS} and its paired 95% interval excludes 0",
         "written": wins,
     }
     return (int(sa["sa_config"]["threshold"]) if wins else None), ev
@@ -124,21 +132,46 @@ def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report
             f"max_concurrency {rec.max_concurrency} exceeds the bundle's max_batch_size {b.options.max_batch_size}; nothing written",
             "predict over bundle_costs.recommendation_batches(bundle) (recommend does)",
         )
-    acceptance = acceptance_at(report or {}, rec.max_draft_len, source, b.manifest.acceptance)
-    spec_knobs = schedule_and_gate(rec, acceptance)
-    opts = recommended_options(b.options, rec.max_draft_len, **spec_knobs)
+    # the dynamic tree (runtime/dynamic_tree_choice.py): its keys when it beats the chain, else removed;
+    # when it wins, K is its depth and the schedule only switches speculation off (the chain's gate does not apply)
+    dt_fields, dt_evidence = dynamic_tree_choice(report or {}, rec, *dt_inputs(b, rec)) if report and "modes" in report else (dict.fromkeys(DT_KEYS), None)
+    k = int(dt_fields.pop("max_draft_len", rec.max_draft_len))
+    acceptance = acceptance_at(report or {}, k, source, b.manifest.acceptance)
+    spec_knobs = {"draft_len_schedule": dt_fields.pop("draft_len_schedule")} if dt_fields["use_dynamic_tree"] else schedule_and_gate(rec, acceptance)
+    base = b.options.model_copy(update={"speculative_config": b.options.speculative_config.model_copy(update=dict.fromkeys(DT_KEYS))})
+    opts = recommended_options(base, k, **spec_knobs)
     sa_threshold, sa_evidence = sa_choice(report or {})
-    if sa_threshold is not None:
-        spec = opts.speculative_config.model_copy(update={"sa_config": SAEnhancerOptions(threshold=sa_threshold)})
-        opts = opts.model_copy(update={"speculative_config": spec})
+    measured_k = (report or {}).get("settings", {}).get("max_draft_len")
+    if sa_threshold is not None and sa_evidence is not None and measured_k is not None and int(measured_k) != k:
+        # SA's gain holds at the K it was measured with; at another K its K tokens and the chain's differ
+        note = f"SA measured at K={measured_k}, K={k} recommended: measure alpha --modes chain,sa --max-draft-len {k}"
+        sa_threshold, sa_evidence = None, {**sa_evidence, "written": False, "note": note}
+    if dt_fields["use_dynamic_tree"] and sa_evidence is not None:
+        sa_threshold, sa_evidence = None, {**sa_evidence, "written": False, "note": "the dynamic tree won (TensorRT-LLM refuses it with sa_config)"}
+    if sa_evidence is not None:
+        # measured: SA's sa_config when it wins, none when it does not (a stale one is removed)
+        sa_cfg = SAEnhancerOptions(threshold=sa_threshold) if sa_threshold is not None else None
+        opts = opts.model_copy(update={"speculative_config": opts.speculative_config.model_copy(update={"sa_config": sa_cfg})})
+    elif opts.speculative_config.sa_config is not None and b.manifest.recommendation is not None:
+        sa_evidence = b.manifest.recommendation.evidence.get("sa")  # not measured this time: the enhancer stays, with its evidence
+    # the speculative sampling flags temperature > 0 requests are served with (runtime/sampling_choice.py)
+    sampling_fields, sampling_evidence = sampling_choice(report or {}, opts.speculative_config)
+    opts = opts.model_copy(update={"speculative_config": opts.speculative_config.model_copy(update=sampling_fields)})
+    rec.evidence["spec_sampling"] = sampling_evidence
+    if dt_fields["use_dynamic_tree"]:
+        dt_fields["sa_config"] = None  # an enhancer kept from before goes: TensorRT-LLM refuses it with the tree
+    opts = validate_options({**opts.model_dump(), "speculative_config": {**opts.speculative_config.model_dump(), **dt_fields}}, f"{b.path}: recommendation")
+    if dt_evidence is not None:
+        rec.evidence["dynamic_tree"] = dt_evidence
     evidence = bundle_format.Recommendation(
-        max_draft_len=rec.max_draft_len,
+        max_draft_len=k,
         max_concurrency=rec.max_concurrency,
         cumulative_acceptance=rec.cumulative_acceptance,
         measured_on=source,
         evidence={**rec.evidence, "sa": sa_evidence} if sa_evidence else rec.evidence,
         table=rec.table,
         **spec_knobs,
+        **{k: v for k, v in dt_fields.items() if k in DT_KEYS and v is not None},
     )
     return bundle_write.update(b.path, options=opts, record=evidence, acceptance=acceptance)
 

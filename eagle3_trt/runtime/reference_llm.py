@@ -19,6 +19,7 @@ import asyncio
 import collections
 import itertools
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -181,6 +182,16 @@ class ReferenceLLM:
         self.engine = engine_from_bundle(self.bundle, device=device)
         self.tokenizer = self.engine.tokenizer
         self.speculation = speculation
+        if speculation and (warning := self.engine.sampling.warning()):
+            print(f"{self.bundle}: {warning}", file=sys.stderr)  # what TensorRT-LLM would serve, once per load
+        if speculation and self.engine.dynamic_tree is not None:
+            # the one place this runtime serves something other than TensorRT-LLM would: say so once
+            print(
+                f"{self.bundle}: use_dynamic_tree: temperature > 0 requests are drafted as the chain here "
+                "(TensorRT-LLM samples its dynamic tree), so their acceptance can differ from a TensorRT-LLM server's; "
+                "greedy requests are served exactly",
+                file=sys.stderr,
+            )
         self.eos_ids = eos_token_ids(self.tokenizer, self.bundle)
         self._tok_lock = threading.Lock()  # HF fast tokenizers must not decode from two threads at once
         self._ids = itertools.count(1)

@@ -10,6 +10,7 @@ from typing import get_args
 import click
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.runtime.capture_cli import capture_options, capture_summary, from_options
 from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME, DeviceName, RuntimeName
 from eagle3_trt.triton_serving.package import package_bundle
 from eagle3_trt.triton_serving.server import DRAIN_MAX_S, DRAIN_S, EXIT_TIMEOUT_S, STOP_TIMEOUT_S, start_server, stop_recorded, stop_server
@@ -102,18 +103,41 @@ def package_cmd(
 @click.option("--timeout", "timeout_s", default=600.0, show_default=True, help="seconds to wait for readiness")
 @click.option("--log-verbose", default=0, show_default=True)
 @click.option("--foreground", is_flag=True, help="stay attached; Ctrl-C stops the server")
-def serve_cmd(repo: Path, http_port: int, grpc_port: int, metrics_port: int, state_dir: Path, timeout_s: float, log_verbose: int, foreground: bool) -> None:
+@capture_options
+def serve_cmd(
+    repo: Path,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    state_dir: Path,
+    timeout_s: float,
+    log_verbose: int,
+    foreground: bool,
+    capture_dir: Path | None,
+    capture_max_mb: float | None,
+    capture_redact: tuple[str, ...],
+) -> None:
     """Start tritonserver on 127.0.0.1 with REPO, wait until it is ready, print the URLs."""
+    capture = from_options(capture_dir, capture_max_mb, capture_redact)  # refused before anything starts
     t0 = time.monotonic()
     click.echo(f"starting tritonserver with {repo} (model load can take a while; log: {state_dir}/tritonserver.log)", err=True)
     h = start_server(
-        repo, state_dir=state_dir, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, timeout_s=timeout_s, log_verbose=log_verbose
+        repo,
+        state_dir=state_dir,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        timeout_s=timeout_s,
+        log_verbose=log_verbose,
+        capture=capture,
     )
     click.echo(f"ready in {time.monotonic() - t0:.1f} s (pid {h.pid}); models: {', '.join(h.models)}")
     click.echo(f"  HTTP    {h.http_url}   (POST {h.http_url}/v2/models/{h.models[0] if h.models else SERVED_MODEL_NAME}/generate)")
     click.echo(f"  gRPC    {h.grpc_url}")
     click.echo(f"  metrics {h.metrics_url}")
     click.echo(f"  log     {h.log_file}")
+    if capture is not None:
+        click.echo(f"  capture {capture_summary(capture)}")
     if not foreground:
         click.echo("stop with: eagle3-trt stop" + ("" if str(state_dir) == ".serve" else f" --state-dir {state_dir}"))
         return

@@ -11,7 +11,9 @@ same code.
 * ``LlmServing``: encodes prompts, builds ``SamplingParams``, runs every request as a coroutine on
   one asyncio loop thread (as upstream's llmapi model does), tracks in-flight requests by request
   id (the ``stop`` input), polls client cancellation every ``cancel_period_ms`` and aborts, and
-  ends what is still running when a stop's drain window closes (``draining.py``).
+  ends what is still running when a stop's drain window closes (``draining.py``), and hands each
+  request that ended naturally to the traffic capturer when ``serve --capture`` is on
+  (``capture_setup.py``, ``runtime/capture.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from eagle3_trt.runtime.capture import Capturer
 from eagle3_trt.runtime.llm_api import SamplingParamError, ServingLlm, SpecStats, spec_stats, to_ns
+from eagle3_trt.triton_serving.capture_setup import triton_capturer
 from eagle3_trt.triton_serving.draining import SHUTDOWN_MESSAGE, DrainWatch
 from eagle3_trt.triton_serving.request_params import GenRequest, RequestError, resolve_max_tokens
 
@@ -105,6 +109,8 @@ class Job:
         self.first_token_ns = 0
         self.last_token_ns = 0
         self.perf_metrics: Any = None
+        self.finish_reason: str | None = None
+        self.category: str | None = None
         self.done = False
         self.cancelled = False
         # A stop string can only be cut once it is complete: hold back that much text, so that
@@ -145,6 +151,7 @@ class Job:
         if self.done:
             return
         self.done = True
+        self.finish_reason = finish_reason
         n = self.n_tokens - (self.sent_tokens if self.req.streaming else 0)
         perf = self.perf() if self.req.return_perf_metrics else None
         stop = None
@@ -209,6 +216,7 @@ class LlmServing:
         on_done: Callable[[RequestSummary], None],
         log: Callable[[str], None],
         drain: DrainWatch | None = None,
+        capture: Capturer | None = None,
     ):
         self.llm = llm
         self.SamplingParams = llm.sampling_params_cls
@@ -223,6 +231,8 @@ class LlmServing:
         self.on_done = on_done
         self.log = log
         self.drain = drain
+        # `serve --capture DIR`: set up here, not in model.py, so a repository packaged earlier captures too.
+        self.capture = capture if capture is not None else triton_capturer(log)
         self._drained = False
         self._jobs: set[Job] = set()
         self._by_id: dict[str, set[Job]] = {}
@@ -268,8 +278,9 @@ class LlmServing:
         except ValueError as e:  # another runtime's refusal (TensorRT-LLM): the whole request
             raise RequestError("request", str(e)) from None
 
-    def submit(self, req: GenRequest, sink: Sink, request_id: str, arrival_ns: int) -> None:
-        """Check and start a request; RequestError for bad values (nothing was started)."""
+    def submit(self, req: GenRequest, sink: Sink, request_id: str, arrival_ns: int, category: str | None = None) -> None:
+        """Check and start a request; RequestError for bad values (nothing was started).
+        ``category``: the request's ``eagle3_category`` parameter, kept with captured traffic."""
         if req.streaming and not self.decoupled:
             # Upstream's wording (llmapi model.py: "Streaming is only supported in decoupled mode.").
             raise RequestError(
@@ -280,13 +291,48 @@ class LlmServing:
         sp = self.sampling_params(req, max_tokens)
         speculation = self.speculation and req.speculative
         job = Job(req, sink, request_id, arrival_ns, speculation, self.max_draft_len)
+        job.category = category
         with self._lock:
             self._jobs.add(job)
             if request_id:
                 self._by_id.setdefault(request_id, set()).add(job)
-        asyncio.run_coroutine_threadsafe(self._run(job, ids, sp), self._loop)
+        asyncio.run_coroutine_threadsafe(self._run(job, ids, sp, max_tokens), self._loop)
 
-    async def _run(self, job: Job, ids: list[int], sp) -> None:
+    def _capture(self, job: Job, ids: list[int], max_tokens: int) -> None:
+        """Hand a request that finished by itself to the capturer (a queue put; never raises).
+
+        ``outputs[0].token_ids`` is every generated id and ``text`` all of the text (TensorRT-LLM's
+        ``GenerationResultBase._handle_sequence`` extends ``token_ids`` on each response and trims a
+        matched stop word's ids like the text; ``finish_reason`` 'stop' | 'length' is a natural end:
+        tensorrt_llm/executor/result.py @005bc848); the reference runtime keeps the same contract."""
+        cap = self.capture
+        if cap is None or cap.stopped or job.out is None or job.finish_reason not in ("stop", "length"):
+            return
+        try:
+            o, req = job.out.outputs[0], job.req
+            top_p = 1.0 if req.top_p is None else req.top_p
+            sampling: dict[str, Any] = {
+                "temperature": req.temperature or 0.0,
+                "top_p": top_p,
+                "top_k": req.top_k or 0,
+                "max_tokens": max_tokens,
+                "seed": req.seed,
+            }
+            cap.record(
+                request_id=job.request_id,
+                prompt_ids=ids,
+                prompt_text=req.prompt,
+                output_ids=list(o.token_ids),
+                output_text=o.text,
+                finish_reason=job.finish_reason,
+                sampling=sampling,
+                stats=job.stats(),
+                category=job.category,
+            )
+        except Exception as e:
+            self.log(f"capture: request not recorded: {type(e).__name__}: {e}")
+
+    async def _run(self, job: Job, ids: list[int], sp, max_tokens: int = 0) -> None:
         status = "ok"
         try:
             # Always streamed from the LLM: per-iteration data for the metrics, and the client's
@@ -313,6 +359,8 @@ class LlmServing:
             if job.cancelled:
                 status = "cancelled"
             self._forget(job)
+            if status == "ok":
+                self._capture(job, ids, max_tokens)
             try:
                 self.on_done(job.summary(status))
             except Exception as e:
@@ -401,3 +449,5 @@ class LlmServing:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
             self._canceller.join(timeout=5)
+            if self.capture is not None:
+                self.capture.close()

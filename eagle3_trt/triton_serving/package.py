@@ -97,11 +97,16 @@ class PackagedModel:
     gpu_device_ids: str
 
 
+def write_version_files(vdir: Path, serving: ServingConfig, my: ModelYaml) -> None:
+    """One model version directory's files (model.py, model.yaml, eagle3.yaml); also used by deploy.py."""
+    write_text(vdir / "model.py", MODEL_TEMPLATE.read_text())
+    write_text(vdir / MODEL_YAML, dump_model_yaml(my))
+    write_text(vdir / SERVING_YAML, dump_serving_yaml(serving))
+
+
 def _write_model(mdir: Path, name: str, serving: ServingConfig, my: ModelYaml, instance_count: int, gpu_ids: str) -> None:
     write_text(mdir / "config.pbtxt", render_config(name, serving.bundle, serving.runtime, instance_count, my.triton_config.decoupled, gpu_ids))
-    write_text(mdir / "1" / "model.py", MODEL_TEMPLATE.read_text())
-    write_text(mdir / "1" / MODEL_YAML, dump_model_yaml(my))
-    write_text(mdir / "1" / SERVING_YAML, dump_serving_yaml(serving))
+    write_version_files(mdir / "1", serving, my)
     write_text(mdir / RECORD_FILE, _record(mdir).model_dump_json(indent=1) + "\n")
 
 

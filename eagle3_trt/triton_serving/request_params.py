@@ -23,6 +23,11 @@ import numpy as np
 
 from eagle3_trt.triton_serving.interface import INPUT_BY_NAME
 
+# The one request parameter the model reads (not an input tensor): the request's category, kept with
+# captured traffic (`serve --capture`). On HTTP /generate it is a JSON key; on gRPC a request parameter.
+CATEGORY_PARAMETER = "eagle3_category"
+CATEGORY_MAX_CHARS = 64
+
 
 class RequestError(ValueError):
     """A bad value in a request; ``field`` is the input tensor name."""
@@ -111,6 +116,11 @@ def check_parameters(params: dict, known_inputs: tuple[str, ...] | None = None) 
         known_inputs = tuple(INPUT_BY_NAME)
     for key in params:
         if str(key).startswith("triton_"):
+            continue
+        if key == CATEGORY_PARAMETER:
+            v = params[key]
+            if not isinstance(v, str) or not 0 < len(v) <= CATEGORY_MAX_CHARS:
+                raise RequestError(key, f"must be a non-empty string of at most {CATEGORY_MAX_CHARS} characters, got {v!r}")
             continue
         close = difflib.get_close_matches(str(key), known_inputs, n=1, cutoff=0.6)
         close = close or [n for n in known_inputs if n.endswith("_" + str(key))][:1]

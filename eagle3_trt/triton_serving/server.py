@@ -45,6 +45,7 @@ from pathlib import Path
 from eagle3_trt.atomic import FILE_MODE, make_dirs, staged_dir, write_json
 from eagle3_trt.errors import UserError
 from eagle3_trt.procs import HOST, cmdline_contains, describe, group_members, holders_of, pid_alive, port_is_free, terminate
+from eagle3_trt.runtime.capture import CaptureConfig, capture_env
 from eagle3_trt.triton_serving.draining import SHM_DIR, marker_path, write_marker
 from eagle3_trt.triton_serving.package import check_repository, package_import_root
 
@@ -231,8 +232,12 @@ def start_server(
     log_verbose: int = 0,
     validate: bool = True,
     extra_args: tuple[str, ...] = (),
+    capture: CaptureConfig | None = None,
 ) -> ServerHandle:
-    """Launch tritonserver, wait for /v2/health/ready; on failure stop it and raise with Triton's error."""
+    """Launch tritonserver, wait for /v2/health/ready; on failure stop it and raise with Triton's error.
+
+    ``capture``: record finished requests (runtime/capture.py); None: nothing is captured, even
+    when the caller's environment carries capture settings."""
     repo = Path(repo).resolve()
     state_dir = Path(state_dir).resolve()
     _check_can_start(state_dir, http_port, grpc_port, metrics_port)  # a running server: refused before anything is touched
@@ -244,7 +249,7 @@ def start_server(
     shm_prefix = f"eagle3_{uuid.uuid4().hex[:12]}_"
     log_file = state_dir / "tritonserver.log"
     cmd = _server_argv(install, repo, backend_dir, shm_prefix, http_port, grpc_port, metrics_port, log_verbose, extra_args)
-    env = server_env(install)
+    env = capture_env(capture, server_env(install))
     with open(log_file, "wb") as log:
         os.chmod(log_file, FILE_MODE)
         log.write((" ".join(cmd) + "\n").encode())
@@ -301,6 +306,10 @@ def _server_argv(
         "--allow-gpu-metrics=false",
         # Our config.pbtxt is complete; mirror upstream's launcher so that is what gets tested.
         "--disable-auto-complete-config",
+        # Explicit model control: every model loaded at start (as in the default mode), and the
+        # repository API enabled, through which `eagle3-trt deploy` loads a new version (deploy.py).
+        "--model-control-mode=explicit",
+        "--load-model=*",
         "--exit-on-error=true",
         "--strict-readiness=true",
         f"--log-verbose={log_verbose}",

@@ -194,13 +194,20 @@ class _Responder:
 class _Sink:
     """One request's responses, sent through its decoupled response sender by the responder."""
 
-    __slots__ = ("dead", "responder", "sender", "text_dtype")
+    __slots__ = ("closed", "dead", "lock", "responder", "sender", "text_dtype")
 
     def __init__(self, sender, text_dtype, responder: _Responder):
         self.sender = sender
         self.text_dtype = text_dtype
         self.responder = responder
         self.dead = False
+        # The sender is never asked is_cancelled() once its final response is sent: Triton frees the
+        # response factory with the final response, and the backend would then read freed memory
+        # (tritonserver 2.51 died with SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled while
+        # `eagle3-trt deploy` loaded a version beside streams that were ending). The lock keeps a
+        # poll and the final send apart.
+        self.lock = threading.Lock()
+        self.closed = False
 
     def emit(self, e) -> None:
         self.responder.put((self, "emit", e))
@@ -209,7 +216,8 @@ class _Sink:
         self.responder.put((self, "fail", (message, cancelled, bad_request, unavailable)))
 
     def is_cancelled(self) -> bool:
-        return self.dead or bool(self.sender.is_cancelled())
+        with self.lock:
+            return self.dead or (not self.closed and bool(self.sender.is_cancelled()))
 
     def _send(self, e) -> None:
         out = [
@@ -233,8 +241,12 @@ class _Sink:
                 pb_utils.Tensor("acceptance_length", np.array([p.acceptance_length], dtype=np.float32)),
                 pb_utils.Tensor("speculative_decoding", np.array([p.speculation], dtype=np.bool_)),
             ]
-        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if e.final else 0
-        self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=flags)
+        if not e.final:
+            self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=0)
+            return
+        with self.lock:
+            self.closed = True
+            self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _fail(self, message: str, cancelled: bool, bad_request: bool = False, unavailable: bool = False) -> None:
         # INVALID_ARG is what makes Triton answer HTTP 400 (and gRPC INVALID_ARGUMENT) instead of 500;
@@ -242,7 +254,9 @@ class _Sink:
         name = "CANCELLED" if cancelled else "INVALID_ARG" if bad_request else "UNAVAILABLE" if unavailable else None
         code = getattr(pb_utils.TritonError, name, None) if name else None
         err = pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
-        self.sender.send(pb_utils.InferenceResponse(error=err), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        with self.lock:
+            self.closed = True
+            self.sender.send(pb_utils.InferenceResponse(error=err), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
 def _request_parameters(request) -> dict:
@@ -354,7 +368,8 @@ class TritonPythonModel:
                 return None if t is None else t.as_numpy()
 
             try:
-                self._check_parameters(_request_parameters(request))
+                params = _request_parameters(request)
+                self._check_parameters(params)
                 req = self._parse(get)
                 if req.stop_request:
                     n = self.serving.stop_request(request.request_id())
@@ -365,7 +380,7 @@ class TritonPythonModel:
                     continue
                 self.metrics.started()
                 try:
-                    self.serving.submit(req, sink, request.request_id(), arrival)
+                    self.serving.submit(req, sink, request.request_id(), arrival, category=params.get("eagle3_category"))
                 except BaseException:
                     self.metrics.not_started()
                     raise

@@ -1,0 +1,417 @@
+"""Traffic capture on the serving side (issue 23 A): finished requests -> ``formats/traffic`` segments.
+
+``serve --capture DIR`` (Triton) and ``serve-dynamo --capture DIR`` hand the settings to the
+processes that run the model through the environment variable ``EAGLE3_CAPTURE`` (a
+``CaptureConfig`` as JSON; set only when capture is on, and removed from the servers' environment
+otherwise). The serving code there builds one ``Capturer`` and calls ``record`` once per request
+that finished by itself (``stop``/``length``); cancelled and failed requests are not recorded.
+
+The request path only puts a tuple on a bounded queue (``put_nowait``: a full queue drops the
+record and counts it, it never waits). One background thread per process does everything else:
+loads the bundle's tokenizer, decodes ids where the front end has no text (Dynamo), applies the
+redaction patterns, re-encodes ids from redacted text, builds the ``TrafficRecord`` and writes it
+through ``SegmentWriter`` (each flush rewrites the open segment whole through the atomic writer,
+at most every ``flush_s`` and at close). A failure there (disk, tokenizer) turns capture off with
+one warning; serving goes on.
+
+Redaction: every pattern is applied to the prompt text and the output text (``re.sub`` with
+``[REDACTED]``) before a record reaches the writer. When a pattern matched (in the text, or in the
+text the token ids decode to), the ids are re-encoded from the redacted text with the served
+tokenizer and ``redacted`` is true, so the ids cannot carry what the text hid.
+
+The cap (``max_mb``) is on the capture directory as a whole: every ``traffic-*.jsonl`` in it,
+from earlier runs and from the other model instances or workers writing there (rescanned at each
+flush, so concurrent writers can pass it by what they write in one flush interval). The first
+record that would pass it stops capture in this process with one warning line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from eagle3_trt.errors import UserError
+from eagle3_trt.formats.traffic import CapturedSampling, SegmentWriter, ServedAcceptance, TrafficRecord, segments
+from eagle3_trt.runtime.llm_api import SpecStats
+
+CAPTURE_ENV = "EAGLE3_CAPTURE"
+REDACTED = "[REDACTED]"
+DEFAULT_MAX_MB = 1024.0
+FLUSH_S = 0.5
+QUEUE_SIZE = 4096
+
+
+class CaptureConfig(BaseModel):
+    """What ``--capture DIR --capture-max-mb N --capture-redact REGEX`` set."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dir: Path = Field(description="the capture directory (created when the first record is written)")
+    max_mb: float = Field(DEFAULT_MAX_MB, gt=0, allow_inf_nan=False, description="cap on the capture directory's segments, MB (10^6 bytes)")
+    redact: tuple[str, ...] = Field((), description="regular expressions; each match is replaced by [REDACTED] before anything is written")
+    flush_s: float = Field(FLUSH_S, gt=0, le=60)
+    segment_records: int = Field(256, ge=1)
+    segment_mb: int = Field(4, ge=1, description="a new segment after this many MB: bounds what each flush rewrites")
+
+    @field_validator("redact")
+    @classmethod
+    def _compiles(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for p in v:
+            if not p:
+                raise ValueError("an empty pattern would match everywhere")
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ValueError(f"{p!r} is not a regular expression ({e})") from None
+        return v
+
+    @property
+    def max_bytes(self) -> int:
+        return int(self.max_mb * 1_000_000)
+
+    def patterns(self) -> list[re.Pattern[str]]:
+        return [re.compile(p) for p in self.redact]
+
+    def to_env(self) -> str:
+        return self.model_dump_json()
+
+
+def capture_config(d: Path, max_mb: float = DEFAULT_MAX_MB, redact: Sequence[str] = ()) -> CaptureConfig:
+    """The command line's capture options, checked: one UserError naming the option for each bad value.
+
+    The directory must be a directory (or not exist yet) in a place this process may write; it is
+    not created here (the serving processes create it with their first record)."""
+    for p in redact:
+        try:
+            if not p:
+                raise re.error("empty pattern (it would match everywhere)")
+            re.compile(p)
+        except re.error as e:
+            raise UserError(
+                "--capture-redact", f"{p!r} is not a regular expression ({e})", "pass a Python regular expression, e.g. 'sk-[A-Za-z0-9]{20,}'"
+            ) from None
+    if not (max_mb > 0 and math.isfinite(max_mb)):
+        raise UserError("--capture-max-mb", f"{max_mb:g}: must be a number of MB more than 0", "the cap on the capture directory's segments")
+    d = Path(d).absolute()
+    check_capture_dir(d)
+    return CaptureConfig(dir=d, max_mb=max_mb, redact=tuple(redact))
+
+
+def check_capture_dir(d: Path) -> None:
+    """A capture directory the serving processes can write, or a one-line UserError."""
+    hint = "--capture takes a directory this user can write (it is created if missing)"
+    if os.path.lexists(d) and not d.is_dir():
+        raise UserError(d, "is not a directory", hint)
+    p = d
+    while not os.path.lexists(p):
+        p = p.parent
+    if not p.is_dir():
+        raise UserError(d, f"cannot be created: {p} is not a directory", hint)
+    if not os.access(p, os.W_OK | os.X_OK):
+        try:
+            ro = bool(os.statvfs(p).f_flag & os.ST_RDONLY)
+        except OSError:
+            ro = False
+        raise UserError(d, f"not writable: {p} is on a read-only file system" if ro else f"not writable: permission denied in {p}", hint)
+
+
+def config_from_env(environ: Mapping[str, str] | None = None) -> CaptureConfig | None:
+    """The capture settings ``serve``/``serve-dynamo`` passed down; None when capture is off."""
+    raw = (os.environ if environ is None else environ).get(CAPTURE_ENV)
+    if not raw:
+        return None
+    try:
+        return CaptureConfig.model_validate_json(raw)
+    except ValidationError as e:
+        raise UserError(CAPTURE_ENV, f"not a capture configuration ({e.errors()[0]['msg']})", "set by `eagle3-trt serve --capture`; unset it") from None
+
+
+def capture_env(cfg: CaptureConfig | None, env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a serving process: the capture settings when on, and none inherited when off."""
+    env.pop(CAPTURE_ENV, None)
+    if cfg is not None:
+        env[CAPTURE_ENV] = cfg.to_env()
+    return env
+
+
+def chat_prefix(tokenizer: Any) -> str | None:
+    """What every chat-templated prompt of this tokenizer starts with (BOS and the first role
+    header), or None without a chat template: the common start of a user-only and a
+    system+user conversation, when it is more than BOS alone."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    try:
+        a = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True)
+        b = tokenizer.apply_chat_template([{"role": "system", "content": "y"}, {"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True)
+    except Exception:
+        return None
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    prefix = a[:n]
+    bos = getattr(tokenizer, "bos_token", None) or ""
+    return prefix if len(prefix) > len(bos) else None
+
+
+def load_tokenizer(tokenizer_dir: Path) -> Any:
+    from transformers import AutoTokenizer  # local: heavy, and loaded on the capture thread only
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+
+@dataclass(frozen=True)
+class CaptureSource:
+    """What every record of one serving process shares."""
+
+    bundle_fingerprint: str
+    model: str
+    frontend: Literal["triton", "dynamo"]
+    model_version: str | None = None
+
+
+def served_acceptance(s: SpecStats) -> ServedAcceptance:
+    """The acceptance a capture record keeps of a finished request's ``llm_api.spec_stats``."""
+    return ServedAcceptance(
+        speculative=s.speculative,
+        draft_tokens=s.draft_tokens,
+        accepted_draft_tokens=s.accepted_draft_tokens,
+        target_forwards=s.target_forwards,
+        completion_tokens=s.completion_tokens,
+    )
+
+
+@dataclass(frozen=True)
+class _Finished:
+    request_id: str
+    time_unix: float
+    prompt_ids: list[int]
+    prompt_text: str | None
+    output_ids: list[int]
+    output_text: str | None
+    finish_reason: str | None
+    sampling: dict[str, Any]
+    stats: SpecStats
+    category: str | None
+
+
+_CLOSE = object()
+
+
+class Capturer:
+    """Records finished requests off the request path; see the module docstring."""
+
+    def __init__(
+        self,
+        cfg: CaptureConfig,
+        source: CaptureSource,
+        *,
+        tokenizer: Callable[[], Any],
+        warn: Callable[[str], None],
+        queue_size: int = QUEUE_SIZE,
+    ) -> None:
+        self.cfg = cfg
+        self.source = source
+        self._tokenizer_factory = tokenizer
+        self._warn = warn
+        self._patterns = cfg.patterns()
+        self._q: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self.stopped = False  # capture is off for good in this process (cap reached, or a failure)
+        self.dropped = 0  # records lost to a full queue
+        self.written = 0
+        self.skipped = 0  # records that could not be built (reported once)
+        self._tok: Any = None
+        self._chat_prefix: str | None = None
+        self._writer: SegmentWriter | None = None
+        self._others = 0  # bytes of the directory's segments this process did not write
+        self._unflushed = False
+        self._thread = threading.Thread(target=self._loop, name="eagle3-capture", daemon=True)
+        self._thread.start()
+
+    # -- the request path: never blocks, never raises --------------------------------------------
+    def record(
+        self,
+        *,
+        request_id: str | None,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        sampling: Mapping[str, Any],
+        stats: SpecStats,
+        prompt_text: str | None = None,
+        output_text: str | None = None,
+        finish_reason: str | None = None,
+        category: str | None = None,
+    ) -> None:
+        if self.stopped:
+            return
+        try:
+            item = _Finished(
+                request_id or uuid.uuid4().hex,
+                time.time(),
+                list(prompt_ids),
+                prompt_text,
+                list(output_ids),
+                output_text,
+                finish_reason,
+                dict(sampling),
+                stats,
+                category,
+            )
+            self._q.put_nowait(item)
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped == 1:
+                self._warn(f"capture: the writer is behind; records are being dropped (queue of {self._q.maxsize} full)")
+        except Exception as e:  # capture must never fail a request
+            self._skip(e)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Write what is queued and the open segment, then stop the thread."""
+        while self._thread.is_alive():
+            try:
+                self._q.put(_CLOSE, timeout=0.5)
+                break
+            except queue.Full:
+                continue
+        self._thread.join(timeout_s)
+
+    # -- the capture thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            self._tok = self._tokenizer_factory()
+            self._chat_prefix = chat_prefix(self._tok)
+            self._writer = SegmentWriter(self.cfg.dir, segment_records=self.cfg.segment_records, segment_bytes=self.cfg.segment_mb * 1_000_000)
+            self._others = self._dir_bytes()
+            self._writer.max_bytes = self.cfg.max_bytes - self._others
+        except Exception as e:
+            self._stop(f"capture off: cannot start writing to {self.cfg.dir} ({type(e).__name__}: {e}); serving continues")
+        last = time.monotonic()
+        while True:
+            wait = None if self._writer is None or not self._unflushed else max(0.0, last + self.cfg.flush_s - time.monotonic())
+            try:
+                item = self._q.get(timeout=wait)
+            except queue.Empty:
+                item = None
+            if item is _CLOSE:
+                break
+            if isinstance(item, _Finished) and not self.stopped:
+                self._write(item)
+            if self._writer is not None and time.monotonic() - last >= self.cfg.flush_s:
+                self._flush()
+                last = time.monotonic()
+        if self._writer is not None:
+            self._flush()
+
+    def _write(self, item: _Finished) -> None:
+        assert self._writer is not None
+        try:
+            rec = self._build(item)
+        except Exception as e:
+            self._skip(e)
+            return
+        try:
+            ok = self._writer.write(rec)
+        except Exception as e:
+            self._stop(f"capture off: writing to {self.cfg.dir} failed ({type(e).__name__}: {e}); serving continues")
+            return
+        if not ok:
+            self._flush()
+            self._stop(
+                f"capture stopped: {self.cfg.dir} reached --capture-max-mb {self.cfg.max_mb:g} "
+                f"({(self._others + self._writer.bytes_written) / 1e6:.2f} MB of segments); serving continues, nothing more is captured"
+            )
+            return
+        self.written += 1
+        self._unflushed = True
+
+    def _flush(self) -> None:
+        assert self._writer is not None
+        try:
+            self._writer.flush()
+            self._unflushed = False
+            # The other writers' share, for the cap (all of this writer's bytes are on disk now).
+            self._others = max(0, self._dir_bytes() - self._writer.bytes_written)
+            self._writer.max_bytes = self.cfg.max_bytes - self._others
+        except Exception as e:
+            self._stop(f"capture off: writing to {self.cfg.dir} failed ({type(e).__name__}: {e}); serving continues")
+
+    def _dir_bytes(self) -> int:
+        n = 0
+        for p in segments(self.cfg.dir):
+            try:
+                n += p.stat().st_size
+            except FileNotFoundError:
+                pass
+        return n
+
+    def _stop(self, message: str) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self._warn(message)
+
+    def _skip(self, e: Exception) -> None:
+        self.skipped += 1
+        if self.skipped == 1:
+            self._warn(f"capture: a record could not be built and was skipped ({type(e).__name__}: {e}); later ones are skipped silently")
+
+    # -- building a record (capture thread) ------------------------------------------------------
+    def _decode(self, ids: list[int], skip_special: bool) -> str:
+        return str(self._tok.decode(ids, skip_special_tokens=skip_special, clean_up_tokenization_spaces=False))
+
+    def _encode(self, text: str, prompt: bool) -> list[int]:
+        bos = getattr(self._tok, "bos_token", None)
+        special = prompt and not (isinstance(bos, str) and bos and text.startswith(bos))
+        return [int(i) for i in self._tok.encode(text, add_special_tokens=special)]
+
+    def _redact(self, text: str) -> str:
+        for p in self._patterns:
+            text = p.sub(REDACTED, text)
+        return text
+
+    def _side(self, text: str | None, ids: list[int], *, prompt: bool) -> tuple[str, list[int], bool]:
+        """(text, ids, redacted) of one side: text decoded when the front end has none; when a
+        pattern matches the text or what the ids decode to, ids re-encoded from the redacted text."""
+        decoded: str | None = None
+        if text is None:
+            decoded = self._decode(ids, skip_special=not prompt)
+            text = decoded
+        if not self._patterns:
+            return text, ids, False
+        clean = self._redact(text)
+        if clean == text:
+            raw = decoded if decoded is not None else self._decode(ids, skip_special=False)
+            if self._redact(raw) == raw:
+                return text, ids, False
+        return clean, self._encode(clean, prompt), True
+
+    def _build(self, it: _Finished) -> TrafficRecord:
+        prompt_text, prompt_ids, r1 = self._side(it.prompt_text, it.prompt_ids, prompt=True)
+        output_text, output_ids, r2 = self._side(it.output_text, it.output_ids, prompt=False)
+        return TrafficRecord(
+            request_id=it.request_id,
+            time_unix=it.time_unix,
+            bundle_fingerprint=self.source.bundle_fingerprint,
+            model=self.source.model,
+            model_version=self.source.model_version,
+            frontend=self.source.frontend,
+            chat=bool(self._chat_prefix and prompt_text.startswith(self._chat_prefix)),
+            prompt_text=prompt_text,
+            prompt_ids=prompt_ids,
+            output_ids=output_ids,
+            output_text=output_text,
+            finish_reason=it.finish_reason,
+            sampling=CapturedSampling(**it.sampling),
+            acceptance=served_acceptance(it.stats),
+            category=it.category,
+            redacted=r1 or r2,
+        )

@@ -1,0 +1,48 @@
+"""``alpha --modes dynamic-tree``: TensorRT-LLM's EAGLE-3 dynamic tree (core/dynamic_tree.py) as a
+speculation mode to measure beside the chain, with the checks that refuse it before a model loads."""
+
+from __future__ import annotations
+
+from eagle3_trt.core.dynamic_tree import DynamicTreeConfig, check_dynamic_tree, check_target
+from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline.bundle import Bundle
+
+DYNAMIC_TREE_MODE = "dynamic-tree"
+# TensorRT-LLM has no default dynamic_tree_max_topK (it is required with use_dynamic_tree); 10 is the
+# value of its docs' example (docs/source/features/speculative-decoding.md @04c8822c). The default
+# max_total_draft_tokens is TensorRT-LLM's own: dynamic_tree_max_topK * max_draft_len.
+DEFAULT_TOPK = 10
+
+
+def refuse_combined_modes(modes: tuple[str, ...]) -> None:
+    """A mode written as a combination ("dynamic-tree+sa"): TensorRT-LLM refuses the dynamic tree
+    with sa_config (eagle3_dynamic_tree.py @057c8a65, Eagle3OneModelDynamicTreeWorker.__init__)."""
+    for m in modes:
+        parts = set(m.split("+"))
+        if len(parts) > 1 and parts == {DYNAMIC_TREE_MODE, "sa"}:
+            raise UserError(
+                "--modes",
+                f"{m}: TensorRT-LLM's dynamic tree does not support the suffix-automaton enhancer (sa_config)",
+                "measure dynamic-tree and sa as separate modes: --modes chain,sa,dynamic-tree",
+            )
+
+
+def dynamic_tree_for_modes(modes: tuple[str, ...], b: Bundle, k: int, topk: int, total: int | None, temperature: float) -> DynamicTreeConfig | None:
+    """The dynamic tree to measure (None when the mode is not asked for), or the one-line reason it
+    cannot run: out-of-range topK / max_total_draft_tokens, a sliding-window or MLA target, sampling."""
+    if DYNAMIC_TREE_MODE not in modes:
+        return None
+    check_dynamic_tree(topk, total, k, names=("--dynamic-tree-topk", "--max-total-draft-tokens"))
+    check_target(b.target_config, where=str(b.target_dir / "config.json"))
+    if temperature > 0:
+        raise UserError(
+            "--modes",
+            "dynamic-tree is measured greedily only (the reference runtime walks the tree greedily)",
+            "drop --temperature, or measure dynamic-tree in a separate greedy run",
+        )
+    return DynamicTreeConfig(topk, total)
+
+
+def dynamic_tree_entry(cfg: DynamicTreeConfig, k: int) -> dict:
+    """What the mode entry records of the tree it measured, in TensorRT-LLM's names."""
+    return {"use_dynamic_tree": True, "dynamic_tree_max_topK": cfg.topk, "max_total_draft_tokens": cfg.total(k), "max_draft_len": k}

@@ -1,0 +1,42 @@
+"""CLI command ``deploy`` (registered by eagle3_trt/cli.py); the work is in deploy.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from eagle3_trt.errors import UserError
+from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME
+from eagle3_trt.triton_serving.deploy import LOAD_TIMEOUT_S, deploy
+
+
+@click.command("deploy")
+@click.argument("new", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--repo", required=True, type=click.Path(file_okay=False, path_type=Path), help="the model repository `eagle3-trt package` wrote and `serve` serves"
+)
+@click.option("--name", "model_name", default=SERVED_MODEL_NAME, show_default=True, help="the Triton model that gets the new version")
+@click.option("--state-dir", default=".serve", show_default=True, type=click.Path(path_type=Path), help="where `serve` recorded the running server")
+@click.option("--rollback", is_flag=True, help="serve the version before the served one again (the served one is kept on disk as rolled-back-N)")
+@click.option("--offline", is_flag=True, help="no server running: change the repository on disk only; the next `serve` serves the highest version")
+@click.option("--timeout", "timeout_s", default=LOAD_TIMEOUT_S, show_default=True, help="seconds to wait for the new version to load")
+def deploy_cmd(new: Path | None, repo: Path, model_name: str, state_dir: Path, rollback: bool, offline: bool, timeout_s: float) -> None:
+    """Add bundle NEW as the next version of the served Triton model: new requests go to it, requests
+    in flight finish on the old one. --rollback returns to the previous version."""
+    if rollback and new is not None:
+        raise UserError("--rollback", f"takes no bundle (got {new})", "`eagle3-trt deploy --rollback --repo REPO`")
+    if not rollback and new is None:
+        raise UserError("NEW", "missing: the bundle to deploy", "`eagle3-trt deploy NEW --repo REPO`, or --rollback")
+    r = deploy(new, repo, name=model_name, state_dir=state_dir, rollback=rollback, offline=offline, timeout_s=timeout_s)
+    verb = "rolled back" if rollback else "deployed"
+    click.echo(f"{verb} '{r.model}': version {r.version} ({r.bundle}) replaces version {r.previous}")
+    if r.loaded:
+        click.echo(f"  version {r.version} is ready and takes new requests ({r.seconds:.1f} s)")
+        click.echo(
+            f"  version {r.previous}: {r.previous_state} (Triton unloads it once its requests have finished and the gRPC streams that sent them are closed)"
+        )
+    else:
+        click.echo(f"  on disk only (--offline): `eagle3-trt serve {repo}` will serve version {r.version}")
+    if not rollback:
+        click.echo(f"  undo with: eagle3-trt deploy --rollback --repo {repo}" + ("" if str(state_dir) == ".serve" else f" --state-dir {state_dir}"))

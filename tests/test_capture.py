@@ -1,0 +1,297 @@
+"""Traffic capture without a server (runtime/capture.py, triton_serving/capture_setup.py): the settings
+and their refusals, the capturer writing real segments with the tiny pair's real tokenizer, redaction
+before the first byte, the cap, and a request path that never waits. Servers: test_capture_triton.py
+and test_capture_dynamo.py."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from eagle3_trt import cli
+from eagle3_trt.errors import UserError
+from eagle3_trt.formats.traffic import read_traffic, segments
+from eagle3_trt.runtime.capture import (
+    CAPTURE_ENV,
+    REDACTED,
+    CaptureConfig,
+    Capturer,
+    CaptureSource,
+    capture_config,
+    capture_env,
+    chat_prefix,
+    config_from_env,
+    load_tokenizer,
+)
+from eagle3_trt.runtime.capture_cli import from_options
+from eagle3_trt.runtime.llm_api import SpecStats
+from eagle3_trt.triton_serving.capture_setup import stub_model_dir, triton_capturer
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TOK_DIR = REPO_ROOT / "models" / "tiny" / "target"
+SECRET = "sk-live-4f9a8b7c6d5e"
+HINT = "--capture takes a directory this user can write (it is created if missing)"
+SOURCE = CaptureSource("f" * 64, "eagle3", "triton", "1")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(TOK_DIR)
+
+
+def _stats(n: int = 5) -> SpecStats:
+    return SpecStats(True, 8, 3, 4, n)
+
+
+def _sampling(n: int = 5) -> dict:
+    return {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": n, "seed": None}
+
+
+def _capturer(tok, d: Path, warnings: list[str], **cfg) -> Capturer:
+    return Capturer(CaptureConfig(dir=d, **cfg), SOURCE, tokenizer=lambda: tok, warn=warnings.append)
+
+
+def _all_bytes(d: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file())
+
+
+# ---- settings ------------------------------------------------------------------------------------
+def test_bad_settings_are_one_line_each(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UserError) as e:
+        capture_config(tmp_path / "cap", redact=["(unclosed"])
+    assert e.value.where == "--capture-redact" and "'(unclosed' is not a regular expression" in e.value.what
+    with pytest.raises(UserError) as e:
+        capture_config(tmp_path / "afile")
+    assert e.value.where == str(tmp_path / "afile") and e.value.what == "is not a directory"
+    with pytest.raises(UserError) as e:
+        capture_config(tmp_path / "afile" / "cap")
+    assert "is not a directory" in e.value.what
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(UserError) as e:
+            capture_config(tmp_path / "cap", max_mb=bad)
+        assert e.value.where == "--capture-max-mb"
+    with pytest.raises(UserError) as e:
+        from_options(None, None, ("secret",))
+    assert e.value.where == "--capture-redact" and "without --capture" in e.value.what
+    assert from_options(None, None, ()) is None
+    assert not (tmp_path / "cap").exists()  # checked, not created: the serving processes create it
+
+
+@pytest.mark.needs("tmpfs")
+def test_read_only_directory_is_refused_before_the_server_starts(tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(ro)], check=True)
+    try:
+        with pytest.raises(UserError) as e:
+            capture_config(ro / "cap")
+        assert "read-only file system" in e.value.what
+        # the CLI: one line, exit 2, before anything starts (no repository needed to get there)
+        rc = cli.main(["serve", str(tmp_path / "no-repo"), "--capture", str(ro / "cap")])
+        err = capsys.readouterr().err
+        assert rc == 2 and "Traceback" not in err, err
+        assert err.strip().splitlines() == [f"error: {ro / 'cap'}: not writable: {ro} is on a read-only file system (hint: {HINT})"]
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_settings_reach_the_serving_processes_only_when_on(tmp_path):
+    cfg = capture_config(tmp_path / "cap", max_mb=2.5, redact=[r"sk-\w+"])
+    env = capture_env(cfg, {"PATH": "/bin", CAPTURE_ENV: "stale"})
+    assert config_from_env(env) == cfg
+    assert CAPTURE_ENV not in capture_env(None, {"PATH": "/bin", CAPTURE_ENV: cfg.to_env()})  # off: nothing inherited
+    assert config_from_env({}) is None
+    with pytest.raises(UserError):
+        config_from_env({CAPTURE_ENV: '{"dir": "/x", "bogus": 1}'})
+
+
+def test_triton_stub_names_its_model_and_version(tmp_path):
+    cmd = b"/s/backends/python/triton_python_backend_stub\0/r/repo/eagle3_unary/3/model.py\0eagle3_abc_x\0" + b"1048576\0"
+    assert stub_model_dir(cmd) == Path("/r/repo/eagle3_unary/3")
+    assert stub_model_dir(b"/usr/bin/python3\0-m\0pytest\0") is None
+    # not a stub and capture off: nothing at all; not a stub with capture on: a warning, no capturer
+    warned: list[str] = []
+    assert triton_capturer(warned.append) is None and warned == []
+
+
+def test_chat_prefix_tells_templated_prompts(tok):
+    p = chat_prefix(tok)
+    assert p is not None and p.startswith(tok.bos_token) and len(p) > len(tok.bos_token)
+    templated = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert templated.startswith(p) and not "hi there".startswith(p)
+
+
+# ---- the capturer ------------------------------------------------------------------------------------
+def test_records_are_what_was_served(tok, tmp_path):
+    d, warnings = tmp_path / "cap", []
+    cap = _capturer(tok, d, warnings)
+    templated = tok.apply_chat_template([{"role": "user", "content": "Name a prime."}], tokenize=False, add_generation_prompt=True)
+    served = []
+    for i, prompt in enumerate(["hello there", templated]):
+        ids = tok.encode(prompt, add_special_tokens=not prompt.startswith(tok.bos_token))
+        out_ids = tok.encode(f" answer {i}", add_special_tokens=False)
+        served.append((prompt, ids, out_ids))
+        cap.record(
+            request_id=f"r{i}",
+            prompt_ids=ids,
+            prompt_text=prompt,
+            output_ids=out_ids,
+            output_text=f" answer {i}",
+            finish_reason="stop",
+            sampling=_sampling(),
+            stats=_stats(len(out_ids)),
+            category="code" if i else None,
+        )
+    # flushed within the flush interval, while the capturer still runs
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and sum(1 for _ in segments(d)) == 0:
+        time.sleep(0.05)
+    assert len(read_traffic(d)) == 2
+    cap.close()
+    recs = read_traffic(d)
+    assert [r.request_id for r in recs] == ["r0", "r1"] and warnings == []
+    for r, (prompt, ids, out_ids) in zip(recs, served):
+        assert (r.prompt_text, r.prompt_ids, r.output_ids) == (prompt, ids, out_ids)
+        assert (r.bundle_fingerprint, r.model, r.model_version, r.frontend) == ("f" * 64, "eagle3", "1", "triton")
+        assert r.acceptance.draft_tokens == 8 and r.acceptance.accepted_draft_tokens == 3
+        assert r.acceptance.acceptance_length == len(out_ids) / 4 and not r.redacted
+    assert [r.chat for r in recs] == [False, True] and [r.category for r in recs] == [None, "code"]
+
+
+def test_text_is_decoded_when_the_front_end_has_only_ids(tok, tmp_path):
+    """Dynamo's workers see token ids: the prompt is recorded as the model saw it, special tokens included."""
+    d = tmp_path / "cap"
+    cap = _capturer(tok, d, [])
+    templated = tok.apply_chat_template([{"role": "user", "content": "Name a prime."}], tokenize=False, add_generation_prompt=True)
+    ids = tok.encode(templated, add_special_tokens=False)
+    cap.record(request_id="x", prompt_ids=ids, output_ids=tok.encode(" 7", add_special_tokens=False), sampling=_sampling(), stats=_stats())
+    cap.close()
+    (r,) = read_traffic(d)
+    assert r.prompt_text == templated and r.prompt_ids == ids and r.chat and r.output_text == " 7"
+
+
+def test_redaction_happens_before_the_first_byte(tok, tmp_path):
+    d = tmp_path / "cap"
+    cap = _capturer(tok, d, [], redact=(r"sk-live-[0-9a-f]+", r"\d{3}-\d{2}-\d{4}"))
+    prompt = f"my key is {SECRET} and my SSN is 123-45-6789, please keep them"
+    out = f"Sure: {SECRET}"
+    cap.record(
+        request_id="a",
+        prompt_ids=tok.encode(prompt),
+        prompt_text=prompt,
+        output_ids=tok.encode(out, add_special_tokens=False),
+        output_text=out,
+        sampling=_sampling(),
+        stats=_stats(),
+    )
+    # the secret only in the ids (a Dynamo worker: no text given): found by decoding, ids re-encoded
+    cap.record(
+        request_id="b", prompt_ids=tok.encode(f"use {SECRET}"), output_ids=tok.encode(" ok", add_special_tokens=False), sampling=_sampling(), stats=_stats()
+    )
+    cap.record(
+        request_id="c",
+        prompt_ids=tok.encode("nothing to hide"),
+        prompt_text="nothing to hide",
+        output_ids=[5],
+        output_text="x",
+        sampling=_sampling(),
+        stats=_stats(),
+    )
+    cap.close()
+    blob = _all_bytes(d)
+    assert blob and SECRET.encode() not in blob and b"123-45-6789" not in blob
+    for piece in ("4f9a8b7c6d5e", "sk-live"):
+        assert piece.encode() not in blob
+    a, b, c = read_traffic(d)
+    assert a.prompt_text == f"my key is {REDACTED} and my SSN is {REDACTED}, please keep them" and a.output_text == f"Sure: {REDACTED}"
+    assert a.prompt_ids == tok.encode(a.prompt_text) and a.output_ids == tok.encode(a.output_text, add_special_tokens=False)
+    assert b.prompt_text is not None and SECRET not in b.prompt_text and REDACTED in b.prompt_text
+    for r in (a, b):
+        assert r.redacted
+        for ids in (r.prompt_ids, r.output_ids):
+            assert SECRET not in tok.decode(ids)  # the ids do not carry what the text hid
+    assert not c.redacted and c.output_ids == [5]
+
+
+def test_at_the_cap_capture_stops_once_and_requests_go_on(tok, tmp_path):
+    d, warnings = tmp_path / "cap", []
+    (d).mkdir()
+    (d / "traffic-0000000000001-1-000000.jsonl").write_text("")  # an earlier run's (empty) segment counts too
+    cap = _capturer(tok, d, warnings, max_mb=0.003)  # 3000 bytes: a few records
+    ids = tok.encode("hello there")
+    t0 = time.perf_counter()
+    for i in range(40):
+        cap.record(
+            request_id=f"r{i}", prompt_ids=ids, prompt_text="hello there", output_ids=[7] * 20, output_text="x" * 40, sampling=_sampling(20), stats=_stats(20)
+        )
+        time.sleep(0.01)
+    spent = time.perf_counter() - t0 - 40 * 0.01
+    cap.close()
+    recs = read_traffic(d)
+    assert 0 < len(recs) < 40 and cap.stopped
+    assert sum(p.stat().st_size for p in segments(d)) <= 3000
+    assert [r.request_id for r in recs] == [f"r{i}" for i in range(len(recs))]  # the first ones, whole
+    assert len(warnings) == 1 and "reached --capture-max-mb 0.003" in warnings[0] and "serving continues" in warnings[0]
+    assert spent < 0.5  # 40 calls on the request path: no waiting for the disk
+
+
+def test_the_request_path_never_waits(tok, tmp_path):
+    """A writer that is stuck (tokenizer still loading) must not slow requests: the queue drops."""
+    warnings: list[str] = []
+
+    def slow():
+        time.sleep(1.0)
+        return tok
+
+    cap = Capturer(CaptureConfig(dir=tmp_path / "cap"), SOURCE, tokenizer=slow, warn=warnings.append, queue_size=4)
+    t0 = time.perf_counter()
+    for i in range(50):
+        cap.record(request_id=str(i), prompt_ids=[1, 2], prompt_text="ab", output_ids=[3], output_text="c", sampling=_sampling(), stats=_stats())
+    assert time.perf_counter() - t0 < 0.2
+    cap.close()
+    assert cap.dropped == 46 and len(read_traffic(tmp_path / "cap")) == 4
+    assert len(warnings) == 1 and "dropped" in warnings[0]
+
+
+def test_an_unwritable_directory_turns_capture_off_not_serving(tok, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    warnings: list[str] = []
+    cap = _capturer(tok, tmp_path / "afile", warnings)
+    cap.record(request_id="a", prompt_ids=[1], prompt_text="a", output_ids=[2], output_text="b", sampling=_sampling(), stats=_stats())
+    cap.close()
+    assert cap.stopped and len(warnings) == 1 and warnings[0].startswith("capture off: cannot start writing")
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_triton_requests_may_carry_a_category_and_nothing_else():
+    from eagle3_trt.triton_serving.request_params import RequestError, check_parameters
+
+    check_parameters({"eagle3_category": "code", "triton_enable_empty_final_response": True})
+    for bad in ("", 5, "x" * 65):
+        with pytest.raises(RequestError) as e:
+            check_parameters({"eagle3_category": bad})
+        assert e.value.field == "eagle3_category"
+    with pytest.raises(RequestError) as e:
+        check_parameters({"category": "code"})
+    assert e.value.field == "category" and "unknown fields are refused" in e.value.message
+
+
+def test_segments_rotate_by_size_so_a_flush_rewrites_little(tok, tmp_path):
+    from eagle3_trt.formats.traffic import SegmentWriter
+
+    d = tmp_path / "cap"
+    cap = _capturer(tok, d, [])
+    for i in range(3):
+        cap.record(request_id=str(i), prompt_ids=[1, 2], prompt_text="ab", output_ids=[3], output_text="c", sampling=_sampling(), stats=_stats())
+    cap.close()
+    recs = read_traffic(d)
+    w = SegmentWriter(tmp_path / "by-size", segment_bytes=2 * len(recs[0].to_line()))
+    for r in recs:
+        assert w.write(r)
+    w.flush()
+    assert [len(p.read_text().splitlines()) for p in segments(tmp_path / "by-size")] == [2, 1]
+    assert [r.request_id for r in read_traffic(tmp_path / "by-size")] == ["0", "1", "2"]

@@ -1,0 +1,71 @@
+"""`eagle3-trt serve-dynamo --capture` with NVIDIA Dynamo's real frontend and one reference-runtime
+worker (started and stopped with the CLI), queried with the openai client: the records are what the
+client received, the chat prompt is recorded as the model saw it (templated, the secret redacted),
+and the category annotation is kept."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle3_trt.testing.pytest_guard import require
+
+require("dynamo", "openai")
+
+from openai import OpenAI
+
+from eagle3_trt.runtime.capture import REDACTED
+from eagle3_trt.testing.served_traffic import captured_records as _records
+from eagle3_trt.testing.servers import dynamo_served
+
+SECRET = "sk-live-4f9a8b7c6d5e"
+
+
+@pytest.fixture(scope="module")
+def dep(fp8_bundle, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("capture-dynamo")
+    state, cap = tmp / "state", tmp / "cap"
+    with dynamo_served(fp8_bundle, state, "--capture", str(cap), "--capture-redact", r"sk-live-[0-9a-f]+", workers=1) as (d, out):
+        assert f"capture {cap}" in out
+        yield d, cap
+
+
+def test_records_are_what_the_openai_client_received(dep, fp8_bundle):
+    from eagle3_trt.pipeline.bundle import open_bundle
+    from eagle3_trt.runtime.capture import load_tokenizer
+
+    d, cap = dep
+    client = OpenAI(base_url=d.url, api_key="none", timeout=120)
+    nvext = {"nvext": {"annotations": ["eagle3_category=poetry"], "extra_fields": ["engine_data"]}}
+    chat = client.chat.completions.create(
+        model=d.model, messages=[{"role": "user", "content": f"My key is {SECRET}. Write a haiku."}], max_tokens=12, temperature=0, extra_body=nvext
+    )
+    comp = client.completions.create(model=d.model, prompt="List three prime numbers.", max_tokens=8, temperature=0, seed=3)
+    recs = _records(cap, 2)
+    assert len(recs) == 2
+    a, b = recs
+    fp = json.loads((fp8_bundle / "manifest.json").read_text())["fingerprint"]
+    for r in recs:
+        assert (r.model, r.frontend, r.bundle_fingerprint, r.model_version) == (d.model, "dynamo", fp, None)
+    # the chat answer: text, token count, finish reason and the engine's own acceptance figures
+    assert a.output_text == chat.choices[0].message.content and a.finish_reason == chat.choices[0].finish_reason
+    assert len(a.output_ids) == chat.usage.completion_tokens == a.acceptance.completion_tokens
+    eng = chat.model_extra["nvext"]["engine_data"]["eagle3"]
+    assert (a.acceptance.draft_tokens, a.acceptance.accepted_draft_tokens, a.acceptance.target_forwards) == (
+        eng["draft_tokens"],
+        eng["accepted_draft_tokens"],
+        eng["target_forwards"],
+    )
+    assert round(a.acceptance.acceptance_length, 4) == eng["acceptance_length"] and a.category == "poetry"
+    # as the model saw it: the chat template applied by the frontend, the secret gone from text, ids and disk
+    tok = load_tokenizer(open_bundle(fp8_bundle).tokenizer_dir)
+    assert a.chat and a.redacted and a.prompt_text is not None and a.prompt_text.startswith(tok.bos_token)
+    assert f"My key is {REDACTED}. Write a haiku." in a.prompt_text and SECRET not in tok.decode(a.prompt_ids)
+    assert a.prompt_ids == tok.encode(a.prompt_text, add_special_tokens=False)
+    blob = b"".join(p.read_bytes() for p in cap.rglob("*") if p.is_file())
+    assert SECRET.encode() not in blob and b"4f9a8b7c6d5e" not in blob
+    # the completion: not templated, nothing redacted, the ids the frontend sent
+    assert not b.chat and not b.redacted and b.prompt_text == "List three prime numbers." and b.category is None
+    assert b.output_text == comp.choices[0].text and len(b.output_ids) == comp.usage.completion_tokens
+    assert len(b.prompt_ids) == comp.usage.prompt_tokens and b.sampling.seed == 3 and b.sampling.max_tokens == 8

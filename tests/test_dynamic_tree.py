@@ -1,0 +1,197 @@
+"""TensorRT-LLM's EAGLE-3 dynamic tree (core/dynamic_tree.py) against a hand-worked example of its
+algorithm, its refusals, and the engine running it (topK 1 is exactly the chain; per-row trees in a
+batch). Greedy identity with Hugging Face generate is in tests/test_runtime_engine.py.
+
+Algorithm source: NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/eagle3_dynamic_tree.py
+@057c8a65 (``_select_topk_draft_tokens``: score = child probability x parent score, top-K of the
+K*K candidates expanded; ``_resample_final_tokens``: top-N of the whole history, sorted by history
+index) and cpp/tensorrt_llm/kernels/speculativeDecoding/dynamicTreeKernels.cu @84e55f93
+(``buildDynamicTreeKernel`` parents and positions, ``verifyDynamicTreeGreedyKernel`` the walk);
+ranges from tensorrt_llm/llmapi/llm_args.py @00043967.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3_trt.convert.load import load_engine
+from eagle3_trt.core.dynamic_tree import DynamicTreeBuilder, DynamicTreeConfig, check_dynamic_tree, dynamic_tree_refusal
+from eagle3_trt.core.engine import SamplingParams
+from eagle3_trt.core.requests import Row
+from eagle3_trt.core.stats import RequestStats
+from eagle3_trt.core.suffix_automaton import SAConfig
+from eagle3_trt.core.verify import accept
+from eagle3_trt.errors import UserError
+from eagle3_trt.testing.tiny_pair import make_pair
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# K = 2, depth 3, a draft vocabulary of 5. Root probabilities, then per expanded node its children's.
+ROOT_P = [0.5, 0.28, 0.12, 0.06, 0.04]  # top-2: token 0 (0.5), token 1 (0.28)
+LAYER1_P = [
+    [0.1, 0.2, 0.6, 0.05, 0.05],  # after token 0: token 2 (0.5*0.6 = .30), token 1 (0.5*0.2 = .10)
+    [0.04, 0.06, 0.12, 0.7, 0.08],  # after token 1: token 3 (0.28*0.7 = .196), token 2 (0.28*0.12 = .0336)
+]  # expanded next: the two best of (.30, .10, .196, .0336): 0->2 (slot 0), 1->3 (slot 1)
+LAYER2_P = [
+    [0.9, 0.01, 0.04, 0.03, 0.02],  # after 0->2: token 0 (.30*0.9 = .27), token 2 (.012)
+    [0.2, 0.5, 0.1, 0.15, 0.05],  # after 1->3: token 1 (.196*0.5 = .098), token 0 (.0392)
+]
+# history (index: token, score, parent index): 0: 0 .5 root | 1: 1 .28 root | 2: 2 .30 h0 | 3: 1 .10 h0 |
+# 4: 3 .196 h1 | 5: 2 .0336 h1 | 6: 0 .27 h2 | 7: 2 .012 h2 | 8: 1 .098 h4 | 9: 0 .0392 h4
+
+
+def _build(n: int):
+    b = DynamicTreeBuilder(topk=2, batch=1)
+    assert b.first(torch.tensor([ROOT_P])).tolist() == [[0, 1]]
+    tok, parent_slot = b.next(torch.tensor([LAYER1_P]))
+    assert tok.tolist() == [[2, 3]] and parent_slot.tolist() == [[0, 1]]
+    tok, parent_slot = b.next(torch.tensor([LAYER2_P]))
+    assert tok.tolist() == [[0, 1]] and parent_slot.tolist() == [[0, 1]]
+    assert b.history_size == 2 + 2 * 2 * 2
+    ((tree, ids),) = b.trees(n)
+    return tree, ids
+
+
+def test_hand_worked_tree_four_nodes():
+    # the 4 best scores: h0 .5, h2 .30, h1 .28, h6 .27, in history order h0 h1 h2 h6
+    tree, ids = _build(4)
+    assert ids == [0, 1, 2, 0]
+    assert tree.parent == (-1, -1, 0, 2)
+    assert tree.depth == (1, 1, 2, 3)  # positions: root + depth
+
+
+def test_hand_worked_tree_six_nodes_mask_and_walk():
+    # the 6 best: + h4 .196, h3 .10 -> history order h0 h1 h2 h3 h4 h6
+    tree, ids = _build(6)
+    assert ids == [0, 1, 2, 1, 3, 0]
+    assert tree.parent == (-1, -1, 0, 0, 1, 2)
+    assert tree.depth == (1, 1, 2, 2, 2, 3)
+    assert tree.children(-1) == [0, 1] and tree.children(0) == [2, 3] and tree.children(2) == [5]
+    # attention among the nodes: ancestors and self (every node also sees the root and the context)
+    a = tree.ancestors().int().tolist()
+    assert a == [
+        [1, 0, 0, 0, 0, 0],
+        [0, 1, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 0],
+        [1, 0, 0, 1, 0, 0],
+        [0, 1, 0, 0, 1, 0],
+        [1, 0, 1, 0, 0, 1],
+    ]
+    row = Row(prompt=[1], params=SamplingParams(), stats=RequestStats(), stop_ids=frozenset(), gen=None)
+    logits = torch.zeros(7, 5)
+
+    def walk(argmax: list[int], k_eff: int = 3):
+        # argmax[0]: the target at the root, argmax[1 + i]: at node i
+        return accept(row, logits, ids, [None] * 6, tree, k_eff, argmax)
+
+    # root -> token 1 (node 1, the second root child); at node 1 -> 3 (node 4); node 4 has no children: bonus 4
+    assert walk([1, 9, 3, 9, 9, 4, 9]) == ([1, 4], 4, 3)
+    # root -> 0 (node 0); at node 0 -> 1: its second child (node 3); bonus = target at node 3
+    assert walk([0, 1, 9, 9, 2, 9, 9]) == ([0, 3], 2, 3)
+    # root -> 0 -> 2 -> 0 (nodes 0, 2, 5): all three depths; bonus at node 5
+    assert walk([0, 2, 9, 0, 9, 9, 4]) == ([0, 2, 5], 4, 3)
+    # the same with 2 positions left before max_tokens: depth 3 is not offered
+    assert walk([0, 2, 9, 0, 9, 9, 4], k_eff=2) == ([0, 2], 0, 2)
+    # no root child matches: nothing accepted, the bonus is the target's token at the root
+    assert walk([4, 9, 9, 9, 9, 9, 9]) == ([], 4, 1)
+
+
+def test_ties_keep_every_parent():
+    # a child as likely as its parent (p = 1) competes for the last slot: the parent (earlier index) wins
+    b = DynamicTreeBuilder(topk=1, batch=1)
+    b.first(torch.tensor([[0.0, 1.0, 0.0]]))
+    b.next(torch.tensor([[[0.0, 0.0, 1.0]]]))
+    ((tree, ids),) = b.trees(1)
+    assert ids == [1] and tree.parent == (-1,)
+
+
+def test_trtllm_ranges():
+    assert check_dynamic_tree(10, None, 6) == 60  # TensorRT-LLM's default: topK * max_draft_len
+    assert check_dynamic_tree(3, 3, 3) == 3
+    for topk, total, k in ((0, None, 3), (None, None, 3), (2, 2, 3), (2, 7, 3)):
+        with pytest.raises(UserError):
+            check_dynamic_tree(topk, total, k)
+
+
+def test_sliding_window_and_mla_targets_refused():
+    cfg = {m: json.loads((ROOT / "models" / m / "target" / "config.json").read_text()) for m in ("tiny", "tiny-qwen3", "tiny-gpt-oss")}
+    assert dynamic_tree_refusal(cfg["tiny"]) is None
+    assert dynamic_tree_refusal(cfg["tiny-qwen3"]) is None  # sliding window off (use_sliding_window false)
+    assert "sliding-window" in (dynamic_tree_refusal(cfg["tiny-gpt-oss"]) or "")
+    assert "MLA" in (dynamic_tree_refusal({"model_type": "deepseek_v3", "kv_lora_rank": 512}) or "")
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    t, d = make_pair(tmp_path_factory.mktemp("pair"))
+    return load_engine(t, d, dtype=torch.float32, max_draft_len=3)
+
+
+def _prompts(seed: int, n: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[0] + [rng.randrange(6, 512) for _ in range(rng.randrange(3, 14))] for _ in range(n)]
+
+
+def test_topk_1_is_the_chain(engine):
+    prompts, prm = _prompts(5, 3), SamplingParams(max_tokens=16)
+    chain = engine.generate(prompts, prm)
+    engine.dynamic_tree = DynamicTreeConfig(1)
+    try:
+        dyn = engine.generate(prompts, prm)
+    finally:
+        engine.dynamic_tree = None
+    assert [r.token_ids for r in dyn] == [r.token_ids for r in chain]
+    for a, b in zip(dyn, chain):
+        assert (a.stats.accepted_tokens, a.stats.accepted_per_position, a.stats.verified_tokens) == (
+            b.stats.accepted_tokens,
+            b.stats.accepted_per_position,
+            b.stats.draft_tokens,
+        )
+
+
+def test_wider_tree_verifies_more_and_keeps_greedy(engine):
+    prompts, prm = _prompts(6, 3), SamplingParams(max_tokens=16)
+    ref = [r.token_ids for r in engine.generate(prompts, prm, speculate=False)]
+    engine.dynamic_tree = DynamicTreeConfig(3, 5)
+    try:
+        got = engine.generate(prompts, prm)
+    finally:
+        engine.dynamic_tree = None
+    assert [r.token_ids for r in got] == ref
+    for r in got:  # 5 nodes per speculative forward, fewer only in the last steps before max_tokens
+        spec_forwards = r.stats.target_forwards - 1
+        assert 3 * spec_forwards < r.stats.verified_tokens <= 5 * spec_forwards
+
+
+def test_sampled_requests_are_drafted_as_the_chain(engine):
+    # the reference runtime walks the tree greedily only: a sampled request (a served bundle's) gets the chain
+    prompts, prm = _prompts(7, 2), SamplingParams(max_tokens=12, temperature=0.8, seed=3)
+    chain = engine.generate(prompts, prm)
+    engine.dynamic_tree = DynamicTreeConfig(3)
+    try:
+        dyn = engine.generate(prompts, prm)
+    finally:
+        engine.dynamic_tree = None
+    assert [r.token_ids for r in dyn] == [r.token_ids for r in chain]
+    assert [r.stats.verified_tokens for r in dyn] == [r.stats.draft_tokens for r in dyn]
+
+
+def test_refused_combinations(engine):
+    engine.dynamic_tree = DynamicTreeConfig(2)
+    try:
+        engine.sa = SAConfig(threshold=2)
+        with pytest.raises(UserError, match="suffix-automaton"):
+            engine.generate([[0, 7, 8]], SamplingParams(max_tokens=4))
+        engine.sa = None
+        with pytest.raises(UserError, match="mutually exclusive"):
+            engine.generate([[0, 7, 8]], SamplingParams(max_tokens=4), tree=[(0,), (1,)])
+        engine.dynamic_tree = DynamicTreeConfig(2, 9)
+        with pytest.raises(UserError, match="max_total_draft_tokens"):
+            engine.generate([[0, 7, 8]], SamplingParams(max_tokens=4))
+    finally:
+        engine.dynamic_tree, engine.sa = None, None

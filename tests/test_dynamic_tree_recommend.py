@@ -1,0 +1,172 @@
+"""``recommend --write`` choosing TensorRT-LLM's dynamic tree against the chain with the cost model
+(runtime/dynamic_tree_choice.py), and the release table for its keys (pipeline/dynamic_tree_release.py).
+
+The choice is checked on synthetic alpha reports (the acceptance lengths are inputs of the cost
+model; measuring them is tests/test_dynamic_tree.py's and test_alpha_dynamic_tree.py's job): a tree
+that accepts much more wins while verification is memory-bound (small batches) and loses once the
+extra tokens it verifies make the target forward compute-bound (large batches); written into a real
+bundle, options and manifest agree, and a later measurement where it loses removes the keys.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eagle3_trt.core.dynamic_tree_rules import DynamicTreeConfig
+from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline.bundle import open_bundle
+from eagle3_trt.pipeline.gpus import get_gpu
+from eagle3_trt.pipeline.trtllm_versions import SPEC_KEYS_BY_RELEASE, spec_for_release
+from eagle3_trt.runtime.alpha_run import run_alpha
+from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs, recommendation_batches
+from eagle3_trt.runtime.cost_model import Recommendation, recommend
+from eagle3_trt.runtime.dynamic_tree_choice import dynamic_tree_choice
+from eagle3_trt.runtime.loader import engine_from_bundle
+from eagle3_trt.runtime.recommendation import write_recommendation_to_bundle
+
+ROOT = Path(__file__).resolve().parents[1]
+TREE = {"use_dynamic_tree": True, "dynamic_tree_max_topK": 8, "max_total_draft_tokens": 24, "max_draft_len": 3}
+
+
+def _report(chain_al: float, tree_al: float, k: int = 3, tree: dict = TREE) -> dict:
+    def mode(al: float, verified: float) -> dict:
+        return {"overall": {"acceptance_length": al, "tokens_verified_per_forward": verified, "requests": 8}}
+
+    return {
+        "settings": {"max_draft_len": k, "prompts": "synthetic"},
+        "modes": {"chain": mode(chain_al, k + 1), "dynamic-tree": {**mode(tree_al, 1 + tree["max_total_draft_tokens"]), "dynamic_tree": tree}},
+    }
+
+
+# an 8B-class dense target in FP8 with a BF16 EAGLE-3 head on one H100
+COSTS = {
+    "gpu": get_gpu("h100"),
+    "tp": 1,
+    "target_bytes": 8e9,
+    "draft_bytes": 0.5e9,
+    "target_format": "fp8",
+    "draft_format": "bf16",
+    "target_kv_bytes_per_token": 131072.0,
+    "draft_kv_bytes_per_token": 4096.0,
+    "target_layers": 32,
+    "hidden": 4096,
+}
+BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def _rec(conc: int) -> Recommendation:
+    return Recommendation(3, 64, [], {"chosen_at_concurrency": conc})
+
+
+def test_tree_wins_at_low_concurrency_and_loses_when_compute_bound():
+    fields, ev = dynamic_tree_choice(_report(2.2, 3.0), _rec(1), COSTS, BATCHES)
+    assert ev is not None and ev["written"]
+    assert fields == {
+        "use_dynamic_tree": True,
+        "dynamic_tree_max_topK": 8,
+        "max_total_draft_tokens": 24,
+        "max_draft_len": 3,
+        "draft_len_schedule": {ev["max_concurrency"]: 3},
+    }
+    s = ev["predicted_speedup_by_batch"]
+    assert s["dynamic-tree"]["1"] > s["chain"]["1"] * 1.03
+    # 25 tokens verified per sequence per forward: at 256 sequences the target is compute-bound and the tree costs more than it gains
+    assert s["dynamic-tree"]["256"] < s["chain"]["256"]
+    assert 1 <= ev["max_concurrency"] < 256
+    fields, ev = dynamic_tree_choice(_report(2.2, 3.0), _rec(256), COSTS, BATCHES)
+    assert ev is not None and not ev["written"] and fields == {"use_dynamic_tree": None, "dynamic_tree_max_topK": None, "max_total_draft_tokens": None}
+
+
+def test_no_choice_without_both_modes_or_at_another_k():
+    assert dynamic_tree_choice({"modes": {"chain": {}}}, _rec(1), COSTS, BATCHES)[1] is None
+    rep = _report(2.2, 3.0, k=3, tree={**TREE, "max_draft_len": 4})
+    fields, ev = dynamic_tree_choice(rep, _rec(1), COSTS, BATCHES)
+    assert ev is not None and not ev["written"] and "not measured at the same K" in ev["reason"] and fields["use_dynamic_tree"] is None
+
+
+def test_tree_against_the_chain_at_the_recommended_k():
+    # the recommendation chose a chain of K=2 predicted at 2.5x: the tree (depth 3) must beat that instead
+    rec = Recommendation(2, 64, [{"k": 2, "batch": 1, "speedup": 2.5}], {"chosen_at_concurrency": 1})
+    fields, ev = dynamic_tree_choice(_report(2.2, 3.0), rec, COSTS, BATCHES)
+    assert ev is not None and ev["chain_at_recommended_k"] == {"k": 2, "speedup": 2.5} and not ev["written"]
+    rec.table[0]["speedup"] = 1.2
+    fields, ev = dynamic_tree_choice(_report(2.2, 3.0), rec, COSTS, BATCHES)
+    assert ev is not None and ev["written"] and fields["max_draft_len"] == 3  # written with the tree's depth
+
+
+def test_release_table_and_refusal_for_1_2():
+    assert SPEC_KEYS_BY_RELEASE["1.2"]["use_dynamic_tree"] is None
+    for band in ("1.3", "1.4"):
+        assert SPEC_KEYS_BY_RELEASE[band]["dynamic_tree_max_topK"] == "dynamic_tree_max_topK"
+    spec = {"max_draft_len": 3, "use_dynamic_tree": True, "dynamic_tree_max_topK": 4, "max_total_draft_tokens": 8}
+    with pytest.raises(UserError, match="no dynamic tree"):
+        spec_for_release(spec, "1.2.1")
+    assert spec_for_release(spec, "1.3.0rc27")[0]["use_dynamic_tree"] is True
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dt") / "b"
+    exe = str(Path(sys.executable).with_name("eagle3-trt"))
+    r = subprocess.run([exe, "engine", "--model", "tiny", "-o", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def _write(bundle: Path, chain_al: float, tree_al: float):
+    b = open_bundle(bundle)
+    rec = recommend([0.9, 0.8, 0.7], concurrency=1, **bundle_cost_inputs(b), batches=recommendation_batches(b))
+    k = rec.max_draft_len  # the tree measured at the K the recommendation chose
+    write_recommendation_to_bundle(bundle, rec, "synthetic", _report(chain_al, tree_al, k, {**TREE, "max_draft_len": k, "max_total_draft_tokens": 8 * k}))
+    b = open_bundle(bundle)
+    opts = yaml.safe_load((bundle / "llm_api_options.yaml").read_text())["speculative_config"]
+    return b, opts
+
+
+def test_write_then_remove(bundle):
+    b, opts = _write(bundle, 2.0, 3.5)
+    spec, man = b.options.speculative_config, b.manifest.recommendation
+    assert man is not None and man.evidence["dynamic_tree"]["written"]
+    k = spec.max_draft_len
+    assert (opts["use_dynamic_tree"], opts["dynamic_tree_max_topK"], opts["max_total_draft_tokens"]) == (True, 8, 8 * k)
+    assert (man.use_dynamic_tree, man.dynamic_tree_max_topK, man.max_total_draft_tokens) == (True, 8, 8 * k)
+    assert spec.draft_len_schedule == man.draft_len_schedule and set(spec.draft_len_schedule.values()) == {k}
+    assert spec.acceptance_rate_threshold is None and man.acceptance_rate_threshold is None  # the chain's gate is left out
+    # the reference runtime serving the bundle drafts the tree it was written with
+    assert engine_from_bundle(bundle).dynamic_tree == DynamicTreeConfig(8, 8 * k)
+    # a new measurement where the tree does not pay: the keys go from both files
+    b, opts = _write(bundle, 2.0, 2.01)
+    man = b.manifest.recommendation
+    assert not {"use_dynamic_tree", "dynamic_tree_max_topK", "max_total_draft_tokens"} & set(opts)
+    assert man is not None and man.use_dynamic_tree is None and not man.evidence["dynamic_tree"]["written"]
+
+
+def test_alpha_modes_chain_and_dynamic_tree(bundle, tmp_path):
+    rep = run_alpha(
+        bundle,
+        ROOT / "examples" / "code_edit.jsonl",
+        bf16=False,
+        limit=2,
+        max_tokens=24,
+        turns="first",
+        diagnostics=False,
+        modes=("chain", "dynamic-tree"),
+        dynamic_tree_topk=3,
+        max_total_draft_tokens=5,
+    )
+    m = rep["modes"]
+    k = rep["settings"]["max_draft_len"]
+    assert m["dynamic-tree"]["dynamic_tree"] == {"use_dynamic_tree": True, "dynamic_tree_max_topK": 3, "max_total_draft_tokens": 5, "max_draft_len": k}
+    assert m["dynamic-tree"]["method"] == "generate"
+    for mode in ("chain", "dynamic-tree"):
+        assert set(m[mode]["by_category"]) == {"repeat"}
+        assert m[mode]["overall"]["acceptance_length"] > 1
+    # the cost side: the chain verifies at most K drafted tokens per forward, the tree its 5 nodes
+    assert m["chain"]["overall"]["tokens_verified_per_forward"] <= k + 1 < m["dynamic-tree"]["overall"]["tokens_verified_per_forward"] <= 6
+    # greedy: the same tokens either way, so the same number generated
+    assert m["chain"]["overall"]["generated_tokens"] == m["dynamic-tree"]["overall"]["generated_tokens"]

@@ -1,0 +1,121 @@
+"""``recommend --write`` and the suffix-automaton enhancer (issue 22).
+
+sa_config goes into llm_api_options.yaml (and the launch files, and the manifest's evidence) only
+when the alpha report shows SA beating the chain by >= 3%, >= 0.05 acceptance length and with the
+gain's paired 95% interval above 0 (runtime/recommendation.sa_choice, runtime/mode_compare.py); a
+later write from traffic where SA does not win removes a stale one; a report without the modes
+keeps it. The chat prompts are measured for real on the embedded tiny pair. The winning report is
+that real report with its "modes" section replaced by one in which SA wins (the embedded tiny
+target cannot copy text, so no shipped prompt set makes SA win beyond noise on it: README,
+"Choosing the speculation mode").
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eagle3_trt.core.suffix_automaton import SAConfig
+from eagle3_trt.runtime.loader import engine_from_bundle
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    exe = str(Path(sys.executable).with_name("eagle3-trt"))
+    return subprocess.run([exe, *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> tuple[Path, dict]:
+    """The tiny bundle and a real alpha report on the chat prompts, both modes measured."""
+    tmp = tmp_path_factory.mktemp("sarec")
+    r = _cli("engine", "--model", "tiny", "-o", str(tmp / "b"))
+    assert r.returncode == 0, r.stderr
+    args = ("--limit", "2", "--modes", "chain,sa", "--max-tokens", "32", "--no-bf16", "-o", str(tmp / "chat"))
+    r = _cli("alpha", str(tmp / "b"), "--prompts", "examples/prompts.jsonl", *args)
+    assert r.returncode == 0, r.stderr
+    return tmp / "b", json.loads((tmp / "chat" / "report.json").read_text())
+
+
+def _spec(bundle: Path) -> dict:
+    return yaml.safe_load((bundle / "llm_api_options.yaml").read_text())["speculative_config"]
+
+
+def _sa_evidence(bundle: Path) -> dict:
+    return json.loads((bundle / "manifest.json").read_text())["recommendation"]["evidence"]["sa"]
+
+
+def _write(bundle: Path, report: dict, path: Path) -> None:
+    path.write_text(json.dumps(report))
+    r = _cli("recommend", str(bundle), "--report", str(path), "--write")
+    assert r.returncode == 0, r.stderr
+
+
+def _winning(report: dict) -> dict:
+    rep = copy.deepcopy(report)
+    chain = rep["modes"]["chain"]
+    sa = rep["modes"]["sa"]
+    sa["overall"] = dict(chain["overall"], acceptance_length=chain["overall"]["acceptance_length"] + 0.4)
+    sa["vs_chain"] = {"a": sa["overall"]["acceptance_length"], "b": chain["overall"]["acceptance_length"], "diff": 0.4, "ci": [0.2, 0.6], "level": 0.95, "n": 2}
+    sa["sa_config"] = {"threshold": 6, "enable_global_pool": False}
+    return rep
+
+
+def test_chat_report_has_the_paired_interval(measured):
+    _, rep = measured
+    sa, chain = rep["modes"]["sa"], rep["modes"]["chain"]
+    lo, hi = sa["vs_chain"]["ci"]
+    assert lo <= sa["vs_chain"]["diff"] <= hi
+    assert sa["vs_chain"]["diff"] == pytest.approx(sa["overall"]["acceptance_length"] - chain["overall"]["acceptance_length"])
+    assert sa["method"] == chain["method"] == "estimator"  # greedy chain and sa: the estimator replays the automaton exactly
+
+
+def test_sa_written_when_it_wins_then_removed_when_it_does_not(measured, tmp_path):
+    bundle, chat = measured
+    # SA measurably wins: sa_config in the options, every launch file, and the manifest's evidence
+    _write(bundle, _winning(chat), tmp_path / "win.json")
+    assert _spec(bundle)["sa_config"] == {"threshold": 6, "enable_global_pool": False}
+    # and the reference runtime serves it (Triton, Dynamo and alpha load bundles through engine_from_bundle)
+    assert engine_from_bundle(bundle, device="cpu").sa == SAConfig(threshold=6, enable_global_pool=False)
+    assert yaml.safe_load((bundle / "launch" / "trtllm-serve.yaml").read_text())["speculative_config"]["sa_config"]["threshold"] == 6
+    ev = _sa_evidence(bundle)
+    assert ev["written"] and ev["gain_ci95"] == [0.2, 0.6]
+    # the 1.2 launch file serves the same bundle without the enhancer, and says so
+    old = (bundle / "launch" / "trtllm-serve-1.2.yaml").read_text()
+    assert "sa_config" not in yaml.safe_load(old)["speculative_config"] and "no suffix-automaton enhancer" in old
+
+    # a report without the modes says nothing about SA: the enhancer and its evidence stay
+    plain = {k: v for k, v in chat.items() if k != "modes"}
+    _write(bundle, plain, tmp_path / "plain.json")
+    assert _spec(bundle)["sa_config"]["threshold"] == 6
+    assert _sa_evidence(bundle)["written"]
+
+    # the chat traffic, where SA does not win (on the tiny pair the automaton overrides a neural
+    # draft that is already right): the stale sa_config leaves the options and the launch files
+    assert not (chat["modes"]["sa"]["vs_chain"]["ci"][0] > 0 and chat["modes"]["sa"]["vs_chain"]["diff"] >= 0.05)
+    _write(bundle, chat, tmp_path / "chat.json")
+    assert "sa_config" not in _spec(bundle)
+    assert engine_from_bundle(bundle, device="cpu").sa is None
+    assert "sa_config" not in yaml.safe_load((bundle / "launch" / "trtllm-serve.yaml").read_text())["speculative_config"]
+    ev = _sa_evidence(bundle)
+    assert not ev["written"] and ev["sa_acceptance_length"] == round(chat["modes"]["sa"]["overall"]["acceptance_length"], 4)
+    r = _cli("compile", str(bundle), "--check-only")  # the bundle still matches its manifest
+    assert r.returncode == 0, r.stderr
+
+
+def test_gain_within_noise_is_not_written(measured, tmp_path):
+    """A gain above both margins whose interval still reaches 0 (few turns, wide spread) is noise."""
+    bundle, chat = measured
+    rep = _winning(chat)
+    rep["modes"]["sa"]["vs_chain"]["ci"] = [-0.05, 0.85]
+    _write(bundle, rep, tmp_path / "noise.json")
+    assert "sa_config" not in _spec(bundle)
+    ev = _sa_evidence(bundle)
+    assert not ev["written"] and ev["gain_ci95"] == [-0.05, 0.85]
