@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,7 +30,7 @@ from eagle3_trt.testing.servers import run_cli as _cli
 from eagle3_trt.testing.servers import serve_dynamo
 
 LONG = 300  # tokens: far more than the grace period lets 33 streams on 2 CPU workers generate
-SHORT = 24  # tokens: still being generated when the frontend stops, done within the grace period
+SHORT = 32  # tokens: still being generated when the frontend stops, done within the grace period
 N_SHORT = 8
 GRACE_S = 15.0
 TIMEOUT = 60
@@ -73,6 +74,10 @@ def test_stop_under_load_never_reports_a_cut_off_answer_as_finished(fp8_bundle, 
     msgs = {i: [{"role": "user", "content": f"Tell me a long story about the number {i}."}] for i in range(32)}
     max_tokens = {i: SHORT if i < N_SHORT else LONG for i in msgs}
 
+    # stop once every short answer is streaming: they are in flight when the frontend stops (a fixed
+    # sleep let a fast machine finish them before the stop) and finish within the grace period
+    started = {i: threading.Event() for i in msgs}
+
     def stream(i: int) -> dict:
         finish = tokens = None
         try:
@@ -80,6 +85,7 @@ def test_stop_under_load_never_reports_a_cut_off_answer_as_finished(fp8_bundle, 
                 model="eagle3", messages=msgs[i], max_tokens=max_tokens[i], temperature=0, stream=True, stream_options={"include_usage": True}
             )
             for ch in s:
+                started[i].set()
                 tokens = ch.usage.completion_tokens if ch.usage else tokens
                 finish = next((c.finish_reason for c in ch.choices if c.finish_reason), finish)
         except openai.APIError as e:
@@ -98,7 +104,8 @@ def test_stop_under_load_never_reports_a_cut_off_answer_as_finished(fp8_bundle, 
         futs = {i: ex.submit(stream, i) for i in msgs}
         futs["raw"] = ex.submit(_raw_sse, dep.url, raw_body)
         futs["non-streaming"] = ex.submit(non_streaming)
-        time.sleep(1.5)
+        for i in range(N_SHORT):
+            assert started[i].wait(TIMEOUT), f"short answer {i} never started streaming"
         t_stop = time.monotonic()
         stopped = _cli("stop-dynamo", "--state-dir", str(state), "--grace", str(GRACE_S), "--timeout", "30", timeout=120)
         stop_s = time.monotonic() - t_stop
