@@ -124,8 +124,14 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        # TensorRT-LLM expresses greedy decoding as top_k=1; temperature 0 means the same here.
-        return self.top_k == 1 or self.temperature == 0.0
+        return implies_greedy(self.temperature, self.top_k, self.top_p)
+
+
+def implies_greedy(temperature: float | None, top_k: int | None, top_p: float | None) -> bool:
+    """TensorRT-LLM's rule (``SamplingParams.params_imply_greedy_decoding``, tensorrt_llm/sampling_params.py
+    @a98a9061): temperature 0, top_k 1 or top_p 0 each mean greedy decoding. The one definition for the
+    runtime (requests) and for captured traffic (runtime/traffic_measure.py)."""
+    return temperature == 0.0 or top_k == 1 or top_p == 0.0
 
 
 @dataclass

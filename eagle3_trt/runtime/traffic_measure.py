@@ -26,16 +26,16 @@ from eagle3_trt.core.stats import RequestStats
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.traffic import TrafficRecord
 from eagle3_trt.runtime.estimator import estimate
+from eagle3_trt.runtime.llm_api import implies_greedy
 
 FINISHED = ("stop", "length")
 
 
 def is_greedy(rec: TrafficRecord) -> bool:
-    """TensorRT-LLM's rule: temperature 0, top_k 1 or top_p 0 each mean greedy decoding
-    (``SamplingParams.params_imply_greedy_decoding``, tensorrt_llm/sampling_params.py @a98a9061;
-    unset values are captured as 0.0 / 1.0 / 0, so "none given" reads as temperature 0)."""
+    """Served greedily, by the runtime's one rule (llm_api.implies_greedy; unset values are captured
+    as 0.0 / 1.0 / 0, so "none given" reads as temperature 0)."""
     s = rec.sampling
-    return s.temperature == 0.0 or s.top_k == 1 or s.top_p == 0.0
+    return implies_greedy(s.temperature, s.top_k, s.top_p)
 
 
 @dataclass
