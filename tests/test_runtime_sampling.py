@@ -77,3 +77,43 @@ def test_seeded_sampling_is_reproducible(pair):
     assert len({tuple(r.token_ids) for r in a}) > 1  # request i uses seed + i
     (s,) = eng.generate([PROMPT], SamplingParams(max_tokens=6, temperature=1.0, seed=5))
     assert s.token_ids == a[0].token_ids
+
+
+def test_mt19937_seeding_matches_the_reference_init_by_array():
+    """core/sampling seeds torch's CPU generator from both halves of a 64-bit seed with mt19937's
+    ``init_by_array``; numpy's legacy RandomState seeds from an array the same way (an independent
+    implementation of the reference algorithm)."""
+    import numpy as np
+
+    from eagle3_trt.core.sampling import _mt_init_by_array
+
+    for key in ([1, 1], [0, 256], [0xFFFFFFFF, 0xFFFFFFFF]):
+        want = np.random.RandomState(np.array(key, dtype=np.uint32)).get_state()[1]
+        assert np.array_equal(np.array(_mt_init_by_array(key), dtype=np.uint32), want)
+
+
+def test_64_bit_seeds_are_honoured(pair):
+    """TensorRT-LLM's seed is a uint64; torch's CPU mt19937 keeps 32 bits of manual_seed, so seeds 1,
+    2**32 + 1 and 2**40 + 1 used to draw identical samples. Each is its own stream now, and repeats."""
+    _, eng = pair
+    seeds = (1, 2**32 + 1, 2**40 + 1, 2**64 - 1)
+
+    def run(seed: int) -> tuple[int, ...]:
+        (r,) = eng.generate([list(PROMPT)], SamplingParams(max_tokens=24, temperature=1.0, seed=seed), speculate=True)
+        return tuple(r.token_ids)
+
+    outs = [run(s) for s in seeds]
+    assert len(set(outs)) == len(seeds), outs
+    assert [run(s) for s in seeds] == outs
+    g1 = torch.Generator().manual_seed(1)  # seeds below 2**32 keep manual_seed's stream
+    from eagle3_trt.core.sampling import seeded_generator
+
+    assert torch.equal(torch.rand(4, generator=seeded_generator(1, "cpu")), torch.rand(4, generator=g1))
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64])
+def test_out_of_range_seed_is_refused(seed):
+    from eagle3_trt.errors import UserError
+
+    with pytest.raises(UserError, match="seed.*64-bit unsigned integer"):
+        SamplingParams(max_tokens=4, temperature=1.0, seed=seed)

@@ -231,7 +231,7 @@ def _get(d):
         ({"text_input": [b"hi"], "sampling_param_max_tokens": [0]}, "sampling_param_max_tokens"),
         ({"text_input": [b"hi"], "sampling_param_temperature": [-0.1]}, "sampling_param_temperature"),
         ({"text_input": [b"hi"], "sampling_param_temperature": [float("nan")]}, "sampling_param_temperature"),
-        ({"text_input": [b"hi"], "sampling_param_top_p": [0.0]}, "sampling_param_top_p"),
+        ({"text_input": [b"hi"], "sampling_param_top_p": [-0.1]}, "sampling_param_top_p"),  # 0 is greedy (TensorRT-LLM)
         ({"text_input": [b"hi"], "sampling_param_top_k": [-1]}, "sampling_param_top_k"),
         ({"text_input": [b"hi"], "sampling_param_best_of": [2]}, "sampling_param_best_of"),
         ({"text_input": [b"hi"], "return_cumulative_logprob": [True]}, "return_cumulative_logprob"),

@@ -241,7 +241,7 @@ def _text(s: str):
         ([_text("hi"), ("sampling_param_max_tokens", np.array([0], np.int64), "INT64")], "sampling_param_max_tokens"),
         ([_text("hi"), ("sampling_param_max_tokens", np.array([600], np.int64), "INT64")], "sampling_param_max_tokens"),  # > max_seq_len 512
         ([_text("hi"), ("sampling_param_temperature", np.array([-0.5], np.float32), "FP32")], "sampling_param_temperature"),
-        ([_text("hi"), ("sampling_param_top_p", np.array([0.0], np.float32), "FP32")], "sampling_param_top_p"),
+        ([_text("hi"), ("sampling_param_top_p", np.array([-0.1], np.float32), "FP32")], "sampling_param_top_p"),  # 0 is greedy
         ([_text("hi"), ("sampling_param_top_p", np.array([1.5], np.float32), "FP32")], "sampling_param_top_p"),
         # 64-bit values arrive whole and are refused, never wrapped into range
         ([_text("hi"), ("sampling_param_max_tokens", np.array([2**32 + 5], np.int64), "INT64")], "sampling_param_max_tokens: 4294967301 is out of range"),

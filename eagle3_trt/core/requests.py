@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from eagle3_trt.core.sampling import SamplingParams
+from eagle3_trt.core.sampling import SEED_SPAN, SamplingParams, seeded_generator
 from eagle3_trt.core.stats import RequestStats
 from eagle3_trt.core.suffix_automaton import SuffixAutomaton
 from eagle3_trt.errors import UserError
@@ -71,8 +71,7 @@ def new_rows(
             raise UserError("prompt", f"request {i} has token ids outside the vocabulary: {bad[:3]}", "tokenize with the bundle's tokenizer")
         gen = None
         if not params.greedy:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(base_seed + i)
+            gen = seeded_generator((base_seed + i) % SEED_SPAN, device)
         rows.append(
             Row(prompt=list(p), params=params, stats=RequestStats(arrival_time_ns=now, speculation=speculation), stop_ids=stop, gen=gen, tokens=list(p))
         )

@@ -61,7 +61,8 @@ from eagle3_trt.dynamo_serving.launcher import INFLIGHT_METRIC, NAMESPACE
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.runtime.capture import Capturer, CaptureSource, config_from_env, load_tokenizer
 from eagle3_trt.runtime.factory import open_llm
-from eagle3_trt.runtime.llm_api import ENGINE_DATA_KEY, SERVED_MODEL_NAME, DeviceName, SamplingParams, ServingLlm, spec_stats
+from eagle3_trt.runtime.llm_api import ENGINE_DATA_KEY, SERVED_MODEL_NAME, DeviceName, SamplingParamError, SamplingParams, ServingLlm, spec_stats
+from eagle3_trt.runtime.request_contract import ClientRequest, ServedRequest, resolve_request
 
 log = logging.getLogger("eagle3_trt.dynamo")
 
@@ -228,8 +229,8 @@ class Eagle3ReferenceEngine(LLMEngine):
                 return value
         return None
 
-    def sampling_params(self, request: Mapping[str, Any]) -> SamplingParams:
-        """Dynamo's PreprocessedRequest (sampling_options, stop_conditions) -> SamplingParams."""
+    def sampling_params(self, request: Mapping[str, Any]) -> tuple[ServedRequest, SamplingParams]:
+        """Dynamo's PreprocessedRequest (sampling_options, stop_conditions) -> (the contract's ServedRequest, SamplingParams)."""
         so = request.get("sampling_options") or {}
         sc = request.get("stop_conditions") or {}
         for name, neutral in _NEUTRAL.items():
@@ -248,40 +249,28 @@ class Eagle3ReferenceEngine(LLMEngine):
             raise InvalidArgument(f"logprobs={oo['logprobs']!r}: not supported by the eagle3-trt reference runtime")
         if oo.get("prompt_logprobs") is not None:
             raise InvalidArgument("echo / prompt_logprobs: not supported by the eagle3-trt reference runtime")
-        n_prompt = len(request.get("token_ids") or [])
-        if n_prompt == 0:
-            raise InvalidArgument("the prompt is empty")
-        budget = self.max_seq_len - n_prompt
-        if budget < 1:
-            raise InvalidArgument(f"the prompt is {n_prompt} tokens; this model's context (max_seq_len) is {self.max_seq_len}")
-        max_tokens = sc.get("max_tokens")
-        if max_tokens is None:
-            max_tokens = budget
-        elif max_tokens < 1:
-            raise InvalidArgument(f"max_tokens={max_tokens}: must be at least 1")
-        elif max_tokens > budget:
-            raise InvalidArgument(f"max_tokens={max_tokens} with a {n_prompt}-token prompt exceeds max_seq_len {self.max_seq_len}")
-        top_k = so.get("top_k")
+        client = ClientRequest(
+            max_tokens=sc.get("max_tokens"),
+            temperature=so.get("temperature"),
+            top_p=so.get("top_p"),
+            top_k=so.get("top_k"),
+            seed=so.get("seed"),
+            stop=tuple(sc.get("stop") or ()),
+            frequency_penalty=so.get("frequency_penalty"),
+            presence_penalty=so.get("presence_penalty"),
+        )
         try:
-            return SamplingParams(
-                max_tokens=int(max_tokens),
-                temperature=so.get("temperature"),
-                top_p=so.get("top_p"),
-                top_k=int(top_k) if top_k is not None and top_k > 0 else None,
-                seed=so.get("seed"),
-                stop=list(sc.get("stop") or []) or None,
-                frequency_penalty=float(so.get("frequency_penalty") or 0.0),
-                presence_penalty=float(so.get("presence_penalty") or 0.0),
-                return_perf_metrics=True,
-                eagle3_speculative=self.request_speculative(request),
-            )
-        except ValueError as e:  # SamplingParams names the field it refuses
+            # The one request contract (runtime/request_contract.py), as Triton's model applies it: unset
+            # sampling fields stay unset (greedy when all are), max_tokens unset is the rest of the context.
+            served = resolve_request(client, prompt_len=len(request.get("token_ids") or []), max_seq_len=self.max_seq_len)
+            return served, SamplingParams(**served.sampling_kwargs(), return_perf_metrics=True, eagle3_speculative=self.request_speculative(request))
+        except SamplingParamError as e:  # names the field it refuses
             raise InvalidArgument(str(e)) from None
 
     # -- the contract ---------------------------------------------------------------------------
     async def generate(self, request: GenerateRequest, context: Context) -> AsyncGenerator[GenerateChunk, None]:
         assert self.llm is not None, "generate() before start()"
-        sp = self.sampling_params(request)
+        served, sp = self.sampling_params(request)
         ids = [int(t) for t in request["token_ids"]]
         out = self.llm.generate_async(ids, sp, streaming=True)
         rid = context.id()
@@ -306,7 +295,7 @@ class Eagle3ReferenceEngine(LLMEngine):
                 stats = spec.as_dict()
                 self.metrics.record(reason, sent, stats)
                 if self.capture is not None:
-                    self._capture(rid, ids, c, reason, sp, spec, request)
+                    self._capture(rid, ids, c, reason, served, spec, request)
                 yield {
                     "token_ids": new,
                     "index": 0,
@@ -320,7 +309,7 @@ class Eagle3ReferenceEngine(LLMEngine):
             self._inflight.pop(rid, None)
             self.metrics.inflight.set(len(self._inflight))
 
-    def _capture(self, rid: str, ids: list[int], c: Any, reason: str, sp: SamplingParams, spec: Any, request: Mapping[str, Any]) -> None:
+    def _capture(self, rid: str, ids: list[int], c: Any, reason: str, served: ServedRequest, spec: Any, request: Mapping[str, Any]) -> None:
         """Hand the finished request to the capturer (a queue put; decoding and writing happen on its thread)."""
         assert self.capture is not None
         try:
@@ -330,13 +319,7 @@ class Eagle3ReferenceEngine(LLMEngine):
                 output_ids=list(c.token_ids),
                 output_text=c.text,
                 finish_reason=reason,
-                sampling={
-                    "temperature": sp.temperature or 0.0,
-                    "top_p": 1.0 if sp.top_p is None else sp.top_p,
-                    "top_k": sp.top_k or 0,
-                    "max_tokens": sp.max_tokens,
-                    "seed": sp.seed,
-                },
+                sampling=served.captured(),
                 stats=spec,
                 category=self.request_category(request),
             )

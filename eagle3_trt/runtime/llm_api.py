@@ -39,6 +39,7 @@ driver can tell them apart (it falls back to deriving them from the stream when 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, Protocol
@@ -111,6 +112,7 @@ class SamplingParams:
     eagle3_speculative: bool = True  # not a TensorRT-LLM field: speculation off for this request
 
     def __post_init__(self) -> None:
+        validate_sampling(self.temperature, self.top_p, self.top_k, self.seed)
         if self.frequency_penalty:
             raise SamplingParamError("frequency_penalty", "not supported by the reference runtime (use runtime: trtllm)")
         if self.presence_penalty:
@@ -129,9 +131,41 @@ class SamplingParams:
 
 def implies_greedy(temperature: float | None, top_k: int | None, top_p: float | None) -> bool:
     """TensorRT-LLM's rule (``SamplingParams.params_imply_greedy_decoding``, tensorrt_llm/sampling_params.py
-    @a98a9061): temperature 0, top_k 1 or top_p 0 each mean greedy decoding. The one definition for the
-    runtime (requests) and for captured traffic (runtime/traffic_measure.py)."""
-    return temperature == 0.0 or top_k == 1 or top_p == 0.0
+    @a98a9061): temperature, top_p and top_k all unset, or temperature 0, top_k 1 or top_p 0, each mean
+    greedy decoding. The one definition for the runtime (requests), the request contract
+    (runtime/request_contract.py) and captured traffic (runtime/traffic_measure.py)."""
+    return (temperature is None and top_p is None and top_k is None) or temperature == 0.0 or top_k == 1 or top_p == 0.0
+
+
+def effective_sampling(temperature: float | None, top_p: float | None, top_k: int | None) -> tuple[float, float, int]:
+    """(temperature, top_p, top_k) as TensorRT-LLM's sampler resolves a request's values: greedy (above) is
+    (0, 1, 0); otherwise ``temperature or 1.0``, ``top_p or 1.0`` and ``top_k or vocab_size`` (0 here: the
+    whole vocabulary) — ``resolve_sampling_strategy``, tensorrt_llm/_torch/pyexecutor/sampling_utils.py
+    @c20322ff. What the reference runtime samples with and what a captured record keeps."""
+    if implies_greedy(temperature, top_k, top_p):
+        return 0.0, 1.0, 0
+    return float(temperature or 1.0), float(top_p or 1.0), int(top_k or 0)
+
+
+# TensorRT-LLM's seed is a uint64 (the executor's SamplingConfig randomSeed; the Triton input
+# sampling_param_seed is UINT64): every value in [0, 2**64) is a distinct seed, anything else is refused.
+SEED_SPAN = 2**64
+
+
+def validate_sampling(temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None) -> None:
+    """TensorRT-LLM's ``SamplingParams._validate`` ranges (tensorrt_llm/sampling_params.py @a98a9061:
+    temperature >= 0, 0 <= top_p <= 1, top_k >= 0) and the uint64 seed; SamplingParamError names the field."""
+    for name, v in (("temperature", temperature), ("top_p", top_p)):
+        if v is not None and not math.isfinite(v):
+            raise SamplingParamError(name, f"{v} is not a finite number")
+    if temperature is not None and temperature < 0:
+        raise SamplingParamError("temperature", f"{temperature} is negative; use 0 for greedy decoding")
+    if top_p is not None and not 0.0 <= top_p <= 1.0:
+        raise SamplingParamError("top_p", f"{top_p} is outside [0, 1]; 1 disables nucleus sampling, 0 is greedy")
+    if top_k is not None and top_k < 0:
+        raise SamplingParamError("top_k", f"{top_k} is negative; 0 disables top-k, 1 is greedy")
+    if seed is not None and not 0 <= seed < SEED_SPAN:
+        raise SamplingParamError("seed", f"{seed} is out of range: TensorRT-LLM's seed is a 64-bit unsigned integer (0 to {SEED_SPAN - 1})")
 
 
 @dataclass

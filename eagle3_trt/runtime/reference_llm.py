@@ -37,6 +37,7 @@ from eagle3_trt.runtime.llm_api import (
     SamplingParams,
     SpeculativeDecodingMetrics,
     TimingMetrics,
+    effective_sampling,
     ns_to_timedelta,
 )
 from eagle3_trt.runtime.loader import engine_from_bundle
@@ -209,12 +210,7 @@ class ReferenceLLM:
                 ids = list(self.tokenizer.encode(inputs))
         else:
             ids = [int(i) for i in inputs]
-        if sp.greedy:
-            temperature, top_p, top_k = 0.0, 1.0, 0
-        else:
-            temperature = 1.0 if sp.temperature is None else float(sp.temperature)
-            top_p = 1.0 if sp.top_p is None else float(sp.top_p)
-            top_k = 0 if sp.top_k is None else int(sp.top_k)
+        temperature, top_p, top_k = effective_sampling(sp.temperature, sp.top_p, sp.top_k)  # TensorRT-LLM's resolution
         eparams = EngineSamplingParams(
             max_tokens=int(sp.max_tokens), temperature=temperature, top_p=top_p, top_k=top_k, seed=sp.seed, stop_token_ids=self.eos_ids
         )

@@ -44,7 +44,9 @@ from eagle3_trt.triton_serving.server import DRAIN_MAX_S, DRAIN_S, EXIT_TIMEOUT_
     help="decoupled: streaming clients (generate_stream, gRPC streams); --no-decoupled: unary HTTP /infer and gRPC ModelInfer (upstream llmapi's default)",
 )
 @click.option("--with-unary", is_flag=True, help="also write <name>_unary, a non-decoupled twin, so one server answers both kinds of client")
-@click.option("--default-max-tokens", default=64, show_default=True, help="when a request sets no sampling_param_max_tokens")
+@click.option(
+    "--default-max-tokens", type=int, default=None, help="cap for a request without sampling_param_max_tokens (default: the rest of the context, as on Dynamo)"
+)
 @click.option("--with-baseline", is_flag=True, help="also write <name>_nospec, the same bundle served without the draft (A/B for the trtllm runtime)")
 @click.option("--bundle-path", default=None, help="path to write into model.yaml instead of BUNDLE (repository used elsewhere, e.g. a container mount)")
 @click.option(
@@ -63,7 +65,7 @@ def package_cmd(
     gpus: int | None,
     decoupled: bool,
     with_unary: bool,
-    default_max_tokens: int,
+    default_max_tokens: int | None,
     with_baseline: bool,
     bundle_path: str | None,
     force: bool,

@@ -27,9 +27,10 @@ from typing import Any, Protocol
 
 from eagle3_trt.runtime.capture import Capturer
 from eagle3_trt.runtime.llm_api import SamplingParamError, ServingLlm, SpecStats, spec_stats, to_ns
+from eagle3_trt.runtime.request_contract import ServedRequest
 from eagle3_trt.triton_serving.capture_setup import triton_capturer
 from eagle3_trt.triton_serving.draining import SHUTDOWN_MESSAGE, DrainWatch
-from eagle3_trt.triton_serving.request_params import GenRequest, RequestError, resolve_max_tokens
+from eagle3_trt.triton_serving.request_params import GenRequest, RequestError, served_request
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,7 @@ class LlmServing:
         max_seq_len: int,
         max_draft_len: int,
         speculation: bool,
-        default_max_tokens: int,
+        default_max_tokens: int | None,
         cancel_period_ms: int,
         decoupled: bool,
         on_done: Callable[[RequestSummary], None],
@@ -251,19 +252,9 @@ class LlmServing:
         with self._tok_lock:
             return list(self.tokenizer.encode(prompt, add_special_tokens=not prompt_has_bos(self.tokenizer, prompt)))
 
-    def sampling_params(self, req: GenRequest, max_tokens: int):
-        kw: dict[str, Any] = {"max_tokens": max_tokens, "return_perf_metrics": True}
-        for name in ("temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty"):
-            v = getattr(req, name)
-            if v is not None:
-                kw[name] = v
-        if not req.temperature:
-            # No temperature or 0 means greedy here; TensorRT-LLM expresses greedy as top_k=1.
-            kw.pop("temperature", None)
-            kw.pop("top_p", None)
-            kw["top_k"] = 1
-        if req.stop:
-            kw["stop"] = list(req.stop)
+    def sampling_params(self, req: GenRequest, served: ServedRequest):
+        """The runtime's SamplingParams for the request contract's ``served`` (runtime/request_contract.py)."""
+        kw: dict[str, Any] = {**served.sampling_kwargs(), "return_perf_metrics": True}
         if not req.speculative and self.speculation:
             if not self.per_request_speculation:
                 raise RequestError(
@@ -287,8 +278,8 @@ class LlmServing:
                 "streaming", "this model is not decoupled; stream from the decoupled model (generate_stream or a gRPC stream), or set streaming false"
             )
         ids = self.encode(req.prompt)
-        max_tokens = resolve_max_tokens(req, len(ids), self.max_seq_len, self.default_max_tokens)
-        sp = self.sampling_params(req, max_tokens)
+        served = served_request(req, len(ids), self.max_seq_len, self.default_max_tokens)
+        sp = self.sampling_params(req, served)
         speculation = self.speculation and req.speculative
         job = Job(req, sink, request_id, arrival_ns, speculation, self.max_draft_len)
         job.category = category
@@ -296,9 +287,9 @@ class LlmServing:
             self._jobs.add(job)
             if request_id:
                 self._by_id.setdefault(request_id, set()).add(job)
-        asyncio.run_coroutine_threadsafe(self._run(job, ids, sp, max_tokens), self._loop)
+        asyncio.run_coroutine_threadsafe(self._run(job, ids, sp, served), self._loop)
 
-    def _capture(self, job: Job, ids: list[int], max_tokens: int) -> None:
+    def _capture(self, job: Job, ids: list[int], served: ServedRequest) -> None:
         """Hand a request that finished by itself to the capturer (a queue put; never raises).
 
         ``outputs[0].token_ids`` is every generated id and ``text`` all of the text (TensorRT-LLM's
@@ -310,14 +301,6 @@ class LlmServing:
             return
         try:
             o, req = job.out.outputs[0], job.req
-            top_p = 1.0 if req.top_p is None else req.top_p
-            sampling: dict[str, Any] = {
-                "temperature": req.temperature or 0.0,
-                "top_p": top_p,
-                "top_k": req.top_k or 0,
-                "max_tokens": max_tokens,
-                "seed": req.seed,
-            }
             cap.record(
                 request_id=job.request_id,
                 prompt_ids=ids,
@@ -325,14 +308,14 @@ class LlmServing:
                 output_ids=list(o.token_ids),
                 output_text=o.text,
                 finish_reason=job.finish_reason,
-                sampling=sampling,
+                sampling=served.captured(),
                 stats=job.stats(),
                 category=job.category,
             )
         except Exception as e:
             self.log(f"capture: request not recorded: {type(e).__name__}: {e}")
 
-    async def _run(self, job: Job, ids: list[int], sp, max_tokens: int = 0) -> None:
+    async def _run(self, job: Job, ids: list[int], sp, served: ServedRequest) -> None:
         status = "ok"
         try:
             # Always streamed from the LLM: per-iteration data for the metrics, and the client's
@@ -360,7 +343,7 @@ class LlmServing:
                 status = "cancelled"
             self._forget(job)
             if status == "ok":
-                self._capture(job, ids, max_tokens)
+                self._capture(job, ids, served)
             try:
                 self.on_done(job.summary(status))
             except Exception as e:

@@ -54,7 +54,11 @@ class ServingConfig(BaseModel):
     device: DeviceName = Field(default="auto", description="reference runtime only")
     torch_threads: int | None = Field(default=None, ge=1, description="reference runtime: torch.set_num_threads (CPU); null keeps torch's default")
     speculation: bool = Field(default=True, description="false: serve without the draft (a baseline model for A/B)")
-    default_max_tokens: int = Field(default=64, gt=0, description="when a request has no sampling_param_max_tokens")
+    default_max_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="caps a request without sampling_param_max_tokens; null: the rest of the context, as on Dynamo (runtime/request_contract.py)",
+    )
     python_path: list[str] = Field(default_factory=list, description="prepended to sys.path so the model can import eagle3_trt")
 
 

@@ -120,7 +120,7 @@ def package_bundle(
     torch_threads: int | None = None,
     instance_count: int = 1,
     gpus: int | None = None,
-    default_max_tokens: int = 64,
+    default_max_tokens: int | None = None,
     decoupled: bool = True,
     with_unary: bool = False,
     with_baseline: bool = False,

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from eagle3_trt.runtime.llm_api import SamplingParamError, validate_sampling
+from eagle3_trt.runtime.request_contract import ClientRequest, ServedRequest, resolve_request
 from eagle3_trt.triton_serving.interface import INPUT_BY_NAME
 
 # The one request parameter the model reads (not an input tensor): the request's category, kept with
@@ -139,6 +141,11 @@ def parse_request(get: Getter) -> GenRequest:
     prompt = _prompt(arr, stop_request)
     max_tokens, temperature, top_p, top_k = _sampling(get)
     seed = _scalar(get, "sampling_param_seed")
+    seed = None if seed is None else int(seed)
+    try:
+        validate_sampling(None, None, None, seed)
+    except SamplingParamError as e:
+        raise _named(e) from None
     stop = _stop_strings(get)
     return GenRequest(
         prompt=prompt,
@@ -147,7 +154,7 @@ def parse_request(get: Getter) -> GenRequest:
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
-        seed=None if seed is None else int(seed),
+        seed=seed,
         stop=stop,
         exclude_input_from_output=_bool(get, "sampling_param_exclude_input_from_output", False),
         return_perf_metrics=_bool(get, "sampling_param_return_perf_metrics", False),
@@ -180,14 +187,12 @@ def _sampling(get: Getter) -> tuple[int | None, float | None, float | None, int 
     if max_tokens is not None and max_tokens <= 0:
         raise RequestError("sampling_param_max_tokens", f"must be >= 1, got {max_tokens}")
     temperature = _float(get, "sampling_param_temperature")
-    if temperature is not None and temperature < 0:
-        raise RequestError("sampling_param_temperature", f"must be >= 0, got {temperature}")
     top_p = _float(get, "sampling_param_top_p")
-    if top_p is not None and not (0.0 < top_p <= 1.0):
-        raise RequestError("sampling_param_top_p", f"must be in (0, 1], got {top_p}")
     top_k = _int(get, "sampling_param_top_k")
-    if top_k is not None and top_k < 0:
-        raise RequestError("sampling_param_top_k", f"must be >= 0 (0 disables), got {top_k}")
+    try:  # TensorRT-LLM's ranges, the request contract's one check (runtime/request_contract.py)
+        validate_sampling(temperature, top_p, top_k, None)
+    except SamplingParamError as e:
+        raise _named(e) from None
     best_of = _int(get, "sampling_param_best_of")
     if best_of is not None and best_of != 1:
         raise RequestError("sampling_param_best_of", f"only 1 is supported, got {best_of}")
@@ -210,16 +215,31 @@ def _stop_strings(get: Getter) -> tuple[str, ...]:
     return stop
 
 
-def resolve_max_tokens(req: GenRequest, prompt_len: int, max_seq_len: int, default: int) -> int:
-    """The bundle's limit: prompt + generated tokens must fit in max_seq_len."""
-    room = max_seq_len - prompt_len
-    if room < 1:
-        raise RequestError("text_input", f"prompt is {prompt_len} tokens; the bundle's max_seq_len is {max_seq_len}")
-    if req.max_tokens is None:
-        return min(default, room)
-    if req.max_tokens > room:
-        raise RequestError(
-            "sampling_param_max_tokens",
-            f"{req.max_tokens} exceeds the bundle's limit: max_seq_len {max_seq_len} - prompt {prompt_len} tokens = {room}",
-        )
-    return req.max_tokens
+def _named(e: SamplingParamError) -> RequestError:
+    """The contract's refusal, naming this model's input: ``sampling_param_<field>``, ``text_input`` for the prompt."""
+    name = "text_input" if e.field == "prompt" else f"sampling_param_{e.field}"
+    return RequestError(name, str(e).removeprefix(f"{e.field}: "))
+
+
+def served_request(req: GenRequest, prompt_len: int, max_seq_len: int, default: int | None = None) -> ServedRequest:
+    """The request contract (runtime/request_contract.py) for one Triton request; RequestError names the input.
+    ``default``: the repository's ``default_max_tokens`` (None: the rest of the context, as on Dynamo)."""
+    client = ClientRequest(
+        max_tokens=req.max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        seed=req.seed,
+        stop=req.stop,
+        frequency_penalty=req.frequency_penalty,
+        presence_penalty=req.presence_penalty,
+    )
+    try:
+        return resolve_request(client, prompt_len=prompt_len, max_seq_len=max_seq_len, default_max_tokens=default)
+    except SamplingParamError as e:
+        raise _named(e) from None
+
+
+def resolve_max_tokens(req: GenRequest, prompt_len: int, max_seq_len: int, default: int | None = None) -> int:
+    """The bundle's limit: prompt + generated tokens must fit in max_seq_len (the contract's max_tokens)."""
+    return served_request(req, prompt_len, max_seq_len, default).max_tokens
