@@ -374,38 +374,46 @@ def test_target_forward_uses_trtllms_type(typ, rope_type, kind):
 
 @pytest.mark.parametrize("kind", ["llama3", "yarn", "longrope"])
 def test_original_max_position_embeddings_top_level_first(kind):
-    """RopeParams.from_config: getattr(config, "original_max_position_embeddings") or rope_scaling[...] or 1024."""
+    """RopeParams.from_config: getattr(config, "original_max_position_embeddings") or rope_scaling[...] or 1024.
+    A value spelled at the top level and in a block with two values is refused (issue 27): TensorRT-LLM 1.2
+    takes the top level's, releases on transformers 5 the block's (tests/test_rope_block.py reads both)."""
     sc = {"rope_type": kind, "factor": 4.0, "original_max_position_embeddings": 64}
     if kind == "longrope":
         sc |= {"short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
     assert rope_params.from_raw_config({**TINY, "rope_scaling": sc}).original_max_positions == 64
-    assert rope_params.from_raw_config({**TINY, "rope_scaling": sc, "original_max_position_embeddings": 16}).original_max_positions == 16
     no_inner = {k: v for k, v in sc.items() if k != "original_max_position_embeddings"}
+    assert rope_params.from_raw_config({**TINY, "rope_scaling": no_inner, "original_max_position_embeddings": 16}).original_max_positions == 16
     assert rope_params.from_raw_config({**TINY, "rope_scaling": no_inner}).original_max_positions == 1024
-    # transformers 5: rope_parameters is merged over the top level first, so its value wins there
-    cfg5 = {**{k: v for k, v in TINY.items() if k != "rope_theta"}, "original_max_position_embeddings": 16, "rope_parameters": {"rope_theta": 1e4, **sc}}
+    assert rope_params.from_raw_config({**TINY, "rope_scaling": sc, "original_max_position_embeddings": 64}).original_max_positions == 64  # agreeing
+    for block in ("rope_scaling", "rope_parameters"):
+        bad = {**TINY, "original_max_position_embeddings": 16, block: {"rope_theta": 1e4, **sc}}
+        with pytest.raises(UserError, match=f"16, but {block}.original_max_position_embeddings is 64") as e:
+            rope_params.from_raw_config(bad, "t/config.json")
+        assert e.value.where == "t/config.json:original_max_position_embeddings" and "\n" not in e.value.line()
+    # transformers 5 spelling alone: the block's value
+    cfg5 = {**{k: v for k, v in TINY.items() if k != "rope_theta"}, "rope_parameters": {"rope_theta": 1e4, **sc}}
     assert rope_params.from_raw_config(cfg5).original_max_positions == 64
     # readers that keep (theta, scaling) carry the value taken
-    _, eff = rope_params.effective_scaling({**TINY, "rope_scaling": sc, "original_max_position_embeddings": 16})
+    _, eff = rope_params.effective_scaling({**TINY, "rope_scaling": no_inner, "original_max_position_embeddings": 16})
     assert eff["original_max_position_embeddings"] == 16
-    # gpt-oss builds RopeParams from rope_scaling alone
+    # gpt-oss builds RopeParams from rope_scaling alone: a top-level value (spelled once) does not count there
     go = family_named("gpt-oss")
-    gcfg = {**TINY, "model_type": "gpt_oss", "head_dim": 16, "rope_scaling": sc, "original_max_position_embeddings": 16}
+    gcfg = {**TINY, "model_type": "gpt_oss", "head_dim": 16, "rope_scaling": no_inner, "original_max_position_embeddings": 16}
     if kind == "yarn":
-        assert rope_params.from_raw_config(gcfg, family=go).original_max_positions == 64
+        assert rope_params.from_raw_config(gcfg, family=go).original_max_positions == 1024
 
 
 def test_llama3_top_level_original_max_reaches_the_target_tables():
     from eagle3_trt.core.target import TargetModel
 
-    sc = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
+    sc = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
     cfg = {**TINY, "rope_scaling": sc, "original_max_position_embeddings": 32}
     tm = TargetModel.from_state_dict(cfg, _llama_weights(TINY))
-    assert cfg["rope_scaling"] == sc and sc["original_max_position_embeddings"] == 128  # the caller's config is left as it was
+    assert cfg["rope_scaling"] == sc and "original_max_position_embeddings" not in sc  # the caller's config is left as it was
     want, _ = rope.tables(rope_params.from_config(1e4, {**sc, "original_max_position_embeddings": 32}, 16, 256))
-    inner, _ = rope.tables(rope_params.from_config(1e4, sc, 16, 256))
+    default, _ = rope.tables(rope_params.from_config(1e4, sc, 16, 256))
     torch.testing.assert_close(tm.hf.model.rotary_emb.inv_freq, want, rtol=1e-6, atol=0)
-    assert not torch.allclose(want, inner)
+    assert not torch.allclose(want, default)
 
 
 def test_longrope_message_names_the_value_used():

@@ -1,8 +1,8 @@
 """Write unified Hugging Face checkpoints that TensorRT-LLM's PyTorch runtime loads.
 
 Target: ModelOpt's ``export_hf_checkpoint`` (safetensors, ``hf_quant_config.json``, inline
-``quantization_config``), then the config gets the legacy field spellings (hf_compat) and
-the tokenizer files. Draft: the flat SafeAILab layout (``fc``, ``midlayer.*``, ``norm``,
+``quantization_config``), then the config gets the one rope block (formats/rope_block.py: every
+target config a bundle ships, whatever ``--quant``, goes through ``target_config``) and the tokenizer files. Draft: the flat SafeAILab layout (``fc``, ``midlayer.*``, ``norm``,
 ``lm_head``, ``d2t``); quantized drafts go through ModelOpt's transformers exporter so FP8/NVFP4
 tensors, scales and the q/k/v shared input scale match what a quantized target gets.
 """
@@ -22,7 +22,8 @@ from eagle3_trt.convert.draft_format import DraftCheckpoint
 from eagle3_trt.convert.streaming import stream_convert
 from eagle3_trt.formats.checkpoint_io import read_json
 from eagle3_trt.formats.draft_config import DraftConfig, trtllm_config
-from eagle3_trt.formats.hf_compat import with_legacy_fields
+from eagle3_trt.formats.families import family_of_config
+from eagle3_trt.formats.rope_block import normalised
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "generation_config.json")
@@ -38,11 +39,21 @@ def copy_tokenizer(src: Path, dst: Path) -> list[str]:
     return copied
 
 
+def target_config(cfg: dict, source_dir: Path) -> dict:
+    """A bundle target's config.json: ``cfg`` (what the exporter wrote, or the source's own) with the source
+    config's rope block (``rope_block.normalised``). Taken from the source, what was validated, not from
+    the exporter's file: transformers 5 rewrites the rope while saving (fills original_max_position_embeddings
+    from max_position_embeddings where the source had it at the top level only)."""
+    source_path = Path(source_dir) / "config.json"
+    source = read_json(source_path)
+    return normalised(cfg, source, str(source_path), family_of_config(source, str(source_path)))
+
+
 def export_target(model, out_dir: Path, source_dir: Path) -> None:
     make_dirs(out_dir)
     modelopt_compat.export_hf_checkpoint(model, out_dir)
     cfg_path = out_dir / "config.json"
-    write_json(cfg_path, with_legacy_fields(json.loads(cfg_path.read_text())))
+    write_json(cfg_path, target_config(json.loads(cfg_path.read_text()), source_dir))
     copy_tokenizer(source_dir, out_dir)
 
 
@@ -52,7 +63,7 @@ def export_target_bf16(source_dir: Path, out_dir: Path) -> None:
     checkpoint size, so a 140 GB target costs disk bandwidth, not RAM). Quantized targets go through
     ModelOpt instead (``export_target``), which needs the model loaded for calibration anyway."""
     stream_convert(Path(source_dir), Path(out_dir), lambda name: name, cast=lambda name, dtype: "bfloat16" if dtype in FLOAT_DTYPES else None)
-    cfg = with_legacy_fields(read_json(Path(source_dir) / "config.json"))
+    cfg = target_config(read_json(Path(source_dir) / "config.json"), source_dir)
     for key in ("torch_dtype", "dtype"):  # transformers 4.x writes torch_dtype, 5.x dtype
         if key in cfg:
             cfg[key] = "bfloat16"
@@ -62,9 +73,10 @@ def export_target_bf16(source_dir: Path, out_dir: Path) -> None:
 
 def export_target_native(source_dir: Path, out_dir: Path) -> None:
     """An already-quantized target kept as shipped (``--quant native``, e.g. gpt-oss's MXFP4 experts):
-    every tensor streamed unchanged, the config as it is (TensorRT-LLM reads its quantization_config)."""
+    every tensor streamed unchanged, the config as it is (TensorRT-LLM reads its quantization_config) but for
+    the rope block, normalised as every bundle's is."""
     stream_convert(Path(source_dir), Path(out_dir), lambda name: name, cast=lambda name, dtype: None)
-    write_json(Path(out_dir) / "config.json", read_json(Path(source_dir) / "config.json"))
+    write_json(Path(out_dir) / "config.json", target_config(read_json(Path(source_dir) / "config.json"), source_dir))
     copy_tokenizer(Path(source_dir), Path(out_dir))
 
 

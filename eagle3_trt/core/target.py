@@ -35,7 +35,7 @@ from eagle3_trt.core.attention import GQA_ATTENTION, attention_implementation, c
 from eagle3_trt.core.kv_cache import fq_cache_class, prealloc_cache_class
 from eagle3_trt.core.quant_sim import input_scales_of, install_activation_fake_quant, quant_algo_of, split_quant_tensors
 from eagle3_trt.errors import UserError
-from eagle3_trt.formats import rope_params
+from eagle3_trt.formats import rope_block, rope_params
 from eagle3_trt.formats.families import Family, family_of_config
 
 # imported from here by the runtime (column_windows) and the tests (the attention's name)
@@ -150,8 +150,11 @@ class TargetModel:
         cfg = {k: v for k, v in config.items() if k not in ("quantization_config",)}
         family = family_of_config(cfg, "target config")
         # a deep copy: transformers 5 rewrites the rope block it is given in place (moves top-level keys into it,
-        # picks rope_type over type), and the rope tables below must read the config as TensorRT-LLM does
-        hf_cfg = getattr(transformers, family.hf_config_class).from_dict(copy.deepcopy(cfg))
+        # picks rope_type over type), and the rope tables below must read the config as TensorRT-LLM does. The
+        # copy carries the one rope block a bundle ships (formats/rope_block.py): every key explicit, so transformers
+        # 4.57 loads a llama3 config whose original_max_position_embeddings sits at the top level only (it raises
+        # KeyError on the file as is) and both generations build the function TensorRT-LLM serves.
+        hf_cfg = getattr(transformers, family.hf_config_class).from_dict(copy.deepcopy(rope_block.normalised(cfg, where="target config", family=family)))
         hf_cfg._attn_implementation = family.attn_implementation or attention_implementation()
         weights, scales = split_quant_tensors(state_dict)
         # Build on the meta device (no random init of billions of weights), then assign the

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.formats import rope_params
+from eagle3_trt.formats import rope_block, rope_params
 from eagle3_trt.formats.checkpoint_io import read_json, safetensors_names
 from eagle3_trt.formats.families import EAGLE3_DEFAULT_NUM_AUX
-from eagle3_trt.formats.hf_compat import dtype_of, rope_of, trtllm_view, with_legacy_fields
+from eagle3_trt.formats.hf_compat import dtype_of, rope_of, trtllm_view
 from eagle3_trt.formats.hf_config import DEFAULT_MAX_POSITIONS, Eagle3DraftConfigFields, parse_config
 
 FORMATS = ("safeailab", "modelopt", "speculators")
@@ -388,4 +388,4 @@ def trtllm_config(cfg: DraftConfig, raw: dict[str, Any], max_seq_len: int | None
         src = raw.get("transformer_layer_config", raw) if cfg.source_format == "speculators" else raw
         if k in src:
             out[k] = src[k]
-    return with_legacy_fields(out)
+    return rope_block.normalised(out, where="draft config.json")  # the one rope block every bundle config carries

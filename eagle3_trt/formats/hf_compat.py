@@ -22,7 +22,8 @@ from typing import Any
 # (transformers/configuration_utils.py and models/llama/configuration_llama.py of each release).
 # A Llama-3 config exported on a plain machine without the legacy keys would load in the
 # container with the default rope_theta of 10000 instead of 500000: no error, just wrong
-# attention. Every config this toolkit writes carries both spellings (``with_legacy_fields``).
+# attention. Every config this toolkit writes carries both spellings, with one set of values
+# (``formats/rope_block.normalised``).
 
 
 def scaling_kind(scaling: Any) -> str:
@@ -52,12 +53,20 @@ def trtllm_view(cfg: dict[str, Any]) -> dict[str, Any]:
     ``full_attention`` entry when it is keyed by layer type), overwriting top-level keys of the same name
     (``original_max_position_embeddings``, ``partial_rotary_factor``): interface.py, newest version
     (search-index id 55427064947, commit unknown)."""
+    params = flat_rope_parameters(cfg)
+    return cfg if params is None else {**cfg, **params}
+
+
+def flat_rope_parameters(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The config's rope_parameters as one dict (the ``full_attention`` entry where it is keyed by layer
+    type, as TensorRT-LLM takes it), or None where it has none."""
     params = cfg.get("rope_parameters")
-    if not isinstance(params, dict):
-        return cfg
-    if params and all(isinstance(v, dict) for v in params.values()):
-        params = params.get("full_attention") or next(iter(params.values()))
-    return {**cfg, **params}
+    if not isinstance(params, dict) or not params:
+        return None
+    if all(isinstance(v, dict) for v in params.values()):
+        inner = params.get("full_attention") or next(iter(params.values()))
+        return inner if isinstance(inner, dict) else None
+    return params
 
 
 def rope_of(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
@@ -75,16 +84,3 @@ def rope_of(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
 def dtype_of(cfg: dict[str, Any]) -> str | None:
     """The checkpoint dtype: ``torch_dtype`` (4.57 and older) or ``dtype`` (5.x)."""
     return cfg.get("torch_dtype") or cfg.get("dtype")
-
-
-def with_legacy_fields(cfg: dict[str, Any]) -> dict[str, Any]:
-    """A copy of cfg that both transformers generations read the same way."""
-    out = dict(cfg)
-    theta, scaling = rope_of(cfg)
-    out["rope_theta"] = theta
-    if scaling is not None:
-        out["rope_scaling"] = scaling
-    dt = dtype_of(cfg)
-    if dt is not None:
-        out["torch_dtype"] = dt
-    return out

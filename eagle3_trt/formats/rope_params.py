@@ -27,7 +27,7 @@ from typing import Any
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.families import Family
-from eagle3_trt.formats.hf_compat import rope_of, trtllm_view
+from eagle3_trt.formats.hf_compat import flat_rope_parameters, rope_of, trtllm_view
 from eagle3_trt.formats.hf_compat import scaling_kind as scaling_kind  # the one type/rope_type resolver, re-exported
 
 # TensorRT-LLM's RotaryScalingType names; "none" covers a missing rope_scaling and "default".
@@ -38,6 +38,8 @@ RUNTIME_TYPES = ("none", "linear", "dynamic", "llama3", "yarn", "longrope")
 # original_max_position_embeddings is written explicitly: raising max_position_embeddings in an
 # exported config leaves them unchanged (dynamic's threshold and longrope's mscale do depend on it).
 MAX_POS_INDEPENDENT = ("none", "linear", "llama3", "yarn")
+# Types whose function uses original_max_position_embeddings (TensorRT-LLM and transformers alike).
+SCALED_BY_ORIGINAL = ("llama3", "yarn", "longrope")
 # TensorRT-LLM's default when neither the config nor rope_scaling names it (RopeParams.from_config).
 DEFAULT_ORIGINAL_MAX_POSITIONS = 1024
 
@@ -248,11 +250,82 @@ def from_config(
     )
 
 
+# Keys a config may spell both at the top level (transformers 4.57's spelling) and inside rope_parameters
+# (transformers 5's). Which one a served model uses depends on the release: TensorRT-LLM 1.2 runs on
+# transformers 4.57, whose config classes keep rope_parameters as an unread attribute, and its
+# RopeParams.from_config reads the top-level attributes only (interface.py @
+# 000a01de66f0eab4ab05640711f0253f50f5209c); releases since PR #10636 (2026-01-14) first merge rope_parameters
+# over the top level (``config.update(hf_rope_parameters)``, interface.py search-index id 55427064947), and
+# transformers 5 (TensorRT-LLM 1.3.0rc15 and later pin 5.5.x) builds rope_parameters from rope_scaling when
+# both are given and lets rope_parameters' own rope_theta / partial_rotary_factor win over the top level's
+# (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict, transformers/modeling_rope_utils.py, 5.14.1).
+SPELLED_TWICE = ("rope_theta", "partial_rotary_factor", "original_max_position_embeddings")
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+        return float(a) == float(b)
+    return bool(a == b)
+
+
+def _disagree(where: str, key_a: str, a: Any, key_b: str, b: Any, served: str) -> UserError:
+    return UserError(
+        f"{where}:{key_a}",
+        f"{a!r}, but {key_b} is {b!r}: {served}",
+        f"write one value in both places (the one the model was trained with), or remove {key_a}",
+    )
+
+
+def check_agreement(cfg: dict[str, Any], where: str = "config.json") -> None:
+    """Refuse (one line naming both fields and both values) a config whose rope is spelled twice with two
+    values: each TensorRT-LLM release would serve one of them, and the reference runtime would measure one.
+    Checked: the top-level rope_theta / partial_rotary_factor / original_max_position_embeddings against
+    rope_parameters' and (original_max_position_embeddings) rope_scaling's, and rope_scaling against
+    rope_parameters entry by entry (type as TensorRT-LLM resolves it). A value spelled once is no conflict."""
+    params = flat_rope_parameters(cfg)
+    scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else None
+    for key in SPELLED_TWICE:
+        if cfg.get(key) is None:
+            continue
+        for name, block in (("rope_parameters", params), ("rope_scaling", scaling)):
+            if block is not None and block.get(key) is not None and not _same(cfg[key], block[key]):
+                raise _disagree(
+                    where,
+                    key,
+                    cfg[key],
+                    f"{name}.{key}",
+                    block[key],
+                    "TensorRT-LLM 1.2 (transformers 4.57, which ignores rope_parameters) serves the top-level value, "
+                    f"releases on transformers 5 (which move rope_scaling into rope_parameters) serve {name}'s",
+                )
+    if scaling is None or params is None:
+        return
+    both = "transformers 5 keeps rope_scaling's and drops rope_parameters', readers of rope_parameters take the other"
+    if scaling_kind(scaling) != scaling_kind(params):
+        key = "type" if scaling.get("type") else "rope_type"
+        raise _disagree(where, f"rope_scaling.{key}", scaling.get(key), "rope_parameters' type", scaling_kind(params), both)
+    for key in sorted((set(scaling) & set(params)) - {"type", "rope_type"}):
+        if not _same(scaling[key], params[key]):
+            raise _disagree(where, f"rope_scaling.{key}", scaling[key], f"rope_parameters.{key}", params[key], both)
+
+
 def from_raw_config(cfg: dict[str, Any], where: str = "config.json", family: Family | None = None) -> RopeParams:
     """RopeParams of a config.json dict (either transformers spelling, see hf_compat.rope_of) as TensorRT-LLM's
     model of ``family`` builds them (None: RopeParams.from_config's rules, as Llama and the EAGLE-3 draft):
-    scaling type, original_max_position_embeddings and rotary dim all decided here."""
+    scaling type, original_max_position_embeddings and rotary dim all decided here. A config whose two
+    spellings disagree is refused first (``check_agreement``)."""
+    check_agreement(cfg, where)
     theta, scaling = rope_of(cfg)
+    return from_attributes(cfg, theta, scaling, where, family)
+
+
+def from_attributes(
+    cfg: dict[str, Any], theta: float, scaling: Any, where: str = "config.json", family: Family | None = None, *, merge: bool = True
+) -> RopeParams:
+    """RopeParams as TensorRT-LLM's model of ``family`` builds them from a config's attributes: ``theta`` and
+    ``scaling`` as the config object holds them, the other keys read from ``cfg`` (after merging rope_parameters
+    over them where ``merge``: TensorRT-LLM releases since PR #10636; see ``check_agreement``). ``from_raw_config``
+    and ``rope_releases`` (a config as one release's transformers loads it) both end here."""
     given = cfg.get("head_dim")
     if family is not None:
         head_dim = family.head_dim(cfg)
@@ -264,7 +337,7 @@ def from_raw_config(cfg: dict[str, Any], where: str = "config.json", family: Fam
         raise UserError(f"{where}:rope_scaling", f"{scaling!r} is not an object", "rope_scaling is a JSON object or null")
     if family is not None and family.position_type_from_scaling and scaling is not None:
         _check_position_type(scaling, family, where)
-    top = _top_level(cfg, family)
+    top = _top_level(cfg, family, merge)
     dim, _ = rotary_dim_of(top, head_dim, family.rotary_dim_rule if family is not None else "rope_params", where)
     return from_config(theta, scaling, head_dim, int(cfg.get("max_position_embeddings") or 0), top_level=top, where=where, rotary_dim=dim)
 
@@ -294,11 +367,11 @@ def _check_position_type(scaling: dict[str, Any], family: Family, where: str) ->
         )
 
 
-def _top_level(cfg: dict[str, Any], family: Family | None) -> dict[str, Any]:
+def _top_level(cfg: dict[str, Any], family: Family | None, merge: bool = True) -> dict[str, Any]:
     """The top-level keys TensorRT-LLM reads next to rope_scaling. gpt-oss builds its RopeParams by hand from
     rope_scaling alone (``original_max_positions=rope_scaling['original_max_position_embeddings']``,
     modeling_gpt_oss.py @ 7924c7f1d3b4a3286b62c13fc890900295dc39cb), so a top-level value does not count there."""
-    top = trtllm_view(cfg)
+    top = trtllm_view(cfg) if merge else cfg
     if family is not None and family.rotary_dim_rule == "head_dim":
         top = {k: v for k, v in top.items() if k != "original_max_position_embeddings"}
     return top
@@ -308,8 +381,9 @@ def effective_scaling(cfg: dict[str, Any], where: str = "config.json", family: F
     """(rope_theta, rope_scaling) of a config.json dict with ``original_max_position_embeddings`` written into
     the block where TensorRT-LLM takes it from the top level (``original_max_of``): readers that keep
     only (theta, scaling), such as TargetInfo and the draft config, then carry the value TensorRT-LLM uses."""
+    check_agreement(cfg, where)
     theta, scaling = rope_of(cfg)
-    if isinstance(scaling, dict) and scaling_kind(scaling) in ("llama3", "yarn", "longrope"):
+    if isinstance(scaling, dict) and scaling_kind(scaling) in SCALED_BY_ORIGINAL:
         value, key = original_max_of(_top_level(cfg, family), scaling, where)
         if key == "original_max_position_embeddings":
             scaling = {**scaling, "original_max_position_embeddings": value}
@@ -401,6 +475,6 @@ def export_scaling(p: RopeParams, source: dict[str, Any] | None) -> dict[str, An
         return None
     out = {k: v for k, v in (source or {}).items() if k != "type"}
     out["rope_type"] = p.kind
-    if p.kind in ("llama3", "yarn", "longrope"):
+    if p.kind in SCALED_BY_ORIGINAL:
         out["original_max_position_embeddings"] = p.original_max_positions
     return out

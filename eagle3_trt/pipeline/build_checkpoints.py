@@ -9,7 +9,6 @@ pipeline/builder.py decides what to build and calls these; the on-disk format is
 from __future__ import annotations
 
 import contextlib
-import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from eagle3_trt.atomic import write_json
 from eagle3_trt.convert import export, quantize
 from eagle3_trt.convert.draft_format import config_for_max_seq_len
 from eagle3_trt.convert.embedded import heldout_prompts
@@ -70,10 +70,11 @@ def measure_embedded_acceptance(
 
 
 def write_config_only(target_dir: Path, draft_dir: Path, tmp: Path, max_seq_len: int) -> None:
-    """A dry run's configs: the target's as shipped, the draft's through the function a real build
-    writes it with (its layout flattened, max_position_embeddings raised to max_seq_len)."""
+    """A dry run's configs: the target's as shipped but for the one rope block (``export.target_config``, as a
+    real build writes it), the draft's through the function a real build writes it with (its layout flattened,
+    max_position_embeddings raised to max_seq_len)."""
     (tmp / "target").mkdir()
-    shutil.copy2(target_dir / "config.json", tmp / "target" / "config.json")
+    write_json(tmp / "target" / "config.json", export.target_config(read_json(target_dir / "config.json"), target_dir))
     draft_cfg = config_for_max_seq_len(read_draft_config(draft_dir), max_seq_len)
     export.write_draft_config(draft_cfg, read_json(draft_dir / "config.json"), tmp / "draft")
     export.copy_tokenizer(target_dir, tmp / "target")

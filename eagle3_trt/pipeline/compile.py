@@ -8,7 +8,8 @@ and records the results, the GPU and the versions in manifest.json (through ``bu
 
 Every check that needs neither TensorRT-LLM nor a GPU runs first, in this order, so a wrong
 bundle fails in seconds: manifest, GPU formats (detected GPU or ``--target-gpu``), TensorRT-LLM
-version, option names (``trtllm_adapter.to_llm_kwargs``), parallel size vs visible GPUs.
+version, option names (``trtllm_adapter.to_llm_kwargs``), the configs' rope as that release's
+transformers reads it (``check_rope``), parallel size vs visible GPUs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from typing import Any
 
 from eagle3_trt.convert.prompts import SHIPPED_PROMPTS, load_prompts
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats import rope_params, rope_releases
+from eagle3_trt.formats.checkpoint_io import read_json
+from eagle3_trt.formats.families import family_of_config
 from eagle3_trt.pipeline import trtllm_adapter as adapter
 from eagle3_trt.pipeline import trtllm_versions as versions
 from eagle3_trt.pipeline.bundle import MANIFEST_FILE, OPTIONS_FILE, Bundle, CompileRecord, open_bundle
@@ -112,6 +116,7 @@ def preflight(
     installed = for_release is None  # another release's options: its documented names and forms, not the installed field list
     pf.llm = adapter.to_llm_kwargs(b.path, b.options, version=pf.trtllm_version, use_installed=installed, resolve_paths=True, check_files=not b.dry_run)
     pf.checks.append(f"option names ({pf.llm.names_checked_against})")
+    pf.checks.append(check_rope(b, pf.trtllm_version))
     world = int(pf.llm.kwargs.get("tensor_parallel_size", 1)) * int(pf.llm.kwargs.get("pipeline_parallel_size", 1))
     if pf.gpu is not None and pf.gpu.detected is not None and world > pf.gpu.detected.count:
         raise UserError(
@@ -121,6 +126,21 @@ def preflight(
         )
     pf.checks.append(f"parallel size {world}")
     return pf
+
+
+def check_rope(b: Bundle, version: str | None) -> str:
+    """The bundle's target and draft configs read as ``version``'s transformers and RopeParams.from_config read
+    them (trtllm_versions.rope_reader; None: every supported release) must give the rope the reference runtime
+    measured (rope_params.from_raw_config); a config spelling one value twice with two values is refused first."""
+    readers = versions.rope_reader(version)
+    for role, d in (("target", b.target_dir), ("draft", b.draft_dir)):
+        path = d / "config.json"
+        cfg = read_json(path)
+        family = family_of_config(cfg, str(path)) if role == "target" else None  # the EAGLE-3 draft: RopeParams.from_config
+        measured = rope_params.from_raw_config(cfg, str(path), family)
+        for reader in readers:
+            rope_releases.check_release(cfg, measured, reader, str(path), family)
+    return f"rope as {', '.join(r.label for r in readers)} reads it"
 
 
 # ---------------------------------------------------------------------------------------------

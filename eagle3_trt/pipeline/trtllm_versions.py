@@ -47,6 +47,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats import rope_releases
 from eagle3_trt.pipeline.dynamic_tree_release import dynamic_tree_for_release
 from eagle3_trt.pipeline.spec_sampling_release import sampling_for_release
 from eagle3_trt.pipeline.spec_variant_release import variant_for_release
@@ -226,6 +227,27 @@ def drop_sa_for_launch(spec: dict[str, Any], version: str | None) -> tuple[dict[
     return spec, [f"TensorRT-LLM {version}: no suffix-automaton enhancer (sa_config is 1.3+); served without it"]
 
 
+# The transformers each release pins (``Requires-Dist`` of its sdist on PyPI, read 2026-11-26): 1.2.1 and
+# 1.3.0rc4..rc14 transformers==4.57.1/4.57.3; 1.3.0rc15 5.5.3; 1.3.0rc22..rc29 and 1.4.0rc0/rc1 5.5.4 (rc22.post1
+# >=5.11). 1.3.0rc0..rc3 list none (dynamic metadata): taken as 4.57, their neighbours' pin.
+TRANSFORMERS_5_SINCE = "1.3.0rc15"
+# RopeParams.from_config merges rope_parameters over the config since NVIDIA/TensorRT-LLM PR #10636 (merged
+# 2026-01-14, after 1.2's branch cut); which 1.3.0rc first carries it is not pinned down, so 1.3.0rc0..rc14
+# are read both ways (formats/rope_releases.py).
+ROPE_PARAMETERS_MERGE_SINCE = "1.3.0rc0"
+
+
+def rope_reader(version: str | None) -> list[rope_releases.Reader]:
+    """How ``version`` (None: unknown, so every release the toolkit supports) loads a config's rope."""
+    if version is None:
+        return [rope_releases.Reader("4.57", False, "TensorRT-LLM 1.2.x"), rope_releases.Reader("5", True, f"TensorRT-LLM {TRANSFORMERS_5_SINCE} or newer")]
+    if _v(version) < _v(ROPE_PARAMETERS_MERGE_SINCE):
+        return [rope_releases.Reader("4.57", False, f"TensorRT-LLM {version}")]
+    if _v(version) < _v(TRANSFORMERS_5_SINCE):
+        return [rope_releases.Reader("4.57", None, f"TensorRT-LLM {version}")]
+    return [rope_releases.Reader("5", True, f"TensorRT-LLM {version}")]
+
+
 def installed_version() -> str | None:
     """TensorRT-LLM's version from package metadata, without importing it (None if absent)."""
     for dist in ("tensorrt_llm", "tensorrt-llm"):
@@ -276,6 +298,7 @@ __all__ = [
     "installed_version",
     "old_schedule",
     "parse_version",
+    "rope_reader",
     "spec_for_release",
     "speculative_model_key",
 ]
