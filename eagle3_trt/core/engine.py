@@ -199,10 +199,16 @@ class SpeculativeEngine:
             new.append(emit(r, [tok], self.max_seq_len))
         return new
 
+    # The draft length a server's scheduler allows this step (TensorRT-LLM's draft_len_schedule by batch
+    # size, 0 once the acceptance gate has switched speculation off: core/speculation_control.py), set
+    # by runtime/reference_llm.py before it steps a request; None: no cap. Row.k_cap caps one row.
+    k_cap: int | None = None
+
     def _k_eff(self, r: Row, tree: DraftTree | None) -> int:
         if tree is None or r.finished:
             return 0
-        return max(0, min(tree.max_depth, r.params.max_tokens - r.generated - 1, self.max_seq_len - len(r.tokens) - 1))
+        caps = [c for c in (self.k_cap, r.k_cap) if c is not None]
+        return max(0, min(tree.max_depth, r.params.max_tokens - r.generated - 1, self.max_seq_len - len(r.tokens) - 1, *caps))
 
     def _step(self, rows: list[Row], st: BatchState, tree: DraftTree | None) -> list[list[int]]:
         B, dev = len(rows), self.device

@@ -46,6 +46,7 @@ class Row:
     pend_aux: torch.Tensor | None = None
     pend_tok: list[int] = field(default_factory=list)
     pend_pos: int = 0
+    k_cap: int | None = None  # at most this many draft tokens per step for this row (None: the tree's depth)
 
     @property
     def generated(self) -> int:

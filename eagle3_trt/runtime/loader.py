@@ -14,6 +14,7 @@ import torch
 from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.dynamic_tree_rules import DynamicTreeConfig
 from eagle3_trt.core.engine import SpeculativeEngine
+from eagle3_trt.core.speculation_control import SpeculationControl, SpeculationGate, schedule_from_options
 from eagle3_trt.core.suffix_automaton import SAConfig
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 
@@ -45,6 +46,26 @@ def engine_from_bundle(
         # served as TensorRT-LLM serves the bundle's sa_config: the suffix-automaton enhancer overrides the chain
         eng.sa = SAConfig(threshold=spec.sa_config.threshold, enable_global_pool=spec.sa_config.enable_global_pool)
     return eng
+
+
+def speculation_control(bundle: Bundle | Path | str, max_draft_len: int) -> SpeculationControl:
+    """How a TensorRT-LLM server runs the bundle's options from iteration to iteration
+    (core/speculation_control.py): ``draft_len_schedule`` (or ``max_concurrency``) by batch size,
+    the ``acceptance_rate_window_size`` / ``acceptance_rate_threshold`` switch-off, and whether the
+    overlap scheduler delays it by one iteration (``disable_overlap_scheduler``, default false)."""
+    b = bundle if isinstance(bundle, Bundle) else open_bundle(Path(bundle))
+    o = b.options
+    spec = o.speculative_config
+    gate = None
+    if spec.acceptance_rate_window_size and spec.acceptance_rate_threshold is not None:
+        gate = SpeculationGate(spec.acceptance_rate_window_size, spec.acceptance_rate_threshold)
+    return SpeculationControl(
+        max_draft_len=max_draft_len,
+        schedule=schedule_from_options(spec.draft_len_schedule, spec.max_concurrency, max_draft_len),
+        gate=gate,
+        overlap_scheduler=not o.disable_overlap_scheduler,
+        max_batch_size=o.max_batch_size,
+    )
 
 
 def _load_built(b: Bundle, k: int, device: str, dtype) -> SpeculativeEngine:

@@ -40,7 +40,7 @@ from eagle3_trt.runtime.llm_api import (
     effective_sampling,
     ns_to_timedelta,
 )
-from eagle3_trt.runtime.loader import engine_from_bundle
+from eagle3_trt.runtime.loader import engine_from_bundle, speculation_control
 
 
 def eos_token_ids(tokenizer, bundle: Path) -> tuple[int, ...]:
@@ -165,6 +165,8 @@ class _Req:
     accepted_trim: int = 0  # accepted drafts taken back at a stop string
     trimmed_pp: list[int] = field(default_factory=list)
     als: list[int] = field(default_factory=list)
+    step_drafted: int = 0  # the last step's draft tokens and accepted drafts (the gate's sample)
+    step_accepted: int = 0
 
 
 class ReferenceLLM:
@@ -194,6 +196,9 @@ class ReferenceLLM:
                 file=sys.stderr,
             )
         self.eos_ids = eos_token_ids(self.tokenizer, self.bundle)
+        # draft_len_schedule and the acceptance-rate switch-off, run per scheduler round as TensorRT-LLM
+        # runs them per iteration (core/speculation_control.py; None: speculation off for the server)
+        self.control = speculation_control(self.bundle, self.engine.max_draft_len) if speculation else None
         self._tok_lock = threading.Lock()  # HF fast tokenizers must not decode from two threads at once
         self._ids = itertools.count(1)
         self._inbox: queue.Queue[_Req | None] = queue.Queue()
@@ -235,10 +240,20 @@ class ReferenceLLM:
         self._thread.join(timeout=30)
 
     # -- scheduler thread -----------------------------------------------------------------------
+    def speculation_state(self) -> dict[str, object] | None:
+        """Iterations run, gate samples, and when the acceptance gate switched speculation off."""
+        return self.control.state() if self.control is not None else None
+
     def _loop(self) -> None:
+        """One round = one TensorRT-LLM iteration: every in-flight request is stepped once (its
+        prefill, or one decode step), at the K ``draft_len_schedule`` gives the round's batch size
+        (0 once the acceptance gate has tripped); the rows that drafted give the gate one sample."""
         active: list[_Req] = []
+        lagging = 0  # finished last round; the overlap scheduler still schedules them this round
         while True:
             block = not active
+            if block:
+                lagging = 0  # an idle server has processed every finished request
             while True:
                 try:
                     item = self._inbox.get(block=block)
@@ -250,9 +265,23 @@ class ReferenceLLM:
                     return
                 active.append(item)
                 block = False
+            ctl = self.control
+            if ctl is not None:
+                # TensorRT-LLM's overlap scheduler schedules iteration i+1 before it learns which requests
+                # iteration i finished, so those are counted in i+1's batch size
+                self.engine.k_cap = ctl.k_for(len(active) + (lagging if ctl.overlap_scheduler else 0))
+            drafted, accepted = [], []
+            done = 0
             for r in list(active):
+                r.step_drafted = r.step_accepted = 0
                 if self._step(r):
                     active.remove(r)
+                    done += 1
+                drafted.append(r.step_drafted)
+                accepted.append(r.step_accepted)
+            lagging = done
+            if ctl is not None:
+                ctl.after(drafted, accepted)
 
     def _close(self, r: _Req) -> None:
         try:
@@ -314,6 +343,7 @@ class ReferenceLLM:
         st = r.stats
         drafted = st.draft_tokens - (prev.draft_tokens if prev else 0)
         accepted = st.accepted_tokens - (prev.accepted_tokens if prev else 0)
+        r.step_drafted, r.step_accepted = max(0, drafted), max(0, accepted)
         if drafted > 0:
             r.als.append(min(accepted, kept - 1) + 1 if kept < produced else accepted + 1)
         if kept < produced:
