@@ -49,6 +49,15 @@ REQUIRED_4_57: dict[str, frozenset[str]] = {
     "longrope": frozenset({"rope_type", "short_factor", "long_factor"}),
     "llama3": frozenset({"rope_type", "factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}),
 }
+# transformers 5's, checked after standardize_rope_params has filled rope_type, rope_theta and the original length
+# (RotaryEmbeddingConfigMixin._validate_*_rope_parameters / _check_received_keys raise KeyError: 5.14.1)
+REQUIRED_5: dict[str, frozenset[str]] = {
+    "linear": frozenset({"factor"}),
+    "dynamic": frozenset({"factor"}),
+    "yarn": frozenset({"factor"}),
+    "longrope": frozenset({"short_factor", "long_factor"}),
+    "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor"}),
+}
 
 
 @dataclass(frozen=True)
@@ -80,17 +89,22 @@ def attributes_4_57(cfg: dict[str, Any], where: str) -> dict[str, Any]:
         required = REQUIRED_4_57.get(kind)
         missing = sorted(required - set(rs)) if required is not None else []
         if missing:
-            raise UserError(
-                f"{where}:rope_scaling",
-                f"has no {', '.join(missing)}: transformers 4.57 raises KeyError loading this config ({kind} rope needs them "
-                "in rope_scaling), so TensorRT-LLM on it cannot load the model",
-                f"write {', '.join(missing)} into rope_scaling",
-            )
+            raise _missing(where, missing, "4.57", kind, "rope_scaling")
     return attrs
 
 
-def attributes_5(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The config object's attributes as transformers 5 loads ``cfg`` (see the module docstring)."""
+def _missing(where: str, missing: list[str], generation: str, kind: str, block: str) -> UserError:
+    return UserError(
+        f"{where}:{block}",
+        f"has no {', '.join(missing)}: transformers {generation} raises KeyError loading this config ({kind} rope needs them), "
+        "so TensorRT-LLM on it cannot load the model",
+        f"write {', '.join(missing)} into {block}",
+    )
+
+
+def attributes_5(cfg: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
+    """The config object's attributes as transformers 5 loads ``cfg`` (see the module docstring); a file it
+    refuses raises UserError naming the missing keys."""
     attrs = {k: copy.deepcopy(v) for k, v in cfg.items() if k not in ("rope_theta", "rope_scaling")}
     source = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     params: dict[str, Any] = copy.deepcopy(source) if isinstance(source, dict) else {}
@@ -104,6 +118,9 @@ def attributes_5(cfg: dict[str, Any]) -> dict[str, Any]:
         entry.setdefault("rope_type", entry.get("type", "default"))
         if entry["rope_type"] in SCALED_BY_ORIGINAL:
             entry.setdefault("original_max_position_embeddings", max_positions_of(cfg))
+        missing = sorted(REQUIRED_5.get(str(entry["rope_type"]), frozenset()) - set(entry))
+        if missing:
+            raise _missing(where, missing, "5", str(entry["rope_type"]), "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters")
     attrs["rope_parameters"] = params
     attrs["rope_scaling"] = params
     return attrs
@@ -111,7 +128,7 @@ def attributes_5(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def served(cfg: dict[str, Any], reader: Reader, where: str, family: Family | None) -> list[RopeParams]:
     """The rope ``reader``'s release serves for ``cfg`` (two readings where its merge is not pinned down)."""
-    attrs = attributes_4_57(cfg, where) if reader.transformers == "4.57" else attributes_5(cfg)
+    attrs = attributes_4_57(cfg, where) if reader.transformers == "4.57" else attributes_5(cfg, where)
     out = []
     for merge in (False, True) if reader.merges is None else (reader.merges,):
         view = dict(attrs)
