@@ -144,7 +144,11 @@ def test_build_alpha_sweep_recommend_write_rebuild_every_reader_agrees(tmp_path,
     row = next(r for r in rec["table"] if r["k"] == k and r["batch"] == conc)
     assert spec["acceptance_rate_threshold"] == pytest.approx(break_even_alpha(k, row["overhead"]), abs=1e-4)
     assert 0 < spec["acceptance_rate_threshold"] < row["alpha"] <= 1  # the measured K pays, so it is above break-even
-    assert spec["acceptance_rate_window_size"] == swept["turns"]
+    # the window: the smallest whose replay of the measured requests at K through TensorRT-LLM's rule
+    # switches speculation off at most 1% of the time (runtime/gate_replay.py; tests/test_gate_replay.py)
+    gate = rec["evidence"]["acceptance_gate"]
+    assert gate["written"] and spec["acceptance_rate_window_size"] == gate["window"] and gate["k"] == k
+    assert gate["trips_at_window"] / gate["replays"] <= gate["max_trip_probability"] and gate["requests"] == swept["turns"]
     # the manifest records the same choice
     mrec = man["recommendation"]
     assert {int(x): v for x, v in mrec["draft_len_schedule"].items()} == sched

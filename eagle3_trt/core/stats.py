@@ -50,6 +50,9 @@ class RequestStats:
     accept_hist: list[int] = field(default_factory=list)
     # draft tokens the target verified (tree nodes within the draft length; a chain: = draft_tokens)
     verified_tokens: int = 0
+    # accepted_seq[i] = draft tokens accepted at the i-th verification, in order (the acceptance gate's
+    # replay needs the order: core/speculation_control.py)
+    accepted_seq: list[int] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> float:
@@ -71,6 +74,7 @@ class RequestStats:
             accepted_per_position=list(self.accepted_per_position),
             reached_per_position=list(self.reached_per_position),
             accept_hist=list(self.accept_hist),
+            accepted_seq=list(self.accepted_seq),
         )
 
     def record_iteration(self, drafted: int, reached: int, accepted: int) -> None:
@@ -85,6 +89,7 @@ class RequestStats:
         if len(self.accept_hist) <= accepted:
             self.accept_hist.extend([0] * (accepted + 1 - len(self.accept_hist)))
         self.accept_hist[accepted] += 1
+        self.accepted_seq.append(accepted)
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
 

@@ -19,7 +19,7 @@ from eagle3_trt.runtime.dynamic_tree_choice import dynamic_tree_summary
 from eagle3_trt.runtime.dynamic_tree_mode import DEFAULT_TOPK as DYNAMIC_TREE_DEFAULT_TOPK
 from eagle3_trt.runtime.gate import run_gate
 from eagle3_trt.runtime.gate_verdict import DEFAULT_GATE_THRESHOLD
-from eagle3_trt.runtime.recommendation import acceptance_curves, print_recommendation, write_recommendation_to_bundle
+from eagle3_trt.runtime.recommendation import acceptance_curves, gate_choice, print_recommendation, write_recommendation_to_bundle
 from eagle3_trt.runtime.report_files import write_report
 from eagle3_trt.runtime.traffic_alpha import AL_TOLERANCE
 from eagle3_trt.runtime.traffic_commands import alpha_traffic, gate_traffic
@@ -361,9 +361,14 @@ def recommend_cmd(
     dt_line = dynamic_tree_summary(report, rec, b)  # alpha --modes chain,dynamic-tree: the tree against the chain
     if write:
         write_recommendation_to_bundle(Path(bundle), rec, source=report_file or prompts_file, report=report)
+    else:
+        gate_choice(rec, report)  # what --write would write, and why (runtime/gate_replay.py)
     if as_json:
         click.echo(json.dumps(rec.to_dict(), indent=1))
         return
     print_recommendation(rec)
     if dt_line:
         click.echo(dt_line)
+    gate = rec.evidence.get("acceptance_gate")
+    if gate:
+        click.echo(("wrote " if write and gate["written"] else "") + gate["line"])

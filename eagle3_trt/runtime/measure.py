@@ -71,6 +71,10 @@ class TurnResult:
             "acceptance_length": s.acceptance_length,
             "accepted_per_position": s.accepted_per_position,
             "drafted_per_position": s.drafted_per_position,
+            # draft tokens accepted per verification, in order, at the run's K and at each swept K
+            # (recommend replays them through TensorRT-LLM's acceptance gate: runtime/gate_replay.py)
+            "accepted_seq": s.accepted_seq,
+            "accepted_seq_by_k": {str(k): st.accepted_seq for k, st in sorted(self.stats_by_k.items())},
         }
 
 

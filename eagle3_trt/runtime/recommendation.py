@@ -17,6 +17,7 @@ from eagle3_trt.runtime.alpha_run import run_alpha
 from eagle3_trt.runtime.cost_model import Recommendation, acceptance_gate, draft_len_schedule
 from eagle3_trt.runtime.dynamic_tree_choice import DT_KEYS, dynamic_tree_choice
 from eagle3_trt.runtime.dynamic_tree_choice import bundle_inputs as dt_inputs
+from eagle3_trt.runtime.gate_replay import GateChoice, choose_gate, sequences_at
 from eagle3_trt.runtime.report_files import read_report, report_curves
 from eagle3_trt.runtime.sampling_choice import sampling_choice
 
@@ -137,7 +138,7 @@ def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report
     dt_fields, dt_evidence = dynamic_tree_choice(report or {}, rec, *dt_inputs(b, rec)) if report and "modes" in report else (dict.fromkeys(DT_KEYS), None)
     k = int(dt_fields.pop("max_draft_len", rec.max_draft_len))
     acceptance = acceptance_at(report or {}, k, source, b.manifest.acceptance)
-    spec_knobs = {"draft_len_schedule": dt_fields.pop("draft_len_schedule")} if dt_fields["use_dynamic_tree"] else schedule_and_gate(rec, acceptance)
+    spec_knobs = {"draft_len_schedule": dt_fields.pop("draft_len_schedule")} if dt_fields["use_dynamic_tree"] else schedule_and_gate(rec, report or {})
     base = b.options.model_copy(update={"speculative_config": b.options.speculative_config.model_copy(update=dict.fromkeys(DT_KEYS))})
     opts = recommended_options(base, k, **spec_knobs)
     sa_threshold, sa_evidence = sa_choice(report or {})
@@ -176,22 +177,40 @@ def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report
     return bundle_write.update(b.path, options=opts, record=evidence, acceptance=acceptance)
 
 
-def schedule_and_gate(rec: Recommendation, acceptance: bundle_format.Acceptance | None) -> dict:
+def schedule_and_gate(rec: Recommendation, report: dict) -> dict:
     """The speculative_config knobs ``recommend --write`` sets beside K, in TensorRT-LLM's names
     (tensorrt_llm/llmapi/llm_args.py ``Eagle3DecodingConfig``): ``draft_len_schedule`` (best K per
     batch size, non-increasing, up to max_concurrency: ``cost_model.draft_len_schedule``; it
     replaces max_concurrency, which TensorRT-LLM would turn into ``{max_concurrency: K}`` anyway) and
-    the acceptance gate (``cost_model.acceptance_gate``: the break-even acceptance at the expected
-    concurrency). The gate's window is the number of requests the acceptance at K was measured
-    over, so the server switches speculation off only on as much evidence as chose K; with no
-    measurement at K there is no window to justify and the gate is left out."""
+    the acceptance gate (``gate_choice``), at whatever K was chosen, when the report holds the
+    requests' per-verification acceptance at that K (its own K or its --sweep)."""
     knobs: dict = {"draft_len_schedule": draft_len_schedule(rec)}
     rec.evidence["draft_len_schedule_written"] = knobs["draft_len_schedule"]
-    if acceptance is not None and acceptance.max_draft_len == rec.max_draft_len and acceptance.prompts >= 1:
-        threshold, how = acceptance_gate(rec)
-        knobs.update(acceptance_rate_window_size=acceptance.prompts, acceptance_rate_threshold=threshold)
-        rec.evidence["acceptance_gate"] = how | {"window_size": f"requests in the measurement at K={rec.max_draft_len} ({acceptance.measured_on})"}
+    choice = gate_choice(rec, report)
+    if choice is not None and choice.window is not None:
+        knobs.update(acceptance_rate_window_size=choice.window, acceptance_rate_threshold=choice.threshold)
     return knobs
+
+
+def gate_choice(rec: Recommendation, report: dict) -> GateChoice | None:
+    """The acceptance gate for the chosen K (runtime/gate_replay.py): threshold = break-even
+    acceptance at K and the expected concurrency (``cost_model.acceptance_gate``), window = the
+    smallest whose replay of the measured requests switches speculation off with probability at
+    most ``MAX_TRIP_PROBABILITY``. Recorded in ``rec.evidence["acceptance_gate"]`` (with the line
+    ``recommend`` prints); None when speculation does not pay at all."""
+    if not rec.speculation_pays:
+        return None
+    k = rec.max_draft_len
+    threshold, how = acceptance_gate(rec)
+    conc = int(rec.evidence.get("chosen_at_concurrency", 1))
+    seqs = sequences_at(report, k)
+    if seqs is None:
+        reason = f"the alpha report holds no per-verification acceptance at K={k} (measure it again: alpha --sweep {k}, or --max-draft-len {k})"
+        choice = GateChoice(None, threshold, None, {"reason": reason, "k": k, "concurrency": conc, "requests": 0})
+    else:
+        choice = choose_gate(seqs, k, threshold, conc)
+    rec.evidence["acceptance_gate"] = {**how, **choice.evidence, "written": choice.window is not None, "line": choice.line()}
+    return choice
 
 
 def print_recommendation(rec: Recommendation) -> None:
