@@ -11,7 +11,7 @@
 #   make bench-serving [PROMPTS=file] [CONCURRENCY=1,4,16,64] [OPENAI_URL=http://127.0.0.1:8080/v1]: rollout benchmark
 #     against Triton, or with OPENAI_URL against an OpenAI endpoint (the Dynamo frontend of make serve-dynamo)
 #   make bench-aiperf  [BUNDLE=dir] [DYNAMO=1]: eagle3-trt bench vs NVIDIA AIPerf (own Triton, or Dynamo with 2 workers; C=1,8)
-#   make bench-overhead [BUNDLE=dir] [ROUNDS=5]: ITL through Triton vs the runtime called directly
+#   make bench-overhead [BUNDLE=dir] [ROUNDS=9] [OVERHEAD_CONCURRENCY=1,8,32,64] [DYNAMO=1]: ITL and throughput through Triton (and Dynamo) vs the runtime called directly
 #   make loop-demo     the traffic loop on CPU: serve with capture, measure, retrain, gate, deploy, measure again
 PY      ?= python3
 VENV    ?= .venv
@@ -171,7 +171,8 @@ status-dynamo: $(STAMP)
 # AIPerf pins its own rich/pillow/psutil, so it lives in its own environment (also: pip install 'eagle3-trt[bench]').
 AIPERF_VENV ?= .venv-aiperf
 AIPERF_SPEC ?= aiperf==0.13.0
-ROUNDS      ?= 5
+ROUNDS      ?= 9
+OVERHEAD_CONCURRENCY ?= 1
 BENCH_BUNDLE_ARG = $(if $(filter-out $(TINY_BUNDLE),$(BUNDLE)),--bundle $(BUNDLE))
 
 .PHONY: bench-aiperf bench-overhead
@@ -183,8 +184,8 @@ bench-aiperf: $(STAMP) $(AIPERF_VENV)/bin/aiperf $(if $(filter 1,$(DYNAMO)),$(DY
 	$(BIN)/python benchmarks/compare_aiperf.py --aiperf $(AIPERF_VENV)/bin/aiperf --concurrency 1,8 --rounds 2 $(BENCH_BUNDLE_ARG) \
 	  $(if $(filter 1,$(DYNAMO)),--dynamo)
 
-bench-overhead: $(STAMP)
-	$(BIN)/python benchmarks/bench_serving_overhead.py --rounds $(ROUNDS) $(BENCH_BUNDLE_ARG)
+bench-overhead: $(STAMP) $(if $(filter 1,$(DYNAMO)),$(DYNAMO_STAMP))
+	$(BIN)/python benchmarks/bench_serving_overhead.py --rounds $(ROUNDS) --concurrency $(OVERHEAD_CONCURRENCY) $(BENCH_BUNDLE_ARG) $(if $(filter 1,$(DYNAMO)),--dynamo)
 
 # --- The traffic loop (issue 23): serve with capture, measure, retrain, gate, deploy, measure again ---
 # CPU only, a few minutes; work files in loop-demo/ (replaced on each run); ports 8100-8102.

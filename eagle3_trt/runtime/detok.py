@@ -35,6 +35,18 @@ class IncrementalDetokenizer:
             return delta
         return ""
 
+    def holding(self) -> bool:
+        """Ids not yet turned into text (an incomplete character at the end)."""
+        return self._read < len(self.ids)
+
+    def mark(self) -> tuple[int, int, int]:
+        return len(self.ids), self._prefix, self._read
+
+    def reset(self, mark: tuple[int, int, int]) -> None:
+        """Back to ``mark()``: the ids added since are forgotten."""
+        n, self._prefix, self._read = mark
+        del self.ids[n:]
+
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character at the very end)."""
         if self._read == len(self.ids):
@@ -77,3 +89,33 @@ class StopMatcher:
     def flush(self) -> str:
         out, self._pending = self._pending, ""
         return "" if self.matched is not None else out
+
+    def mark(self) -> tuple[str, str | None]:
+        return self._pending, self.matched
+
+    def reset(self, mark: tuple[str, str | None]) -> None:
+        self._pending, self.matched = mark
+
+
+def detokenize_step(detok: IncrementalDetokenizer, stops: StopMatcher, ids: list[int]) -> tuple[int, str]:
+    """One decoding step's tokens -> (how many of them to keep, the text safe to send now).
+
+    The step is decoded at once (two tokenizer calls per step, not per token). When stop
+    strings are set and that text completes one, or part of the step is held back (half a
+    character at its end), the step is replayed token by token, the rule that finds the exact
+    token completing a stop string: the tokens after it are not returned (``ReferenceLLM`` trims
+    them), and the kept count is what feeding one token at a time gives."""
+    if not stops.stops:
+        return len(ids), detok.add(ids)
+    before = detok.mark(), stops.mark()
+    text = stops.feed(detok.add(ids))
+    if stops.matched is None and not detok.holding():
+        return len(ids), text
+    detok.reset(before[0])
+    stops.reset(before[1])
+    text = ""
+    for n, tok in enumerate(ids, 1):
+        text += stops.feed(detok.add([tok]))
+        if stops.matched is not None:
+            return n, text
+    return len(ids), text

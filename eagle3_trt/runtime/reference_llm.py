@@ -30,7 +30,7 @@ import torch
 
 from eagle3_trt.core.engine import SamplingParams as EngineSamplingParams
 from eagle3_trt.formats import generation
-from eagle3_trt.runtime.detok import IncrementalDetokenizer, StopMatcher
+from eagle3_trt.runtime.detok import IncrementalDetokenizer, StopMatcher, detokenize_step
 from eagle3_trt.runtime.llm_api import (
     CompletionOutput,
     RequestPerfMetrics,
@@ -77,6 +77,10 @@ class RequestOutput:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event: asyncio.Event | None = None
         self._cond = threading.Condition(self._lock)
+        # Who is parked on an empty queue: the scheduler wakes a consumer only then, so a step's
+        # delivery costs the scheduler thread one deque append and at most one loop wake-up.
+        self._async_waiting = False
+        self._sync_waiters = 0
         try:
             self._loop = asyncio.get_running_loop()
             self._event = asyncio.Event()
@@ -85,10 +89,12 @@ class RequestOutput:
 
     # -- producer side (scheduler thread) -----------------------------------------------------
     def _put(self, u: _Update) -> None:
-        with self._cond:
+        with self._lock:
             self._pending.append(u)
-            self._cond.notify_all()
-        if self._loop is not None:
+            wake, self._async_waiting = self._async_waiting, False
+            if self._sync_waiters:
+                self._cond.notify_all()
+        if wake and self._loop is not None:
             try:
                 self._loop.call_soon_threadsafe(self._event.set)  # type: ignore[union-attr]
             except RuntimeError:  # the consumer's loop is closed: nobody is listening
@@ -116,6 +122,7 @@ class RequestOutput:
                 u = self._pending.popleft() if self._pending else None
                 if u is None:
                     self._event.clear()
+                    self._async_waiting = True
             if u is not None:
                 self._apply(u)
                 if u.error is not None:
@@ -133,7 +140,11 @@ class RequestOutput:
                     left = None if end is None else end - time.monotonic()
                     if left is not None and left <= 0:
                         raise TimeoutError("request not finished")
-                    self._cond.wait(left)
+                    self._sync_waiters += 1
+                    try:
+                        self._cond.wait(left)
+                    finally:
+                        self._sync_waiters -= 1
                 u = self._pending.popleft()
             self._apply(u)
         return self
@@ -312,15 +323,11 @@ class ReferenceLLM:
         if step.new_token_ids:
             r.first_token_ns = r.first_token_ns or now
             r.last_token_ns = now
-        # Feed the step's tokens one at a time, so a stop string is located at the exact token
-        # that completes it; the rest of the step is not returned.
-        kept: list[int] = []
-        delta = ""
-        for tok in step.new_token_ids:
-            kept.append(int(tok))
-            delta += r.stops.feed(r.detok.add([tok]))
-            if r.stops.matched is not None:
-                break
+        # A stop string is located at the exact token that completes it; the rest of the step is
+        # not returned (detok.detokenize_step: one decode per step unless a stop string completes).
+        ids = [int(t) for t in step.new_token_ids]
+        n_kept, delta = detokenize_step(r.detok, r.stops, ids)
+        kept = ids[:n_kept]
         self._account(r, prev, len(step.new_token_ids), len(kept))
         r.n_tokens += len(kept)
         r.unsent += kept

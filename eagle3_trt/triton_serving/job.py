@@ -69,6 +69,10 @@ class RequestSummary:
 
 
 class Sink(Protocol):
+    """One request's responses. After ``submit`` every call comes from the serving loop's thread
+    (the job's responses, the cancellation polls, the shutdown's errors), so a sink sends inline
+    and needs no lock: its final response is never raced by a poll or another send."""
+
     def emit(self, e: Emission) -> None: ...
     def fail(self, message: str, cancelled: bool = False, bad_request: bool = False, unavailable: bool = False) -> None: ...
     def is_cancelled(self) -> bool: ...
@@ -244,8 +248,7 @@ class LlmServing:
         self._thread = threading.Thread(target=self._loop.run_forever, name="eagle3-serving", daemon=True)
         self._thread.start()
         self._running = True
-        self._canceller = threading.Thread(target=self._cancellation_loop, name="eagle3-cancel", daemon=True)
-        self._canceller.start()
+        self._ticking = False  # the cancellation timer is armed (loop thread only)
 
     # -- requests ---------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:
@@ -317,6 +320,7 @@ class LlmServing:
 
     async def _run(self, job: Job, ids: list[int], sp, served: ServedRequest) -> None:
         status = "ok"
+        self._arm_cancellation()
         try:
             # Always streamed from the LLM: per-iteration data for the metrics, and the client's
             # own streaming flag decides only what is sent.
@@ -383,15 +387,24 @@ class LlmServing:
             self._cancel(j, "Request cancelled by client")
         return len(jobs)
 
-    def _cancellation_loop(self) -> None:
-        """Upstream's cancellation_loop: poll every in-flight request's sender."""
-        while self._running:
-            time.sleep(self.cancel_period_s)
-            with self._lock:
-                jobs = list(self._jobs)
-            if self.drain is not None and self.drain.expired():
-                self._end_drain(jobs)
-                continue
+    def _arm_cancellation(self) -> None:
+        """Loop thread: start upstream's cancellation_loop (every ``cancel_period_ms``, poll every
+        in-flight request's sender) if it is not running. It is a timer on the loop, not a thread:
+        the loop sends every job's responses, so a poll never races a final response (Triton frees
+        the sender with it) and no lock is held across a send; an idle server has no timer."""
+        if not self._ticking:
+            self._ticking = True
+            self._loop.call_later(self.cancel_period_s, self._cancellation_tick)
+
+    def _cancellation_tick(self) -> None:
+        with self._lock:
+            jobs = [j for j in self._jobs if not j.done]
+        if not jobs or not self._running:
+            self._ticking = False
+            return
+        if self.drain is not None and self.drain.expired():
+            self._end_drain(jobs)
+        else:
             for j in jobs:
                 if j.done:
                     continue
@@ -400,7 +413,8 @@ class LlmServing:
                 except Exception:
                     gone = True
                 if gone:
-                    self._cancel(j, "Request cancelled by client")
+                    self._cancel_on_loop(j, "Request cancelled by client")
+        self._loop.call_later(self.cancel_period_s, self._cancellation_tick)
 
     def _end_drain(self, jobs: list[Job]) -> None:
         """The stop's drain window is over: each open request gets a final error response now,
@@ -410,11 +424,7 @@ class LlmServing:
         self._drained = True
         msg = f"{SHUTDOWN_MESSAGE}: the request was still running when the drain window ended; retry it on another server"
         for j in jobs:
-            if not j.done:
-                try:
-                    self._loop.call_soon_threadsafe(self._cancel_on_loop, j, msg, True)
-                except RuntimeError:  # loop already closed at shutdown
-                    pass
+            self._cancel_on_loop(j, msg, True)
 
     def in_flight(self) -> int:
         with self._lock:
@@ -424,13 +434,19 @@ class LlmServing:
         self._running = False
         with self._lock:
             jobs = list(self._jobs)
-        for j in jobs:
-            j.fail(SHUTDOWN_MESSAGE, unavailable=True)
+
+        async def fail_all() -> None:  # on the loop thread, which sends every job's responses
+            for j in jobs:
+                self._cancel_on_loop(j, SHUTDOWN_MESSAGE, shutting_down=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(fail_all(), self._loop).result(timeout=10)
+        except Exception as e:
+            self.log(f"shutdown: requests in flight not ended: {type(e).__name__}: {e}")
         try:
             self.llm.shutdown()
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
-            self._canceller.join(timeout=5)
             if self.capture is not None:
                 self.capture.close()

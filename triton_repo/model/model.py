@@ -108,83 +108,88 @@ class _Metrics:
         self._thread = threading.Thread(target=self._loop, name="eagle3-metrics", daemon=True)
         self._thread.start()
 
+    # Each metric call is a round trip to the Triton process: the thread sums whatever is queued
+    # (requests that ended meanwhile, starts, rejections) into one call per metric, so at high
+    # concurrency the cost is per batch of requests, not per request. The acceptance-length
+    # histogram still gets one observe per verification step (it has no weighted observe).
     def _loop(self) -> None:
         while True:
-            fn = self._q.get()
-            if fn is None:
-                return
+            items = [self._q.get()]
+            while True:
+                try:
+                    items.append(self._q.get_nowait())
+                except queue.Empty:
+                    break
+            stop = None in items
             try:
-                fn()
+                self._apply([i for i in items if i is not None])
             except Exception as e:
                 pb_utils.Logger.log_error(f"[eagle3] metrics update failed: {e}")
+            if stop:
+                return
+
+    def _apply(self, items) -> None:
+        active = 0
+        requests: dict = {}
+        tokens = {"on": 0, "off": 0}
+        spec_off = draft = accepted = 0
+        als: list = []
+        drafted_pos = [0] * len(self.drafted_pos)
+        accepted_pos = [0] * len(self.accepted_pos)
+        for it in items:
+            if isinstance(it, str):  # started | not_started | rejected
+                if it == "rejected":
+                    requests["rejected"] = requests.get("rejected", 0) + 1
+                else:
+                    active += 1 if it == "started" else -1
+                continue
+            s = it
+            active -= 1
+            requests[s.status] = requests.get(s.status, 0) + 1
+            tokens["on" if s.speculation else "off"] += s.generated_tokens
+            if not s.speculation:
+                spec_off += 1
+                continue
+            draft += s.draft_tokens
+            accepted += s.accepted_tokens
+            als += s.step_acceptance_lengths
+            for i, v in enumerate(s.drafted_per_position[: len(drafted_pos)]):
+                drafted_pos[i] += v
+            for i, v in enumerate(s.accepted_per_position[: len(accepted_pos)]):
+                accepted_pos[i] += v
+        if active:
+            self.active.increment(active)
+        for status, n in requests.items():
+            self.requests[status].increment(n)
+        for k, n in tokens.items():
+            if n:
+                self.tokens[k].increment(n)
+        if spec_off:
+            self.spec_off.increment(spec_off)
+        if draft:
+            self.draft.increment(draft)
+        if accepted:
+            self.accepted.increment(accepted)
+        for v in als:
+            self.al.observe(float(v))
+        for m, v in zip(self.drafted_pos, drafted_pos):
+            if v:
+                m.increment(v)
+        for m, v in zip(self.accepted_pos, accepted_pos):
+            if v:
+                m.increment(v)
 
     def started(self) -> None:
-        self._q.put(lambda: self.active.increment(1))
+        self._q.put("started")
 
     def not_started(self) -> None:
-        self._q.put(lambda: self.active.increment(-1))
+        self._q.put("not_started")
 
     def rejected(self) -> None:
-        self._q.put(lambda: self.requests["rejected"].increment(1))
+        self._q.put("rejected")
 
     def done(self, s) -> None:
-        self._q.put(lambda: self._done(s))
-
-    def _done(self, s) -> None:
-        self.active.increment(-1)
-        self.requests[s.status].increment(1)
-        if s.generated_tokens:
-            self.tokens["on" if s.speculation else "off"].increment(s.generated_tokens)
-        if not s.speculation:
-            self.spec_off.increment(1)
-            return
-        if s.draft_tokens:
-            self.draft.increment(s.draft_tokens)
-        if s.accepted_tokens:
-            self.accepted.increment(s.accepted_tokens)
-        for v in s.step_acceptance_lengths:
-            self.al.observe(float(v))
-        for m, v in zip(self.drafted_pos, s.drafted_per_position):
-            if v:
-                m.increment(v)
-        for m, v in zip(self.accepted_pos, s.accepted_per_position):
-            if v:
-                m.increment(v)
-
-    def close(self) -> None:
-        self._q.put(None)
-        self._thread.join(timeout=10)
-
-
-class _Responder:
-    """One thread that builds and sends every response, in order.
-
-    Sending is IPC to the Triton process; doing it here lets the runtime compute the next
-    step meanwhile, so at batch 1 the serving cost overlaps decoding instead of adding to it.
-    """
-
-    def __init__(self):
-        self._q: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="eagle3-responder", daemon=True)
-        self._thread.start()
-
-    def put(self, item) -> None:
-        self._q.put(item)
-
-    def _loop(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            sink, kind, payload = item
-            try:
-                if kind == "emit":
-                    sink._send(payload)
-                else:
-                    sink._fail(*payload)
-            except Exception as e:  # the client went away: the scheduler sees is_cancelled()
-                sink.dead = True
-                pb_utils.Logger.log_warn(f"[eagle3] sending a response failed: {e}")
+        self._q.put(s)
 
     def close(self) -> None:
         self._q.put(None)
@@ -192,32 +197,42 @@ class _Responder:
 
 
 class _Sink:
-    """One request's responses, sent through its decoupled response sender by the responder."""
+    """One request's responses, sent inline through its decoupled response sender.
 
-    __slots__ = ("closed", "dead", "lock", "responder", "sender", "text_dtype")
+    After submit, every call comes from the serving loop's thread (job.py's ``Sink``): the
+    job's responses, the cancellation polls and the shutdown's errors. The sender is never asked
+    is_cancelled() once its final response is sent: Triton frees the response factory with the
+    final response, and the backend would then read freed memory (tritonserver 2.51 died with
+    SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled while `eagle3-trt deploy` loaded a
+    version beside streams that were ending). One thread doing both keeps them apart without a
+    lock held across a send. Sending on that thread rather than handing each response to a
+    response thread (upstream's _response_loop) spares one thread wake-up per decoding step;
+    the send waits for the Triton process with the GIL released, so the runtime computes on."""
 
-    def __init__(self, sender, text_dtype, responder: _Responder):
+    __slots__ = ("closed", "dead", "sender", "text_dtype")
+
+    def __init__(self, sender, text_dtype):
         self.sender = sender
         self.text_dtype = text_dtype
-        self.responder = responder
         self.dead = False
-        # The sender is never asked is_cancelled() once its final response is sent: Triton frees the
-        # response factory with the final response, and the backend would then read freed memory
-        # (tritonserver 2.51 died with SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled while
-        # `eagle3-trt deploy` loaded a version beside streams that were ending). The lock keeps a
-        # poll and the final send apart.
-        self.lock = threading.Lock()
         self.closed = False
 
     def emit(self, e) -> None:
-        self.responder.put((self, "emit", e))
+        try:
+            self._send(e)
+        except Exception as ex:  # the client went away: the next poll cancels the request
+            self.dead = True
+            pb_utils.Logger.log_warn(f"[eagle3] sending a response failed: {ex}")
 
     def fail(self, message: str, cancelled: bool = False, bad_request: bool = False, unavailable: bool = False) -> None:
-        self.responder.put((self, "fail", (message, cancelled, bad_request, unavailable)))
+        try:
+            self._fail(message, cancelled, bad_request, unavailable)
+        except Exception as ex:
+            self.dead = True
+            pb_utils.Logger.log_warn(f"[eagle3] sending a response failed: {ex}")
 
     def is_cancelled(self) -> bool:
-        with self.lock:
-            return self.dead or (not self.closed and bool(self.sender.is_cancelled()))
+        return self.dead or (not self.closed and bool(self.sender.is_cancelled()))
 
     def _send(self, e) -> None:
         out = [
@@ -244,9 +259,8 @@ class _Sink:
         if not e.final:
             self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=0)
             return
-        with self.lock:
-            self.closed = True
-            self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self.closed = True
+        self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _fail(self, message: str, cancelled: bool, bad_request: bool = False, unavailable: bool = False) -> None:
         # INVALID_ARG is what makes Triton answer HTTP 400 (and gRPC INVALID_ARGUMENT) instead of 500;
@@ -254,9 +268,8 @@ class _Sink:
         name = "CANCELLED" if cancelled else "INVALID_ARG" if bad_request else "UNAVAILABLE" if unavailable else None
         code = getattr(pb_utils.TritonError, name, None) if name else None
         err = pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
-        with self.lock:
-            self.closed = True
-            self.sender.send(pb_utils.InferenceResponse(error=err), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self.closed = True
+        self.sender.send(pb_utils.InferenceResponse(error=err), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
 def _request_parameters(request) -> dict:
@@ -322,7 +335,6 @@ class TritonPythonModel:
             )
         self.text_dtype = pb_utils.triton_string_to_numpy(pb_utils.get_output_config_by_name(model_config, "text_output")["data_type"])
 
-        self.responder = _Responder()
         t0 = time.monotonic()
         # open_llm imports TensorRT-LLM only for the trtllm runtime (after the instance's GPUs were
         # set above). model.yaml's LLM() options are the ones TensorRT-LLM gets, as upstream's
@@ -361,7 +373,7 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             arrival = time.monotonic_ns()
-            sink = _Sink(request.get_response_sender(), self.text_dtype, self.responder)
+            sink = _Sink(request.get_response_sender(), self.text_dtype)
 
             def get(name, _r=request):
                 t = pb_utils.get_input_tensor_by_name(_r, name)
@@ -397,7 +409,6 @@ class TritonPythonModel:
         serving = getattr(self, "serving", None)
         if serving is not None:
             serving.shutdown()
-        for name in ("responder", "metrics"):
-            obj = getattr(self, name, None)
-            if obj is not None:
-                obj.close()
+        metrics = getattr(self, "metrics", None)
+        if metrics is not None:
+            metrics.close()
