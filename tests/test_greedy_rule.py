@@ -18,7 +18,15 @@ from eagle3_trt.runtime.traffic_measure import is_greedy
 
 @pytest.mark.parametrize(
     ("temperature", "top_k", "top_p", "greedy"),
-    [(0.0, None, None, True), (0.8, 1, None, True), (0.8, None, 0.0, True), (0.8, 5, 0.9, False), (None, None, None, True), (None, 50, None, False), (0.7, None, None, False)],
+    [
+        (0.0, None, None, True),
+        (0.8, 1, None, True),
+        (0.8, None, 0.0, True),
+        (0.8, 5, 0.9, False),
+        (None, None, None, True),
+        (None, 50, None, False),
+        (0.7, None, None, False),
+    ],
 )
 def test_rule_and_captured_traffic_agree(temperature, top_k, top_p, greedy):
     assert implies_greedy(temperature, top_k, top_p) is greedy
