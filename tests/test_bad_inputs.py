@@ -1057,7 +1057,7 @@ CASES: list[Case] = [
         "gate-too-little-heldout-traffic",
         ("gate", "{b}", "--against", "{b}", "--traffic", "{w}/cap"),
         2,
-        r"cap: the held-back split has \d+ requests \(of 12, --holdout-fraction 0\.2\); the gate needs at least 20",
+        r"cap: the held-back split has \d+ requests from \d+ distinct prompts \(of 12 requests, --holdout-fraction 0\.2\); the gate needs at least 20 distinct prompts",
         make=_traffic(12),
     ),
     Case(

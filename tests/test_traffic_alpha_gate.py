@@ -88,12 +88,12 @@ def test_alpha_traffic_equals_the_served_figures(old_bundle, traffic, tmp_path, 
     c = rep["comparison"]
     # every greedy request: the same tokens, target forwards and output as the server reported
     assert c["greedy"] == {"requests": 64, "identical": 64, "differ": []}
-    assert c["sampled"] == 6 and c["n"] == 70
+    assert c["sampled"] == 6 and c["n"] == 70 and c["prompts"] == 70  # every window a distinct prompt
     # the live check: served AL inside the interval printed around the offline AL (greedy part exact)
     assert c["ci"][0] <= 0.0 <= c["ci"][1] and not c["beyond_sampling_noise"]
     line = next(ln for ln in out.splitlines() if ln.startswith("offline vs served: "))
     assert f"AL {c['offline_acceptance_length']:.4f} vs {c['served_acceptance_length']:.4f}" in line
-    assert "(70 requests): within sampling noise (tolerance 0.02)" in line
+    assert "(70 requests from 70 distinct prompts): within sampling noise (tolerance 0.02)" in line
     # per-K figures from the estimator replay, AL rising with K; the drift windows and categories
     assert list(rep["per_k"]) == ["1", "2", "3"]
     als = [rep["per_k"][k]["acceptance_length"] for k in ("1", "2", "3")]
@@ -131,12 +131,12 @@ def test_gate_passes_a_better_head_and_writes_its_report(new_bundle, old_bundle,
     assert rc == 0, out + err
     res = json.loads(js.read_text())
     g = res["acceptance_length_gain"]
-    assert res["passed"] and g["ci"][0] > g["margin"] == 0.05 and g["n"] >= 20
+    assert res["passed"] and g["ci"][0] > g["margin"] == 0.05 and g["n_groups"] >= 20 and g["n"] >= g["n_groups"]
     assert res["lossless"]["not_lossless"] == [] and res["lossless"]["differs_from_old"] == [] and res["lossless"]["greedy_requests"] > 0
     assert res["seeds_gate"]["holds"]
     verdict = out.strip().splitlines()[-1]
     assert verdict.startswith(f"gate: PASS new AL {g['a']:.3f} vs old {g['b']:.3f} ({g['diff']:+.3f}, 95% CI [")
-    assert f"margin 0.05, n={g['n']})" in verdict
+    assert f"margin 0.05, on {g['n']} held-back requests from {g['n_groups']} distinct prompts of {traffic}" in verdict
 
 
 def test_gate_fails_a_head_against_itself(old_bundle, traffic, tmp_path, capsys):

@@ -121,3 +121,48 @@ def test_refusals_are_one_line(served, tmp_path, capsys):
     assert "--data" in run("--traffic", str(traffic), "--from", str(parent), "--data", str(EXAMPLES / "code.jsonl"))
     assert "only applies with --traffic" in run("--from", str(parent))
     assert not out.exists()
+
+
+def test_forgetting_is_measured_on_the_prompts_of_the_new_figure(served, tmp_path):
+    """recommend --write leaves the alpha report's figure (e.g. examples/code.jsonl) in the parent's
+    manifest; the new bundle's figure is measured on the embedded pair's held-out prompts. The parent
+    is measured again on those same prompts and K, and the line says which prompts; the manifest
+    figure from elsewhere is printed apart, never as the 'before'."""
+    import shutil
+
+    from eagle3_trt.pipeline import bundle_write
+    from eagle3_trt.train.from_traffic import _parent_on_child_prompts, summary_lines
+
+    parent, _ = served
+    own = open_bundle(parent).manifest.acceptance
+    assert own is not None and own.measured_on.startswith("heldout_prompts.json")
+    moved = tmp_path / "parent"
+    shutil.copytree(parent, moved)
+    elsewhere = own.model_copy(
+        update={"acceptance_length": 2.91, "prompts": 4, "measured_on": "examples/code.jsonl (alpha measurement at K=3, taken by recommend --write)"}
+    )
+    bundle_write.update(moved, acceptance=elsewhere)
+    same = _parent_on_child_prompts(open_bundle(moved), own)
+    assert same is not None and same["acceptance_length"] == own.acceptance_length and same["prompts"] == own.prompts
+    child = own.model_copy(update={"acceptance_length": 2.0})
+    report = {
+        "training": {
+            "records": 10,
+            "train_records": 8,
+            "train_prompts": 8,
+            "regenerated_by": "x",
+            "heldout_records": 2,
+            "heldout_acceptance_length_after": None,
+            "heldout_acceptance_length_before": None,
+            "warnings": [],
+        },
+        "acceptance": child.model_dump(),
+        "parent_acceptance": elsewhere.model_dump(),
+        "parent_acceptance_same_prompts": same,
+        "bundle": "new",
+        "parent": "old",
+        "head": "h",
+    }
+    lines = summary_lines(report)
+    assert f"acceptance length parent {own.acceptance_length:.2f} -> new 2.00" in lines[1] and f"{own.prompts} prompts, K={own.max_draft_len}" in lines[1]
+    assert "AL 2.91, was measured on other prompts: examples/code.jsonl" in lines[2] and "not compared" in lines[2]

@@ -32,7 +32,7 @@ from eagle3_trt.errors import UserError
 from eagle3_trt.formats.traffic import TrafficRecord, read_traffic
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
-from eagle3_trt.runtime.traffic_measure import TrafficItem, measure_items, prepare
+from eagle3_trt.runtime.traffic_measure import TrafficItem, measure_items, prepare, prompt_groups
 
 AL_TOLERANCE = 0.02  # tokens per target forward (module docstring)
 DRIFT_WINDOWS = 10  # default: the traffic in about this many windows
@@ -162,11 +162,13 @@ def _offline(items: Sequence[TrafficItem]) -> dict:
 
 def _comparison(items: Sequence[TrafficItem], tolerance: float) -> dict:
     measured = [it for it in items if it.stats is not None]
+    group_of = prompt_groups([it.record for it in measured])
     d = paired_ratio_diff(
         [it.stats.generated_tokens for it in measured],  # type: ignore[union-attr]
         [it.stats.target_forwards for it in measured],  # type: ignore[union-attr]
         [it.served_tokens for it in measured],
         [it.served_forwards for it in measured],
+        groups=[group_of[id(it.record)] for it in measured],  # a prompt's requests resampled together
     )
     greedy = [it for it in measured if it.greedy]
     differ = [it.record.request_id for it in greedy if not it.identical()]
@@ -177,6 +179,7 @@ def _comparison(items: Sequence[TrafficItem], tolerance: float) -> dict:
         "ci": [d.lo, d.hi],
         "level": d.level,
         "n": d.n,
+        "prompts": d.n_groups,
         "tolerance": tolerance,
         "beyond_sampling_noise": d.excludes_zero_by(tolerance),
         "greedy": {"requests": len(greedy), "identical": len(greedy) - len(differ), "differ": differ[:20]},
@@ -193,7 +196,7 @@ def comparison_line(c: dict) -> str:
     flag = f"BEYOND SAMPLING NOISE (tolerance {c['tolerance']:g})" if c["beyond_sampling_noise"] else f"within sampling noise (tolerance {c['tolerance']:g})"
     return (
         f"offline vs served: AL {c['offline_acceptance_length']:.4f} vs {c['served_acceptance_length']:.4f}, "
-        f"diff {c['diff']:+.4f}, {round(c['level'] * 100)}% CI [{c['ci'][0]:+.4f}, {c['ci'][1]:+.4f}] ({c['n']} requests): {flag}"
+        f"diff {c['diff']:+.4f}, {round(c['level'] * 100)}% CI [{c['ci'][0]:+.4f}, {c['ci'][1]:+.4f}] ({c['n']} requests from {c['prompts']} distinct prompts): {flag}"
     )
 
 

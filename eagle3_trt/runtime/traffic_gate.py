@@ -18,8 +18,9 @@ gate passes only when all three hold:
 Refused in one line before any model is loaded: NEW built from another target than OLD (the
 manifests' target source digests differ), traffic served by a bundle that is neither OLD, NEW nor
 NEW's lineage parent (its target cannot be checked; ``--allow-other-bundles`` vouches for it, as
-for ``train-draft --traffic``; a token id outside the target's vocabulary is refused either way), and a held-back split smaller than
-``MIN_HELDOUT``: with fewer paired requests the percentile bootstrap's 95% interval under-covers
+for ``train-draft --traffic``; a token id outside the target's vocabulary is refused either way), and a held-back split with fewer than
+``MIN_HELDOUT`` distinct prompts (the split's prompt groups: a prompt sent twice, or a near-duplicate,
+is one; the bootstrap resamples these groups, core/paired_ci.py): with fewer the percentile bootstrap's 95% interval under-covers
 (its coverage rests on the per-request mean being near normal) and is as wide as the gains a
 head retrain gives (a few tenths of a token per forward on requests whose AL spreads by about 1),
 so no verdict either way would mean anything.
@@ -40,11 +41,11 @@ from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.runtime.gate import _predicted_speedup
 from eagle3_trt.runtime.gate_verdict import DEFAULT_GATE_THRESHOLD, alpha_shortfall
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
-from eagle3_trt.runtime.traffic_measure import TrafficItem, greedy_outputs, measure_items, prepare
+from eagle3_trt.runtime.traffic_measure import TrafficItem, greedy_outputs, measure_items, prepare, prompt_groups
 
 DEFAULT_MARGIN = 0.05  # tokens per target forward
 DEFAULT_HOLDOUT_FRACTION = 0.2
-MIN_HELDOUT = 20  # paired requests (module docstring)
+MIN_HELDOUT = 20  # distinct held-back prompts (prompt groups; module docstring)
 
 
 def target_digests(b: Bundle) -> dict[str, str]:
@@ -104,12 +105,14 @@ def check_traffic_bundles(records: Sequence[TrafficRecord], new: Bundle, old: Bu
 
 def heldout_records(records: Sequence[TrafficRecord], seed: int, holdout_fraction: float, traffic_dir: Path) -> list[TrafficRecord]:
     held = list(split_traffic(list(records), seed=seed, holdout_fraction=holdout_fraction).heldout)
-    if len(held) < MIN_HELDOUT:
+    distinct = len(set(prompt_groups(held).values()))
+    if distinct < MIN_HELDOUT:
         raise UserError(
             traffic_dir,
-            f"the held-back split has {len(held)} requests (of {len(records)}, --holdout-fraction {holdout_fraction:g}); the gate needs at least {MIN_HELDOUT} "
-            "for a 95% interval of the per-request AL difference narrow and reliable enough to decide",
-            "capture more traffic or raise --holdout-fraction",
+            f"the held-back split has {len(held)} requests from {distinct} distinct prompts (of {len(records)} requests, --holdout-fraction {holdout_fraction:g}); "
+            f"the gate needs at least {MIN_HELDOUT} distinct prompts for a 95% interval of the AL difference narrow and reliable enough to decide "
+            "(a prompt sent again adds no independent evidence)",
+            "capture traffic with more distinct prompts or raise --holdout-fraction",
         )
     return held
 
@@ -164,11 +167,14 @@ def run_traffic_gate(
     old_items, old_skipped, _ = _measure(ob, held, device=device, batch_size=batch_size, traffic_dir=Path(traffic_dir), say=say, lossless=False)
     new_items, new_skipped, spec = _measure(nb, held, device=device, batch_size=batch_size, traffic_dir=Path(traffic_dir), say=say, lossless=True)
     pairs = _pairs(old_items, new_items)
-    if len(pairs) < MIN_HELDOUT:
+    group_of = prompt_groups(held)
+    pair_groups = [group_of[id(o.record)] for o, _ in pairs]
+    if len(set(pair_groups)) < MIN_HELDOUT:
         first = (old_skipped + new_skipped + ["?"])[0]
         raise UserError(
             traffic_dir,
-            f"only {len(pairs)} of the {len(held)} held-back requests can be measured on both bundles (first skipped: {first}); the gate needs at least {MIN_HELDOUT}",
+            f"only {len(pairs)} of the {len(held)} held-back requests, from {len(set(pair_groups))} distinct prompts, can be measured on both bundles "
+            f"(first skipped: {first}); the gate needs at least {MIN_HELDOUT} distinct prompts",
             "capture more finished requests",
         )
     d = paired_ratio_diff(
@@ -177,6 +183,7 @@ def run_traffic_gate(
         [o.stats.generated_tokens for o, n in pairs],  # type: ignore[union-attr]
         [o.stats.target_forwards for o, n in pairs],  # type: ignore[union-attr]
         seed=seed,
+        groups=pair_groups,
     )
     lossless = _lossless(new_items, spec, {id(o.record): o for o, _ in pairs})
     ov = aggregate(n.stats for _, n in pairs if n.stats is not None)
@@ -203,8 +210,20 @@ def run_traffic_gate(
             "alpha": aggregate(o.stats for o, _ in pairs if o.stats).alpha,
             "max_draft_len": ob.k,
         },
-        "traffic": {"dir": str(traffic_dir), "records": len(records), "heldout": len(held), "seed": seed, "holdout_fraction": holdout_fraction},
-        "acceptance_length_gain": {**d.to_dict(), "margin": margin, "method": "paired percentile bootstrap over held-back requests"},
+        "traffic": {
+            "dir": str(traffic_dir),
+            "records": len(records),
+            "heldout": len(held),
+            "heldout_prompts": len(set(group_of.values())),
+            "seed": seed,
+            "holdout_fraction": holdout_fraction,
+        },
+        "acceptance_length_gain": {
+            **d.to_dict(),
+            "margin": margin,
+            "method": "paired percentile bootstrap over held-back prompt groups (cluster bootstrap: a prompt's requests resampled together)",
+            "measured_on": f"{d.n} held-back requests from {d.n_groups} distinct prompts of {traffic_dir} (split seed {seed}, fraction {holdout_fraction:g})",
+        },
         "per_request": [
             {"request_id": o.record.request_id, "greedy": o.greedy, "old_al": o.stats.acceptance_length, "new_al": n.stats.acceptance_length}  # type: ignore[union-attr]
             for o, n in pairs
@@ -245,7 +264,8 @@ def verdict_line(res: dict) -> str:
     n_ok = ll["greedy_requests"] - len(ll["not_lossless"])
     head = (
         f"gate: {'PASS' if res['passed'] else 'FAIL'} new AL {g['a']:.3f} vs old {g['b']:.3f} "
-        f"({g['diff']:+.3f}, {round(g['level'] * 100)}% CI [{g['ci'][0]:+.3f}, {g['ci'][1]:+.3f}], margin {g['margin']:g}, n={g['n']}); "
+        f"({g['diff']:+.3f}, {round(g['level'] * 100)}% CI [{g['ci'][0]:+.3f}, {g['ci'][1]:+.3f}], margin {g['margin']:g}, "
+        f"on {g['measured_on']}); "
         f"lossless {n_ok}/{ll['greedy_requests']} greedy; seeds' gate alpha {sg['alpha']:.3f} (threshold {sg['threshold']:g}), "
         f"speedup {sg['predicted_speedup']:.2f}x: {'holds' if sg['holds'] else 'fails'}"
     )

@@ -25,6 +25,7 @@ from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.stats import RequestStats
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.traffic import TrafficRecord
+from eagle3_trt.formats.traffic_split import group_prompts
 from eagle3_trt.runtime.estimator import estimate
 from eagle3_trt.runtime.llm_api import implies_greedy
 
@@ -148,3 +149,9 @@ def greedy_outputs(engine, items: Sequence[TrafficItem], *, speculate: bool, bat
             for i, r in zip(chunk, res):
                 out[i] = list(r.token_ids)
     return [out[i] for i in range(len(items))]
+
+
+def prompt_groups(records: Sequence[TrafficRecord]) -> dict[int, int]:
+    """id(record) -> its prompt group (formats/traffic_split.group_prompts: the same prompt, the same
+    text, or a near-duplicate is one group): the independent units the gate counts and resamples."""
+    return {id(r): g for r, g in zip(records, group_prompts(list(records)), strict=True)}

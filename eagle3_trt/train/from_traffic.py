@@ -43,8 +43,9 @@ from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import read_json
 from eagle3_trt.formats.traffic import TrafficRecord, read_traffic, traffic_digest
 from eagle3_trt.formats.traffic_split import NEAR_DUP_JACCARD, TrafficSplit, split_traffic
+from eagle3_trt.pipeline.build_checkpoints import measure_embedded_acceptance
 from eagle3_trt.pipeline.bundle import Bundle
-from eagle3_trt.pipeline.bundle_manifest import Lineage
+from eagle3_trt.pipeline.bundle_manifest import Acceptance, Lineage
 from eagle3_trt.pipeline.derive import derive_bundle, open_parent
 from eagle3_trt.train.draft_vocab import DraftVocab
 from eagle3_trt.train.evaluate import measure_acceptance, torch_threads
@@ -326,8 +327,27 @@ def _train_from_traffic(o: TrafficTrainOptions) -> dict:
     report["fingerprint"] = child.manifest.fingerprint
     report["acceptance"] = child.manifest.acceptance.model_dump() if child.manifest.acceptance else None
     report["parent_acceptance"] = parent.manifest.acceptance.model_dump() if parent.manifest.acceptance else None
+    # the parent on the very prompts (and K) the new bundle's figure was measured on: its manifest record may
+    # come from elsewhere (recommend --write leaves the alpha report's figure there, e.g. code.jsonl)
+    report["parent_acceptance_same_prompts"] = _parent_on_child_prompts(parent, child.manifest.acceptance)
     report["timings"] = timings
     return report
+
+
+def _parent_on_child_prompts(parent: Bundle, child: Acceptance | None) -> dict | None:
+    """The parent's acceptance on the prompts the child's was measured on (derive_bundle measures the
+    child on the embedded pair's held-out prompts): the record itself when it already is that
+    measurement, else measured now the same way; None when the child has no figure."""
+    if child is None:
+        return None
+    pa = parent.manifest.acceptance
+    if pa is not None and (pa.measured_on, pa.max_draft_len, pa.prompts) == (child.measured_on, child.max_draft_len, child.prompts):
+        return pa.model_dump()
+    tdir = Path(parent.manifest.sources.target.path)
+    if not tdir.is_dir():
+        return None
+    again = measure_embedded_acceptance(parent.path, tdir.parent, child.max_draft_len, tuple(parent.aux_layer_ids), n_prompts=child.prompts)
+    return again.model_dump() if again is not None else None
 
 
 def summary_lines(report: dict) -> list[str]:
@@ -341,9 +361,17 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(
             f"held-back traffic acceptance length {b:.2f} -> {a:.2f} tokens per target forward ({tr['eval_prompts']} prompts, K={tr['settings']['max_draft_len']})"
         )
-    pa, ca = report.get("parent_acceptance"), report.get("acceptance")
-    if pa and ca:  # the build's own figure, on the embedded pair's held-out text (not the traffic's domain)
-        lines.append(f"build acceptance length ({ca['measured_on'].split(',')[0]}): parent {pa['acceptance_length']:.2f} -> new {ca['acceptance_length']:.2f}")
+    pa, ca, same = report.get("parent_acceptance"), report.get("acceptance"), report.get("parent_acceptance_same_prompts")
+    if ca and same:  # the build's own figure, on the embedded pair's held-out text (not the traffic's domain): forgetting
+        lines.append(
+            f"held-out prompts of the build ({ca['measured_on'].split(',')[0]}, {ca['prompts']} prompts, K={ca['max_draft_len']}): "
+            f"acceptance length parent {same['acceptance_length']:.2f} -> new {ca['acceptance_length']:.2f}"
+        )
+    if pa and ca and (pa["measured_on"], pa["max_draft_len"], pa["prompts"]) != (ca["measured_on"], ca["max_draft_len"], ca["prompts"]):
+        lines.append(
+            f"(the parent's manifest figure, AL {pa['acceptance_length']:.2f}, was measured on other prompts: "
+            f"{pa['measured_on'].split(',')[0]}, {pa['prompts']} prompts, K={pa['max_draft_len']}; not compared)"
+        )
     lines += [f"warning: {w}" for w in tr["warnings"]]
     lines.append(f"wrote {report['bundle']} (parent {report['parent']}), head {report['head']}")
     return lines

@@ -1,0 +1,76 @@
+"""Statistics over captured traffic count distinct prompts: a prompt sent twice is one unit for the
+gate's minimum and for its bootstrap (core/paired_ci.py's cluster bootstrap, runtime/traffic_gate.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3_trt.cli import main
+from eagle3_trt.core.paired_ci import paired_ratio_diff
+from eagle3_trt.formats.traffic import CapturedSampling, SegmentWriter, ServedAcceptance, TrafficRecord, read_traffic
+from eagle3_trt.formats.traffic_split import split_traffic
+
+# 13 requests: tokens and target forwards of NEW and OLD on each
+NEW_T = [30, 22, 41, 18, 25, 33, 27, 19, 40, 21, 35, 24, 29]
+NEW_F = [12, 11, 14, 10, 11, 12, 13, 10, 15, 11, 12, 12, 12]
+OLD_T = [30, 22, 41, 18, 25, 33, 27, 19, 40, 21, 35, 24, 29]
+OLD_F = [14, 11, 16, 10, 13, 13, 13, 11, 15, 12, 14, 12, 13]
+
+
+def test_a_prompt_sent_twice_is_one_unit_of_the_bootstrap():
+    single = paired_ratio_diff(NEW_T, NEW_F, OLD_T, OLD_F, seed=3)
+    twice = (
+        [x for x in NEW_T for _ in range(2)],
+        [x for x in NEW_F for _ in range(2)],
+        [x for x in OLD_T for _ in range(2)],
+        [x for x in OLD_F for _ in range(2)],
+    )
+    labels = [i for i in range(13) for _ in range(2)]
+    clustered = paired_ratio_diff(*twice, seed=3, groups=labels)
+    # each group's sums are its two copies': ratios, resample draws and so the interval are the 13 prompts' own
+    assert (clustered.lo, clustered.hi, clustered.diff) == pytest.approx((single.lo, single.hi, single.diff))
+    assert (clustered.n, clustered.n_groups, single.n_groups) == (26, 13, 13)
+    naive = paired_ratio_diff(*twice, seed=3)  # copies resampled as independent requests: too narrow
+    assert naive.hi - naive.lo < 0.85 * (single.hi - single.lo)
+    with pytest.raises(ValueError, match="one label per request"):
+        paired_ratio_diff(NEW_T, NEW_F, OLD_T, OLD_F, groups=[0, 1])
+
+
+def _capture(dirpath: Path, fingerprint: str, prompts: list[list[int]]) -> Path:
+    w = SegmentWriter(dirpath, segment_records=8)
+    for i, p in enumerate(prompts):
+        acc = ServedAcceptance(speculative=True, draft_tokens=9, accepted_draft_tokens=5, target_forwards=4, completion_tokens=9)
+        w.write(
+            TrafficRecord(
+                request_id=f"r{i}",
+                time_unix=1e9 + i,
+                bundle_fingerprint=fingerprint,
+                model="eagle3",
+                frontend="triton",
+                chat=False,
+                prompt_text=None,
+                prompt_ids=p,
+                output_ids=[1] * 9,
+                finish_reason="length",
+                sampling=CapturedSampling(max_tokens=9),
+                acceptance=acc,
+            )
+        )
+    w.flush()
+    return dirpath
+
+
+def test_gate_refuses_thirteen_prompts_sent_twice(fp8_bundle, tmp_path, capsys):
+    fp = json.loads((fp8_bundle / "manifest.json").read_text())["fingerprint"]
+    distinct = [[5 + i, 6 + 2 * i, 7 + 3 * i, 11 + i, 13, 17 + i, 40 + 5 * i] for i in range(13)]
+    cap = _capture(tmp_path / "cap", fp, [p for p in distinct for _ in range(2)])
+    held = split_traffic(read_traffic(cap), seed=0, holdout_fraction=0.99).heldout
+    n_prompts = len({tuple(r.prompt_ids) for r in held})
+    assert len(held) == 2 * n_prompts >= 24  # nearly every prompt held back, each with both its copies
+    rc = main(["gate", str(fp8_bundle), "--against", str(fp8_bundle), "--traffic", str(cap), "--holdout-fraction", "0.99", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert f"the held-back split has {len(held)} requests from {n_prompts} distinct prompts" in err and "at least 20 distinct prompts" in err
