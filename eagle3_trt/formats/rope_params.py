@@ -298,7 +298,10 @@ def check_agreement(cfg: dict[str, Any], where: str = "config.json") -> None:
                     "TensorRT-LLM 1.2 (transformers 4.57, which ignores rope_parameters) serves the top-level value, "
                     f"releases on transformers 5 (which move rope_scaling into rope_parameters) serve {name}'s",
                 )
-    if scaling is None or params is None:
+    if scaling is None or params is None or scaling_kind(params) == "none":
+        # a plain block beside rope_scaling (what transformers 5 writes for a config without scaling: rope_theta and
+        # "default") names no second function: every reader scales by rope_scaling, transformers 5 rebuilding
+        # rope_parameters from it; its rope_theta was compared above
         return
     both = "transformers 5 keeps rope_scaling's and drops rope_parameters', readers of rope_parameters take the other"
     if scaling_kind(scaling) != scaling_kind(params):
