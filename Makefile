@@ -23,6 +23,10 @@ STAMP   := $(VENV)/.eagle3-trt-installed
 DYNAMO_STAMP := $(VENV)/.eagle3-trt-dynamo
 DYNAMO_VERSION ?= 1.6.1
 TORCH_CPU_VERSION ?= 2.13.0
+# The peer corpus' producers (tests/test_peer_heads.py), installed --no-deps into .venv and .venv-compat:
+# their own pins (numpy>=2, transformers>=5, torch 2.11, sglang) would replace this environment's. Their light
+# requirements are in pyproject's [test] extra.
+PEER_PKGS ?= speculators==0.9.0 specforge==0.2.0 hs-connectors==0.9.0
 
 ENGINE_ARGS := --model $(MODEL) \
   $(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT)) \
@@ -56,6 +60,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -W ignore -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/constraints.txt; \
 	echo "setup: installing eagle3-trt and its dependencies (torch pinned: $$(cat $(VENV)/constraints.txt))"; \
 	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[triton,test]'; \
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt --no-deps $(PEER_PKGS); \
 	touch $(STAMP)
 
 engine: $(STAMP)
@@ -103,6 +108,7 @@ $(COMPAT_STAMP): pyproject.toml Makefile $(STAMP)
 	fi; \
 	echo "test-compat: installing $(COMPAT_PINS) with $$(cat $(VENV)/constraints.txt)"; \
 	$(COMPAT_VENV)/bin/pip install -q -c $(VENV)/constraints.txt -e '.[triton,test]' $(COMPAT_PINS); \
+	$(COMPAT_VENV)/bin/pip install -q -c $(VENV)/constraints.txt --no-deps $(PEER_PKGS); \
 	touch $(COMPAT_STAMP)
 
 .PHONY: test-compat

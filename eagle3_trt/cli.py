@@ -358,9 +358,7 @@ def _print_summary(con, res) -> None:
         con.print(
             f"  plan: {plan['num_gpus']}x {plan['gpu']}, TP{plan['tp']} x {plan['instances']} instance(s), max batch {plan['max_batch_size']}, KV cache {plan['kv_tokens']} tokens per instance"
         )
-    con.print(f"  validated: {', '.join(m.validation.checks)}")
-    for w in res.warnings or m.validation.warnings:
-        con.print(f"  [yellow]warning[/]: {w}")
+    con.print(f"  validated: {', '.join(m.validation.checks)}" + (f" ({len(res.warnings)} warning(s), printed above)" if res.warnings else ""))
     cal = m.calibration
     if cal.shortfall:
         con.print(f"  [yellow]warning[/]: {cal.shortfall} ({CALIBRATION_HINT})", highlight=False)

@@ -822,7 +822,8 @@ CASES: list[Case] = [
     ),
     Case("flag-post-norm-honoured", V, 0, r"variants: return_hidden_post_norm", make=dcfg(eagle_config__return_hidden_post_norm=True)),
     Case("flag-mla-head", V, 2, r"draft/config\.json:kv_lora_rank", make=dcfg(kv_lora_rank=16)),
-    Case("aux-unsorted-permuted", V, 0, r"aux layers listed as \[4, 1, 3\].*permuted", make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[4, 1, 3])),
+    # issue 27: every producer and TensorRT-LLM concatenate aux states in ascending layer order: not permuted
+    Case("aux-unsorted-ascending", V, 0, r"listed as \[4, 1, 3\].*ascending layer order", make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[4, 1, 3])),
     # ---- engine: presets and options
     Case("preset-unknown", ("engine", "--model", "nope", "--dry-run", "-o", "{out}"), 2, r"MODEL: unknown preset 'nope'"),
     Case(

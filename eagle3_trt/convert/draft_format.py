@@ -9,17 +9,21 @@ Sources:
 - SafeAILab/SpecForge: ``LlamaForCausalLMEagle3``, ``midlayer.*`` (TensorRT-LLM loads it natively).
 - ModelOpt ``export_speculative_decoding``: ``layers.0.*`` names, ``eagle_config`` block.
 - vllm-project/speculators: ``Eagle3Speculator``, ``transformer_layer_config``, vLLM aux-id convention.
+
+Multi-layer heads take TensorRT-LLM's names ``midlayer.{i}.*``; what each producer trained and what is
+refused is ``formats.draft_producers``.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from eagle3_trt.formats import rope_params
+from eagle3_trt.formats import draft_producers, rope_params
 from eagle3_trt.formats.checkpoint_io import load_tensors, read_json
-from eagle3_trt.formats.draft_config import DraftConfig, detect_format, draft_config
+from eagle3_trt.formats.draft_config import DraftConfig, detect_format, draft_config, expected_shapes
 
 # The config half (DraftConfig, the layouts' config parsing, expected_shapes, trtllm_config) is
 # eagle3_trt.formats.draft_config; this module loads the tensors and normalizes their names.
@@ -37,56 +41,56 @@ class DraftCheckpoint:
         return "d2t" in self.tensors
 
 
+_LAYER = re.compile(r"^layers\.(\d+)\.(.*)$")
+
+
 def _rename(name: str, fmt: str) -> str:
-    if name.startswith("layers.0."):
-        return "midlayer." + name[len("layers.0.") :]
     if fmt == "modelopt" and name.startswith("eagle_module."):
         return _rename(name[len("eagle_module.") :], fmt)
     return name
 
 
+def _layer_names(tensors: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """``layers.{i}.*`` (speculators, ModelOpt) to TensorRT-LLM's names, as its ``Eagle3ForCausalLM.load_weights``
+    renames them: ``midlayer.*`` for one layer, ``midlayer.{i}.*`` for several. A later layer's
+    ``input_layernorm`` (a plain decoder layer in speculators) is the norm TensorRT-LLM's regular layer
+    calls ``hidden_norm``, in the same place (draft_producers: Extra layers)."""
+    out = {}
+    for k, v in tensors.items():
+        m = _LAYER.match(k)
+        if m is not None:
+            i, rest = int(m.group(1)), m.group(2)
+            if num_layers == 1 and i == 0:
+                k = "midlayer." + rest
+            elif num_layers > 1:
+                if i >= 1 and rest == "input_layernorm.weight":
+                    rest = "hidden_norm.weight"
+                k = f"midlayer.{i}.{rest}"
+        out[k] = v
+    return out
+
+
 def load_draft(path: Path) -> DraftCheckpoint:
     path = Path(path)
     raw = read_json(path / "config.json")
+    draft_producers.refuse_other_method(raw, path / "config.json")  # before reading weights another method may lay out differently
     tensors = load_tensors(path)
-    fmt = detect_format(raw, set(tensors))
+    fmt = detect_format(raw, set(tensors), path / "config.json")
     norm = {_rename(k, fmt): v for k, v in tensors.items()}
     cfg = draft_config(raw, path / "config.json", fmt, norm)
-    cfg, norm = _sort_aux_layers(cfg, norm)
+    norm = _layer_names(norm, cfg.num_hidden_layers)
     return DraftCheckpoint(path=path, config=cfg, tensors=norm, raw_config=raw)
 
 
-def _sort_aux_layers(cfg: DraftConfig, tensors: dict) -> tuple[DraftConfig, dict]:
-    """TensorRT-LLM sorts eagle3_layers_to_capture and writes capture i into fc's input block i
-    (Eagle3OneModelSpecMetadata.__post_init__, tensorrt_llm/_torch/speculative/eagle3.py @
-    f933a608045a46426792263617475b359d568043). A head that lists its aux layers in another order gets
-    fc's input blocks (and the per-block input norms) permuted into the sorted order here, so the
-    exported head computes the function it was trained as, and the runtime measures that function."""
-    ids = cfg.aux_layer_ids
-    if ids is None or list(ids) == sorted(ids) or len(set(ids)) != len(ids) or cfg.num_aux_layers != len(ids):
-        return cfg, tensors  # sorted, or malformed: validate names the problem
-    order = sorted(range(len(ids)), key=lambda i: ids[i])
-    T = cfg.target_hidden_size
-    out = dict(tensors)
-
-    def permute_blocks(t, dim):
-        return _cat([t.narrow(dim, i * T, T) for i in order], dim)
-
-    if "fc.weight" in out and out["fc.weight"].shape[1] == len(ids) * T:
-        out["fc.weight"] = permute_blocks(out["fc.weight"], 1)
-    if "input_norm.weight" in out and out["input_norm.weight"].shape[0] == len(ids) * T:
-        out["input_norm.weight"] = permute_blocks(out["input_norm.weight"], 0)
-    norms = {i: out.get(f"fc_norm.{i}.weight") for i in range(len(ids))}
-    if all(v is not None for v in norms.values()):
-        for new, old in enumerate(order):
-            out[f"fc_norm.{new}.weight"] = norms[old]
-    return replace(cfg, aux_layer_ids=tuple(sorted(ids)), aux_layer_ids_as_trained=tuple(ids)), out
-
-
-def _cat(parts, dim):
-    import torch  # ~2 s; config-only callers (dry run, planner) never reach a permutation
-
-    return torch.cat(parts, dim=dim).contiguous()
+def served_tensors(ckpt: DraftCheckpoint) -> dict[str, Any]:
+    """The tensors a bundle ships for this head: exactly those TensorRT-LLM loads for its config
+    (``expected_shapes``), plus ``d2t`` for a reduced vocabulary (created only then). q_norm/k_norm, an
+    embed_tokens shared with the target, an fc.bias without ``bias: true``, t2d: TensorRT-LLM ignores them."""
+    c = ckpt.config
+    keep = set(expected_shapes(c))
+    if c.draft_vocab_size != c.vocab_size:
+        keep.add("d2t")
+    return {k: v for k, v in ckpt.tensors.items() if k in keep}
 
 
 def config_for_max_seq_len(cfg: DraftConfig, max_seq_len: int) -> DraftConfig:

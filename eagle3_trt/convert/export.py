@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from eagle3_trt.atomic import make_dirs, write_json
 from eagle3_trt.convert import modelopt_compat
-from eagle3_trt.convert.draft_format import DraftCheckpoint
+from eagle3_trt.convert.draft_format import DraftCheckpoint, served_tensors
 from eagle3_trt.convert.streaming import stream_convert
 from eagle3_trt.formats.checkpoint_io import read_json
 from eagle3_trt.formats.draft_config import DraftConfig, trtllm_config
@@ -80,33 +80,34 @@ def export_target_native(source_dir: Path, out_dir: Path) -> None:
     copy_tokenizer(Path(source_dir), Path(out_dir))
 
 
-def export_draft_bf16(ckpt: DraftCheckpoint, out_dir: Path) -> None:
-    """Normalized tensors as BF16 safetensors (d2t/t2d keep their integer/bool dtypes)."""
+def export_draft_bf16(ckpt: DraftCheckpoint, out_dir: Path, token_ids: dict) -> None:
+    """The tensors TensorRT-LLM loads (``served_tensors``) as BF16 safetensors (d2t keeps its integer dtype);
+    ``token_ids``: the target's bos/eos (``draft_config.target_token_ids``)."""
     make_dirs(out_dir)
     tensors = {}
-    for k, t in ckpt.tensors.items():
+    for k, t in served_tensors(ckpt).items():
         tensors[k] = (t.to(torch.bfloat16) if t.is_floating_point() else t).contiguous()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    write_draft_config(ckpt.config, ckpt.raw_config, out_dir)
+    write_draft_config(ckpt.config, token_ids, out_dir)
 
 
-def write_draft_config(cfg: DraftConfig, raw: dict, out_dir: Path, quantization_config: dict | None = None) -> None:
+def write_draft_config(cfg: DraftConfig, token_ids: dict, out_dir: Path, quantization_config: dict | None = None) -> None:
     """The bundle's draft/config.json. Real builds and dry runs both write it here, from the config
-    ``draft_format.config_for_max_seq_len`` gives, so a dry-run bundle shows the config a build ships."""
-    cfg_json = trtllm_config(cfg, raw)
+    ``draft_format.config_for_max_seq_len`` gives, so a dry-run bundle shows the config a build ships;
+    ``token_ids``: the target's bos/eos (``draft_config.target_token_ids``)."""
+    cfg_json = trtllm_config(cfg, token_ids)
     if quantization_config is not None:
         cfg_json["quantization_config"] = quantization_config
     make_dirs(out_dir)
     write_json(out_dir / "config.json", cfg_json)
 
 
-def export_draft_quantized(draft_module, ckpt: DraftCheckpoint, out_dir: Path) -> dict:
-    """Export a ModelOpt-quantized Eagle3Draft; returns the hf_quant_config written."""
+def export_draft_quantized(draft_module, ckpt: DraftCheckpoint, out_dir: Path, token_ids: dict) -> dict:
+    """Export a ModelOpt-quantized Eagle3Draft; returns the hf_quant_config written. The module holds
+    only what TensorRT-LLM loads (t2d, which it ignores, is not shipped)."""
     state, hf_quant = modelopt_compat.export_bare_module(draft_module, torch.bfloat16)
     make_dirs(out_dir)
     tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
-    if "t2d" in ckpt.tensors:
-        tensors["t2d"] = ckpt.tensors["t2d"]
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     q = hf_quant["quantization"]
     qcfg = {
@@ -119,6 +120,6 @@ def export_draft_quantized(draft_module, ckpt: DraftCheckpoint, out_dir: Path) -
     for k in ("group_size",):
         if k in q:
             qcfg[k] = q[k]
-    write_draft_config(ckpt.config, ckpt.raw_config, out_dir, quantization_config=qcfg)
+    write_draft_config(ckpt.config, token_ids, out_dir, quantization_config=qcfg)
     write_json(out_dir / "hf_quant_config.json", hf_quant)
     return hf_quant

@@ -11,6 +11,7 @@ from eagle3_trt.errors import UserError
 from eagle3_trt.formats import rope_params
 from eagle3_trt.formats.checkpoint_io import read_json
 from eagle3_trt.formats.draft_config import DraftConfig, expected_shapes
+from eagle3_trt.formats.draft_producers import window_refusal
 from eagle3_trt.formats.families import quant_refusal
 
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
@@ -31,7 +32,7 @@ def check_shapes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationRepo
     known = set(want) | set(_OPTIONAL_ALLOWED)
     extra = sorted(set(draft.tensors) - known)
     if extra:
-        rep.warn(f"draft tensors ignored by TensorRT-LLM: {', '.join(extra[:5])}{' …' if len(extra) > 5 else ''}")
+        rep.warn(f"draft tensors TensorRT-LLM does not load (not shipped): {', '.join(extra[:5])}{' …' if len(extra) > 5 else ''}")
     variants = [k for k in ("return_hidden_post_norm", "norm_before_fc", "fc_norm", "eh_proj_before_attn", "fc_bias") if getattr(c, k)]
     rep.ok(
         "shapes",
@@ -69,6 +70,14 @@ def _check_widths(target: TargetInfo, draft: DraftCheckpoint) -> None:
 def _check_head_tensors(target: TargetInfo, draft: DraftCheckpoint) -> None:
     """lm_head and fc as TensorRT-LLM creates them, refused here rather than met later as a traceback."""
     c = draft.config
+    qk = sorted(n for n in draft.tensors if n.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")))
+    if qk:
+        # the head was trained with per-head q/k RMSNorm (Qwen3-style layers); serving it without them is another function
+        raise UserError(
+            f"{draft.path}:{qk[0]}",
+            "a Qwen3-style draft layer (q_norm/k_norm): TensorRT-LLM's Eagle3Attention applies no q/k norm",
+            "retrain the head with Llama-style draft layers (speculators: --draft-arch llama)",
+        )
     if "lm_head.weight" not in draft.tensors:
         if c.draft_vocab_size != target.vocab_size:
             raise UserError(
@@ -102,13 +111,7 @@ def _warn_unread(draft: DraftCheckpoint, rep: ValidationReport) -> None:
         rep.warn('fc.bias is ignored: TensorRT-LLM gives fc a bias only when config.json says "bias": true (measured without it)')
     if "embed_tokens.weight" in draft.tensors and not c.own_embedding:
         rep.warn(
-            "the draft's embed_tokens.weight is ignored: with target_hidden_size == hidden_size TensorRT-LLM uses the target's embedding (measured with the target's)"
-        )
-    if c.extra.get("norm_before_residual"):
-        rep.warn("norm_before_residual is not read by TensorRT-LLM: it serves (and eagle3-trt measures) the residual from the un-normed hidden state")
-    if c.aux_layer_ids_as_trained is not None:
-        rep.warn(
-            f"aux layers listed as {list(c.aux_layer_ids_as_trained)}: TensorRT-LLM captures them in sorted order, so fc's input blocks are permuted to match (same function)"
+            "the draft's embed_tokens.weight is not shipped: with target_hidden_size == hidden_size TensorRT-LLM uses the target's embedding (measured with the target's)"
         )
 
 
@@ -131,6 +134,12 @@ def check_aux_layers(target: TargetInfo, draft: DraftCheckpoint, rep: Validation
                 "TensorRT-LLM's default {1, L/2-1, L-4} is distinct only for L >= 7; for a shallower target list the layers "
                 "the head was trained on in the draft config.json's eagle_config.eagle_aux_hidden_state_layer_ids",
             )
+        if draft.config.aux_layer_ids_missing:
+            # vLLM and TensorRT-LLM both fall back to the target's default layers (formats/draft_producers.py)
+            rep.warn(
+                f"{draft.config.aux_layer_ids_missing}: served on the default layers {list(ids)}, as vLLM and TensorRT-LLM do; "
+                "if the head was trained on others, list them there"
+            )
     else:
         rep.aux_layers_are_default = tuple(sorted(ids)) == tuple(sorted(target.default_aux_layers()))
     bad = [i for i in ids if not 0 <= i < L]
@@ -141,10 +150,16 @@ def check_aux_layers(target: TargetInfo, draft: DraftCheckpoint, rep: Validation
     if len(ids) != n_aux:
         raise UserError(where, f"{len(ids)} aux layers but fc.weight fuses {n_aux} target hidden states", "config and weights disagree")
     rep.aux_layer_ids = tuple(ids)
+    listed = draft.config.aux_layer_ids_as_listed
     rep.ok(
         "aux_layers",
         f"captures outputs of target layers {list(ids)} of {L}"
-        + (" (TensorRT-LLM default)" if rep.aux_layers_are_default else " (explicit: written to eagle3_layers_to_capture)"),
+        + (" (TensorRT-LLM default)" if rep.aux_layers_are_default else " (explicit: written to eagle3_layers_to_capture)")
+        + (
+            f"; listed as {list(listed)}, but every producer and TensorRT-LLM concatenate them in ascending layer order, so fc's blocks are read in that order"
+            if listed
+            else ""
+        ),
     )
 
 
@@ -229,6 +244,13 @@ def check_rope(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int, rep
         rep.warn(
             f"draft rope ({rope_params.describe(dp)}) differs from the target's ({rope_params.describe(tp)}); "
             "TensorRT-LLM runs the draft with its own rope, and so does the measurement"
+        )
+    refused = window_refusal(c.sliding_window, max_seq_len, dfile)
+    if refused is not None:
+        raise refused
+    if c.sliding_window is not None:
+        rep.warn(
+            f"draft trained with a {c.sliding_window}-token sliding window: served with full attention, the same function for max_seq_len {max_seq_len} <= {c.sliding_window}"
         )
     warning = max_position_warning(c, max_seq_len)
     if warning:

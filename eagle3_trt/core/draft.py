@@ -18,6 +18,11 @@ The variants TensorRT-LLM's loader honours (tensorrt_llm/_torch/models/modeling_
 - ``return_hidden_post_norm`` / ``norm_output``: the hidden state returned (and fed back) is
   ``norm(h)``; logits are ``lm_head`` of it.
 - own ``embed_tokens`` exactly when target_hidden_size != hidden_size.
+- ``num_hidden_layers`` > 1: ``Eagle3DraftModel``'s ``midlayer.{i}``. Layer 0 is the layer above; layers
+  i >= 1 are "regular" (``next_layer_regular``, default true): residual = h, ``hidden_norm(h)`` into
+  H-wide q/k/v, then the MLP, over the previous layer's full output (TensorRT-LLM adds the residual a
+  layer returns back before the next one). The layers' KV caches travel as one (k, v) pair, concatenated
+  along the head dimension, so callers slice and extend it along positions as for one layer.
 """
 
 from __future__ import annotations
@@ -56,10 +61,10 @@ class RMSNorm(nn.Module):
 
 
 class DraftAttention(nn.Module):
-    def __init__(self, c: DraftConfig):
+    def __init__(self, c: DraftConfig, regular: bool):
         super().__init__()
         self.h, self.kv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        width = c.hidden_size if c.eh_proj_before_attn else 2 * c.hidden_size  # Eagle3Attention: 2H unless regular
+        width = c.hidden_size if regular else 2 * c.hidden_size  # Eagle3Attention: 2H unless regular
         self.q_proj = nn.Linear(width, self.h * self.d, bias=c.attention_bias)
         self.k_proj = nn.Linear(width, self.kv * self.d, bias=c.attention_bias)
         self.v_proj = nn.Linear(width, self.kv * self.d, bias=c.attention_bias)
@@ -100,15 +105,15 @@ class DraftMLP(nn.Module):
 
 
 class DraftLayer(nn.Module):
-    def __init__(self, c: DraftConfig):
+    def __init__(self, c: DraftConfig, regular: bool):
         super().__init__()
-        # single-layer draft: TensorRT-LLM's _next_layer_regular is eh_proj_before_attn
-        self.regular = c.eh_proj_before_attn
+        # Eagle3DecoderLayer._next_layer_regular: (next_layer_regular and not the first layer) or eh_proj_before_attn
+        self.regular = regular
         if not self.regular:
             self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = DraftAttention(c)
+        self.self_attn = DraftAttention(c, regular)
         self.mlp = DraftMLP(c)
 
     def forward(
@@ -145,7 +150,11 @@ class Eagle3Draft(nn.Module):
             self.eh_proj = nn.Linear(2 * H, H, bias=c.eh_proj_bias)
         if c.own_embedding:
             self.embed_tokens = nn.Embedding(c.vocab_size, H)
-        self.midlayer = DraftLayer(c)
+        self.midlayer: DraftLayer | nn.ModuleList
+        if c.num_hidden_layers > 1:
+            self.midlayer = nn.ModuleList([DraftLayer(c, regular=i > 0) for i in range(c.num_hidden_layers)])
+        else:
+            self.midlayer = DraftLayer(c, regular=c.eh_proj_before_attn)
         self.norm = RMSNorm(H, c.rms_norm_eps)
         self.lm_head = nn.Linear(H, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64), persistent=True)
@@ -222,10 +231,26 @@ class Eagle3Draft(nn.Module):
         if hasattr(self, "eh_proj"):
             hidden = self.eh_proj(torch.cat([self.enorm(embeds), hidden], dim=-1))
         cos, sin = rope.cos_sin(positions, self.rope_freqs, embeds.dtype, self.rope_scale)
-        h, kv = self.midlayer(embeds, hidden, cos, sin, past, mask)
+        if isinstance(self.midlayer, nn.ModuleList):
+            h, kv = self._layers(self.midlayer, embeds, hidden, cos, sin, past, mask)
+        else:
+            h, kv = self.midlayer(embeds, hidden, cos, sin, past, mask)
         if self.config.return_hidden_post_norm:
             h = self.norm(h)
         return h, (self.logits(h) if with_logits else None), kv
+
+    def _layers(
+        self, layers: nn.ModuleList, embeds: torch.Tensor, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past: KV | None, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, KV]:
+        """Eagle3DraftModel.forward's loop over midlayer.{i}; each layer's KV is its slice of the heads dimension."""
+        n_kv = self.config.num_key_value_heads
+        ks, vs = [], []
+        for i, layer in enumerate(layers):
+            lp = None if past is None else (past[0][:, i * n_kv : (i + 1) * n_kv], past[1][:, i * n_kv : (i + 1) * n_kv])
+            h, (k, v) = layer(embeds, h, cos, sin, lp, mask)
+            ks.append(k)
+            vs.append(v)
+        return h, (torch.cat(ks, dim=1), torch.cat(vs, dim=1))
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of hidden states as ``forward`` returns them."""

@@ -3,18 +3,19 @@
 
 ``draft_config`` normalizes SafeAILab, ModelOpt and speculators configs into one ``DraftConfig``
 (TensorRT-LLM's aux-id convention, variant flags, rope), ``expected_shapes`` lists the tensors
-TensorRT-LLM loads for it, and ``trtllm_config`` writes the flat config.json it reads. Tensors are
-loaded (and fc's blocks permuted) by ``convert.draft_format.load_draft``; this module imports no torch.
+TensorRT-LLM loads for it, and ``trtllm_config`` writes the flat config.json it reads. What each
+producer's flags mean, and what is refused, is ``formats.draft_producers``. Tensors are loaded by
+``convert.draft_format.load_draft``; this module imports no torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.formats import rope_block, rope_params
+from eagle3_trt.formats import draft_producers, rope_block, rope_params
 from eagle3_trt.formats.checkpoint_io import read_json, safetensors_names
 from eagle3_trt.formats.families import EAGLE3_DEFAULT_NUM_AUX
 from eagle3_trt.formats.hf_compat import dtype_of, rope_of, trtllm_view
@@ -47,7 +48,8 @@ OPTIONAL = ("d2t", "t2d", "embed_tokens.weight", "fc.bias")
 # modeling_speculative.py @ 00679c66c3e38f6d2651ad0a5bef0f94d862e36c: Eagle3DraftModel,
 # Eagle3DecoderLayer, Eagle3ForCausalLM.apply_eagle3_fc), where they live and what each does:
 #   eagle_config.return_hidden_post_norm, or top-level norm_output: the hidden state fed back at
-#       draft steps >= 2 is norm(h) instead of the pre-norm h.
+#       draft steps >= 2 is norm(h) instead of the pre-norm h. (A flat config's top-level norm_output is
+#       SpecForge's field with another meaning, see draft_producers; the bundle never writes it.)
 #   eagle_config.norm_before_fc: input_norm = RMSNorm(A*T) over the concatenated aux states before fc.
 #   top-level fc_norm: one RMSNorm(T) per aux chunk before fc; wins over norm_before_fc.
 #   eagle_config.eh_proj_before_attn: h = eh_proj(cat[enorm(embeds), h]) at every step, and the layer
@@ -58,7 +60,7 @@ OPTIONAL = ("d2t", "t2d", "embed_tokens.weight", "fc.bias")
 # Fields of eagle_config TensorRT-LLM does not read (use_input_layernorm_in_first_layer,
 # use_last_layernorm, parallel_draft_step, ...) are carried in ``extra`` and change nothing.
 NESTED_FLAGS = ("return_hidden_post_norm", "norm_before_fc", "eh_proj_before_attn", "eh_proj_bias")
-TOP_LEVEL_FLAGS = ("norm_output", "fc_norm", "bias")
+TOP_LEVEL_FLAGS = ("fc_norm", "bias")
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,16 @@ class DraftConfig:
     eh_proj_before_attn: bool = False
     eh_proj_bias: bool = False
     fc_bias: bool = False
-    # the aux-layer order the head was trained with, when it was not ascending (fc's input blocks
-    # were permuted at load into TensorRT-LLM's sorted capture order)
-    aux_layer_ids_as_trained: tuple[int, ...] | None = None
+    # the aux-layer ids in the order the config lists them, when that is not ascending: every producer
+    # and TensorRT-LLM concatenate the aux states in ascending layer order, so fc's blocks are not permuted
+    aux_layer_ids_as_listed: tuple[int, ...] | None = None
+    # decoder layers (TensorRT-LLM's midlayer.{i} when more than one; layers >= 1 are "regular")
+    num_hidden_layers: int = 1
+    # speculators' sliding window over the draft's attention (draft_producers.sliding_window), or None
+    sliding_window: int | None = None
+    # the config leaves the aux layers to the serving engine's default (missing, or null as speculators'
+    # converter writes it): draft_producers documents that vLLM and TensorRT-LLM then agree
+    aux_layer_ids_missing: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,7 +120,8 @@ class DraftConfig:
         return rope_params.from_config(self.rope_theta, self.rope_scaling, self.head_dim, self.max_position_embeddings, where=where)
 
 
-def detect_format(cfg: dict[str, Any], names: set[str]) -> str:
+def detect_format(cfg: dict[str, Any], names: set[str], cfg_path: Path | str = "config.json") -> str:
+    draft_producers.refuse_other_method(cfg, Path(cfg_path))
     if _is_speculators(cfg):
         return "speculators"
     if any(n.startswith("midlayer.") for n in names):
@@ -130,22 +140,22 @@ def read_draft_config(path: Path) -> DraftConfig:
     (speculators' nested layer config and vLLM aux ids included), with the two facts weights would
     give taken from the config: the aux count (listed ids, else TensorRT-LLM's default three) and the
     draft vocabulary (``draft_vocab_size``, else ``vocab_size``). Aux ids come out sorted, as
-    ``load_draft`` serves them (fc's blocks are permuted there)."""
+    ``load_draft`` serves them."""
     path = Path(path)
     raw = read_json(path / "config.json")
     names = safetensors_names(path)  # the layout as load_draft detects it, where headers can tell
     if names:
-        fmt = detect_format(raw, names)
+        fmt = detect_format(raw, names, path / "config.json")
     else:
+        draft_producers.refuse_other_method(raw, path / "config.json")
         fmt = "speculators" if _is_speculators(raw) else ("modelopt" if "eagle_config" in raw else "safeailab")
-    cfg = draft_config(raw, path / "config.json", fmt, None)
-    if cfg.aux_layer_ids is not None and list(cfg.aux_layer_ids) != sorted(cfg.aux_layer_ids):
-        cfg = replace(cfg, aux_layer_ids=tuple(sorted(cfg.aux_layer_ids)), aux_layer_ids_as_trained=cfg.aux_layer_ids)
-    return cfg
+    return draft_config(raw, path / "config.json", fmt, None)
 
 
 def _is_speculators(raw: dict[str, Any]) -> bool:
-    return raw.get("speculators_model_type") == "eagle3" or "Eagle3Speculator" in (raw.get("architectures") or [])
+    # speculators 0.9 writes architectures ["Eagle3DraftModel"], earlier releases ["Eagle3Speculator"]
+    archs = raw.get("architectures") or []
+    return raw.get("speculators_model_type") == "eagle3" or "Eagle3Speculator" in archs or "Eagle3DraftModel" in archs
 
 
 def draft_config(raw: dict[str, Any], cfg_path: Path, fmt: str, tensors: dict[str, Any] | None) -> DraftConfig:
@@ -153,6 +163,8 @@ def draft_config(raw: dict[str, Any], cfg_path: Path, fmt: str, tensors: dict[st
     the SafeAILab names) supply the aux count and draft vocabulary where present, None for config-only."""
     base, aux, extra, flags = _speculators_layout(raw, cfg_path) if fmt == "speculators" else _eagle_layout(raw, cfg_path)
     _refuse_unsupported(base, cfg_path)
+    window = draft_producers.sliding_window(base) if fmt == "speculators" else None
+    missing = _aux_missing(raw, fmt, aux, cfg_path)
 
     # the same strict schema validate and engine apply to the target: "256" is refused in one line,
     # not coerced by int() here and met as a different answer elsewhere. pad_token_id is left out:
@@ -160,11 +172,19 @@ def draft_config(raw: dict[str, Any], cfg_path: Path, fmt: str, tensors: dict[st
     fields = parse_config({k: v for k, v in base.items() if k != "pad_token_id"}, cfg_path, Eagle3DraftConfigFields)
     _refuse_partial_rotary(base, fields.head_size, cfg_path)
     num_layers = fields.num_hidden_layers
-    if num_layers != 1:
+    if num_layers < 1:
+        raise UserError(f"{cfg_path}:num_hidden_layers", f"{num_layers} draft decoder layers", "an EAGLE-3 head has at least one layer")
+    if num_layers > 1 and flags.get("eh_proj_before_attn"):
         raise UserError(
             f"{cfg_path}:num_hidden_layers",
-            f"{num_layers} draft decoder layers",
-            "only single-layer EAGLE-3 heads (the published and ModelOpt layout) are supported",
+            f"{num_layers} layers with eagle_config.eh_proj_before_attn: every layer is then regular in TensorRT-LLM",
+            "the reference runtime implements multi-layer heads whose first layer reads cat(embeds, hidden)",
+        )
+    if num_layers > 1 and extra.get("next_layer_regular") is False:
+        raise UserError(
+            f"{cfg_path}:eagle_config.next_layer_regular",
+            f"false with {num_layers} layers: TensorRT-LLM would feed cat(embeds, hidden) to every layer",
+            "the reference runtime implements TensorRT-LLM's default (later layers regular); drop the field",
         )
 
     hidden = fields.hidden_size
@@ -185,13 +205,19 @@ def draft_config(raw: dict[str, Any], cfg_path: Path, fmt: str, tensors: dict[st
         vocab_size=vocab,
         draft_vocab_size=int(dvs),
         target_hidden_size=target_hidden,
-        aux_layer_ids=tuple(int(i) for i in aux) if aux is not None else None,
+        # a set of layers: every producer concatenates them in ascending order (draft_producers)
+        aux_layer_ids=tuple(sorted(int(i) for i in aux)) if aux is not None else None,
+        aux_layer_ids_as_listed=tuple(int(i) for i in aux) if aux is not None and list(aux) != sorted(aux) else None,
+        aux_layer_ids_missing=missing,
+        num_hidden_layers=num_layers,
+        sliding_window=window,
         num_aux_layers=n_aux,
         torch_dtype=dtype_of(base),
         source_format=fmt,
         attention_bias=fields.attention_bias,
         mlp_bias=fields.mlp_bias,
         extra=extra,
+        # speculators' norm_output is TensorRT-LLM's return_hidden_post_norm (see draft_producers)
         return_hidden_post_norm=flags.get("return_hidden_post_norm", False) or flags.get("norm_output", False),
         norm_before_fc=flags.get("norm_before_fc", False),
         fc_norm=flags.get("fc_norm", False),
@@ -206,6 +232,7 @@ def _speculators_layout(raw: dict[str, Any], cfg_path: Path) -> tuple[dict[str, 
     layer_cfg = raw.get("transformer_layer_config")
     if not isinstance(layer_cfg, dict):
         raise UserError(f"{cfg_path}:transformer_layer_config", "missing or not an object", "a speculators eagle3 config nests the Llama layer config there")
+    draft_producers.speculators_refusals(raw, layer_cfg, cfg_path)
     base = {**layer_cfg, **{k: raw[k] for k in ("draft_vocab_size", "target_hidden_size") if k in raw}}
     aux = raw.get("eagle_aux_hidden_state_layer_ids")
     if aux is not None:
@@ -216,16 +243,24 @@ def _speculators_layout(raw: dict[str, Any], cfg_path: Path) -> tuple[dict[str, 
                 "TensorRT-LLM captures decoder-layer outputs only; retrain with ids >= 1",
             )
         aux = [i - 1 for i in aux]  # vLLM: input of layer i == TensorRT-LLM: output of layer i-1
-    if raw.get("norm_before_residual"):
-        extra = {"norm_before_residual": True}
-    else:
-        extra = {}
+    extra: dict[str, Any] = {}  # norm_before_residual true is refused above
     # speculators trains these top-level flags with TensorRT-LLM's meaning and tensor names
     # (vllm-project/speculators 0.9.0 models/eagle3/core.py: input_norm over the concatenated aux
     # states, fc_norm.{i} per chunk, norm_output feeds the post-norm state back), so they are
     # carried, not dropped: dropping them would serve and measure another function.
     flags = {k: _flag(raw, k, f"{cfg_path}:{k}") for k in ("norm_before_fc", "fc_norm", "norm_output")}
     return base, aux, extra, flags
+
+
+def _aux_missing(raw: dict[str, Any], fmt: str, aux: Any, cfg_path: Path) -> str | None:
+    """Where a config leaves the aux layers to the serving engine (None when it lists them)."""
+    if aux is not None:
+        return None
+    if fmt == "speculators":
+        if "eagle_aux_hidden_state_layer_ids" in raw:
+            return f"{cfg_path}:eagle_aux_hidden_state_layer_ids is null (speculators' converter writes null unless given the ids)"
+        return f"{cfg_path}:eagle_aux_hidden_state_layer_ids is missing"
+    return None  # SafeAILab/SpecForge heads are trained on the default layers, their configs never list them
 
 
 def _eagle_layout(raw: dict[str, Any], cfg_path: Path) -> tuple[dict[str, Any], Any, dict[str, Any], dict[str, bool]]:
@@ -238,6 +273,7 @@ def _eagle_layout(raw: dict[str, Any], cfg_path: Path) -> tuple[dict[str, Any], 
     extra = {k: eagle_cfg[k] for k in ("next_layer_regular",) if k in eagle_cfg}
     flags = {k: _flag(eagle_cfg, k, f"{cfg_path}:eagle_config.{k}") for k in NESTED_FLAGS}
     flags.update({k: _flag(raw, k, f"{cfg_path}:{k}") for k in TOP_LEVEL_FLAGS})
+    draft_producers.specforge_norm_output(raw, cfg_path)  # SpecForge's final-norm flag: true is the standard head
     return base, aux, extra, flags
 
 
@@ -316,6 +352,15 @@ def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
         "D": cfg.draft_vocab_size,
     }
     out = {k: tuple(dims[d] for d in v) for k, v in {**LAYER_SCHEMA, **HEAD_SCHEMA}.items()}
+    if cfg.num_hidden_layers > 1:
+        # TensorRT-LLM's midlayer.{i} (Eagle3DraftModel: a ModuleList); layers >= 1 are regular: no
+        # input_layernorm, q/k/v read H
+        first = {k.replace("midlayer.", "midlayer.0."): v for k, v in out.items() if k.startswith("midlayer.")}
+        regular = {k: (v[0], H) if k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")) else v for k, v in first.items()}
+        del regular["midlayer.0.input_layernorm.weight"]
+        out = {k: v for k, v in out.items() if not k.startswith("midlayer.")} | first
+        for i in range(1, cfg.num_hidden_layers):
+            out |= {k.replace("midlayer.0.", f"midlayer.{i}."): v for k, v in regular.items()}
     if cfg.eh_proj_before_attn:
         del out["midlayer.input_layernorm.weight"]
         out["enorm.weight"] = (H,)
@@ -333,8 +378,11 @@ def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def trtllm_config(cfg: DraftConfig, raw: dict[str, Any], max_seq_len: int | None = None) -> dict[str, Any]:
+def trtllm_config(cfg: DraftConfig, token_ids: dict[str, Any], max_seq_len: int | None = None) -> dict[str, Any]:
     """config.json for the exported draft: the flat SafeAILab layout TensorRT-LLM's Eagle3 loader reads.
+
+    ``token_ids``: the target's config (``target_token_ids``): the draft config's bos/eos are the target's,
+    not what the head's config says (speculators' nested layer config and ModelOpt carry defaults there).
 
     ``max_seq_len``: the bundle's. TensorRT-LLM, vLLM and SGLang size the draft's rope table by its
     ``max_position_embeddings`` (vLLM crashes past it: vllm-project/vllm issue 48894; SGLang refuses
@@ -351,7 +399,7 @@ def trtllm_config(cfg: DraftConfig, raw: dict[str, Any], max_seq_len: int | None
         "model_type": "llama",
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": cfg.num_hidden_layers,
         "num_attention_heads": cfg.num_attention_heads,
         "num_key_value_heads": cfg.num_key_value_heads,
         "head_dim": cfg.head_dim,
@@ -382,10 +430,10 @@ def trtllm_config(cfg: DraftConfig, raw: dict[str, Any], max_seq_len: int | None
         eagle["eagle_aux_hidden_state_layer_ids"] = list(cfg.aux_layer_ids)
     if eagle:
         out["eagle_config"] = eagle
-    for k in ("bos_token_id", "eos_token_id"):
-        if cfg.source_format == "modelopt":
-            break  # ModelOpt writes its own defaults there, not the target's (validate.check_tokenizers)
-        src = raw.get("transformer_layer_config", raw) if cfg.source_format == "speculators" else raw
-        if k in src:
-            out[k] = src[k]
+    out.update(target_token_ids(token_ids))
     return rope_block.normalised(out, where="draft config.json")  # the one rope block every bundle config carries
+
+
+def target_token_ids(target_cfg: dict[str, Any]) -> dict[str, Any]:
+    """The bos/eos ids a bundle's draft config.json carries: the target's."""
+    return {k: target_cfg[k] for k in ("bos_token_id", "eos_token_id") if target_cfg.get(k) is not None}

@@ -28,7 +28,7 @@ from eagle3_trt.convert.prompts import load_prompts
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.formats.checkpoint_io import read_json
-from eagle3_trt.formats.draft_config import read_draft_config
+from eagle3_trt.formats.draft_config import read_draft_config, target_token_ids
 from eagle3_trt.pipeline import bundle as fmt
 
 Progress = Callable[[str, int | None], Callable[[], None]]
@@ -76,7 +76,7 @@ def write_config_only(target_dir: Path, draft_dir: Path, tmp: Path, max_seq_len:
     (tmp / "target").mkdir()
     write_json(tmp / "target" / "config.json", export.target_config(read_json(target_dir / "config.json"), target_dir))
     draft_cfg = config_for_max_seq_len(read_draft_config(draft_dir), max_seq_len)
-    export.write_draft_config(draft_cfg, read_json(draft_dir / "config.json"), tmp / "draft")
+    export.write_draft_config(draft_cfg, target_token_ids(read_json(target_dir / "config.json")), tmp / "draft")
     export.copy_tokenizer(target_dir, tmp / "target")
     export.copy_tokenizer(target_dir, tmp / "tokenizer")
 
@@ -137,7 +137,8 @@ def _quantize_and_export_inner(
         quantize.quantize_target(model, batches, quant, kv, on_step=tick)
     timings["quantize_target_s"] = time.perf_counter() - s
 
-    _quantize_and_export_draft(draft, model, batches, report, tmp, draft_quant, device, timings, progress)
+    token_ids = target_token_ids(read_json(Path(target_dir) / "config.json"))  # the draft config's bos/eos are the target's
+    _quantize_and_export_draft(draft, model, batches, report, tmp, draft_quant, device, timings, progress, token_ids)
     _export_target(Path(target_dir), model, tmp, quant, timings, progress)
     return info
 
@@ -161,7 +162,9 @@ def _load_target(target_dir, quant: str, draft_quant: str, device: str, timings:
     return tokenizer, model
 
 
-def _quantize_and_export_draft(draft, model, batches: list, report, tmp: Path, draft_quant: str, device: str, timings: dict, progress: Progress) -> None:
+def _quantize_and_export_draft(
+    draft, model, batches: list, report, tmp: Path, draft_quant: str, device: str, timings: dict, progress: Progress, token_ids: dict
+) -> None:
     s = time.perf_counter()
     if draft_quant != "bf16":
         dm = Eagle3Draft.from_checkpoint(draft, dtype=torch.bfloat16, device=device)
@@ -169,9 +172,9 @@ def _quantize_and_export_draft(draft, model, batches: list, report, tmp: Path, d
         quantize.quantize_draft(dm, model, batches, report.aux_layer_ids, draft_quant, on_step=tick)
         timings["quantize_draft_s"] = time.perf_counter() - s
         s = time.perf_counter()
-        export.export_draft_quantized(dm, draft, tmp / "draft")
+        export.export_draft_quantized(dm, draft, tmp / "draft", token_ids)
     else:
-        export.export_draft_bf16(draft, tmp / "draft")
+        export.export_draft_bf16(draft, tmp / "draft", token_ids)
     timings["export_draft_s"] = time.perf_counter() - s
 
 

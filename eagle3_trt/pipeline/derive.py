@@ -28,6 +28,8 @@ from eagle3_trt.convert.target import read_target
 from eagle3_trt.convert.validate import validate_pair
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.checkpoint_io import read_json
+from eagle3_trt.formats.draft_config import target_token_ids
 from eagle3_trt.pipeline import bundle as fmt
 from eagle3_trt.pipeline import bundle_write
 from eagle3_trt.pipeline.build_checkpoints import measure_embedded_acceptance
@@ -64,8 +66,9 @@ def open_parent(path: Path, option: str = "--from") -> fmt.Bundle:
 
 def _export_draft(parent: fmt.Bundle, ckpt: DraftCheckpoint, aux: tuple[int, ...], out: Path) -> dict[str, Any]:
     """draft/ as the parent's was made; returns what the manifest records about it."""
+    token_ids = target_token_ids(read_json(parent.path / "target" / "config.json"))  # the draft config's bos/eos are the target's
     if parent.quant.draft == "bf16":
-        export.export_draft_bf16(ckpt, out)
+        export.export_draft_bf16(ckpt, out, token_ids)
         return {}
     # A quantized draft: ModelOpt calibration on the parent's calibration set through its BF16 target,
     # exactly as pipeline/build_checkpoints quantizes a draft in a build.
@@ -91,7 +94,7 @@ def _export_draft(parent: fmt.Bundle, ckpt: DraftCheckpoint, aux: tuple[int, ...
 
         warnings.showwarning = to_log
         quantize.quantize_draft(dm, model, batches, aux, parent.quant.draft)
-        export.export_draft_quantized(dm, ckpt, out)
+        export.export_draft_quantized(dm, ckpt, out, token_ids)
     return {"draft_calibration_prompts": len(batches)}
 
 

@@ -19,7 +19,7 @@ from eagle3_trt.convert.draft_format import load_draft
 from eagle3_trt.convert.target import TargetInfo
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.errors import UserError
-from eagle3_trt.formats.draft_config import DraftConfig, trtllm_config
+from eagle3_trt.formats.draft_config import DraftConfig, target_token_ids, trtllm_config
 from eagle3_trt.train.draft_vocab import DraftVocab
 
 
@@ -67,8 +67,7 @@ def export_draft(
         raise UserError(out_dir, "output directory exists", "pass --overwrite or choose another -o")
     with staged_dir(out_dir) as tmp:
         save_file(draft_tensors(draft, vocab), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        raw = {k: target_cfg[k] for k in ("bos_token_id", "eos_token_id") if k in target_cfg}
-        (tmp / "config.json").write_text(json.dumps(trtllm_config(cfg, raw), indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(trtllm_config(cfg, target_token_ids(target_cfg)), indent=2) + "\n")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
     return out_dir
