@@ -295,8 +295,8 @@ def check_agreement(cfg: dict[str, Any], where: str = "config.json") -> None:
                     cfg[key],
                     f"{name}.{key}",
                     block[key],
-                    "TensorRT-LLM 1.2 (transformers 4.57, which ignores rope_parameters) serves the top-level value, "
-                    f"releases on transformers 5 (which move rope_scaling into rope_parameters) serve {name}'s",
+                    "TensorRT-LLM 1.2 (transformers 4.57 ignores rope_parameters) serves the top-level value, releases on "
+                    f"transformers 5 the one in {name}" + (", from which transformers 5 builds rope_parameters" if name == "rope_scaling" else ""),
                 )
     if scaling is None or params is None or scaling_kind(params) == "none":
         # a plain block beside rope_scaling (what transformers 5 writes for a config without scaling: rope_theta and
