@@ -365,6 +365,25 @@ def _copy_bundle(c: Ctx) -> None:
     shutil.copytree(c.bundle, c.w / "out")
 
 
+ROPE_L3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+def _bundle_target(**changes) -> Callable[[Ctx], None]:
+    """A copy of the bundle at out/ whose target config.json is edited by hand (``edit_json``'s spelling)."""
+
+    def make(c: Ctx) -> None:
+        _copy_bundle(c)
+        edit_json(c.w / "out" / "target" / "config.json", **changes)
+
+    return make
+
+
+def _assert_rope_block(path: Path, original: int) -> None:
+    cfg = json.loads(path.read_text())
+    assert cfg["rope_scaling"]["original_max_position_embeddings"] == original == cfg["rope_parameters"]["original_max_position_embeddings"]
+    assert cfg["original_max_position_embeddings"] == original and cfg["rope_theta"] == cfg["rope_parameters"]["rope_theta"]
+
+
 def _spec_options(schedule: Callable[[int], dict] | None = None, **top) -> Callable[[Ctx], None]:
     """A copy of the bundle at out/ whose llm_api_options.yaml gets ``schedule(K)`` merged into its
     speculative_config (K: the bundle's max_draft_len) and ``top`` into the top level."""
@@ -791,11 +810,11 @@ CASES: list[Case] = [
         r"target rope_theta 10000, linear factor 2",
         make=tcfg(rope_scaling={"type": "linear", "rope_type": "llama3", "factor": 2.0, "original_max_position_embeddings": 64}),
     ),
-    Case(
+    Case(  # issue 27: two values for one key; TensorRT-LLM 1.2 takes the top level's, releases on transformers 5 the block's
         "rope-llama3-top-level-original-max",
         V,
-        0,
-        r"target rope_theta 10000, llama3 factor 8, original_max_position_embeddings 64",
+        2,
+        r"target/config\.json:original_max_position_embeddings: 64, but rope_scaling\.original_max_position_embeddings is 512: TensorRT-LLM 1\.2 .*hint: write one value",
         make=tcfg(
             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 512},
             original_max_position_embeddings=64,
@@ -811,6 +830,73 @@ CASES: list[Case] = [
             original_max_position_embeddings=16,
             max_position_embeddings=8,
         ),
+    ),
+    # ---- issue 27: one rope block (formats/rope_block.py); a value spelled twice with two values is refused naming both
+    Case(
+        "rope-partial-top-vs-rope-parameters",
+        V,
+        2,
+        r"target/config\.json:partial_rotary_factor: 0\.5, but rope_parameters\.partial_rotary_factor is 1\.0: TensorRT-LLM 1\.2 .*serves the top-level value",
+        make=tcfg(rope_theta=10000.0, partial_rotary_factor=0.5, rope_parameters={"rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": 1.0}),
+    ),
+    Case(
+        "rope-llama3-original-top-vs-rope-parameters",
+        ED,
+        2,
+        r"target/config\.json:original_max_position_embeddings: 128, but rope_parameters\.original_max_position_embeddings is 200000",
+        make=tcfg(rope_theta=10000.0, original_max_position_embeddings=128, rope_scaling=DELETE, rope_parameters={"rope_theta": 10000.0, **ROPE_L3, "original_max_position_embeddings": 200000}),
+    ),
+    Case(
+        "rope-theta-top-vs-rope-parameters",
+        V,
+        2,
+        r"target/config\.json:rope_theta: 500000\.0, but rope_parameters\.rope_theta is 10000\.0",
+        make=tcfg(rope_theta=500000.0, rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}),
+    ),
+    Case(
+        "rope-draft-theta-two-values",
+        V,
+        2,
+        r"draft/config\.json:rope_theta: 10000\.0, but rope_parameters\.rope_theta is 500000\.0",
+        make=dcfg(rope_theta=10000.0, rope_parameters={"rope_theta": 500000.0, "rope_type": "default"}),
+    ),
+    Case(  # the key at the top level only: measured with it, and written into the bundle's rope_scaling (transformers 4.57 needs it there)
+        "rope-llama3-top-level-only-written-out",
+        ED,
+        0,
+        r"dry run: configs only",
+        make=tcfg(rope_theta=10000.0, original_max_position_embeddings=64, rope_scaling=ROPE_L3, rope_parameters=DELETE),
+        changes=("out",),
+        check=lambda c: _assert_rope_block(c.w / "out" / "target" / "config.json", 64),
+    ),
+    Case(
+        "release-rope-llama3-key-dropped-1.2",
+        ("compile", "{w}/out", "--check-only", "--trtllm-version", "1.2.1"),
+        2,
+        r"out/target/config\.json:rope_scaling: has no original_max_position_embeddings: transformers 4\.57 raises KeyError",
+        make=_bundle_target(original_max_position_embeddings=64, rope_scaling=ROPE_L3, rope_parameters=DELETE),
+    ),
+    Case(
+        "release-rope-llama3-key-dropped-1.4",
+        ("compile", "{w}/out", "--check-only", "--trtllm-version", "1.4.0rc1"),
+        2,
+        r"out/target/config\.json:rope: TensorRT-LLM 1\.4\.0rc1 \(transformers 5\) serves .*original_max_position_embeddings 1024; "
+        r"the reference runtime measured .*original_max_position_embeddings 64",
+        make=_bundle_target(original_max_position_embeddings=64, rope_scaling=ROPE_L3, rope_parameters=DELETE),
+    ),
+    Case(
+        "release-rope-partial-in-rope-parameters-only-1.2",
+        ("compile", "{w}/out", "--check-only", "--trtllm-version", "1.2.1"),
+        2,
+        r"TensorRT-LLM 1\.2\.1 \(transformers 4\.57\) serves rope_theta 10000, none; the reference runtime measured rope_theta 10000, none, rotary dim 32 of head_dim 64",
+        make=_bundle_target(partial_rotary_factor=DELETE, rope_parameters={"rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": 0.5}),
+    ),
+    Case(
+        "release-rope-partial-in-rope-parameters-only-1.4",
+        ("compile", "{w}/out", "--check-only", "--trtllm-version", "1.4.0rc1"),
+        0,
+        r"rope as TensorRT-LLM 1\.4\.0rc1 reads it",
+        make=_bundle_target(partial_rotary_factor=DELETE, rope_parameters={"rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": 0.5}),
     ),
     # ---- variant flags (issue 11 A: implemented as TensorRT-LLM does, or refused)
     Case(

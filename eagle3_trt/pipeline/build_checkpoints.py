@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from eagle3_trt.atomic import write_json
@@ -150,8 +150,13 @@ def _load_target(target_dir, quant: str, draft_quant: str, device: str, timings:
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir), trust_remote_code=False)
     model = None  # only ModelOpt calibration needs the target loaded; a BF16 target is streamed (export_target_bf16)
     if quant not in ("bf16", "native") or draft_quant != "bf16":
+        # the config with the bundle's rope block (export.target_config): transformers 4.57 raises KeyError on a
+        # llama3 config whose original_max_position_embeddings sits at the top level only, and both generations
+        # then calibrate the rope that is served and measured
+        config = AutoConfig.for_model(**export.target_config(read_json(Path(target_dir) / "config.json"), Path(target_dir)))
         model = AutoModelForCausalLM.from_pretrained(
             str(target_dir),
+            config=config,
             dtype=torch.bfloat16,
             trust_remote_code=False,
             low_cpu_mem_usage=True,
