@@ -48,11 +48,13 @@ def scaling_kind(scaling: Any) -> str:
 
 
 def trtllm_view(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The config's top-level keys as TensorRT-LLM's ``RopeParams.from_config`` sees them: a transformers-5
-    ``rope_parameters`` block is merged into the config first (``config.update(hf_rope_parameters)``, its
-    ``full_attention`` entry when it is keyed by layer type), overwriting top-level keys of the same name
-    (``original_max_position_embeddings``, ``partial_rotary_factor``): interface.py, newest version
-    (search-index id 55427064947, commit unknown)."""
+    """The config's top-level keys as TensorRT-LLM's ``RopeParams.from_config`` sees them in releases since
+    PR #10636 (2026-01-14): a transformers-5 ``rope_parameters`` block is merged into the config first
+    (``config.update(hf_rope_parameters)``, its ``full_attention`` entry when it is keyed by layer type),
+    overwriting top-level keys of the same name: interface.py, newest version (search-index id 55427064947).
+    TensorRT-LLM 1.2 (transformers 4.57) reads no rope_parameters; a config where the two views differ by a
+    value spelled twice is refused (``rope_params.check_agreement``), and one spelled in rope_parameters only
+    is written out at the top level too in every bundle (``rope_block``), so measured and served agree."""
     params = flat_rope_parameters(cfg)
     return cfg if params is None else {**cfg, **params}
 

@@ -17,7 +17,9 @@ installed transformers by tests/test_rope_block.py):
   ``standardize_rope_params`` fills ``rope_type`` from ``type`` (else "default") and, for llama3/yarn/longrope,
   ``original_max_position_embeddings`` from ``max_position_embeddings`` (not from a top-level value: the
   Llama-family config classes do not declare that attribute); ``rope_scaling`` is then a property returning
-  ``rope_parameters`` and ``rope_theta`` is no attribute (transformers/modeling_rope_utils.py, 5.14.1).
+  ``rope_parameters`` and ``rope_theta`` is no attribute; a block lacking its type's required keys raises
+  ``KeyError`` here too (transformers/modeling_rope_utils.py, 5.14.1; tests/test_rope_block.py's loader tests
+  also pass on 5.5.4, the pin of TensorRT-LLM 1.3.0rc22+ and 1.4, run with its wheel first on PYTHONPATH).
 
 TensorRT-LLM's ``RopeParams.from_config`` then reads the attributes (interface.py): 1.2.x reads the top level
 and ``rope_scaling`` only (@ 000a01de66f0eab4ab05640711f0253f50f5209c); releases after PR #10636 (merged
