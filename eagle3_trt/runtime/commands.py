@@ -283,7 +283,7 @@ def gate_cmd(
     else:
         cats = ", ".join(f"{c} {a:.2f}" for c, a in res["by_category"].items())
         click.echo(
-            f"alpha {res['alpha']:.3f} (threshold {threshold:.2f}) over {res['turns_measured']} turns; AL {res['acceptance_length']:.2f}"
+            f"alpha {res['alpha']:.3f} (threshold {threshold:.2f}) over {res['turns_measured']} turns of {res['prompts']}; AL {res['acceptance_length']:.2f}"
             + (f"; by category: {cats}" if len(res["by_category"]) > 1 else "")
         )
         click.echo(
@@ -367,6 +367,11 @@ def recommend_cmd(
         click.echo(json.dumps(rec.to_dict(), indent=1))
         return
     print_recommendation(rec)
+    settings, measured = report.get("settings", {}), report.get("pairs", {}).get("bundle", {}).get("requests") or []
+    if settings.get("prompts"):  # what every figure above was measured on
+        click.echo(
+            f"acceptance measured on {settings['prompts']}: {len(measured)} requests ({settings.get('turns', 'all')} turns), {settings.get('decoding', 'greedy')}, K={settings.get('max_draft_len')} and sweep {settings.get('sweep') or '-'}"
+        )
     if dt_line:
         click.echo(dt_line)
     gate = rec.evidence.get("acceptance_gate")
