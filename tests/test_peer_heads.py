@@ -366,8 +366,15 @@ def test_specforge_head_is_served_as_trained(pair, tmp_path, capsys, flags):
     rc, _, err = validate(target, head, capsys, "--max-seq-len", "512")
     assert rc == 0, err
     ids, aux = inputs()
-    assert_same_function(toolkit_logits(head, target, ids, aux), specforge_logits(model, ids, aux))
-    assert "norm_output" not in json.loads(json.dumps(trtllm_config(load_draft(head).config, {})))
+    theirs = specforge_logits(model, ids, aux)
+    assert_same_function(toolkit_logits(head, target, ids, aux), theirs)
+    assert "norm_output" not in trtllm_config(load_draft(head).config, {})  # TensorRT-LLM would read it as post-norm feedback
+    # and that reading is another function: post-norm feedback changes step 2
+    c = json.loads((head / "config.json").read_text())
+    c.pop("norm_output", None)
+    c["eagle_config"] = {"return_hidden_post_norm": True}
+    (head / "config.json").write_text(json.dumps(c))
+    assert (toolkit_logits(head, target, ids, aux)[1] - theirs[1][: S - 1]).abs().max().item() > 1e-2
 
 
 def test_specforge_norm_output_false_is_refused(pair, tmp_path, capsys):

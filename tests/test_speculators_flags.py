@@ -1,11 +1,13 @@
-"""A vllm-project/speculators head keeps its variant flags.
+"""A vllm-project/speculators head keeps its variant flags (config written by hand here; heads made
+with speculators' own code are tests/test_peer_heads.py).
 
 speculators (0.9.0, models/eagle3/config.py and core.py) writes norm_before_fc, fc_norm and
 norm_output at the top level of its config and trains them with TensorRT-LLM's meaning and tensor
 names (input_norm.weight, fc_norm.{i}.weight, post-norm feedback). They used to be dropped for this
 layout, so such a head was measured, and exported for TensorRT-LLM, as a different function. Its
 own converter (Eagle3Converter) also drops input_norm/fc_norm tensors; such an incomplete head must
-be refused in one line, not served without its norm."""
+be refused in one line, not served without its norm. norm_before_residual (its training default) is
+a function TensorRT-LLM cannot serve: refused (formats/draft_producers.py)."""
 
 import json
 
@@ -55,7 +57,7 @@ def test_speculators_flag_is_carried(tiny_pair, flag, attr, exported):
     _to_speculators(tiny_pair[1], extra, **{flag: True})
     d = load_draft(tiny_pair[1])
     assert d.config.source_format == "speculators" and getattr(d.config, attr) is True
-    out = trtllm_config(d.config, d.raw_config)
+    out = trtllm_config(d.config, {})
     for key in exported[:-1]:
         out = out[key]
     assert out[exported[-1]] is True
@@ -73,6 +75,18 @@ def test_speculators_head_without_its_norm_is_refused(tiny_pair, capsys, flag, m
     assert f"tensor {missing} missing" in err
 
 
+def test_speculators_norm_before_residual_is_refused(tiny_pair, capsys):
+    """It used to be built with a warning, the served draft agreeing with the trained function on 21% of top-1 tokens."""
+    _to_speculators(tiny_pair[1])
+    c = json.loads((tiny_pair[1] / "config.json").read_text())
+    c["norm_before_residual"] = True
+    (tiny_pair[1] / "config.json").write_text(json.dumps(c))
+    rc = main(["validate", "--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1])])
+    _, err = capsys.readouterr()
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "config.json:norm_before_residual" in err and "speculators" in err
+
+
 def test_speculators_flag_must_be_boolean(tiny_pair, capsys):
     _to_speculators(tiny_pair[1], norm_output="false")
     rc = main(["validate", "--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1])])
@@ -82,8 +96,8 @@ def test_speculators_flag_must_be_boolean(tiny_pair, capsys):
 
 def test_dry_run_reads_a_speculators_head_like_a_real_build(tiny_pair, tmp_path, capsys):
     """The dry run parses the head's config with the loader's own code (nested layer config, vLLM
-    aux ids one above TensorRT-LLM's, unsorted ids served sorted): it used to read the top level by
-    hand and refuse every speculators head ("vocab_size: None")."""
+    aux ids one above TensorRT-LLM's, an unsorted list naming a set of layers): it used to read the top
+    level by hand and refuse every speculators head ("vocab_size: None")."""
     _to_speculators(tiny_pair[1])
     c = json.loads((tiny_pair[1] / "config.json").read_text())
     c["eagle_aux_hidden_state_layer_ids"] = [5, 2, 7]  # vLLM ids: inputs of layers 5, 2, 7

@@ -194,6 +194,13 @@ class Eagle3Draft(nn.Module):
         return out
 
     @property
+    def first_layer(self) -> DraftLayer:
+        """midlayer, or midlayer.0 of a multi-layer head: the layer that reads cat(embeds, hidden)."""
+        layer = self.midlayer[0] if isinstance(self.midlayer, nn.ModuleList) else self.midlayer
+        assert isinstance(layer, DraftLayer)
+        return layer
+
+    @property
     def device(self) -> torch.device:
         return self.fc.weight.device
 

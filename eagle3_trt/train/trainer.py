@@ -382,7 +382,7 @@ def _distill_steps(
     draft.train()
     if hidden_only:
         with torch.no_grad():
-            draft.midlayer.input_layernorm.weight.zero_()
+            draft.first_layer.input_layernorm.weight.zero_()
     params = [p for n_, p in draft.named_parameters() if not (hidden_only and n_ == "midlayer.input_layernorm.weight")]
     for p in params:
         p.requires_grad_(True)
