@@ -1,6 +1,8 @@
-"""TensorRT-LLM's EAGLE-3 dynamic tree (core/dynamic_tree.py) against a hand-worked example of its
-algorithm, its refusals, and the engine running it (topK 1 is exactly the chain; per-row trees in a
-batch). Greedy identity with Hugging Face generate is in tests/test_runtime_engine.py.
+"""TensorRT-LLM's EAGLE-3 dynamic tree (core/dynamic_tree.py) against hand-worked examples of its
+algorithm (the tree, the greedy walk, the first decode with no stored tree, the sampled walk), its
+refusals, and the engine running it (topK 1 is NOT the chain: its first decode accepts nothing;
+per-row trees in a batch; temperature > 0). Greedy identity with Hugging Face generate is in
+tests/test_runtime_engine.py; an independent re-derivation is in tests/test_engine_cross_check.py.
 
 Algorithm source: NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/eagle3_dynamic_tree.py
 @057c8a65 (``_select_topk_draft_tokens``: score = child probability x parent score, top-K of the
@@ -27,6 +29,7 @@ from eagle3_trt.core.stats import RequestStats
 from eagle3_trt.core.suffix_automaton import SAConfig
 from eagle3_trt.core.verify import accept
 from eagle3_trt.errors import UserError
+from eagle3_trt.resources import data_dir
 from eagle3_trt.testing.tiny_pair import make_pair
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +102,30 @@ def test_hand_worked_tree_six_nodes_mask_and_walk():
     assert walk([0, 2, 9, 0, 9, 9, 4], k_eff=2) == ([0, 2], 0, 2)
     # no root child matches: nothing accepted, the bonus is the target's token at the root
     assert walk([4, 9, 9, 9, 9, 9, 9]) == ([], 4, 1)
+    # the request's first decode: no tree is stored for it (trees are built for generation rows only),
+    # so even a full match emits the target's token at the root alone (treeValid false)
+    assert accept(row, logits, ids, [None] * 6, tree, 3, [1, 9, 3, 9, 9, 4, 9], tree_valid=False) == ([], 1, 1)
+
+
+def test_hand_worked_sampled_walk():
+    """Temperature > 0: at each visited node the target's token is a sample (here from near point
+    masses, so the trace is fixed), and the child holding it is accepted (TensorRT-LLM's
+    target-only rejection kernel accepts a sibling exactly when the target's draw is its token)."""
+    tree, ids = _build(6)  # ids [0, 1, 2, 1, 3, 0], parents (-1, -1, 0, 0, 1, 2)
+    gen = torch.Generator().manual_seed(0)
+    row = Row(prompt=[1], params=SamplingParams(temperature=1.0), stats=RequestStats(), stop_ids=frozenset(), gen=gen)
+
+    def peaked(tokens: list[int]) -> torch.Tensor:
+        lg = torch.full((7, 5), -50.0)
+        for i, t in enumerate(tokens):
+            lg[i, t] = 50.0
+        return lg
+
+    # samples: 0 at the root (node 0), 1 at node 0 (node 3, its second child), 2 at node 3 (a leaf: the bonus)
+    lg = peaked([0, 1, 4, 4, 2, 4, 4])
+    assert accept(row, lg, ids, [None] * 6, tree, 3, None, match=True) == ([0, 3], 2, 3)
+    # first decode: the root's sample alone
+    assert accept(row, lg, ids, [None] * 6, tree, 3, None, match=True, tree_valid=False) == ([], 0, 1)
 
 
 def test_ties_keep_every_parent():
@@ -137,21 +164,33 @@ def _prompts(seed: int, n: int) -> list[list[int]]:
     return [[0] + [rng.randrange(6, 512) for _ in range(rng.randrange(3, 14))] for _ in range(n)]
 
 
-def test_topk_1_is_the_chain(engine):
-    prompts, prm = _prompts(5, 3), SamplingParams(max_tokens=16)
-    chain = engine.generate(prompts, prm)
-    engine.dynamic_tree = DynamicTreeConfig(1)
+@pytest.fixture(scope="module")
+def trained():
+    pair = data_dir("models") / "tiny"
+    eng = load_engine(pair / "target", pair / "draft", dtype=torch.float32, max_draft_len=3)
+    texts = ("x = 1\ny = 2\n" * 4, "def add(a, b):\n    return a + b\n\n" * 2, "import os\n" * 4)
+    return eng, [list(eng.tokenizer(t, add_special_tokens=True)["input_ids"]) for t in texts]
+
+
+def test_topk_1_is_not_the_chain(trained):
+    """topK 1 drafts the chain's tokens, but TensorRT-LLM holds no tree for a request's first decode:
+    that step emits exactly one token where the chain accepts drafts."""
+    eng, prompts = trained
+    prm = SamplingParams(max_tokens=24)
+    eng.dynamic_tree = DynamicTreeConfig(1)
     try:
-        dyn = engine.generate(prompts, prm)
+        dyn = [[len(s.new_token_ids) for s in eng.stream(p, prm)] for p in prompts]
+        dyn_res = eng.generate(prompts, prm)
     finally:
-        engine.dynamic_tree = None
-    assert [r.token_ids for r in dyn] == [r.token_ids for r in chain]
-    for a, b in zip(dyn, chain):
-        assert (a.stats.accepted_tokens, a.stats.accepted_per_position, a.stats.verified_tokens) == (
-            b.stats.accepted_tokens,
-            b.stats.accepted_per_position,
-            b.stats.draft_tokens,
-        )
+        eng.dynamic_tree = None
+    chain = [[len(s.new_token_ids) for s in eng.stream(p, prm)] for p in prompts]
+    chain_res = eng.generate(prompts, prm)
+    assert [r.token_ids for r in dyn_res] == [r.token_ids for r in chain_res]  # greedy output either way
+    assert all(steps[:2] == [1, 1] for steps in dyn)  # prefill, then the first decode: one token each
+    assert any(steps[1] > 1 for steps in chain)  # where the chain's first decode accepted drafts
+    for d, c in zip(dyn_res, chain_res):
+        assert d.stats.accept_hist[0] >= 1  # the first decode's verification accepted nothing
+        assert d.stats.target_forwards >= c.stats.target_forwards
 
 
 def test_wider_tree_verifies_more_and_keeps_greedy(engine):
@@ -168,17 +207,23 @@ def test_wider_tree_verifies_more_and_keeps_greedy(engine):
         assert 3 * spec_forwards < r.stats.verified_tokens <= 5 * spec_forwards
 
 
-def test_sampled_requests_are_drafted_as_the_chain(engine):
-    # the reference runtime walks the tree greedily only: a sampled request (a served bundle's) gets the chain
-    prompts, prm = _prompts(7, 2), SamplingParams(max_tokens=12, temperature=0.8, seed=3)
-    chain = engine.generate(prompts, prm)
-    engine.dynamic_tree = DynamicTreeConfig(3)
+def test_sampled_requests_walk_the_tree(trained):
+    # temperature > 0: the tree is drafted (top-K, every node verified) and the target sampled along it
+    eng, prompts = trained
+    prm = SamplingParams(max_tokens=16, temperature=0.8, seed=3)
+    eng.dynamic_tree = DynamicTreeConfig(3)
     try:
-        dyn = engine.generate(prompts, prm)
+        dyn = eng.generate(prompts, prm)
+        again = eng.generate(prompts, prm)
+        steps = [[len(s.new_token_ids) for s in eng.stream(p, prm)] for p in prompts]
     finally:
-        engine.dynamic_tree = None
-    assert [r.token_ids for r in dyn] == [r.token_ids for r in chain]
-    assert [r.stats.verified_tokens for r in dyn] == [r.stats.draft_tokens for r in dyn]
+        eng.dynamic_tree = None
+    assert [r.token_ids for r in dyn] == [r.token_ids for r in again]  # seeded
+    for r in dyn:
+        spec = r.stats.target_forwards - 1
+        assert 3 * spec < r.stats.verified_tokens <= 9 * spec  # the tree's 9 nodes, not a chain of 3
+    assert sum(r.stats.accepted_tokens for r in dyn) > 0
+    assert all(s[:2] == [1, 1] for s in steps)  # no tree on the first decode at any temperature
 
 
 def test_refused_combinations(engine):

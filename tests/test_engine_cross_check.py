@@ -118,3 +118,31 @@ def test_the_cross_check_catches_a_drifted_engine(pair, models):
     eng.eos_token_ids = ()
     with pytest.raises(AssertionError):
         _check(eng, hf, draft, aux, prompts)
+
+
+# ---- the modes: the engine against eagle3_trt/testing/mode_oracle.py (written from TensorRT-LLM's source) ----
+@pytest.mark.parametrize(
+    "mode,kw",
+    [
+        ("sa", {"threshold": 2}),
+        ("sa", {"threshold": 2, "global_pool": True}),
+        ("dynamic-tree", {"topk": 4, "nodes": 8}),
+    ],
+    ids=["sa", "sa-global-pool", "dynamic-tree"],
+)
+def test_modes_match_the_oracle(pair, models, mode, kw):
+    """Per request: tokens, target forwards and accepted drafts per verification, in one batch (the SA
+    draft buffer and the global pool are per batch)."""
+    from eagle3_trt.core.dynamic_tree import DynamicTreeConfig
+    from eagle3_trt.core.suffix_automaton import SAConfig
+    from eagle3_trt.testing.mode_oracle import agreement
+
+    t, d, prompts = pair
+    hf, draft, aux = models
+    eng = load_engine(t, d, dtype=torch.float32, max_draft_len=K)
+    if mode == "sa":
+        eng.sa = SAConfig(threshold=kw["threshold"], enable_global_pool=kw.get("global_pool", False))
+    else:
+        eng.dynamic_tree = DynamicTreeConfig(kw["topk"], kw["nodes"])
+    r = agreement(eng, hf, draft, aux, prompts, mode, 32, **kw)
+    assert r["agree"] == r["requests"] == len(prompts), r

@@ -1,10 +1,12 @@
 """The estimator replays the suffix-automaton enhancer exactly: same counts as the engine's loop.
 
-``runtime/estimator.walk_chain`` applies TensorRT-LLM's SA override (sa_enhancer.py: all K tokens
-replaced when the match is >= threshold) over the target's greedy continuation; the engine applies
-it inside speculative generation (``SpeculativeEngine._sa_override``). On the embedded tiny pair,
-whose greedy output repeats itself, both must give identical per-request statistics, and the
-enhancer must actually change them (else the comparison would be vacuous).
+``runtime/estimator.walk_chain_batch`` replays TensorRT-LLM's SA enhancer (core/suffix_automaton.py
+``SAEnhancer``: no override on the first decode, the prefill's token outside the automaton, stale
+buffer slots by decoding position, the global pool over the batch) over the target's greedy
+continuations, batch by batch as ``measure`` generates them; the engine applies it inside
+speculative generation. On the embedded tiny pair, whose greedy output repeats itself, both must
+give identical per-request statistics, and the enhancer must actually change them (else the
+comparison would be vacuous).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import torch
 from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.suffix_automaton import SAConfig
-from eagle3_trt.errors import UserError
 from eagle3_trt.resources import data_dir
 from eagle3_trt.runtime.estimator import estimate
 
@@ -62,12 +63,17 @@ def test_estimator_replays_sa_exactly(engine, threshold):
     assert [_fields(s) for s in est.stats] != [_fields(s) for s in chain.stats]  # the automaton overrode drafts
 
 
-def test_estimator_refuses_global_pool(engine):
+@pytest.mark.parametrize("pool", [False, True], ids=["own", "global-pool"])
+def test_estimator_replays_batches_and_the_global_pool(engine, pool):
+    # batches of 3 over 4 prompts (as measure generates them): rows finish at different steps, so
+    # decoding positions shift in the draft buffer; with the global pool rows search each other
     eng, prompts = engine
-    eng.sa = SAConfig(threshold=4, enable_global_pool=True)
+    prompts = prompts + prompts[:2]
+    eng.sa = SAConfig(threshold=2, enable_global_pool=pool)
     try:
-        with pytest.raises(UserError) as e:
-            estimate(eng, prompts[:1], 8)
+        est = estimate(eng, prompts, 40, batch_size=3)
+        gen = eng.generate(prompts[:3], SamplingParams(max_tokens=40)) + eng.generate(prompts[3:], SamplingParams(max_tokens=40))
     finally:
         eng.sa = None
-    assert e.value.where == "sa_config.enable_global_pool"
+    for e, g in zip(est.stats, gen):
+        assert _fields(e) == _fields(g.stats)

@@ -33,9 +33,17 @@ The algorithm, with K = dynamic_tree_max_topK, D = max_draft_len, N = max_total_
 
 Ties: torch.topk leaves their order unspecified; here the earlier history index wins (a stable
 sort), which also guarantees every chosen node's parent is chosen. TensorRT-LLM's dynamic tree also
-refuses ``sa_config`` and relaxed acceptance (eagle3_dynamic_tree.py ``__init__``). It samples
-with target-only rejection sampling when requests are not greedy; the reference runtime
-implements the greedy walk only and drafts sampled requests as the chain.
+refuses ``sa_config`` and relaxed acceptance (eagle3_dynamic_tree.py ``__init__``).
+
+5. Trees are built and stored for generation rows only (``build_dynamic_tree(...[num_contexts:
+   batch_size])``, ``scatter_to_slot_storage(gen_slots)``; a freed slot is ``mark_invalid``,
+   spec_tree_manager.py search-index id 57752493241): on a request's first decode after its
+   prefill ``has_tree`` is false and the verify kernels emit the root's token alone
+   (``treeValid``). So topK = 1 is not the chain: its first decode accepts nothing.
+6. Temperature > 0: the draft side is unchanged (top-K of the draft's softmax, no temperature);
+   the target is sampled along the tree (core/verify.py ``_walk``), which is what both of
+   TensorRT-LLM's sampled paths draw (``_sample_and_accept_dynamic_tree`` and the target-only
+   ``verifyDynamicTreeRejectionKernel``, search-index id 56989014770).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from eagle3_trt.core.requests import BatchState, RequestResult, Row, StepOutput,
 from eagle3_trt.core.sampling import SamplingParams, process_logits, sample_token
 from eagle3_trt.core.spec_sampling import REJECTION_SAMPLING, SpecSamplingConfig
 from eagle3_trt.core.stats import RequestStats
-from eagle3_trt.core.suffix_automaton import SAConfig, SuffixAutomaton, overrides, propose
+from eagle3_trt.core.suffix_automaton import SAConfig, SAEnhancer, without_rejection_sampling
 from eagle3_trt.core.target import TargetModel
 from eagle3_trt.core.tree import DraftTree, parse_tree
 from eagle3_trt.core.verify import accept
@@ -141,12 +141,17 @@ class SpeculativeEngine:
             raise UserError("tree", "a node asks for more candidates than the draft vocabulary has", "use smaller ranks")
         return t
 
+    def spec_sampling(self) -> SpecSamplingConfig:
+        """The speculative sampling flags served now: ``sa_config`` turns use_rejection_sampling off
+        (TensorRT-LLM's llm_args ``validate_rejection_sampling_config``, core/suffix_automaton.py)."""
+        return without_rejection_sampling(self.sampling) if self.sa is not None else self.sampling
+
     @torch.inference_mode()  # no autograd state at all: measurably less per-op overhead than no_grad
     def _decode(
         self, prompts: list[list[int]], params: SamplingParams, speculate: bool, tree_spec: Any, aux_sink: dict[int, list[torch.Tensor]] | None = None
     ) -> Iterator[tuple[list[Row], list[list[int]]]]:
         if speculate and self.draft is not None:
-            params = self.sampling.served_params(params)  # e.g. greedy when allow_advanced_sampling is off
+            params = self.spec_sampling().served_params(params)  # e.g. greedy when allow_advanced_sampling is off
         tree = self._tree_for(speculate, tree_spec, params)
         if not prompts:
             return
@@ -162,16 +167,19 @@ class SpeculativeEngine:
 
         st = BatchState(self.target.new_cache())
         st.aux_sink = aux_sink
+        sa = None
         if self.sa is not None and tree is not None:
             if not tree.is_chain:
                 # TensorRT-LLM's enhancer overrides a [batch, K] linear draft only (sa_enhancer.py)
                 raise UserError("sa_config", "the suffix-automaton enhancer works on a chain draft", "drop the tree (tree=None) or sa_config")
-            st.sa = [SuffixAutomaton(r.prompt) for r in rows]
+            sa = SAEnhancer(self.sa, [r.prompt for r in rows], tree.size)  # seeded with the prompts before the prefill
         if self.dynamic_tree is not None and tree is not None:
             st.dynamic = self._dynamic_setup(tree_spec, params)
         yield rows, self._prefill(rows, st, keep_draft_inputs=tree is not None)
+        first = True  # every row's first decode: its drafts come from its prefill iteration
         while not all(r.finished for r in rows):
-            yield rows, self._step(rows, st, tree)
+            yield rows, self._step(rows, st, tree, sa, first)
+            first = False
 
     def _prefill(self, rows: list[Row], st: BatchState, keep_draft_inputs: bool) -> list[list[int]]:
         B, S = len(rows), max(len(r.prompt) for r in rows)
@@ -210,7 +218,14 @@ class SpeculativeEngine:
         caps = [c for c in (self.k_cap, r.k_cap) if c is not None]
         return max(0, min(tree.max_depth, r.params.max_tokens - r.generated - 1, self.max_seq_len - len(r.tokens) - 1, *caps))
 
-    def _step(self, rows: list[Row], st: BatchState, tree: DraftTree | None) -> list[list[int]]:
+    def _step(self, rows: list[Row], st: BatchState, tree: DraftTree | None, sa: SAEnhancer | None = None, first: bool = False) -> list[list[int]]:
+        """One decode iteration. ``first``: the rows' first decode after their prefill, whose drafts
+        TensorRT-LLM made in the prefill iteration: the dynamic tree has no stored tree for them
+        (``build_dynamic_tree(...[num_contexts:])``, ``scatter_to_slot_storage(gen_slots)`` in
+        _torch/speculative/eagle3_dynamic_tree.py @057c8a65), so verification accepts only the
+        bonus token (``verifyDynamicTreeGreedyKernel`` / the rejection kernel with ``treeValid``
+        false, dynamicTreeKernels.cu @84e55f93); the SA enhancer overrides drafts of generation
+        rows only (``next_draft_tokens[num_contexts:]``), so ``sa`` has no drafts for them yet."""
         B, dev = len(rows), self.device
         active = [not r.finished for r in rows]
         k_eff = [self._k_eff(r, tree) for r in rows]
@@ -226,8 +241,13 @@ class SpeculativeEngine:
             q_full = [[None] * T for _ in range(B)]
         elif drafted is not None:
             node_tok, q_full = self._draft(rows, st, drafted, k_eff)
-            if st.sa is not None:
-                self._sa_override(rows, st.sa, node_tok, q_full, k_eff)
+            if sa is not None:
+                # SADraftEnhancer.maybe_override_all_draft_tokens: all K tokens, stale buffer slots included;
+                # sampled requests are matched against the target's samples (no rejection sampling with SA)
+                for b in range(B):
+                    d = sa.drafts(b)
+                    if d is not None and active[b] and k_eff[b] > 0:
+                        node_tok[b] = torch.tensor(d)
 
         # Verification: one target forward over [root, tree nodes] (each row's own tree: per-row ancestor masks).
         root_pos = torch.tensor([len(r.tokens) - 1 for r in rows])
@@ -254,6 +274,10 @@ class SpeculativeEngine:
 
         new_valid = torch.zeros(B, 1 + T, dtype=torch.bool)
         greedy = logits.argmax(-1).tolist() if rows[0].params.greedy else None  # one call for all rows and nodes
+        # sampled: matched against the target's samples (allow_advanced_sampling without rejection sampling,
+        # or sa_config), or a dynamic tree (its target-only rejection kernel draws the same tokens: core/verify.py)
+        match = self.spec_sampling().served == "match" or st.dynamic is not None
+        accepted_now: dict[int, list[int]] = {}
         out: list[list[int]] = []
         for b, r in enumerate(rows):
             if not active[b]:
@@ -263,7 +287,8 @@ class SpeculativeEngine:
             if st.aux_sink is not None:
                 st.aux_sink[b].append(aux[b, :1])
             g = greedy[b] if greedy is not None else None
-            path, bonus, reached = accept(r, logits[b], node_tok[b].tolist(), q_full[b], row_trees[b], k_eff[b], g, match=self.sampling.served == "match")
+            tree_valid = not (first and st.dynamic is not None)
+            path, bonus, reached = accept(r, logits[b], node_tok[b].tolist(), q_full[b], row_trees[b], k_eff[b], g, match=match, tree_valid=tree_valid)
             accepted = len(path)
             new_valid[b, 0] = True
             for n in path:
@@ -281,34 +306,13 @@ class SpeculativeEngine:
                 else:
                     r.pend_aux, r.pend_pos = aux[b, cols], len(r.tokens) - 1
                 r.pend_tok = r.pend_tok + toks
+            accepted_now[b] = toks
             out.append(emit(r, toks, self.max_seq_len))
         st.append_target(new_valid.to(dev))
+        if sa is not None:
+            # SADraftEnhancer.extend_and_prepare after verification: this iteration's generation rows, in batch order
+            sa.update([b for b in range(B) if active[b]], accepted_now)
         return out
-
-    def _sa_override(
-        self, rows: list[Row], sa: list[SuffixAutomaton], node_tok: torch.Tensor, q_full: list[list[torch.Tensor | None]], k_eff: list[int]
-    ) -> None:
-        """TensorRT-LLM's SADraftEnhancer after the neural draft loop: each row's automaton is extended
-        with the tokens accepted since (prompt + output so far), and when its longest suffix match is
-        >= threshold ALL K chain tokens become the SA's (no merge). Verification is unchanged, so greedy
-        output stays the target's; when sampling, an SA token is a point-mass draft (q = one-hot)."""
-        assert self.sa is not None
-        K = node_tok.shape[1]
-        for b, r in enumerate(rows):
-            a = sa[b]
-            a.extend_many(r.tokens[len(a.tokens) :])
-            if r.finished or k_eff[b] == 0:
-                continue
-            pool = [o for i, o in enumerate(sa) if i != b] if self.sa.enable_global_pool else ()
-            p = propose(a, K, self.pad_token_id, pool)
-            if not overrides(p, self.sa.threshold):
-                continue
-            node_tok[b] = torch.tensor(p.tokens)
-            if not r.params.greedy:
-                for c in range(min(K, k_eff[b])):
-                    q = torch.zeros(self.target.vocab_size, device=self.target.device)
-                    q[p.tokens[c]] = 1.0
-                    q_full[b][c] = q
 
     def draft_embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings the draft reads: its own table when it ships one, else the target's."""
@@ -318,15 +322,15 @@ class SpeculativeEngine:
     _draft_embed = draft_embedding
 
     def _drafter(self) -> Drafter:
-        """The dynamic tree's drafter (greedy: ``_dynamic_setup`` refuses sampling)."""
+        """The dynamic tree's drafter: top-K of the draft's softmax at any temperature (``sample`` in
+        eagle3_dynamic_tree.py @057c8a65)."""
         assert self.draft is not None  # _tree_for drafts only with a draft
         return Drafter(self.draft, self.target, self._draft_embed, self._d2t_ids, self.pad_token_id)
 
-    def _dynamic_setup(self, tree_spec: Any, params: SamplingParams) -> tuple[int, int] | None:
+    def _dynamic_setup(self, tree_spec: Any, params: SamplingParams) -> tuple[int, int]:
         """(dynamic_tree_max_topK, max_total_draft_tokens) for this run, or the one-line reason
-        TensorRT-LLM refuses the combination (core/dynamic_tree.py); None: sampled requests, which
-        this reference runtime drafts as the chain (it walks the tree greedily only; TensorRT-LLM
-        samples the tree with target-only rejection sampling), so a served bundle still answers them."""
+        TensorRT-LLM refuses the combination (core/dynamic_tree.py). Sampled requests get the tree
+        too: drafted by top-K, verified by sampling the target along it (core/verify.py)."""
         cfg = self.dynamic_tree
         assert cfg is not None and self.draft is not None
         if tree_spec is not None:
@@ -341,13 +345,11 @@ class SpeculativeEngine:
                 "use sa_config with the chain, or the dynamic tree alone",
             )
         check_target(self.target.hf.config)
-        if not params.greedy:
-            return None
         if cfg.topk > self.draft.config.draft_vocab_size:
             raise UserError("dynamic_tree_max_topK", f"{cfg.topk} exceeds the draft vocabulary ({self.draft.config.draft_vocab_size})", "use a smaller top-K")
         return cfg.topk, cfg.total(self.max_draft_len)
 
     def _draft(self, rows: list[Row], st: BatchState, tree: DraftTree, k_eff: list[int]) -> tuple[torch.Tensor, list[list[torch.Tensor | None]]]:
         assert self.draft is not None  # _tree_for drafts only with a draft
-        greedy_draft = self.sampling.served == "match"
+        greedy_draft = self.spec_sampling().served == "match"
         return Drafter(self.draft, self.target, self._draft_embed, self._d2t_ids, self.pad_token_id, greedy_draft=greedy_draft).run(rows, st, tree, k_eff)

@@ -19,48 +19,57 @@ def accept(
     k_eff: int,
     greedy: list[int] | None = None,
     match: bool = False,
+    tree_valid: bool = True,
 ) -> tuple[list[int], int | None, int]:
     """(accepted node path, bonus token or None when the path ends in a stop token, positions offered).
 
     ``greedy``: the argmax of every row of ``logits`` (greedy decoding), computed once per step.
-    ``match``: sampling verified by matching the target's own samples (TensorRT-LLM's
-    allow_advanced_sampling without use_rejection_sampling, see core/spec_sampling.py), not by
-    rejection sampling.
+    ``match``: sampling verified by walking the drafts with the target's own samples (TensorRT-LLM's
+    allow_advanced_sampling without use_rejection_sampling, see core/spec_sampling.py; and its
+    dynamic tree), not by rejection sampling against a draft distribution.
+    ``tree_valid`` False: TensorRT-LLM holds no tree for the row (a dynamic tree on the request's
+    first decode): only the target's token at the root is emitted.
     """
     if tree is None or k_eff == 0:
-        return [], (greedy[0] if greedy is not None else sample_token(logits[0], r.params, r.gen)), 0
+        return [], _target_token(r, logits, 0, greedy), 0
+    if not tree_valid:
+        # verifyDynamicTreeGreedyKernel / verifyDynamicTreeRejectionKernel with treeValid false
+        # (dynamicTreeKernels.cu @84e55f93; search-index id 56989014770): the root's token alone
+        return [], _target_token(r, logits, 0, greedy), min(1, k_eff)
     if r.params.greedy:
         assert greedy is not None  # computed by _step for greedy batches
-        return _accept_greedy(r, node_tok, tree, k_eff, greedy)
+        return _walk(r, logits, node_tok, tree, k_eff, greedy)
     if match:
-        return _accept_match(r, logits, node_tok, k_eff)
+        return _walk(r, logits, node_tok, tree, k_eff, None)
     return _accept_sampled(r, logits, node_tok, q_full, k_eff)
 
 
-def _accept_match(r: Row, logits: torch.Tensor, node_tok: list[int], k_eff: int) -> tuple[list[int], int | None, int]:
-    """Sampling on a chain as TensorRT-LLM's ``_sample_and_accept_draft_tokens_base`` does it: the
-    target samples one token per position (temperature / top-k / top-p) and a draft token is
-    accepted while it equals that sample; the first differing sample (or the one after the last
-    draft token) is emitted. Every emitted token is a target sample given the emitted prefix."""
-    path: list[int] = []
-    prm = r.params
-    for d in range(k_eff + 1):
-        p = process_logits(logits[d], prm.temperature, prm.top_k, prm.top_p)  # row d predicts chain node d
-        y = int(torch.multinomial(p, 1, generator=r.gen))
-        if d == k_eff or node_tok[d] != y:
-            return path, y, min(d + 1, k_eff)
-        path.append(d)
-        if y in r.stop_ids:
-            return path, None, len(path)
-    raise AssertionError("unreachable: the loop returns at d == k_eff")
+def _target_token(r: Row, logits: torch.Tensor, row: int, greedy: list[int] | None) -> int:
+    """The target's token at ``logits[row]``: its argmax (greedy) or a sample with the request's
+    temperature / top-k / top-p."""
+    if greedy is not None:
+        return greedy[row]
+    return sample_token(logits[row], r.params, r.gen)
 
 
-def _accept_greedy(r: Row, node_tok: list[int], tree: DraftTree, k_eff: int, greedy: list[int]) -> tuple[list[int], int | None, int]:
-    """Walk down the tree while a child holds the target's argmax at its parent."""
+def _walk(r: Row, logits: torch.Tensor, node_tok: list[int], tree: DraftTree, k_eff: int, greedy: list[int] | None) -> tuple[list[int], int | None, int]:
+    """Walk down the tree while a child holds the target's token at its parent (its argmax, or one
+    sample per visited node), then emit the target's token at the last accepted node.
+
+    Greedy: ``verifyDynamicTreeGreedyKernel`` (children in node order). Sampled, on a chain:
+    TensorRT-LLM's ``_sample_and_accept_draft_tokens_base`` (accept while the draft equals the
+    target's sample). Sampled, on a dynamic tree: both of TensorRT-LLM's paths give this walk's
+    distribution: without rejection sampling it samples the target at every node and runs the
+    greedy kernel on the samples (``_sample_and_accept_dynamic_tree``, eagle3_dynamic_tree.py
+    @057c8a65); with it, the target-only ``verifyDynamicTreeRejectionKernel`` accepts the first
+    sibling whose cumulative target probability passes one uniform draw and otherwise samples the
+    target with the tried siblings removed: the emitted token is a target sample either way, and a
+    child is accepted exactly when that sample is its token (sibling tokens are distinct top-K).
+    """
     path: list[int] = []
     cur = -1  # root
     while True:
-        y = greedy[1 + cur if cur >= 0 else 0]
+        y = _target_token(r, logits, 1 + cur if cur >= 0 else 0, greedy)
         nxt = next((c for c in tree.children(cur) if tree.depth[c] <= k_eff and node_tok[c] == y), None)
         if nxt is None:
             return path, y, min(len(path) + 1, k_eff)

@@ -28,7 +28,7 @@ import torch
 from eagle3_trt.core import hf_compat
 from eagle3_trt.core.engine import RequestResult, SamplingParams
 from eagle3_trt.core.stats import RequestStats
-from eagle3_trt.core.suffix_automaton import SAConfig, SuffixAutomaton, overrides, propose
+from eagle3_trt.core.suffix_automaton import SAConfig, SAEnhancer
 from eagle3_trt.core.target import column_windows
 from eagle3_trt.errors import UserError
 
@@ -140,50 +140,72 @@ def walk_chain(
     max_tokens: int,
     max_seq_len: int,
     stop_ids: frozenset[int],
-    sa: SAConfig | None = None,
-    pad: int = 0,
 ) -> RequestStats:
     """Stats of greedy chain speculation over a known greedy continuation.
 
     ``seq`` = prompt + continuation (as the runtime emitted it); ``preds[s-1][p]`` = draft step s
-    prediction (target id) at origin p. ``sa``: TensorRT-LLM's suffix-automaton enhancer as the
-    engine applies it (``SpeculativeEngine._sa_override``): at each iteration the automaton holds
-    the text emitted so far (``seq[: root + 1]``), and when its match is >= threshold its K tokens
-    (``pad`` where it has fewer) replace the neural ones. Greedy output does not depend on the
-    draft, so the text at every iteration is the same as when generating: the counts are exact.
-    The global pool searches the other requests' automata as they stand mid-batch, which depends
-    on the batch's timing, so it is not replayed here (``estimate`` refuses it).
+    prediction (target id) at origin p.
     """
-    st = RequestStats(speculation=True)
-    cont = len(seq) - prompt_len
-    if cont <= 0:
-        return st
-    st.target_forwards, st.generated_tokens = 1, 1
-    g, r = 1, prompt_len  # tokens emitted; position of the root (last emitted token)
-    end = len(seq) - 1
-    auto = SuffixAutomaton(seq[:prompt_len]) if sa is not None else None
-    while g < cont:
-        kk = max(0, min(k, max_tokens - g - 1, max_seq_len - (prompt_len + g) - 1))
-        draft = [preds[s][r - 1] for s in range(kk)]
-        if auto is not None and kk > 0:
-            auto.extend_many(seq[len(auto.tokens) : r + 1])
-            p = propose(auto, k, pad)
-            if overrides(p, sa.threshold):  # type: ignore[union-attr]  # auto is set only with sa
-                draft = p.tokens[:kk]
-        a = 0
-        while a < kk and r + a + 1 <= end and draft[a] == seq[r + a + 1]:
-            a += 1
-            if seq[r + a] in stop_ids:
-                break
-        if kk > 0:
-            stopped = a > 0 and seq[r + a] in stop_ids
-            st.record_iteration(kk, a if stopped else min(a + 1, kk), a)
-        st.target_forwards += 1
-        step = min(a + 1, cont - g)
-        st.generated_tokens += step
-        g += a + 1
-        r += a + 1
-    return st
+    return walk_chain_batch([(seq, prompt_len, preds)], k, max_tokens, max_seq_len, stop_ids)[0]
+
+
+def walk_chain_batch(
+    batch: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]]]],
+    k: int,
+    max_tokens: int,
+    max_seq_len: int,
+    stop_ids: frozenset[int],
+    sa: SAConfig | None = None,
+) -> list[RequestStats]:
+    """Stats of greedy chain speculation for one batch of requests (``(seq, prompt_len, preds)``
+    each, as ``walk_chain``), replayed in lockstep as ``SpeculativeEngine.generate`` runs the batch.
+
+    ``sa``: TensorRT-LLM's suffix-automaton enhancer as the engine applies it (core/suffix_automaton.py
+    ``SAEnhancer``): after each decode step the rows that were decoding extend their automata with the
+    tokens they accepted, in batch order (their position indexes the draft buffer, whose stale slots
+    are verified too), and their next drafts are the automaton's when the match reaches the
+    threshold; the first decode's drafts are always neural. Greedy output does not depend on the
+    drafts, so every row's text at every step is the one generation produces: the counts are exact,
+    the global pool's cross-request search included (the other rows' automata as they stand then).
+    """
+    stats = [RequestStats(speculation=True) for _ in batch]
+    enh = SAEnhancer(sa, [seq[:pl] for seq, pl, _ in batch], k) if sa is not None else None
+    g = [0] * len(batch)  # tokens emitted
+    r = [0] * len(batch)  # position of the root (last emitted token)
+    live: list[int] = []
+    for b, (seq, pl, _) in enumerate(batch):
+        if len(seq) - pl > 0:
+            stats[b].target_forwards, stats[b].generated_tokens = 1, 1
+            g[b], r[b] = 1, pl
+            if len(seq) - pl > 1:
+                live.append(b)
+    while live:
+        accepted: dict[int, list[int]] = {}
+        for b in live:
+            seq, pl, preds = batch[b]
+            cont, end, st = len(seq) - pl, len(seq) - 1, stats[b]
+            kk = max(0, min(k, max_tokens - g[b] - 1, max_seq_len - (pl + g[b]) - 1))
+            draft = [preds[s][r[b] - 1] for s in range(kk)]
+            sa_draft = enh.drafts(b) if enh is not None and kk > 0 else None
+            if sa_draft is not None:
+                draft = sa_draft[:kk]
+            a = 0
+            while a < kk and r[b] + a + 1 <= end and draft[a] == seq[r[b] + a + 1]:
+                a += 1
+                if seq[r[b] + a] in stop_ids:
+                    break
+            stopped = a > 0 and seq[r[b] + a] in stop_ids
+            if kk > 0:
+                st.record_iteration(kk, a if stopped else min(a + 1, kk), a)
+            st.target_forwards += 1
+            st.generated_tokens += min(a + 1, cont - g[b])
+            accepted[b] = list(seq[r[b] + 1 : r[b] + a + 1 + (0 if stopped else 1)])
+            g[b] += a + 1
+            r[b] += a + 1
+        if enh is not None:
+            enh.update(live, accepted)
+        live = [b for b in live if g[b] < len(batch[b][0]) - batch[b][1]]
+    return stats
 
 
 @dataclass
@@ -337,7 +359,9 @@ def _batched_decode(tgt, rows: _GreedyRows, cache, S: int) -> None:
 @torch.inference_mode()
 def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = None, batch_size: int = 16, sweep: Sequence[int] = ()) -> EstimateResult:
     """Greedy chain acceptance of ``engine``'s draft on ``prompts``, identical to running it
-    (with ``engine.sa`` set: the chain with TensorRT-LLM's suffix-automaton enhancer, see ``walk_chain``).
+    (with ``engine.sa`` set: the chain with TensorRT-LLM's suffix-automaton enhancer, replayed per
+    batch of ``batch_size`` prompts in their given order, as ``runtime/measure.py`` generates them:
+    see ``walk_chain_batch``).
 
     The target runs once, without speculation, batched over prompts; the aux states it produced
     for every token are kept and the draft's K steps run over them for all positions at once.
@@ -355,8 +379,7 @@ def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = 
         raise UserError("max_draft_len", f"{ks[0]}", "measure with K >= 1")
     k_max = ks[-1]
     sa = getattr(engine, "sa", None)  # TensorRT-LLM's sa_config, as the engine would apply it
-    if sa is not None and sa.enable_global_pool:
-        raise UserError("sa_config.enable_global_pool", "the estimator replays each request alone", "measure the global pool with --method generate")
+    walked: dict[int, tuple[list[int], int, list[list[int]]]] = {}  # with sa: replayed per batch after drafting
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     conts: list[list[int]] = [[] for _ in prompts]
     reasons: list[str | None] = [None] * len(prompts)
@@ -393,6 +416,15 @@ def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = 
             for r, b in enumerate(grp):
                 j = idx[b]
                 preds = [[-1] * starts[r] + p[r].tolist() for p in steps]
+                if sa is not None:
+                    walked[j] = (seqs[b], len(prompts[j]), preds)
+                    continue
                 for kk in ks:
-                    by_k[kk][j] = walk_chain(seqs[b], len(prompts[j]), preds, kk, max_tokens, engine.max_seq_len, stop, sa, engine.pad_token_id)
+                    by_k[kk][j] = walk_chain(seqs[b], len(prompts[j]), preds, kk, max_tokens, engine.max_seq_len, stop)
+    if sa is not None:
+        for s0 in range(0, len(prompts), batch_size):
+            ids = [j for j in range(s0, min(s0 + batch_size, len(prompts))) if j in walked]
+            for kk in ks:
+                for j, st in zip(ids, walk_chain_batch([walked[j] for j in ids], kk, max_tokens, engine.max_seq_len, stop, sa)):
+                    by_k[kk][j] = st
     return EstimateResult(by_k[k], conts, reasons, by_k)

@@ -15,7 +15,7 @@ from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.dynamic_tree_rules import DynamicTreeConfig
 from eagle3_trt.core.engine import SpeculativeEngine
 from eagle3_trt.core.speculation_control import SpeculationControl, SpeculationGate, schedule_from_options
-from eagle3_trt.core.suffix_automaton import SAConfig
+from eagle3_trt.core.suffix_automaton import SAConfig, without_rejection_sampling
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 
 
@@ -45,6 +45,8 @@ def engine_from_bundle(
     if spec.sa_config is not None:
         # served as TensorRT-LLM serves the bundle's sa_config: the suffix-automaton enhancer overrides the chain
         eng.sa = SAConfig(threshold=spec.sa_config.threshold, enable_global_pool=spec.sa_config.enable_global_pool)
+        # llm_args.validate_rejection_sampling_config: sa_config turns use_rejection_sampling off
+        eng.sampling = without_rejection_sampling(eng.sampling)
     return eng
 
 

@@ -198,14 +198,6 @@ class ReferenceLLM:
         self.speculation = speculation
         if speculation and (warning := self.engine.sampling.warning()):
             print(f"{self.bundle}: {warning}", file=sys.stderr)  # what TensorRT-LLM would serve, once per load
-        if speculation and self.engine.dynamic_tree is not None:
-            # the one place this runtime serves something other than TensorRT-LLM would: say so once
-            print(
-                f"{self.bundle}: use_dynamic_tree: temperature > 0 requests are drafted as the chain here "
-                "(TensorRT-LLM samples its dynamic tree), so their acceptance can differ from a TensorRT-LLM server's; "
-                "greedy requests are served exactly",
-                file=sys.stderr,
-            )
         self.eos_ids = eos_token_ids(self.tokenizer, self.bundle)
         # draft_len_schedule and the acceptance-rate switch-off, run per scheduler round as TensorRT-LLM
         # runs them per iteration (core/speculation_control.py; None: speculation off for the server)
