@@ -1,6 +1,7 @@
 # Thin front for the eagle3-trt CLI. Every target sets up .venv on first use.
 #   make engine [MODEL=tiny|tiny-qwen3|tiny-gpt-oss|llama3.1-8b|llama3.3-70b|qwen3-8b|qwen3-32b|gpt-oss-20b|gpt-oss-120b] [TARGET=dir DRAFT=dir] [GPU=h100|h200|b200]
 #               [GPUS=n] [TP=n] [QUANT=fp8|nvfp4|bf16|native] [QUANTIZE_DRAFT=1] [DRY_RUN=1] [OUT=dir]
+#   make docs   the documentation site (mkdocs --strict, into .cache/site)
 #   make test   lint, then the test suite (what CI runs); make lint: import contracts, ruff, mypy; make test-compat: the same on TensorRT-LLM 1.2's
 #               library generation (transformers 4.57.3, ModelOpt 0.37)
 #   make serve  [BUNDLE=engines/tiny-fp8-h100] [REPO=repos/eagle3] [RUNTIME=reference|trtllm] [FORCE=1: overwrite our models despite edits]
@@ -37,7 +38,7 @@ ENGINE_ARGS := --model $(MODEL) \
 
 .PHONY: setup engine test bench clean help
 help:
-	@sed -n '1,12p' Makefile
+	@sed -n '/^[^#]/q;p' Makefile
 
 setup: $(STAMP)
 
@@ -59,7 +60,7 @@ $(STAMP): pyproject.toml Makefile
 	fi; \
 	$(BIN)/python -W ignore -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/constraints.txt; \
 	echo "setup: installing eagle3-trt and its dependencies (torch pinned: $$(cat $(VENV)/constraints.txt))"; \
-	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[triton,test]'; \
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[triton,test,docs]'; \
 	$(BIN)/pip install -q -c $(VENV)/constraints.txt --no-deps $(PEER_PKGS); \
 	touch $(STAMP)
 
@@ -75,6 +76,16 @@ test: lint $(DYNAMO_STAMP)
 .PHONY: docs-check
 docs-check: $(DYNAMO_STAMP)
 	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/python -m pytest -q tests/test_readme_commands.py
+
+# The documentation site (docs/, mkdocs.yml) into .cache/site; --strict: a broken link, a page missing
+# from the nav or a command the generated reference cannot load fails (tests/test_docs_site.py runs
+# the same build in make test). make docs-serve: the site on http://127.0.0.1:8040 while editing.
+.PHONY: docs docs-serve
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict -a 127.0.0.1:8040
 
 # Static checks, from the repository root on the checkout as it is: import-linter layer contracts,
 # ruff (lint + format check) and mypy (strict on the pure layers, see pyproject). make test runs them first.
@@ -159,7 +170,7 @@ DYNAMO_PORT ?= 8080
 .PHONY: serve-dynamo status-dynamo
 $(DYNAMO_STAMP): $(STAMP)
 	@echo "setup: installing NVIDIA Dynamo $(DYNAMO_VERSION) (the [dynamo] extra, then ai-dynamo --no-deps)"
-	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[triton,test,dynamo]'
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[triton,test,docs,dynamo]'
 	$(BIN)/pip install -q --no-deps 'ai-dynamo==$(DYNAMO_VERSION)'
 	touch $(DYNAMO_STAMP)
 

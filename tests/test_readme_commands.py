@@ -1,7 +1,8 @@
-"""The README is tested, and says what runs (issue 21 D).
+"""The README and the documentation pages are tested, and say what runs (issue 21 D, issue 31).
 
-Every fenced bash/python block in README.md carries ``<!-- docs-check: run ID -->`` (a test below runs
-it) or ``<!-- docs-check: skip (why) -->``; a block with neither fails. The run blocks are executed as
+Every fenced bash/python block in README.md and in every page under docs/ carries ``<!-- docs-check: run ID -->`` (a test below runs
+it) or ``<!-- docs-check: skip (why) -->``; a block with neither fails. Run ids are unique across the
+pages, so a block keeps its test when it moves from the README to a page. The run blocks are executed as
 written, command by command, in one temporary working directory with ``.venv/bin`` on PATH, a
 ``.venv`` link to this venv (for the ``.venv/bin/...`` spellings) and ``make`` bound to the
 repository's Makefile with ``VENV=`` this venv, its install stamps taken as done (``-o``), so nothing
@@ -24,11 +25,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_trt.testing.readme_blocks import Block, BlockFailed, Runner, commands, free_ports, localize, parse_blocks, port_env, problems
+from eagle3_trt.testing.readme_blocks import (
+    Block,
+    BlockFailed,
+    Runner,
+    commands,
+    doc_pages,
+    free_ports,
+    localize,
+    parse_blocks,
+    parse_pages,
+    port_env,
+    problems,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(sys.executable).parent.parent
-BLOCKS = parse_blocks((ROOT / "README.md").read_text())
+BLOCKS = parse_pages(ROOT)
 RUN_IDS = {
     "tiny-engine",
     "tiny-alpha",
@@ -54,7 +67,19 @@ def block(run_id: str) -> Block:
 
 def test_every_readme_block_runs_or_says_why_not():
     assert BLOCKS, "the parser found no blocks in README.md"
+    assert {b.path for b in BLOCKS} >= {"README.md"}
     assert not problems(BLOCKS, RUN_IDS), "\n".join(problems(BLOCKS, RUN_IDS))
+
+
+def test_every_docs_page_is_checked_with_its_path():
+    """The pages under docs/ are read too, and a problem names the page and line it is on."""
+    pages = [p.relative_to(ROOT).as_posix() for p in doc_pages(ROOT)]
+    assert pages[0] == "README.md" and all(p.startswith("docs/") for p in pages[1:]) and len(pages) > 1
+    md = "# page\n\n```bash\nls\n```\n\n<!-- docs-check: run tiny-engine -->\n```bash\nmake engine\n```\n"
+    blocks = parse_blocks(md, "docs/x.md")
+    found = problems([*BLOCKS, *blocks], RUN_IDS)
+    assert any(p.startswith("docs/x.md:3 ") and "neither run nor marked" in p for p in found), found
+    assert any(p.startswith("docs/x.md:8 ") and "'tiny-engine' also used at " in p for p in found), found
 
 
 def test_checker_flags_an_unclassified_block_and_a_skip_without_reason():
@@ -66,7 +91,7 @@ def test_checker_flags_an_unclassified_block_and_a_skip_without_reason():
     found = problems(blocks, {"known", "gone"})
     assert any("README.md:3" in p and "neither run nor marked" in p for p in found)
     assert any("README.md:8" in p and "without a reason" in p for p in found)
-    assert any("'gone'" in p and "no README block" in p for p in found)
+    assert any("'gone'" in p and "no block of the README or docs/" in p for p in found)
     assert len(found) == 3
     # a marker separated from its block by a paragraph does not count
     assert parse_blocks("<!-- docs-check: skip (x) -->\nprose\n```bash\nls\n```\n")[0].kind == ""

@@ -1,13 +1,16 @@
-"""The README's command blocks, as tests/test_readme_commands.py runs them.
+"""The command blocks of the README and of every documentation page, as tests/test_readme_commands.py
+runs them.
 
-A fenced ```bash (or ```python) block in README.md is either run by the test or says why it cannot
-run here, with an HTML comment (invisible on GitHub) on the line before it::
+A fenced ```bash (or ```python) block in README.md or in a page under docs/ (``doc_pages``) is either
+run by the test or says why it cannot run here, with an HTML comment (invisible on GitHub and on the
+site) on the line before it::
 
     <!-- docs-check: run tiny-alpha -->        the test named by this id runs the block
     <!-- docs-check: skip (needs a GPU) -->    not run; the reason is required
 
 ``problems`` lists every block with neither, a skip without a reason, a run id no test knows, or an
-id used twice, so a new block must be classified before the suite passes.
+id used twice (ids are unique across all pages, so a block keeps its id and its test when it moves
+from the README to a page), so a new block must be classified before the suite passes.
 
 ``commands`` splits a block the way a reader pastes it into a shell: one command per line, joined
 over trailing backslashes and over quotes left open (a multi-line ``curl -d '{...}'``), comment
@@ -28,6 +31,7 @@ import socket
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 MARKER = re.compile(r"^<!--\s*docs-check:\s*(?P<kind>run|skip)\b\s*(?P<arg>.*?)\s*-->\s*$")
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\s*$")
@@ -39,13 +43,19 @@ README_PORTS = {8000: "http", 8001: "grpc", 8002: "metrics", 8080: "dynamo"}
 @dataclass(frozen=True)
 class Block:
     """One fenced block: where it starts (1-based line of the opening fence), its language, its
-    text, and its marker: ``kind`` "run" (``arg`` = the id), "skip" (``arg`` = "(reason)") or ""."""
+    text, and its marker: ``kind`` "run" (``arg`` = the id), "skip" (``arg`` = "(reason)") or "";
+    ``path``: the page it is on, relative to the repository root."""
 
     line: int
     lang: str
     text: str
     kind: str = ""
     arg: str = ""
+    path: str = "README.md"
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
 
     @property
     def reason(self) -> str:
@@ -53,7 +63,17 @@ class Block:
         return m.group(1).strip() if m else ""
 
 
-def parse_blocks(markdown: str) -> list[Block]:
+def doc_pages(root: Path) -> list[Path]:
+    """The pages whose blocks are checked: README.md, then every Markdown page under docs/."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def parse_pages(root: Path) -> list[Block]:
+    """The blocks of every page of ``doc_pages``, each carrying its page's path."""
+    return [b for page in doc_pages(root) for b in parse_blocks(page.read_text(), str(page.relative_to(root)))]
+
+
+def parse_blocks(markdown: str, path: str = "README.md") -> list[Block]:
     """Every fenced block in LANGS with the docs-check marker on the closest non-blank line above
     it (blank lines between are allowed; any other line means the block has no marker)."""
     lines = markdown.splitlines()
@@ -76,20 +96,20 @@ def parse_blocks(markdown: str) -> list[Block]:
             mm = MARKER.match(lines[k].strip()) if k >= 0 else None
             if mm:
                 kind, arg = mm.group("kind"), mm.group("arg")
-            out.append(Block(start + 1, lang, "\n".join(lines[start + 1 : j]), kind, arg))
+            out.append(Block(start + 1, lang, "\n".join(lines[start + 1 : j]), kind, arg, path))
         i = j + 1
     return out
 
 
 def problems(blocks: Iterable[Block], known_ids: Iterable[str]) -> list[str]:
-    """What keeps the README from being checked: unclassified blocks, skips without a reason,
+    """What keeps the pages from being checked: unclassified blocks, skips without a reason,
     run ids no test runs (and tests whose id no block carries), ids used twice."""
     known = set(known_ids)
     out: list[str] = []
-    seen: dict[str, int] = {}
+    seen: dict[str, str] = {}
     for b in blocks:
         first = next((ln for ln in b.text.splitlines() if ln.strip()), "")
-        where = f"README.md:{b.line} ({first.strip()[:60]!r})"
+        where = f"{b.where} ({first.strip()[:60]!r})"
         if b.kind == "":
             out.append(f"{where}: neither run nor marked; add <!-- docs-check: run ID --> with a test, or <!-- docs-check: skip (why) -->")
         elif b.kind == "skip" and not b.reason:
@@ -98,11 +118,11 @@ def problems(blocks: Iterable[Block], known_ids: Iterable[str]) -> list[str]:
             if not re.fullmatch(r"[\w.-]+", b.arg):
                 out.append(f"{where}: run marker without an id")
             elif b.arg in seen:
-                out.append(f"{where}: run id {b.arg!r} also used at README.md:{seen[b.arg]}")
+                out.append(f"{where}: run id {b.arg!r} also used at {seen[b.arg]}")
             elif b.arg not in known:
                 out.append(f"{where}: run id {b.arg!r} has no test")
-            seen.setdefault(b.arg, b.line)
-    out += [f"a test runs {i!r}, which no README block carries" for i in sorted(known - set(seen))]
+            seen.setdefault(b.arg, b.where)
+    out += [f"a test runs {i!r}, which no block of the README or docs/ carries" for i in sorted(known - set(seen))]
     return out
 
 
