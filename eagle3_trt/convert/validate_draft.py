@@ -109,6 +109,14 @@ def _warn_unread(draft: DraftCheckpoint, rep: ValidationReport) -> None:
         rep.warn("fc.weight is not applied: the concatenated aux width equals hidden_size, and TensorRT-LLM then feeds it to the layer unchanged")
     if "fc.bias" in draft.tensors and not c.fc_bias:
         rep.warn('fc.bias is ignored: TensorRT-LLM gives fc a bias only when config.json says "bias": true (measured without it)')
+    w_in = draft.tensors.get("midlayer.input_layernorm.weight", draft.tensors.get("midlayer.0.input_layernorm.weight"))
+    if c.source_format == "modelopt" and w_in is not None and bool((w_in.float() != 1).any()):
+        # formats/draft_producers.py: ModelOpt's HF plugin normalises the hidden branch twice; its Megatron
+        # trainer's exports look the same, so this is said, not refused
+        rep.warn(
+            "ModelOpt layout with a trained input_layernorm: ModelOpt's HF EAGLE-3 trainer computes hidden_norm(input_layernorm(h)) "
+            "on the hidden branch, TensorRT-LLM (and this measurement) hidden_norm(h); a head trained there is served as another function"
+        )
     if "embed_tokens.weight" in draft.tensors and not c.own_embedding:
         rep.warn(
             "the draft's embed_tokens.weight is not shipped: with target_hidden_size == hidden_size TensorRT-LLM uses the target's embedding (measured with the target's)"

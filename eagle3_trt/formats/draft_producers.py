@@ -42,6 +42,13 @@ Norm flags
   read it as post-norm feedback, so the bundle's draft config never carries it (post-norm feedback is
   written as ``eagle_config.return_hidden_post_norm``).
 
+  ModelOpt (0.47 HF plugin, ``modeling_eagle.py``): the first layer is a transformers decoder layer whose
+  own ``input_layernorm`` runs on the hidden branch before the EAGLE-3 pre-hook applies ``hidden_norm``,
+  so it trains hidden_norm(input_layernorm(h)) where TensorRT-LLM computes hidden_norm(h) (the same only
+  while input_layernorm's weight is ones). Its Megatron trainer's exports carry the same names and config,
+  so the layout cannot tell the two apart: validate warns for a ModelOpt-layout head with a trained
+  input_layernorm rather than refusing it.
+
 Attention
   speculators builds the draft layer from ``transformer_layer_config.model_type``: "qwen3" layers apply
   q_norm/k_norm per head before rope; TensorRT-LLM's ``Eagle3Attention`` has none: refused (as is any head
