@@ -214,3 +214,11 @@ def test_alpha_modes_and_recommend_write(bundle, tmp_path):
     assert "sa_config" not in opts["speculative_config"]
     man = json.loads((bundle / "manifest.json").read_text())
     assert man["recommendation"]["evidence"]["sa"]["sa_acceptance_length"] == round(m["sa"]["overall"]["acceptance_length"], 4)
+
+
+def test_global_pool_slot_limit_refused():
+    # SuffixAutomatonGlobalSearchParams: one CUDA thread per slot, at most 1,024 slots
+    with pytest.raises(UserError) as e:
+        SAEnhancer(SAConfig(enable_global_pool=True), [[1, 2]] * 1025, 3)
+    assert e.value.where == "sa_config.enable_global_pool"
+    SAEnhancer(SAConfig(enable_global_pool=True), [[1, 2]] * 1024, 3)
