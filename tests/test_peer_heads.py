@@ -394,3 +394,19 @@ def test_specforge_other_method_is_refused_by_name(pair, tmp_path, capsys):
     save_file(load_file(str(draft / "model.safetensors")), str(head / "model.safetensors"))
     rc, _, err = validate(target, head, capsys)
     assert_refused(rc, err, "config.json:architectures", "P-EAGLE")
+
+
+def test_two_layer_head_decodes_exactly_through_the_engine(pair, tmp_path):
+    """A multi-layer head through the reference runtime (its layers' KV caches travel as one pair):
+    greedy speculative output equals the target's own, with drafts proposed."""
+    from eagle3_trt.convert.load import load_engine
+    from eagle3_trt.core.engine import SamplingParams
+
+    target, _ = pair
+    head = speculators_head(tmp_path / "head", target, layers=2, norm_before_fc=True, norm_output=True)
+    eng = load_engine(target, head, dtype=torch.float32, max_draft_len=3)
+    prompt = [[0, 17, 42, 99, 7, 3, 250]]
+    p = SamplingParams(max_tokens=12)
+    res = eng.generate(prompt, p)[0]
+    assert res.token_ids == eng.generate(prompt, p, speculate=False)[0].token_ids
+    assert res.stats.draft_tokens > 0
