@@ -423,8 +423,8 @@ def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = 
                     by_k[kk][j] = walk_chain(seqs[b], len(prompts[j]), preds, kk, max_tokens, engine.max_seq_len, stop)
     if sa is not None:
         for s0 in range(0, len(prompts), batch_size):
-            ids = [j for j in range(s0, min(s0 + batch_size, len(prompts))) if j in walked]
+            part = [j for j in range(s0, min(s0 + batch_size, len(prompts))) if j in walked]
             for kk in ks:
-                for j, st in zip(ids, walk_chain_batch([walked[j] for j in ids], kk, max_tokens, engine.max_seq_len, stop, sa)):
+                for j, st in zip(part, walk_chain_batch([walked[j] for j in part], kk, max_tokens, engine.max_seq_len, stop, sa)):
                     by_k[kk][j] = st
     return EstimateResult(by_k[k], conts, reasons, by_k)

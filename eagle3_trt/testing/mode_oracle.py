@@ -366,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         eng.sa, eng.dynamic_tree = sa, dyn
         for f in a.files:
             prompts = [encode_raw(eng.tokenizer, r.first) for r in load_prompt_records(f)]
-            r = agreement(eng, hf, draft, ck.config.aux_layer_ids, prompts, mode, a.max_tokens, **kw)
+            r = agreement(eng, hf, draft, eng.target.aux_layer_ids, prompts, mode, a.max_tokens, **kw)
             print(f"{name:13s} {f}: {r['agree']}/{r['requests']} requests agree; AL engine {r['engine_al']:.3f} oracle {r['oracle_al']:.3f}", flush=True)
 
 
