@@ -9,6 +9,7 @@ pipeline/builder.py decides what to build and calls these; the on-disk format is
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import warnings
 from collections.abc import Callable
@@ -19,7 +20,6 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from eagle3_trt.atomic import write_json
 from eagle3_trt.convert import export, quantize
 from eagle3_trt.convert.draft_format import config_for_max_seq_len
 from eagle3_trt.convert.embedded import heldout_prompts
@@ -74,7 +74,10 @@ def write_config_only(target_dir: Path, draft_dir: Path, tmp: Path, max_seq_len:
     real build writes it), the draft's through the function a real build writes it with (its layout flattened,
     max_position_embeddings raised to max_seq_len)."""
     (tmp / "target").mkdir()
-    write_json(tmp / "target" / "config.json", export.target_config(read_json(target_dir / "config.json"), target_dir))
+    # a plain write into the staging directory (the directory is what is atomic): a full disk then surfaces as
+    # the staging directory's one error naming the output, as the copy this replaced did
+    cfg = export.target_config(read_json(target_dir / "config.json"), target_dir)
+    (tmp / "target" / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     draft_cfg = config_for_max_seq_len(read_draft_config(draft_dir), max_seq_len)
     export.write_draft_config(draft_cfg, target_token_ids(read_json(target_dir / "config.json")), tmp / "draft")
     export.copy_tokenizer(target_dir, tmp / "target")
