@@ -4,7 +4,15 @@ Each side runs in its own subprocess (imports included, as a user runs them); wa
 peak RSS (ru_maxrss of that child) are taken per run, median over --repeats. Goal from the
 issue: engine <= 1.10x the time and <= 1.2x the memory of the raw ModelOpt path.
 
-    .venv/bin/python benchmarks/bench_engine.py [--hidden 256] [--repeats 3] [--quant fp8]
+The pair (--pair): ``random``, a synthetic target of --hidden/--layers with a random draft head
+(eagle3_trt.testing.tiny_pair), built with --skip-behaviour-checks: the build rightly refuses a
+random pair (its target's loss is that of a uniform guess, its draft agrees with it by chance), and
+the raw ModelOpt side runs no such check, so the skip keeps the comparison like for like; or
+``embedded``, the shipped trained tiny pair (models/tiny), built as `make engine` builds it, behaviour
+checks included (the raw side still only quantizes and exports). The report says which.
+
+    .venv/bin/python benchmarks/bench_engine.py [--pair random] [--hidden 256] [--repeats 3] [--quant fp8]
+    .venv/bin/python benchmarks/bench_engine.py --smoke     # the suite's size: one run of each side, seconds of work
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,12 +51,16 @@ export_hf_checkpoint(model, export_dir=out)
 
 
 def run(cmd: list[str]) -> tuple[float, float]:
-    t = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t
-    if status != 0:
-        raise SystemExit(f"command failed ({status}): {' '.join(cmd)}\n{p.stderr.read().decode()[-2000:]}")
+    # stderr to a file, not a pipe: ModelOpt and the build's progress fill a pipe's buffer, and a
+    # child blocked on a full pipe would never be reaped by wait4
+    with tempfile.TemporaryFile() as err:
+        t = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t
+        if status != 0:
+            err.seek(0)
+            raise SystemExit(f"command failed (exit {os.waitstatus_to_exitcode(status)}): {' '.join(cmd)}\n{err.read().decode(errors='replace')[-2000:]}")
     return wall, ru.ru_maxrss / 1024  # MiB
 
 
@@ -59,10 +72,15 @@ def main() -> None:
     ap.add_argument("--quant", choices=["fp8", "nvfp4"], default="fp8")
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--max-length", type=int, default=64)
+    ap.add_argument("--pair", choices=["random", "embedded"], default="random", help="random: synthetic pair of --hidden/--layers; embedded: models/tiny")
+    ap.add_argument("--smoke", action="store_true", help="smallest run (tests/test_benchmarks_smoke.py): hidden 64, 1 repeat, 2 samples of 16 tokens")
     args = ap.parse_args()
+    if args.smoke:
+        args.hidden, args.repeats, args.samples, args.max_length = 64, 1, 2, 16
 
     from eagle3_trt.convert.prompts import load_prompts
     from eagle3_trt.convert.quantize import DEFAULT_CALIB_FILE
+    from eagle3_trt.testing.behaviour_cases import copy_embedded
     from eagle3_trt.testing.tiny_pair import TinyShape, make_pair
 
     # both sides calibrate on the shipped set; asking for more than it holds would time fewer prompts than the label says
@@ -78,7 +96,7 @@ def main() -> None:
         draft_intermediate_size=3 * args.hidden,
         num_attention_heads=max(4, args.hidden // 64),
     )
-    target, draft = make_pair(work / "pair", shape)
+    target, draft = copy_embedded("tiny", work / "pair") if args.pair == "embedded" else make_pair(work / "pair", shape)
     n_params = sum(v["bytes"] for v in [{"bytes": (work / "pair/target/model.safetensors").stat().st_size}]) / 2
     gpu = "h100" if args.quant == "fp8" else "b200"
     engine = [
@@ -105,16 +123,21 @@ def main() -> None:
         "--force",
         "-o",
         str(work / "bundle"),
+        *(["--skip-behaviour-checks"] if args.pair == "random" else []),
     ]
     raw = [sys.executable, "-c", RAW, str(target), str(work / "raw"), args.quant, str(args.samples), str(args.max_length), str(DEFAULT_CALIB_FILE)]
     res: dict[str, list[tuple[float, float]]] = {"engine": [], "raw": []}
-    for _ in range(args.repeats):  # alternate so drift on a shared machine hits both sides
-        res["raw"].append(run(raw))
-        res["engine"].append(run(engine))
+    try:
+        for _ in range(args.repeats):  # alternate so drift on a shared machine hits both sides
+            res["raw"].append(run(raw))
+            res["engine"].append(run(engine))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     med = {k: (statistics.median(w for w, _ in v), statistics.median(m for _, m in v)) for k, v in res.items()}
     t_ratio, m_ratio = med["engine"][0] / med["raw"][0], med["engine"][1] / med["raw"][1]
     report = {
-        "model": {"hidden": args.hidden, "layers": args.layers, "params_approx": int(n_params), "quant": args.quant},
+        "model": {"pair": args.pair, "params_approx": int(n_params), "quant": args.quant, "engine_behaviour_checks": args.pair == "embedded"}
+        | ({"hidden": args.hidden, "layers": args.layers} if args.pair == "random" else {}),
         "raw_modelopt": {"wall_s": round(med["raw"][0], 2), "peak_rss_mib": round(med["raw"][1], 1)},
         "eagle3_trt_engine": {"wall_s": round(med["engine"][0], 2), "peak_rss_mib": round(med["engine"][1], 1)},
         "time_ratio": round(t_ratio, 3),

@@ -1540,6 +1540,7 @@ CASES: list[Case] = [
         r"^error: \S+/state/server\.json: a server is already running here: tritonserver pid \d+, HTTP 18000, gRPC 18001, metrics 18002 "
         r"on 127\.0\.0\.1, repository \S+/repo \(hint: stop it with `eagle3-trt stop --state-dir \S+/state`, or pass another --state-dir",
         make=_triton_running,
+        absent=("starting tritonserver",),  # refused before it says it starts one
     ),
     Case(
         "serve-dynamo-while-running",

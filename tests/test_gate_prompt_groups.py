@@ -74,3 +74,16 @@ def test_gate_refuses_thirteen_prompts_sent_twice(fp8_bundle, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2
     assert f"the held-back split has {len(held)} requests from {n_prompts} distinct prompts" in err and "at least 20 distinct prompts" in err
+    assert "hint: capture traffic with more distinct prompts or raise --holdout-fraction" in err  # NEW has no lineage: gate's own option
+
+
+def test_too_few_held_back_prompts_on_a_retrained_head_names_the_option_that_sets_the_split(tmp_path):
+    """NEW's manifest lineage fixes the split (gate --holdout-fraction may not change it), so the hint
+    names the command whose option does: train-draft --traffic --holdout-fraction."""
+    from eagle3_trt.errors import UserError
+    from eagle3_trt.runtime.traffic_gate import heldout_records
+
+    cap = _capture(tmp_path / "cap", "f" * 64, [[5 + i, 6, 7 + i] for i in range(10)])
+    with pytest.raises(UserError) as e:
+        heldout_records(read_traffic(cap), 0, 0.5, cap, from_lineage=True)
+    assert "train-draft --traffic ... --holdout-fraction" in e.value.line() and "raise --holdout-fraction" not in e.value.line()

@@ -92,7 +92,7 @@ def generate_cmd(
         raise UserError(f"server {url}", str(e)) from None
     except ConnectionError as e:
         raise UserError("--url", f"cannot reach {url}: {e}", "is the server running? `eagle3-trt serve REPO`") from None
-    _print_generation(res, as_json)
+    _print_generation(res, as_json, streamed=stream)
 
 
 def _generate(client: LLMClient, text_in: str, params: GenerationParams, *, stream: bool, as_json: bool) -> Result:
@@ -115,14 +115,17 @@ def _generate(client: LLMClient, text_in: str, params: GenerationParams, *, stre
     return res
 
 
-def _print_generation(res: Result, as_json: bool) -> None:
-    """The request's statistics: with the text as JSON on stdout, else one line on stderr."""
+def _print_generation(res: Result, as_json: bool, *, streamed: bool) -> None:
+    """The request's statistics: with the text as JSON on stdout, else one line on stderr.
+
+    Without --stream the server answers once, with every token: the time to the first token is not
+    observed (it would equal the latency), so TTFT is null in the JSON and "n/a" in the line."""
     p = res.perf
     dt = res.t_end - res.t_first
     stats = {
         "tokens": res.n_tokens,
         "finish_reason": res.finish_reason,
-        "ttft_s": round(res.ttft_s, 4),
+        "ttft_s": round(res.ttft_s, 4) if streamed else None,
         "latency_s": round(res.latency_s, 4),
         "decode_tokens_per_s": round((res.n_tokens - 1) / dt, 2) if dt > 0 and res.n_tokens > 1 else None,
         "speculative_decoding": p.get("speculative_decoding"),
@@ -137,7 +140,8 @@ def _print_generation(res: Result, as_json: bool) -> None:
         extra = ""
         if p.get("speculative_decoding"):
             extra = f", alpha {float(p.get('acceptance_rate') or 0):.3f}, AL {float(p.get('acceptance_length') or 0):.2f}"
-        click.echo(f"[{res.n_tokens} tokens, {res.finish_reason}, TTFT {res.ttft_s * 1000:.0f} ms, {res.latency_s:.2f} s{extra}]", err=True)
+        ttft = f"TTFT {res.ttft_s * 1000:.0f} ms" if streamed else "TTFT n/a without --stream"
+        click.echo(f"[{res.n_tokens} tokens, {res.finish_reason}, {ttft}, {res.latency_s:.2f} s{extra}]", err=True)
 
 
 @click.command("bench")

@@ -72,7 +72,7 @@ PROMPTS_HELP = (
     type=float,
     default=AL_TOLERANCE,
     show_default=True,
-    help="--traffic: AL difference (tokens per forward) beyond the 95%% interval that is flagged",
+    help="--traffic: AL difference (tokens per forward) beyond the 95% interval that is flagged",
 )
 @click.option("--window", type=int, default=None, help="--traffic: requests per drift window (default: about a tenth of the traffic, at least 10)")
 @click.option("--reference-bundle", type=click.Path(file_okay=False), default=None, help="compare with this bundle (e.g. a BF16 one)")
@@ -214,7 +214,7 @@ def alpha_cmd(
 @click.option("--against", default=None, type=click.Path(file_okay=False), help="OLD: the bundle serving now; BUNDLE (NEW) must beat it on --traffic")
 @click.option("--traffic", "traffic_dir", default=None, type=click.Path(), help=TRAFFIC_HELP + "; measured on its held-back split")
 @click.option(
-    "--margin", type=float, default=DEFAULT_MARGIN, show_default=True, help="--against: AL gain (tokens per forward) the whole 95%% interval must clear"
+    "--margin", type=float, default=DEFAULT_MARGIN, show_default=True, help="--against: AL gain (tokens per forward) the whole 95% interval must clear"
 )
 @click.option("--seed", type=int, default=None, help="--against: held-back split seed (default: NEW's manifest lineage, else 0)")
 @click.option("--holdout-fraction", type=float, default=None, help="--against: held-back fraction (default: NEW's manifest lineage, else 0.2)")

@@ -103,7 +103,12 @@ def check_traffic_bundles(records: Sequence[TrafficRecord], new: Bundle, old: Bu
         )
 
 
-def heldout_records(records: Sequence[TrafficRecord], seed: int, holdout_fraction: float, traffic_dir: Path) -> list[TrafficRecord]:
+def heldout_records(
+    records: Sequence[TrafficRecord], seed: int, holdout_fraction: float, traffic_dir: Path, *, from_lineage: bool = False
+) -> list[TrafficRecord]:
+    """The held-back split, refused when it has too few distinct prompts. ``from_lineage``: the fraction is
+    the one NEW's manifest lineage records (train-draft --traffic chose it), which `gate --holdout-fraction`
+    may not change (split_settings), so the hint names the option that sets it."""
     held = list(split_traffic(list(records), seed=seed, holdout_fraction=holdout_fraction).heldout)
     distinct = len(set(prompt_groups(held).values()))
     if distinct < MIN_HELDOUT:
@@ -112,7 +117,10 @@ def heldout_records(records: Sequence[TrafficRecord], seed: int, holdout_fractio
             f"the held-back split has {len(held)} requests from {distinct} distinct prompts (of {len(records)} requests, --holdout-fraction {holdout_fraction:g}); "
             f"the gate needs at least {MIN_HELDOUT} distinct prompts for a 95% interval of the AL difference narrow and reliable enough to decide "
             "(a prompt sent again adds no independent evidence)",
-            "capture traffic with more distinct prompts or raise --holdout-fraction",
+            "capture traffic with more distinct prompts, or retrain NEW with a larger `train-draft --traffic ... --holdout-fraction` "
+            "(its manifest lineage fixes the split the gate uses)"
+            if from_lineage
+            else "capture traffic with more distinct prompts or raise --holdout-fraction",
         )
     return held
 
@@ -161,7 +169,7 @@ def run_traffic_gate(
     records = read_traffic(Path(traffic_dir))
     if not allow_other_bundles:  # as train-draft --traffic: the user vouches the other bundles served this target
         check_traffic_bundles(records, nb, ob, Path(traffic_dir))
-    held = heldout_records(records, seed, holdout_fraction, Path(traffic_dir))
+    held = heldout_records(records, seed, holdout_fraction, Path(traffic_dir), from_lineage=nb.manifest.lineage is not None)
     device = default_device(device)
     t0 = time.perf_counter()
     old_items, old_skipped, _ = _measure(ob, held, device=device, batch_size=batch_size, traffic_dir=Path(traffic_dir), say=say, lossless=False)

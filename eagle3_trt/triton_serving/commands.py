@@ -13,7 +13,16 @@ from eagle3_trt.errors import UserError
 from eagle3_trt.runtime.capture_cli import capture_options, capture_summary, from_options
 from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME, DeviceName, RuntimeName
 from eagle3_trt.triton_serving.package import package_bundle
-from eagle3_trt.triton_serving.server import DRAIN_MAX_S, DRAIN_S, EXIT_TIMEOUT_S, STOP_TIMEOUT_S, start_server, stop_recorded, stop_server
+from eagle3_trt.triton_serving.server import (
+    DRAIN_MAX_S,
+    DRAIN_S,
+    EXIT_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    _check_can_start,
+    start_server,
+    stop_recorded,
+    stop_server,
+)
 
 
 @click.command("package")
@@ -121,6 +130,9 @@ def serve_cmd(
 ) -> None:
     """Start tritonserver on 127.0.0.1 with REPO, wait until it is ready, print the URLs."""
     capture = from_options(capture_dir, capture_max_mb, capture_redact)  # refused before anything starts
+    # a server already running here, or a port taken, is refused before "starting" is printed
+    # (start_server checks again: the ports may be taken in between)
+    _check_can_start(state_dir.resolve(), http_port, grpc_port, metrics_port)
     t0 = time.monotonic()
     click.echo(f"starting tritonserver with {repo} (model load can take a while; log: {state_dir}/tritonserver.log)", err=True)
     h = start_server(
