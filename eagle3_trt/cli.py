@@ -96,6 +96,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "Rollout benchmark: TTFT, ITL, throughput, alpha and AL with speculation on vs off; report + gate verdict.",
     ),
     "train-draft": ("eagle3_trt.train.commands", "train_draft_cmd", "Train (or fine-tune with --init) an EAGLE-3 draft head for TARGET on your prompts."),
+    "hidden-states": (
+        "eagle3_trt.train.hs_commands",
+        "hidden_states_cmd",
+        "Write target hidden states through an engine (reference, Hugging Face device_map, TensorRT-LLM), or convert them for other trainers.",
+    ),
 }
 
 

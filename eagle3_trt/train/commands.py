@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.train.distributed import from_env
 from eagle3_trt.train.traffic_command import TRAFFIC_ONLY, train_from_traffic_cmd
 from eagle3_trt.train.train_draft import TrainDraftOptions, summary_lines, train_draft
 
@@ -99,6 +100,14 @@ def _aux(value: str | None) -> tuple[int, ...] | None:
 @click.option("--eval-tokens", default=64, show_default=True, type=int, help="Tokens generated per held-out prompt.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--threads", default=None, type=int, help="torch CPU threads (1 is fastest on a busy shared machine).")
+@click.option(
+    "--parallel",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "ddp", "fsdp"]),
+    help="Under torchrun --nproc-per-node N: DDP (each process holds the head) or FSDP (head sharded); auto picks DDP when the head's training state fits half a GPU.",
+)
+@click.option("--save-every", default=200, show_default=True, type=int, help="Checkpoint every N steps (what --resume continues from).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
 @click.option("--keep-work", is_flag=True, help="Keep <output>.work/ (hidden-state cache, checkpoints) after success.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
@@ -118,6 +127,10 @@ def train_draft_cmd(aux_layers: str | None, as_json: bool, traffic: Path | None,
     """
     traffic_opts = {k: options.pop(k) for k in TRAFFIC_ONLY}
     if traffic is not None:
+        if from_env()[1] > 1:
+            raise UserError("--traffic", "runs as one process, not under torchrun", "run train-draft --traffic without torchrun")
+        if options["parallel"] != "auto":
+            raise UserError("--parallel", "does not apply with --traffic", "leave it out")
         train_from_traffic_cmd(traffic, traffic_opts, options, aux_layers, as_json)
         return
     given = ["--from" if k == "from_bundle" else f"--{k.replace('_', '-')}" for k, v in traffic_opts.items() if v != TRAFFIC_ONLY[k]]
@@ -130,6 +143,8 @@ def train_draft_cmd(aux_layers: str | None, as_json: bool, traffic: Path | None,
             )
     opts = TrainDraftOptions(**options, aux_layers=_aux(aux_layers), quiet=as_json)
     report = train_draft(opts)
+    if "rank" in report:  # a torchrun worker other than rank 0: rank 0 reports
+        return
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

@@ -17,9 +17,9 @@ import math
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
@@ -27,34 +27,61 @@ from eagle3_trt.atomic import staged_dir, write_text
 from eagle3_trt.convert.target import TargetInfo
 from eagle3_trt.core.target import TargetModel
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.hidden_states import CACHE_SCHEMA, MANIFEST, CacheManifest, Producer, shard_name
+from eagle3_trt.formats.hidden_states import read_manifest as read_cache_manifest
 
 SHARD_BYTES = 256 << 20
 IN_MEMORY_BYTES = 1 << 30
-CACHE_SCHEMA = 1
+
+__all__ = ["CACHE_SCHEMA", "CacheManifest", "HiddenCache", "ShardWriter", "collect", "read_cache_manifest"]
 
 
-class CacheManifest(BaseModel):
-    """<cache>/manifest.json: what the shards hold and the key of the run that wrote them."""
+class ShardWriter:
+    """Rows appended in order, written as shards of about SHARD_BYTES (the one writer of the format
+    in formats/hidden_states.py: backends and converters all go through it)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    def __init__(self, out_dir: Path, seq_len: int, hidden_size: int, n_aux: int, rows_hint: int):
+        self.dir = Path(out_dir)
+        self.seq_len, self.hidden_size, self.n_aux = seq_len, hidden_size, n_aux
+        per_row = seq_len * (n_aux + 1) * hidden_size * 2 + seq_len * 9
+        self.per_shard = max(1, min(max(rows_hint, 1), SHARD_BYTES // per_row))
+        self.shards: list[int] = []
+        self.buf: dict[str, list[torch.Tensor]] = {k: [] for k in ("input_ids", "real", "aux", "last")}
 
-    schema_: int = Field(alias="schema")
-    key: str
-    seq_len: int
-    aux_layer_ids: list[int]
-    target_hidden_size: int
-    shards: list[int]
+    def add(self, input_ids: torch.Tensor, real: torch.Tensor, aux: torch.Tensor, last: torch.Tensor) -> None:
+        """Rows [b, seq_len] (+ hidden dims), right-padded."""
+        b, s = input_ids.shape
+        if s != self.seq_len or aux.shape != (b, s, self.n_aux * self.hidden_size) or last.shape != (b, s, self.hidden_size):
+            raise ValueError(f"rows of shape {tuple(input_ids.shape)}/{tuple(aux.shape)}/{tuple(last.shape)} do not fit this cache")
+        self.buf["input_ids"].append(input_ids.to("cpu", torch.int64))
+        self.buf["real"].append(real.to("cpu", torch.bool))
+        self.buf["aux"].append(aux.to("cpu", torch.bfloat16))
+        self.buf["last"].append(last.to("cpu", torch.bfloat16))
+        if sum(t.shape[0] for t in self.buf["input_ids"]) >= self.per_shard:
+            self.flush()
 
+    def flush(self) -> None:
+        if not self.buf["input_ids"]:
+            return
+        tensors = {k: torch.cat(v).contiguous() for k, v in self.buf.items()}
+        save_file(tensors, str(self.dir / shard_name(len(self.shards))))
+        self.shards.append(int(tensors["input_ids"].shape[0]))
+        for v in self.buf.values():
+            v.clear()
 
-def read_cache_manifest(cache_dir: Path) -> CacheManifest | None:
-    """The cache's manifest, or None when there is none or it is from another schema or damaged
-    (the cache is then rebuilt: it is derived data)."""
-    f = Path(cache_dir) / "manifest.json"
-    try:
-        m = CacheManifest.model_validate_json(f.read_text())
-    except (OSError, ValidationError):
-        return None
-    return m if m.schema_ == CACHE_SCHEMA else None
+    def finish(self, key: str, aux_layer_ids: list[int], producer: Producer) -> CacheManifest:
+        self.flush()
+        meta = CacheManifest(
+            schema=CACHE_SCHEMA,
+            key=key,
+            seq_len=self.seq_len,
+            aux_layer_ids=list(aux_layer_ids),
+            target_hidden_size=self.hidden_size,
+            shards=self.shards,
+            producer=producer,
+        )
+        write_text(self.dir / MANIFEST, meta.model_dump_json(by_alias=True, indent=2) + "\n")
+        return meta
 
 
 def check_aux_layers(info: TargetInfo, aux: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -99,7 +126,7 @@ def cache_key(target_dir: Path, aux: tuple[int, ...], seq_len: int, windows: lis
 
 
 def collect(
-    target: TargetModel,
+    target: TargetModel | Any,
     windows: list[list[int]],
     cache_dir: Path,
     key: str,
@@ -108,7 +135,10 @@ def collect(
     batch_size: int = 8,
     on_batch: Callable[[int], None] | None = None,
 ) -> HiddenCache:
-    """Teacher-force every window through the target and write shards; reuses a matching cache."""
+    """Teacher-force every window through the target and write shards; reuses a matching cache.
+
+    ``target`` is any hidden-state backend (train/hs_backends.py): the reference model, or
+    Hugging Face with ``device_map``; each gives ``teacher_forced(ids) -> (aux, last)``."""
     cache_dir = Path(cache_dir)
     existing = read_cache_manifest(cache_dir)
     if existing is not None and existing.key == key:
@@ -117,21 +147,8 @@ def collect(
         return HiddenCache(cache_dir)
     T = target.hidden_size
     A = len(target.aux_layer_ids)
-    per_sample = seq_len * (A + 1) * T * 2 + seq_len * 9
-    per_shard = max(1, min(len(windows), SHARD_BYTES // per_sample))
-    shards: list[int] = []
-    buf: dict[str, list[torch.Tensor]] = {"input_ids": [], "real": [], "aux": [], "last": []}
     with staged_dir(cache_dir) as tmp:
-
-        def flush() -> None:
-            if not buf["input_ids"]:
-                return
-            tensors = {k: torch.cat(v).contiguous() for k, v in buf.items()}
-            save_file(tensors, str(tmp / f"shard_{len(shards):05d}.safetensors"))
-            shards.append(int(tensors["input_ids"].shape[0]))
-            for v in buf.values():
-                v.clear()
-
+        writer = ShardWriter(tmp, seq_len, T, A, len(windows))
         for start in range(0, len(windows), batch_size):
             chunk = windows[start : start + batch_size]
             ids = torch.full((len(chunk), seq_len), pad_id, dtype=torch.int64)
@@ -140,17 +157,10 @@ def collect(
                 ids[r, : len(w)] = torch.tensor(w[:seq_len])
                 real[r, : len(w)] = True
             aux, last = target.teacher_forced(ids)
-            buf["input_ids"].append(ids)
-            buf["real"].append(real)
-            buf["aux"].append(aux.to("cpu", torch.bfloat16))
-            buf["last"].append(last.to("cpu", torch.bfloat16))
-            if sum(t.shape[0] for t in buf["input_ids"]) >= per_shard:
-                flush()
+            writer.add(ids, real, aux, last)
             if on_batch:
                 on_batch(len(chunk))
-        flush()
-        meta = CacheManifest(schema=CACHE_SCHEMA, key=key, seq_len=seq_len, aux_layer_ids=list(target.aux_layer_ids), target_hidden_size=T, shards=shards)
-        write_text(tmp / "manifest.json", meta.model_dump_json(by_alias=True, indent=2) + "\n")
+        writer.finish(key, list(target.aux_layer_ids), getattr(target, "producer", "reference"))
     return HiddenCache(cache_dir)
 
 
@@ -176,7 +186,7 @@ class HiddenCache:
         if i not in self._loaded:
             if not self._keep_all:
                 self._loaded.clear()
-            self._loaded[i] = load_file(str(self.dir / f"shard_{i:05d}.safetensors"))
+            self._loaded[i] = load_file(str(self.dir / shard_name(i)))
         return self._loaded[i]
 
     def batches_per_epoch(self, batch_size: int) -> int:

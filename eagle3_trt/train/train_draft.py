@@ -26,6 +26,8 @@ from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import read_json
 from eagle3_trt.formats.draft_config import expected_shapes
 from eagle3_trt.train import data as data_mod
+from eagle3_trt.train import distributed
+from eagle3_trt.train.distributed import Dist
 from eagle3_trt.train.draft_vocab import DraftVocab, build_draft_vocab, count_tokens, coverage
 from eagle3_trt.train.evaluate import greedy_generate, measure_acceptance, torch_threads
 from eagle3_trt.train.export import draft_config_for, export_draft
@@ -63,6 +65,7 @@ class TrainDraftOptions:
     work_dir: Path | None = None
     quiet: bool = False
     threads: int | None = None  # torch intra-op threads on CPU (None: torch's default)
+    parallel: str = "auto"  # under torchrun: auto | ddp | fsdp (see train/distributed.py)
     extra_files: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -117,13 +120,19 @@ def _run_key(*parts: object) -> str:
 
 
 def train_draft(o: TrainDraftOptions) -> dict:
+    """The whole run; under torchrun every rank calls it, rank 0 evaluates, exports and reports
+    (the other ranks return ``{"rank": r}``)."""
     with torch_threads(o.threads):
-        return _train_draft(o)
+        try:
+            return _train_draft(o)
+        finally:
+            distributed.stop()
 
 
 def _train_draft(o: TrainDraftOptions) -> dict:
     t_start = time.time()
     device = resolve_device(o.device)
+    d, device = distributed.start(device, o.parallel)
     info = read_target(Path(o.target))
     target_cfg = read_json(Path(o.target) / "config.json")
     init, aux = _check_request(o, info)
@@ -131,8 +140,8 @@ def _train_draft(o: TrainDraftOptions) -> dict:
 
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     timings: dict[str, float] = {}
-    with Bars(o.quiet) as bars:
-        prep = _prepare(o, info, init, aux, records, device, dtype, timings, bars)
+    with Bars(o.quiet or not d.main) as bars:
+        prep = _prepare(o, info, init, aux, records, device, dtype, timings, bars, d)
         head = _target_head(prep.target, device, dtype)
         if init is not None:
             cfg = replace(init.config, aux_layer_ids=aux)  # record the layers it was trained on
@@ -140,19 +149,22 @@ def _train_draft(o: TrainDraftOptions) -> dict:
         else:
             cfg = draft_config_for(info, target_cfg, prep.vocab.size, aux, o.intermediate_size)
             draft = new_draft(cfg, prep.vocab, head, o.seed)
+        d = distributed.decide(d, o.parallel, sum(p.numel() for p in draft.parameters()), device)
         prompts = data_mod.eval_prompts(prep.held_w, o.eval_samples, o.eval_prompt_len, o.seed)
 
         def evaluate(label: str, draft: Eagle3Draft) -> dict:
             return _acceptance(label, draft, prep, head, prompts, o, device, dtype, bars)
 
         before = None
-        if init is not None:
+        if init is not None and d.main:
             t = time.time()
             before = evaluate("before", draft)
             timings["eval_before_s"] = round(time.time() - t, 2)
 
-        settings, trainer, resumed_from = _train(o, draft, head, prep, init is not None, device, timings, bars)
-        draft = trainer.draft
+        settings, trainer, resumed_from = _train(o, draft, head, prep, init is not None, device, timings, bars, d)
+        draft = _trained_head(trainer, cfg)
+        if not d.main:
+            return {"rank": d.rank}
 
         t = time.time()
         after = evaluate("after", draft)
@@ -161,6 +173,8 @@ def _train_draft(o: TrainDraftOptions) -> dict:
     report = _report(
         o, aux, prep, len(prompts), settings, device, resumed_from, trainer, before, after, {**timings, "total_s": round(time.time() - t_start, 2)}
     )
+    report["processes"] = d.world
+    report["parallel"] = d.mode
     files = {"train_report.json": json.dumps(report, indent=2) + "\n", **o.extra_files}
     export_draft(draft, cfg, prep.vocab, Path(o.out), target_cfg, files, overwrite=o.overwrite)
     if not o.keep_work:
@@ -200,8 +214,27 @@ class _Prepared:
     caches: dict[str, Any]
 
 
+def _trained_head(trainer: Trainer, cfg) -> Eagle3Draft:
+    """The trained head as one whole module on every rank (FSDP: the shards gathered, a collective)."""
+    if trainer.dist.mode != "fsdp":
+        return trainer.draft
+    full = trainer.full_state()
+    draft = Eagle3Draft(cfg).float()
+    draft.load_state_dict(full)
+    return draft
+
+
 def _prepare(
-    o: TrainDraftOptions, info: TargetInfo, init: DraftCheckpoint | None, aux: tuple[int, ...], records, device: str, dtype, timings: dict, bars: Bars
+    o: TrainDraftOptions,
+    info: TargetInfo,
+    init: DraftCheckpoint | None,
+    aux: tuple[int, ...],
+    records,
+    device: str,
+    dtype,
+    timings: dict,
+    bars: Bars,
+    d: Dist | None = None,
 ) -> _Prepared:
     t = time.time()
     # the target as the runtime runs it: a quantized ModelOpt export is dequantized with its
@@ -227,11 +260,16 @@ def _prepare(
     seq_len = min(o.seq_len, max(len(w.ids) for w in train_w + held_w))
     make_dirs(o.work)
     caches = {}
+    d = d or Dist()
+    if not d.main:
+        d.barrier()  # rank 0 writes the caches; the others read them (the same windows, the same key)
     for name, ws in (("train", train_w), ("heldout", held_w)):
         ids = [w.ids for w in ws]
         key = cache_key(Path(o.target), aux, seq_len, ids)
         adv = bars.task(f"hidden states ({name})", len(ids))
         caches[name] = collect(target, ids, o.work / f"cache_{name}", key, seq_len, pad, o.batch_size, on_batch=adv)
+    if d.main:
+        d.barrier()
     timings["hidden_states_s"] = round(time.time() - t, 2)
     return _Prepared(target, stop_ids, train_w, held_w, counts, vocab, seq_len, caches)
 
@@ -296,7 +334,7 @@ def _acceptance(label: str, draft: Eagle3Draft, prep: _Prepared, head: TargetHea
 
 
 def _train(
-    o: TrainDraftOptions, draft: Eagle3Draft, head: TargetHead, prep: _Prepared, fine_tune: bool, device: str, timings: dict, bars: Bars
+    o: TrainDraftOptions, draft: Eagle3Draft, head: TargetHead, prep: _Prepared, fine_tune: bool, device: str, timings: dict, bars: Bars, d: Dist
 ) -> tuple[TrainSettings, Trainer, int]:
     """Train (or continue a --resume'd run); returns the settings, the trainer and the step resumed from."""
     settings = TrainSettings(
@@ -309,7 +347,7 @@ def _train(
     )
     vocab = prep.vocab
     run_key = _run_key(prep.caches["train"].meta.key, asdict(settings), str(o.init), vocab.target_ids.tolist()[:64], vocab.size)
-    trainer = Trainer(draft, head, vocab, prep.caches["train"], settings, o.work / "ckpt", device, run_key)
+    trainer = Trainer(draft, head, vocab, prep.caches["train"], settings, o.work / "ckpt", device, run_key, d)
     resumed_from = 0
     if o.resume and trainer.resume():
         resumed_from = trainer.step
@@ -343,6 +381,7 @@ def _report(
         "device": device,
         "resumed_from_step": resumed_from,
         "final_loss": trainer.history[-1]["loss"] if trainer.history else None,
+        "history": trainer.history,  # loss and per-step accuracy every 10 steps (the global batch under torchrun)
         "before": before,
         "after": after,
         "timings": timings,

@@ -38,6 +38,8 @@ from safetensors.torch import load_file, save_file
 from eagle3_trt.atomic import staged_dir, write_text
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
+from eagle3_trt.train import distributed
+from eagle3_trt.train.distributed import Dist
 from eagle3_trt.train.draft_vocab import DraftVocab, build_draft_vocab, count_tokens
 from eagle3_trt.train.hidden_states import HiddenCache
 
@@ -121,9 +123,10 @@ def ttt_unroll(draft: Eagle3Draft, embeds: torch.Tensor, aux: torch.Tensor, max_
 
 @dataclass
 class StepStats:
-    loss: torch.Tensor
+    loss: torch.Tensor  # mean over this batch's valid positions
     correct: int
     count: int
+    loss_sum: torch.Tensor | None = None  # sum over them: ranks of a torchrun run add theirs up
 
 
 def ttt_forward(
@@ -148,7 +151,11 @@ def ttt_forward(
             tl = F.linear(row.to(head.lm_head.dtype), head.lm_head).float()
             greedy_rows.append(t2d[tl.argmax(-1)])  # draft id of the target's greedy token, -1 if outside
             prob_rows.append(torch.softmax(tl[:, keep], dim=-1))
-        greedy, tprob = torch.stack(greedy_rows), torch.stack(prob_rows)
+        if greedy_rows:
+            greedy, tprob = torch.stack(greedy_rows), torch.stack(prob_rows)
+        else:  # a rank whose share of a small global batch is empty still joins the collective step
+            greedy = torch.empty(last.shape[:2], dtype=torch.long, device=device)
+            tprob = torch.empty((*last.shape[:2], keep.numel()), device=device)
         # position t predicts what the target predicts at t+1
         label_p = tprob.roll(-1, dims=1)
         label_g = greedy.roll(-1, dims=1)
@@ -162,12 +169,25 @@ def ttt_forward(
         n = int(m.sum())
         if n:
             logp = torch.log_softmax(logits.float(), dim=-1)
-            loss = -(label_p * logp).sum(-1)[m].mean()
+            loss_sum = -(label_p * logp).sum(-1)[m].sum()
             correct = int(((logits.argmax(-1) == label_g) & m).sum())
         else:
-            loss, correct = logits.sum() * 0.0, 0
-        out.append(StepStats(loss=loss, correct=correct, count=n))
+            loss_sum, correct = logits.sum() * 0.0, 0
+        out.append(StepStats(loss=loss_sum / max(n, 1), correct=correct, count=n, loss_sum=loss_sum))
     return out
+
+
+class TTTLoss(torch.nn.Module):
+    """One training step's forward as a module (the draft its only parameters), so DDP and FSDP
+    see one forward per backward: the TTT unroll calls the draft K times and its ``fuse`` once."""
+
+    def __init__(self, draft: Eagle3Draft, head: TargetHead, vocab: DraftVocab, max_draft_len: int, device: str):
+        super().__init__()
+        self.draft = draft
+        self._head, self._vocab, self._k, self._device = head, vocab, max_draft_len, device
+
+    def forward(self, batch: dict) -> list[StepStats]:
+        return ttt_forward(self.draft, self._head, self._vocab, batch, self._k, self._device)
 
 
 def new_draft(config, vocab: DraftVocab, head: TargetHead, seed: int) -> Eagle3Draft:
@@ -197,7 +217,9 @@ class Trainer:
         ckpt_dir: Path,
         device: str = "cpu",
         run_key: str = "",
+        dist: Dist | None = None,
     ):
+        self.dist = dist or Dist()
         self.draft = draft.to(device).float().train()
         self.head = TargetHead(head.embed.to(device), head.lm_head.to(device), head.norm.to(device) if head.norm is not None else None)
         self.vocab = vocab
@@ -206,40 +228,60 @@ class Trainer:
         self.ckpt_dir = Path(ckpt_dir)
         self.device = device
         self.run_key = run_key
-        self.params = {n: p for n, p in self.draft.named_parameters() if p.requires_grad}
+        self.step_module = distributed.wrap(TTTLoss(self.draft, self.head, vocab, settings.max_draft_len, device), self.dist, device)
+        # under FSDP the parameters are now shards (DTensors): the optimizer holds the shards
+        self.params = {n.removeprefix("draft."): p for n, p in TTTLoss.named_parameters(self._inner()) if p.requires_grad}
         self.opt = torch.optim.AdamW(self.params.values(), lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.95))
         self.step = 0
         self.history: list[dict] = []
 
+    def _inner(self) -> TTTLoss:
+        m = self.step_module
+        return m.module if self.dist.mode == "ddp" else m
+
     # -- checkpoints (safetensors + json, never pickles) ------------------------------------
+    # One checkpoint for any number of processes: full (unsharded) tensors, written by rank 0.
+    # Under FSDP every rank takes part in gathering the shards; under DDP every rank holds them all.
     def save(self) -> None:
         opt_t: dict[str, torch.Tensor] = {}
         for name, p in self.params.items():
             st = self.opt.state.get(p)
             if st:
                 for k in ("exp_avg", "exp_avg_sq", "step"):
-                    opt_t[f"{name}::{k}"] = torch.as_tensor(st[k]).detach().cpu().contiguous()
+                    opt_t[f"{name}::{k}"] = _full(torch.as_tensor(st[k])).detach().cpu().contiguous()
+        weights = {k: v.contiguous() for k, v in self.full_state().items()}
         state = TrainerState(step=self.step, run_key=self.run_key, settings=asdict(self.s), history=self.history)
-        with staged_dir(self.ckpt_dir) as tmp:
-            save_file({k: v.detach().cpu().contiguous() for k, v in self.draft.state_dict().items()}, str(tmp / "draft.safetensors"))
-            save_file(opt_t, str(tmp / "optimizer.safetensors"))
-            write_text(tmp / "state.json", state.model_dump_json(indent=1) + "\n")
+        if self.dist.main:
+            with staged_dir(self.ckpt_dir) as tmp:
+                save_file(weights, str(tmp / "draft.safetensors"))
+                save_file(opt_t, str(tmp / "optimizer.safetensors"))
+                write_text(tmp / "state.json", state.model_dump_json(indent=1) + "\n")
+        self.dist.barrier()  # no rank runs ahead of a checkpoint that is not on disk yet
 
     def resume(self) -> bool:
         """Load <ckpt>/ if it belongs to this run (same data, target, settings); True when loaded."""
         state = read_trainer_state(self.ckpt_dir)
         if state is None or state.run_key != self.run_key:
             return False
-        self.draft.load_state_dict(load_file(str(self.ckpt_dir / "draft.safetensors")))
+        weights = load_file(str(self.ckpt_dir / "draft.safetensors"))
+        with torch.no_grad():
+            for k, v in self.draft.state_dict().items():
+                v.copy_(_like(weights[k], v))
         opt_t = load_file(str(self.ckpt_dir / "optimizer.safetensors"))
         for name, p in self.params.items():
             if f"{name}::exp_avg" in opt_t:
                 self.opt.state[p] = {
-                    k: opt_t[f"{name}::{k}"].to(self.device) if k != "step" else opt_t[f"{name}::{k}"] for k in ("exp_avg", "exp_avg_sq", "step")
+                    "exp_avg": _like(opt_t[f"{name}::exp_avg"], p),
+                    "exp_avg_sq": _like(opt_t[f"{name}::exp_avg_sq"], p),
+                    "step": opt_t[f"{name}::step"],
                 }
         self.step = state.step
         self.history = list(state.history)
         return True
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The head's whole state dict on every rank (under FSDP a collective every rank joins)."""
+        return {k: _full(v).detach().cpu() for k, v in self.draft.state_dict().items()}
 
     # -- training ---------------------------------------------------------------------------
     def train(self, on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
@@ -248,17 +290,25 @@ class Trainer:
         try:
             while self.step < s.steps:
                 batch = self.cache.batch(self.step, s.batch_size, s.seed)
+                rows = self.dist.rows(int(batch["input_ids"].shape[0]))
+                batch = {k: v[rows] for k, v in batch.items()}  # this rank's share of the global batch
                 for g in self.opt.param_groups:
                     g["lr"] = s.lr_at(self.step)
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
-                    stats = ttt_forward(self.draft, self.head, self.vocab, batch, s.max_draft_len, self.device)
-                loss = functools.reduce(operator.add, [(s.loss_decay**i) * st.loss for i, st in enumerate(stats)])
+                    stats = self.step_module(batch)
+                # the loss of the global batch: token sums over all ranks / token counts over all ranks
+                totals = self.dist.sum([float(st.count) for st in stats] + [float(st.correct) for st in stats])
+                counts, correct = totals[: len(stats)], totals[len(stats) :]
+                terms = [(s.loss_decay**i) * st.loss_sum / max(counts[i], 1.0) for i, st in enumerate(stats) if st.loss_sum is not None]
+                loss = functools.reduce(operator.add, terms)
                 self.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.params.values(), s.grad_clip)
+                # DDP and FSDP average gradients over ranks; each rank's term is its share of a sum
+                (loss * self.dist.world).backward()
+                torch.nn.utils.clip_grad_norm_(list(self.params.values()), s.grad_clip)
                 self.opt.step()
                 self.step += 1
-                rec = {"step": self.step, "loss": round(float(loss.detach()), 5), "acc": [round(st.correct / max(st.count, 1), 4) for st in stats]}
+                (loss_value,) = self.dist.sum([float(loss.detach())])
+                rec = {"step": self.step, "loss": round(loss_value, 5), "acc": [round(c / max(n, 1.0), 4) for c, n in zip(correct, counts)]}
                 if self.step % 10 == 0 or self.step == s.steps:
                     self.history.append(rec)
                 if on_step:
@@ -269,6 +319,22 @@ class Trainer:
             self.save()  # Ctrl-C keeps the work: --resume continues from here
             raise
         return self.history
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of an FSDP shard (a DTensor; a collective), or the tensor itself."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t
+
+
+def _like(full: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """A checkpoint's full tensor placed as ``ref`` is (this rank's shard under FSDP)."""
+    mesh = getattr(ref, "device_mesh", None)
+    if mesh is not None:
+        from torch.distributed.tensor import distribute_tensor
+
+        return distribute_tensor(full.to(ref.dtype), mesh, ref.placements)
+    return full.to(ref.device, ref.dtype)
 
 
 @torch.no_grad()
