@@ -89,6 +89,8 @@ def test_sequences_come_from_the_report_at_any_measured_k():
     assert sequences_at(report, 5) == [[4, 0], [5]]
     assert sequences_at(report, 4) is None
     assert sequences_at({"pairs": {"bundle": {"requests": [{"alpha": 0.5}]}}}, 3) is None  # a report from before the sequences
+    traffic = {"kind": "eagle3-trt alpha --traffic report", "requests": [{"request_id": "a", "accepted_seq_by_k": {"2": [2, 0, 1]}}]}
+    assert sequences_at(traffic, 2) == [[2, 0, 1]] and sequences_at(traffic, 3) is None
 
 
 @pytest.mark.parametrize("bad", [0, -1])

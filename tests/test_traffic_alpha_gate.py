@@ -175,3 +175,25 @@ def test_a_request_cut_at_a_stop_string_is_compared_exactly(old_bundle, served, 
     assert rc == 0, out + err
     c = json.loads((tmp_path / "rep" / "report.json").read_text())["comparison"]
     assert c["greedy"] == {"requests": 4, "identical": 4, "differ": []} and c["ci"] == [0.0, 0.0]
+
+
+def test_recommend_replays_the_captured_requests_for_the_acceptance_gate(old_bundle, new_bundle, traffic, tmp_path, capsys):
+    """alpha --traffic keeps each greedy request's accepted drafts per verification at every K it replayed;
+    recommend --gate-traffic chooses the gate's window by replaying those (runtime/gate_replay.py), and
+    refuses another bundle's report in one line."""
+    rc, out, err = _cli(["alpha", str(old_bundle), "--traffic", str(traffic), "--device", "cpu", "-o", str(tmp_path / "rep")], capsys)
+    assert rc == 0, out + err
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert len(rep["requests"]) == 64 and all(set(r["accepted_seq_by_k"]) == {"1", "2", "3"} for r in rep["requests"])
+    for k in ("1", "2", "3"):  # the sequences add up to the per-K figures printed
+        acc = sum(sum(r["accepted_seq_by_k"][k]) for r in rep["requests"])
+        drafted = sum(len(r["accepted_seq_by_k"][k]) for r in rep["requests"]) * int(k)
+        assert acc / drafted == pytest.approx(rep["per_k"][k]["alpha"], abs=0.02)  # the last verifications may draft fewer than K
+    code = Path(__file__).resolve().parents[1] / "examples" / "code.jsonl"
+    argv = ["recommend", str(old_bundle), "--prompts", str(code), "--limit", "4", "--max-tokens", "16", "--device", "cpu"]
+    rc, out, err = _cli([*argv, "--gate-traffic", str(tmp_path / "rep" / "report.json")], capsys)
+    assert rc == 0, out + err
+    line = next(ln for ln in out.splitlines() if ln.startswith("acceptance gate:"))
+    assert "drawn from the 64 measured requests at K=" in line and f"measured on captured traffic {traffic}" in line
+    rc, out, err = _cli([*argv[:1], str(new_bundle), *argv[2:], "--gate-traffic", str(tmp_path / "rep" / "report.json")], capsys)
+    assert rc == 2 and "its acceptance is another head's" in err and len(err.strip().splitlines()) == 1

@@ -19,7 +19,7 @@ from eagle3_trt.runtime.dynamic_tree_choice import dynamic_tree_summary
 from eagle3_trt.runtime.dynamic_tree_mode import DEFAULT_TOPK as DYNAMIC_TREE_DEFAULT_TOPK
 from eagle3_trt.runtime.gate import run_gate
 from eagle3_trt.runtime.gate_verdict import DEFAULT_GATE_THRESHOLD
-from eagle3_trt.runtime.recommendation import acceptance_curves, gate_choice, print_recommendation, write_recommendation_to_bundle
+from eagle3_trt.runtime.recommendation import acceptance_curves, gate_choice, print_recommendation, read_gate_traffic, write_recommendation_to_bundle
 from eagle3_trt.runtime.report_files import write_report
 from eagle3_trt.runtime.traffic_alpha import AL_TOLERANCE
 from eagle3_trt.runtime.traffic_commands import alpha_traffic, gate_traffic
@@ -316,6 +316,13 @@ def gate_cmd(
 @click.option("--device", default=None)
 @CHAT_TEMPLATE_OPTION
 @click.option(
+    "--gate-traffic",
+    "gate_traffic_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="an `alpha BUNDLE --traffic DIR` report.json: the acceptance gate's window is chosen by replaying its captured requests",
+)
+@click.option(
     "--write",
     is_flag=True,
     help="write max_draft_len, draft_len_schedule and the acceptance-rate gate into the bundle's options, the same and the evidence into its manifest",
@@ -333,6 +340,7 @@ def recommend_cmd(
     concurrency: int,
     device: str | None,
     chat_template: bool | None,
+    gate_traffic_file: str | None,
     write: bool,
     as_json: bool,
 ) -> None:
@@ -356,13 +364,14 @@ def recommend_cmd(
         device=device,
         chat_template=chat_template,
     )
+    gate_traffic = read_gate_traffic(Path(gate_traffic_file), b) if gate_traffic_file else None
     costs = bundle_cost_inputs(b, gpu=gpu, tp=tp)
     rec = recommend(cum, concurrency=concurrency, **costs, batches=recommendation_batches(b), measured_by_k=by_k, max_k=max_draft_len)
     dt_line = dynamic_tree_summary(report, rec, b)  # alpha --modes chain,dynamic-tree: the tree against the chain
     if write:
-        write_recommendation_to_bundle(Path(bundle), rec, source=report_file or prompts_file, report=report)
+        write_recommendation_to_bundle(Path(bundle), rec, source=report_file or prompts_file, report=report, gate_traffic=gate_traffic)
     else:
-        gate_choice(rec, report)  # what --write would write, and why (runtime/gate_replay.py)
+        gate_choice(rec, report, gate_traffic)  # what --write would write, and why (runtime/gate_replay.py)
     if as_json:
         click.echo(json.dumps(rec.to_dict(), indent=1))
         return

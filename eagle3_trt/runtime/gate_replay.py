@@ -51,11 +51,15 @@ class GateChoice:
 
 
 def sequences_at(report: dict, k: int) -> list[list[int]] | None:
-    """Each measured request's accepted draft tokens per verification at K (alpha report: the run's
-    own K or its --sweep), None when the report does not hold them (measured before they were
-    recorded, or not at K)."""
-    reqs = (report.get("pairs", {}).get("bundle", {}) or {}).get("requests") or []
-    run_k = report.get("settings", {}).get("max_draft_len")
+    """Each measured request's accepted draft tokens per verification at K, None when the report
+    does not hold them (measured before they were recorded, or not at K). An alpha report: its
+    requests at the run's own K or its --sweep; an ``alpha --traffic`` report: the captured greedy
+    requests, at every K it replayed."""
+    if report.get("kind") == "eagle3-trt alpha --traffic report":
+        reqs, run_k = report.get("requests") or [], None
+    else:
+        reqs = (report.get("pairs", {}).get("bundle", {}) or {}).get("requests") or []
+        run_k = report.get("settings", {}).get("max_draft_len")
     out = []
     for r in reqs:
         seq = (r.get("accepted_seq_by_k") or {}).get(str(k))

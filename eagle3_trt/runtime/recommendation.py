@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rich.console import Console
@@ -115,7 +116,7 @@ def sa_choice(report: dict) -> tuple[int | None, dict | None]:
     return (int(sa["sa_config"]["threshold"]) if wins else None), ev
 
 
-def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report: dict | None = None) -> Bundle:
+def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report: dict | None = None, gate_traffic: dict | None = None) -> Bundle:
     """K, the draft_len_schedule and the acceptance gate (``schedule_and_gate``) into
     llm_api_options.yaml (TensorRT-LLM's names), the same and the evidence into
     manifest.json, and the acceptance record at the new K (``acceptance_at``, from ``report``): one
@@ -138,7 +139,9 @@ def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report
     dt_fields, dt_evidence = dynamic_tree_choice(report or {}, rec, *dt_inputs(b, rec)) if report and "modes" in report else (dict.fromkeys(DT_KEYS), None)
     k = int(dt_fields.pop("max_draft_len", rec.max_draft_len))
     acceptance = acceptance_at(report or {}, k, source, b.manifest.acceptance)
-    spec_knobs = {"draft_len_schedule": dt_fields.pop("draft_len_schedule")} if dt_fields["use_dynamic_tree"] else schedule_and_gate(rec, report or {})
+    spec_knobs = (
+        {"draft_len_schedule": dt_fields.pop("draft_len_schedule")} if dt_fields["use_dynamic_tree"] else schedule_and_gate(rec, report or {}, gate_traffic)
+    )
     base = b.options.model_copy(update={"speculative_config": b.options.speculative_config.model_copy(update=dict.fromkeys(DT_KEYS))})
     opts = recommended_options(base, k, **spec_knobs)
     sa_threshold, sa_evidence = sa_choice(report or {})
@@ -177,40 +180,72 @@ def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report
     return bundle_write.update(b.path, options=opts, record=evidence, acceptance=acceptance)
 
 
-def schedule_and_gate(rec: Recommendation, report: dict) -> dict:
+def schedule_and_gate(rec: Recommendation, report: dict, gate_traffic: dict | None = None) -> dict:
     """The speculative_config knobs ``recommend --write`` sets beside K, in TensorRT-LLM's names
     (tensorrt_llm/llmapi/llm_args.py ``Eagle3DecodingConfig``): ``draft_len_schedule`` (best K per
     batch size, non-increasing, up to max_concurrency: ``cost_model.draft_len_schedule``; it
     replaces max_concurrency, which TensorRT-LLM would turn into ``{max_concurrency: K}`` anyway) and
     the acceptance gate (``gate_choice``), at whatever K was chosen, when the report holds the
-    requests' per-verification acceptance at that K (its own K or its --sweep)."""
+    requests' per-verification acceptance at that K (its own K or its --sweep), or ``gate_traffic``
+    (an ``alpha --traffic`` report) does."""
     knobs: dict = {"draft_len_schedule": draft_len_schedule(rec)}
     rec.evidence["draft_len_schedule_written"] = knobs["draft_len_schedule"]
-    choice = gate_choice(rec, report)
+    choice = gate_choice(rec, report, gate_traffic)
     if choice is not None and choice.window is not None:
         knobs.update(acceptance_rate_window_size=choice.window, acceptance_rate_threshold=choice.threshold)
     return knobs
 
 
-def gate_choice(rec: Recommendation, report: dict) -> GateChoice | None:
+def gate_choice(rec: Recommendation, report: dict, gate_traffic: dict | None = None) -> GateChoice | None:
     """The acceptance gate for the chosen K (runtime/gate_replay.py): threshold = break-even
     acceptance at K and the expected concurrency (``cost_model.acceptance_gate``), window = the
     smallest whose replay of the measured requests switches speculation off with probability at
     most ``MAX_TRIP_PROBABILITY``. Recorded in ``rec.evidence["acceptance_gate"]`` (with the line
-    ``recommend`` prints); None when speculation does not pay at all."""
+    ``recommend`` prints); None when speculation does not pay at all. ``gate_traffic``: an ``alpha
+    --traffic`` report whose captured requests are replayed instead of the alpha report's."""
     if not rec.speculation_pays:
         return None
     k = rec.max_draft_len
     threshold, how = acceptance_gate(rec)
     conc = int(rec.evidence.get("chosen_at_concurrency", 1))
-    seqs = sequences_at(report, k)
+    src = gate_traffic if gate_traffic is not None else report
+    seqs = sequences_at(src, k)
     if seqs is None:
-        reason = f"the alpha report holds no per-verification acceptance at K={k} (measure it again: alpha --sweep {k}, or --max-draft-len {k})"
+        reason = (
+            f"the alpha --traffic report holds no per-verification acceptance at K={k} (run alpha --traffic --sweep {k} with this version)"
+            if gate_traffic is not None
+            else f"the alpha report holds no per-verification acceptance at K={k} (measure it again: alpha --sweep {k}, or --max-draft-len {k})"
+        )
         choice = GateChoice(None, threshold, None, {"reason": reason, "k": k, "concurrency": conc, "requests": 0})
     else:
         choice = choose_gate(seqs, k, threshold, conc)
-    rec.evidence["acceptance_gate"] = {**how, **choice.evidence, "written": choice.window is not None, "line": choice.line()}
+    measured_on = (
+        f"captured traffic {src.get('traffic')} (alpha --traffic, greedy requests)"
+        if gate_traffic is not None
+        else f"{report.get('settings', {}).get('prompts')}"
+    )
+    rec.evidence["acceptance_gate"] = {**how, **choice.evidence, "measured_on": measured_on, "written": choice.window is not None, "line": f"{choice.line()}; measured on {measured_on}"}
     return choice
+
+
+def read_gate_traffic(path: Path, b: Bundle) -> dict:
+    """An ``alpha --traffic`` report of traffic ``b`` itself served, for ``recommend --gate-traffic``; a
+    one-line UserError for anything else (another file, or another bundle's traffic)."""
+    try:
+        rep = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(
+            path, f"cannot read it as JSON ({type(e).__name__})", "pass the report.json written by `eagle3-trt alpha BUNDLE --traffic DIR`"
+        ) from None
+    if not isinstance(rep, dict) or rep.get("kind") != "eagle3-trt alpha --traffic report":
+        raise UserError(path, "is not an alpha --traffic report", "pass the report.json written by `eagle3-trt alpha BUNDLE --traffic DIR`")
+    if rep.get("bundle_fingerprint") != b.manifest.fingerprint:
+        raise UserError(
+            path,
+            f"measures bundle {str(rep.get('bundle_fingerprint'))[:12]}, not {b.path} ({b.manifest.fingerprint[:12]}): its acceptance is another head's",
+            "run alpha --traffic with this bundle",
+        )
+    return rep
 
 
 def print_recommendation(rec: Recommendation) -> None:

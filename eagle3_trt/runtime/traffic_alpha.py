@@ -133,6 +133,13 @@ def run_alpha_traffic(
         "served": served_figures([it.record for it in items]),
         "comparison": _comparison(items, tolerance),
         "drift": drift,
+        # each greedy request's accepted drafts per verification at every K, in order: what
+        # `recommend --gate-traffic` replays through TensorRT-LLM's switch-off (runtime/gate_replay.py)
+        "requests": [
+            {"request_id": it.record.request_id, "accepted_seq_by_k": {str(k): st.accepted_seq for k, st in sorted(it.stats_by_k.items())}}
+            for it in items
+            if it.greedy and it.stats_by_k
+        ],
         "seconds": time.perf_counter() - t0,
     }
     return report
