@@ -74,6 +74,7 @@ def test_gate_refuses_thirteen_prompts_sent_twice(fp8_bundle, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2
     assert f"the held-back split has {len(held)} requests from {n_prompts} distinct prompts" in err and "at least 20 distinct prompts" in err
+    assert len(err.strip().splitlines()) == 1
     assert "hint: capture traffic with more distinct prompts or raise --holdout-fraction" in err  # NEW has no lineage: gate's own option
 
 

@@ -97,3 +97,16 @@ def test_sequences_come_from_the_report_at_any_measured_k():
 def test_bad_window_refused(bad):
     with pytest.raises(ValueError, match="acceptance_rate_window_size"):
         SpeculationGate(bad, 0.3)
+
+
+def test_gate_traffic_must_be_an_alpha_traffic_report_of_this_bundle(fp8_bundle, tmp_path, capsys):
+    import json
+
+    from eagle3_trt.cli import main
+
+    f = tmp_path / "report.json"
+    for content, what in (("{not json", "cannot read it as JSON"), (json.dumps({"kind": "eagle3-trt alpha report"}), "is not an alpha --traffic report")):
+        f.write_text(content)
+        assert main(["recommend", str(fp8_bundle), "--report", str(f), "--gate-traffic", str(f)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert what in err and len(err.splitlines()) == 1

@@ -354,6 +354,7 @@ def recommend_cmd(
             f"{concurrency} exceeds the bundle's max_batch_size {b.options.max_batch_size}",
             "no server batches more; pass a smaller batch size",
         )
+    gate_traffic = read_gate_traffic(Path(gate_traffic_file), b) if gate_traffic_file else None  # before anything is measured
     cum, by_k, report = acceptance_curves(
         Path(bundle),
         report_file,
@@ -364,7 +365,6 @@ def recommend_cmd(
         device=device,
         chat_template=chat_template,
     )
-    gate_traffic = read_gate_traffic(Path(gate_traffic_file), b) if gate_traffic_file else None
     costs = bundle_cost_inputs(b, gpu=gpu, tp=tp)
     rec = recommend(cum, concurrency=concurrency, **costs, batches=recommendation_batches(b), measured_by_k=by_k, max_k=max_draft_len)
     dt_line = dynamic_tree_summary(report, rec, b)  # alpha --modes chain,dynamic-tree: the tree against the chain
