@@ -112,7 +112,7 @@ class SpeculationControl:
     tripped_on: int | None = None  # the iteration whose sample tripped the gate
     samples: list[float] = field(default_factory=list)
     # (batch size, K, draft tokens per row) of the latest iterations, in order
-    rounds: deque[tuple[int, int, tuple[int, ...]]] = field(default_factory=lambda: deque(maxlen=100_000))
+    rounds: deque[tuple[int, int, tuple[int, ...]]] = field(default_factory=lambda: deque(maxlen=4096))
 
     def k_for(self, batch_size: int) -> int:
         if self.max_batch_size is not None:
