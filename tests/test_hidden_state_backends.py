@@ -156,6 +156,13 @@ def test_refusals(caches, tmp_path, capsys):
         (["hidden-states", "convert", str(root), str(tmp_path / "x"), "--from", "modelopt", "--to", "cache"], "--aux-layers"),
         (["hidden-states", "convert", str(root / "ref"), str(tmp_path / "x"), "--from", "modelopt", "--to", "cache", "--aux-layers", "1,3,4"], "no *.pt"),
     ]
+    tgt = ["train-draft", "--target", str(target), "-o", str(tmp_path / "x")]
+    cases += [
+        ([*tgt, "--hidden-states", str(root / "ref"), "--data", str(root / "data.jsonl")], "--data: does not apply with --hidden-states"),
+        ([*tgt, "--heldout-hidden-states", str(root / "ref"), "--data", str(root / "data.jsonl")], "only applies with --hidden-states"),
+        ([*tgt, "--hidden-states", str(root)], "has no manifest.json"),
+        ([*tgt, "--hidden-states", str(root / "ref"), "--aux-layers", "1,2,4"], "the cache holds layers [1, 3, 4]"),
+    ]
     if not hs_backends.save_state_available():
         cases.append(
             (

@@ -53,6 +53,7 @@ RUN_IDS = {
     "triton-bench",
     "dynamo",
     "plan-70b",
+    "plan-70b-train",  # run by tests/test_train_plan.py
     "package-70b",
     "gpt-oss-aux",
 }

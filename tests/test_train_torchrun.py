@@ -140,3 +140,34 @@ def test_two_gloo_processes_match_one_and_resume_after_a_killed_rank(tiny_pair, 
 
 def _history(out: Path, report: dict) -> list[dict]:
     return list(json.loads((out / "train_report.json").read_text())["history"])
+
+
+def test_fsdp_from_a_hidden_state_cache_matches_one_process(tiny_pair, tmp_path):
+    """--parallel fsdp (the head sharded over 2 gloo ranks) training from an engine's cache
+    (train-draft --hidden-states, the 70B path: no target forward) ends where one process ends."""
+    from click.testing import CliRunner
+
+    from eagle3_trt.cli import cli
+
+    target, _ = tiny_pair
+    data = _data(tmp_path / "data.jsonl")
+    res = CliRunner().invoke(cli, ["hidden-states", "collect", "--backend", "hf", "--device-map", "cpu", "--target", str(target), "--data", str(data),
+                                   "-o", str(tmp_path / "hs"), "--seq-len", "32"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    common = ["--target", str(target), "--hidden-states", str(tmp_path / "hs"), "--steps", "20", "--draft-vocab", "128", "--batch-size", "8",
+              "--lr", "1e-3", "--threads", "1", "--json"]  # fmt: skip
+    one = CliRunner().invoke(cli, ["train-draft", *common, "-o", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    r1 = json.loads(one.stdout)
+    two = subprocess.run([*_torchrun_cmd(), "-m", "eagle3_trt.cli", "train-draft", *common, "--parallel", "fsdp", "-o", str(tmp_path / "two")],
+                         capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert two.returncode == 0, two.stderr[-3000:]
+    r2 = json.loads(two.stdout)
+    assert (r1["processes"], r1["parallel"], r2["processes"], r2["parallel"]) == (1, "none", 2, "fsdp")
+    assert r1["producer"] == r2["producer"] == "hf"
+    for a, b in zip(r1["history"], r2["history"], strict=True):
+        assert a["step"] == b["step"] and abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (r1["history"], r2["history"])
+    wa, wb = load_draft(tmp_path / "one").tensors, load_draft(tmp_path / "two").tensors
+    worst = max(float(((wa[k].float() - wb[k].float()).abs() / wa[k].float().abs().clamp_min(1e-3)).max()) for k in wa)
+    assert worst <= 2**-7, worst
+    print(f"fsdp: loss curve 1 process {[(h['step'], h['loss']) for h in r1['history']]}, 2 ranks {[(h['step'], h['loss']) for h in r2['history']]}")

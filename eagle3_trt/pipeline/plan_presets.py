@@ -34,14 +34,8 @@ def plan_for_preset(
     preset = preset_name if isinstance(preset_name, Preset) else load_preset(preset_name)
     preset_name = preset.name
     spec = get_gpu(gpu)
-    if target_cfg is None and own_file and not preset.target.embedded:
-        # a preset of one's own: its checkpoints (local paths, or the HF cache) carry the configs
-        tdir = resolve_source(preset.target, None, "target")
-        ddir = resolve_source(preset.draft, None, "draft")
-        assert tdir is not None and ddir is not None  # not embedded
-        target_cfg, draft_cfg = read_config(tdir / "config.json"), read_config(ddir / "config.json")
-    elif target_cfg is None:
-        target_cfg, draft_cfg = _preset_configs(preset_name, bool(preset.target.embedded))
+    if target_cfg is None:
+        target_cfg, draft_cfg = preset_configs(preset, own_file)
     # Per-generation default; a generation the preset does not name falls back to BF16.
     quant = quant or getattr(preset.quant, spec.generation, None) or "bf16"
     # "auto" keeps the checkpoint's KV format, unknown before quantization: plan the larger BF16.
@@ -60,6 +54,17 @@ def plan_for_preset(
         max_batch_size=max_batch_size,
         model=preset_name,
     )
+
+
+def preset_configs(preset: Preset, own_file: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(target, draft) config.json of a preset: a preset of one's own from its checkpoints (local
+    paths, or the HF cache), a registry preset from build/model_configs/<preset>/."""
+    if own_file and not preset.target.embedded:
+        tdir = resolve_source(preset.target, None, "target")
+        ddir = resolve_source(preset.draft, None, "draft")
+        assert tdir is not None and ddir is not None  # not embedded
+        return read_config(tdir / "config.json"), read_config(ddir / "config.json")
+    return _preset_configs(preset.name, bool(preset.target.embedded))
 
 
 def _preset_configs(preset_name: str, embedded: bool) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -107,6 +107,20 @@ def _aux(value: str | None) -> tuple[int, ...] | None:
     type=click.Choice(["auto", "ddp", "fsdp"]),
     help="Under torchrun --nproc-per-node N: DDP (each process holds the head) or FSDP (head sharded); auto picks DDP when the head's training state fits half a GPU.",
 )
+@click.option(
+    "--hidden-states",
+    "hidden_states",
+    default=None,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Train from this hidden-state cache (eagle3-trt hidden-states collect/convert) instead of running the target; --target gives its config, tokenizer, embedding and lm_head.",
+)
+@click.option(
+    "--heldout-hidden-states",
+    "heldout_hidden_states",
+    default=None,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="With --hidden-states: a cache to measure held-out teacher-forced accuracy on.",
+)
 @click.option("--save-every", default=200, show_default=True, type=int, help="Checkpoint every N steps (what --resume continues from).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
 @click.option("--keep-work", is_flag=True, help="Keep <output>.work/ (hidden-state cache, checkpoints) after success.")
@@ -136,13 +150,24 @@ def train_draft_cmd(aux_layers: str | None, as_json: bool, traffic: Path | None,
     given = ["--from" if k == "from_bundle" else f"--{k.replace('_', '-')}" for k, v in traffic_opts.items() if v != TRAFFIC_ONLY[k]]
     if given:
         raise UserError(given[0], "only applies with --traffic", "pass --traffic DIR --from BUNDLE, or leave it out")
-    for name in ("target", "data", "out"):
+    if options["hidden_states"] is not None:
+        for name in ("data", "generate"):
+            if options[name]:
+                raise UserError(f"--{name}", "does not apply with --hidden-states", "the token windows come from the cache")
+    elif options["heldout_hidden_states"] is not None:
+        raise UserError("--heldout-hidden-states", "only applies with --hidden-states", "pass --hidden-states DIR too")
+    for name in ("target", "out") if options["hidden_states"] is not None else ("target", "data", "out"):
         if options[name] is None:
             raise UserError(
                 "--output" if name == "out" else f"--{name}", "is required", "train-draft --target DIR --data FILE -o OUT, or --traffic DIR --from BUNDLE"
             )
     opts = TrainDraftOptions(**options, aux_layers=_aux(aux_layers), quiet=as_json)
-    report = train_draft(opts)
+    if opts.hidden_states is not None:
+        from eagle3_trt.train.from_cache import train_draft_from_cache
+
+        report = train_draft_from_cache(opts)
+    else:
+        report = train_draft(opts)
     if "rank" in report:  # a torchrun worker other than rank 0: rank 0 reports
         return
     if as_json:

@@ -72,7 +72,7 @@ class ShardWriter:
     def finish(self, key: str, aux_layer_ids: list[int], producer: Producer) -> CacheManifest:
         self.flush()
         meta = CacheManifest(
-            schema=CACHE_SCHEMA,
+            schema_=CACHE_SCHEMA,
             key=key,
             seq_len=self.seq_len,
             aux_layer_ids=list(aux_layer_ids),

@@ -66,6 +66,8 @@ class TrainDraftOptions:
     quiet: bool = False
     threads: int | None = None  # torch intra-op threads on CPU (None: torch's default)
     parallel: str = "auto"  # under torchrun: auto | ddp | fsdp (see train/distributed.py)
+    hidden_states: Path | None = None  # train from this cache (train/from_cache.py) instead of running the target
+    heldout_hidden_states: Path | None = None
     extra_files: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -133,6 +135,8 @@ def _train_draft(o: TrainDraftOptions) -> dict:
     t_start = time.time()
     device = resolve_device(o.device)
     d, device = distributed.start(device, o.parallel)
+    # --hidden-states runs train/from_cache.train_draft_from_cache (the CLI dispatches)
+    assert o.hidden_states is None, "train_draft_from_cache trains from a cache"
     info = read_target(Path(o.target))
     target_cfg = read_json(Path(o.target) / "config.json")
     init, aux = _check_request(o, info)
@@ -389,6 +393,14 @@ def _report(
 
 
 def summary_lines(report: dict) -> list[str]:
+    if report.get("hidden_states"):  # trained from a cache: no target here to measure acceptance with
+        tf = report.get("heldout_teacher_forced_accuracy")
+        return [
+            f"trained {report['settings']['steps']} steps on {report['train_windows']} cached windows ({report['producer']}), "
+            f"{report['processes']} process(es) ({report['parallel']}), final loss {report['final_loss']}",
+            "held-out teacher-forced top-1 " + (" ".join(f"{i + 1}:{x:.2f}" for i, x in enumerate(tf)) if tf else "not measured (no --heldout-hidden-states)"),
+            "measure served acceptance with `eagle3-trt alpha` on the bundle",
+        ]
     a = report["after"]
     lines = [
         f"held-out acceptance length {a['acceptance_length']:.2f} tokens/pass (K={report['max_draft_len']}, {a['prompts']} prompts, {a['tokens']} tokens)",

@@ -333,7 +333,7 @@ def _like(full: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     if mesh is not None:
         from torch.distributed.tensor import distribute_tensor
 
-        return distribute_tensor(full.to(ref.dtype), mesh, ref.placements)
+        return distribute_tensor(full.to(ref.dtype), mesh, getattr(ref, "placements"))  # noqa: B009  # a DTensor's
     return full.to(ref.device, ref.dtype)
 
 
