@@ -110,7 +110,7 @@ class SpeculationControl:
     iteration: int = 0
     off_from: int | None = None  # first iteration that drafts nothing because the gate tripped
     tripped_on: int | None = None  # the iteration whose sample tripped the gate
-    samples: list[float] = field(default_factory=list)
+    n_samples: int = 0  # samples the gate recorded
     # (batch size, K, draft tokens per row) of the latest iterations, in order
     rounds: deque[tuple[int, int, tuple[int, ...]]] = field(default_factory=lambda: deque(maxlen=4096))
 
@@ -130,7 +130,7 @@ class SpeculationControl:
         if self.gate is not None and not self.gate.disabled:
             rate = iteration_rate(drafted, accepted)
             if rate is not None:
-                self.samples.append(rate)
+                self.n_samples += 1
                 if self.gate.record(rate):
                     self.tripped_on = self.iteration
                     self.off_from = self.iteration + (2 if self.overlap_scheduler else 1)
@@ -139,7 +139,7 @@ class SpeculationControl:
     def state(self) -> dict[str, object]:
         return {
             "iterations": self.iteration,
-            "gate_samples": len(self.samples),
+            "gate_samples": self.n_samples,
             "tripped_on_iteration": self.tripped_on,
             "speculation_off_from_iteration": self.off_from,
             "schedule": self.schedule,
