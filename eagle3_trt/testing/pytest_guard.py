@@ -100,6 +100,10 @@ REQUIREMENTS: dict[str, tuple[Callable[[], bool], str]] = {
     "make_venv": (_make_venv, "make and the Makefile's .venv"),
     "dev_shm": (lambda: Path("/dev/shm").is_dir(), "/dev/shm"),
     "curl": (lambda: shutil.which("curl") is not None, "curl (the README's health checks call it)"),
+    "aiperf": (
+        lambda: (_ROOT[0] / ".venv-aiperf" / "bin" / "aiperf").is_file() or shutil.which("aiperf") is not None,
+        "NVIDIA AIPerf (make bench-aiperf installs it into .venv-aiperf)",
+    ),
 }
 
 
