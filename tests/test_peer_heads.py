@@ -291,6 +291,10 @@ def test_speculators_window_shorter_than_max_seq_len_is_refused(pair, tmp_path, 
     assert_refused(rc, err, "config.json:transformer_layer_config.sliding_window", "speculators")
     rc, out, err = validate(target, head, capsys, "--max-seq-len", "64")
     assert rc == 0 and "64-token sliding window" in out, err
+    # a dry run refuses it the same way (config-only checks)
+    rc = main(["engine", "--target", str(target), "--draft", str(head), "--target-gpu", "h100", "--dry-run", "--max-seq-len", "512", "-o", str(tmp_path / "b")])
+    _, err = capsys.readouterr()
+    assert_refused(rc, err, "config.json:transformer_layer_config.sliding_window", "speculators")
 
 
 def test_speculators_qwen3_layers_are_refused(pair, tmp_path, capsys):

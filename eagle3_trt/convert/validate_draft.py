@@ -142,12 +142,9 @@ def check_aux_layers(target: TargetInfo, draft: DraftCheckpoint, rep: Validation
                 "TensorRT-LLM's default {1, L/2-1, L-4} is distinct only for L >= 7; for a shallower target list the layers "
                 "the head was trained on in the draft config.json's eagle_config.eagle_aux_hidden_state_layer_ids",
             )
-        if draft.config.aux_layer_ids_missing:
-            # vLLM and TensorRT-LLM both fall back to the target's default layers (formats/draft_producers.py)
-            rep.warn(
-                f"{draft.config.aux_layer_ids_missing}: served on the default layers {list(ids)}, as vLLM and TensorRT-LLM do; "
-                "if the head was trained on others, list them there"
-            )
+        warning = aux_default_warning(draft.config, ids)
+        if warning:
+            rep.warn(warning)
     else:
         rep.aux_layers_are_default = tuple(sorted(ids)) == tuple(sorted(target.default_aux_layers()))
     bad = [i for i in ids if not 0 <= i < L]
@@ -253,13 +250,7 @@ def check_rope(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int, rep
             f"draft rope ({rope_params.describe(dp)}) differs from the target's ({rope_params.describe(tp)}); "
             "TensorRT-LLM runs the draft with its own rope, and so does the measurement"
         )
-    refused = window_refusal(c.sliding_window, max_seq_len, dfile)
-    if refused is not None:
-        raise refused
-    if c.sliding_window is not None:
-        rep.warn(
-            f"draft trained with a {c.sliding_window}-token sliding window: served with full attention, the same function for max_seq_len {max_seq_len} <= {c.sliding_window}"
-        )
+    check_window(c, max_seq_len, dfile, rep)
     warning = max_position_warning(c, max_seq_len)
     if warning:
         rep.warn(warning)
@@ -293,6 +284,28 @@ def check_dtypes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationRepo
         "dtypes",
         f"target {target.torch_dtype}, draft {sorted({str(t.dtype).replace('torch.', '') for n, t in draft.tensors.items() if n not in ('d2t', 't2d')})}",
     )
+
+
+def aux_default_warning(c: DraftConfig, ids: tuple[int, ...] | list[int]) -> str | None:
+    """What validate and a dry run say about a head that leaves its aux layers to the serving engine:
+    vLLM and TensorRT-LLM both fall back to the target's default layers (formats/draft_producers.py)."""
+    if not c.aux_layer_ids_missing:
+        return None
+    return (
+        f"{c.aux_layer_ids_missing}: served on the default layers {list(ids)}, as vLLM and TensorRT-LLM do; if the head was trained on others, list them there"
+    )
+
+
+def check_window(c: DraftConfig, max_seq_len: int, cfg_file: Path, rep: ValidationReport) -> None:
+    """A speculators sliding window (validate and a dry run alike): served with full attention where every
+    context fits in it (the same function), refused where it does not (formats/draft_producers.py)."""
+    refused = window_refusal(c.sliding_window, max_seq_len, cfg_file)
+    if refused is not None:
+        raise refused
+    if c.sliding_window is not None:
+        rep.warn(
+            f"draft trained with a {c.sliding_window}-token sliding window: served with full attention, the same function for max_seq_len {max_seq_len} <= {c.sliding_window}"
+        )
 
 
 def max_position_warning(c: DraftConfig, max_seq_len: int) -> str | None:

@@ -27,7 +27,7 @@ from eagle3_trt.convert.draft_format import for_max_seq_len, load_draft
 from eagle3_trt.convert.embedded import embedded_pair
 from eagle3_trt.convert.target import TargetInfo, read_target
 from eagle3_trt.convert.validate import ValidationReport, check_target_family, check_target_tokenizer, validate_pair
-from eagle3_trt.convert.validate_draft import max_position_warning
+from eagle3_trt.convert.validate_draft import aux_default_warning, check_window, max_position_warning
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import read_json, sha256_file
 from eagle3_trt.formats.draft_config import read_draft_config
@@ -424,6 +424,10 @@ def _validate_config_only(target, draft_dir: Path, max_seq_len: int) -> Validati
         )
     rep.aux_layer_ids, rep.aux_layers_are_default = tuple(ids), tuple(sorted(ids)) == tuple(sorted(default))
     rep.ok("aux_layers", f"captures outputs of target layers {list(ids)} of {target.num_hidden_layers}")
+    aux_warning = aux_default_warning(dc, ids)  # validate's words (convert/validate_draft.py)
+    if aux_warning:
+        rep.warn(aux_warning)
+    check_window(dc, max_seq_len, cfg_path, rep)
     warning = max_position_warning(dc, max_seq_len)
     if warning:
         rep.warn(warning)
