@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from eagle3_trt.convert.target import TargetInfo, read_target
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import iter_tensors, read_json, weight_files
+from eagle3_trt.formats.hidden_states import shard_name
 from eagle3_trt.train import distributed
 from eagle3_trt.train.draft_vocab import DraftVocab, build_draft_vocab, count_tokens, coverage
 from eagle3_trt.train.evaluate import torch_threads
@@ -54,6 +56,16 @@ def target_head_from_files(target_dir: Path, info: TargetInfo, dtype: torch.dtyp
     if any(t.dtype.itemsize == 1 for t in found.values()):
         raise UserError(target_dir, "embedding or lm_head is stored quantized (8-bit or less)", "point --target at the BF16 model the export was made from")
     return TargetHead(embed=found["model.embed_tokens.weight"].to(dtype), lm_head=found["lm_head.weight"].to(dtype), norm=found["model.norm.weight"].float())
+
+
+def _token_rows(cache: HiddenCache) -> Iterator[list[int]]:
+    """Each row's trained token ids, reading only ``input_ids`` and ``real`` of each shard (a 70B
+    cache is terabytes of hidden states; the draft vocabulary needs the tokens alone)."""
+    for i in range(len(cache.counts)):
+        with safe_open(str(cache.dir / shard_name(i)), framework="pt") as h:
+            ids, real = h.get_tensor("input_ids"), h.get_tensor("real")
+        for r in range(ids.shape[0]):
+            yield ids[r][real[r]].tolist()
 
 
 def _open(cache_dir: Path, info: TargetInfo, option: str) -> HiddenCache:
@@ -100,7 +112,7 @@ def _from_cache(o: TrainDraftOptions, d: distributed.Dist, device: str) -> dict:
         raise UserError(o.out, "output directory exists", "pass --overwrite or choose another -o")
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     head = target_head_from_files(Path(o.target), info, dtype)
-    counts = count_tokens(b["input_ids"][i][b["real"][i]].tolist() for b in cache.iter_all(64) for i in range(b["input_ids"].shape[0]))
+    counts = count_tokens(_token_rows(cache))
     if init is not None:
         d2t = init.tensors.get("d2t")
         vocab = DraftVocab.from_d2t(d2t, info.vocab_size) if d2t is not None else DraftVocab(torch.arange(info.vocab_size), info.vocab_size)
