@@ -321,6 +321,11 @@ def test_speculators_converter_output(pair, tmp_path, capsys):
     mine = toolkit_logits(out, target, ids, aux)
     ref = toolkit_logits(draft, target, ids, aux)  # the head before conversion: the same function
     assert torch.equal(mine[0], ref[0]) and torch.equal(mine[1], ref[1])
+    # told norm_before_fc, the converter writes the flag but no input_norm tensor: refused, not served without it
+    out2 = tmp_path / "converted-nbf"
+    Eagle3Converter().convert(draft, out2, base_model=str(target), validate=False, norm_before_fc=True, eagle_aux_hidden_state_layer_ids=[2, 4, 5])
+    rc, _, err = validate(target, out2, capsys, "--max-seq-len", "512")
+    assert rc == 2 and "tensor input_norm.weight missing" in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("method", ["peagle", "dflash"])
