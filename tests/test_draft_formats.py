@@ -78,3 +78,18 @@ def test_not_an_eagle_head(tiny_pair):
 
     with pytest.raises(UserError, match="not an EAGLE-3 head"):
         load_draft(tiny_pair[0])
+
+
+def test_qwen3_style_qk_norm_tensors_are_refused(tiny_pair, capsys):
+    """q_norm/k_norm were "ignored" and still shipped: TensorRT-LLM's Eagle3Attention applies no q/k norm,
+    so a head trained with them is another function; refused in one line naming the tensor."""
+    from eagle3_trt.cli import main
+
+    t = load_file(str(tiny_pair[1] / "model.safetensors"))
+    t["midlayer.self_attn.q_norm.weight"] = torch.ones(16, dtype=torch.bfloat16)
+    t["midlayer.self_attn.k_norm.weight"] = torch.ones(16, dtype=torch.bfloat16)
+    save_file(t, str(tiny_pair[1] / "model.safetensors"))
+    rc = main(["validate", "--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1])])
+    _, err = capsys.readouterr()
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "midlayer.self_attn.k_norm.weight" in err and "q_norm/k_norm" in err
