@@ -1,4 +1,4 @@
-"""The README's health checks fail when the server is not ready (issue 21 C5): a bare ``curl -s``
+"""The health checks of the README and the docs pages fail when the server is not ready (issue 21 C5): a bare ``curl -s``
 exits 0 on an HTTP 404 or 503, so ``curl -s ... && echo ready`` printed "ready" for a server that
 was not. Each check is run as written, against a local HTTP server that answers an error, then 200."""
 
@@ -13,14 +13,16 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+from eagle3_trt.testing.readme_blocks import doc_pages
+
+ROOT = Path(__file__).resolve().parents[1]
 # a shell line that probes a server and reports it ready
 CHECK = re.compile(r"^\s*curl\b.*&&\s*echo ready\b.*$", re.M)
 ADDRESS = re.compile(r"(https?://)?(127\.0\.0\.1|localhost):\d+")
 
 
 def health_checks() -> list[str]:
-    return CHECK.findall(README.read_text(encoding="utf-8"))
+    return [c for page in doc_pages(ROOT) for c in CHECK.findall(page.read_text(encoding="utf-8"))]
 
 
 class _Server:
@@ -59,7 +61,7 @@ def _run(check: str, port: int) -> subprocess.CompletedProcess:
 
 
 def test_the_readme_has_health_checks():
-    assert health_checks(), "no `curl ... && echo ready` line in README.md: update CHECK"
+    assert health_checks(), "no `curl ... && echo ready` line in README.md or docs/: update CHECK"
 
 
 @pytest.mark.needs("curl")

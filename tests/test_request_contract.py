@@ -24,6 +24,7 @@ require("dynamo", "openai")
 
 from openai import BadRequestError, OpenAI
 
+from eagle3_trt.testing.readme_blocks import doc_pages
 from eagle3_trt.testing.served_traffic import captured_records
 from eagle3_trt.testing.servers import dynamo_served, serve_triton, stop_triton
 
@@ -147,5 +148,5 @@ def test_triton_refuses_bad_values_naming_the_input(fields, field):
 
 
 def test_readme_states_the_contract():
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = "".join(p.read_text() for p in doc_pages(Path(__file__).resolve().parents[1]))
     assert "runtime/request_contract.py" in text
