@@ -135,3 +135,65 @@ def test_deploy_dynamo_replaces_workers_without_dropping_a_request(fp8_bundle, k
     assert {k_of[id(d)] for d in done if d.t_send < t_deploy} == {3}
     assert {k_of[id(d)] for d in done if t_deployed < d.t_send < t_rollback} == {5}
     assert {k_of[id(d)] for d in done if d.t_send > t_rolled} == {3}
+
+
+def _commands_named(text: str) -> list[str]:
+    """The eagle3-trt commands a hint names (`eagle3-trt CMD ...`)."""
+    import re
+
+    return re.findall(r"`eagle3-trt ([a-z-]+)", text)
+
+
+@pytest.mark.needs("dynamo", "openai")
+def test_deploy_dynamo_finishes_the_roll_when_a_worker_dies_during_it(fp8_bundle, k5_bundle, tmp_path):
+    """A worker killed while deploy-dynamo replaces another: the roll replaces the dead one too (on
+    the new bundle), ends with as many workers as it had, state.json and deploy-history.json agree,
+    --rollback works, and every hint names a command that exists."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import openai
+
+    from eagle3_trt.cli import LAZY_COMMANDS
+    from eagle3_trt.dynamo_serving.launcher import Deployment
+    from eagle3_trt.testing.servers import REPO_ROOT
+
+    state = tmp_path / "state"
+    dep, _ = serve_dynamo(fp8_bundle, state)
+    try:
+        r = _cli("deploy-dynamo", "--rollback", "--state-dir", str(state))
+        assert r.returncode != 0 and "Traceback" not in r.stderr
+        named = _commands_named(r.stderr)
+        assert named and set(named) <= set(LAZY_COMMANDS), r.stderr
+        victim = dep.workers[1]
+        p = subprocess.Popen(
+            [sys.executable, "-m", "eagle3_trt.cli", "deploy-dynamo", str(k5_bundle), "--state-dir", str(state)],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        _until(lambda: (state / "worker-2.log").exists() or p.poll() is not None, 120, "no replacement started")
+        os.killpg(victim.pid, signal.SIGKILL)  # dies while worker-0's replacement comes up
+        out, err = p.communicate(timeout=400)
+        assert p.returncode == 0, out + err
+        assert "was dead; replaced" in out and "drained and stopped" in out, out
+        mid = Deployment.load(state)
+        assert mid is not None and len(mid.workers) == 2 and all(w.alive() for w in mid.workers)
+        assert {w.bundle for w in mid.workers} == {str(k5_bundle.resolve())} == {mid.bundle}
+        hist = json.loads((state / "deploy-history.json").read_text())["bundles"]
+        assert hist == [str(fp8_bundle.resolve()), str(k5_bundle.resolve())]
+        client = openai.OpenAI(base_url=dep.url, api_key="unused", timeout=120, max_retries=0)
+        assert client.completions.create(model="eagle3", prompt=PROMPTS[0], max_tokens=4, temperature=0).choices[0].text
+        r = _cli("deploy-dynamo", "--rollback", "--state-dir", str(state))
+        assert r.returncode == 0, r.stdout + r.stderr
+        back = Deployment.load(state)
+        assert back is not None and back.bundle == str(fp8_bundle.resolve()) and {w.bundle for w in back.workers} == {back.bundle}
+        assert json.loads((state / "deploy-history.json").read_text())["bundles"] == [back.bundle]
+        assert len(back.workers) == 2 and all(w.alive() for w in back.workers)
+    finally:
+        r = _cli("stop-dynamo", "--state-dir", str(state))
+    assert r.returncode == 0, r.stdout + r.stderr

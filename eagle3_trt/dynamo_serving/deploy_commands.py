@@ -36,6 +36,6 @@ def deploy_dynamo_cmd(new: Path | None, state_dir: Path, rollback: bool, drain_s
     r = roll_workers(state_dir, new, rollback=rollback, drain_s=drain_s, timeout_s=timeout_s)
     click.echo(f"{'rolled back' if rollback else 'deployed'}: {r.bundle} replaces {r.previous} ({r.seconds:.1f} s)")
     for old, fresh in r.replaced:
-        click.echo(f"  {old} drained and stopped; {fresh} serves")
+        click.echo(f"  {old}; {fresh} serves")
     if r.killed:
         click.echo(f"  killed after the drain window: {', '.join(r.killed)}", err=True)

@@ -59,6 +59,7 @@ class Proc:
     pid: int
     port: int  # frontend: HTTP; worker: system server (/health, /metrics)
     log: str
+    bundle: str = ""  # workers: the bundle it serves (mixed while deploy-dynamo rolls); "" for the frontend
 
     def alive(self) -> bool:
         return pid_alive(self.pid)
@@ -222,7 +223,7 @@ def start(
             # workers only to end what is left (see stop()).
             wenv = capture_env(capture, {**env, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_PORT": str(port), "DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0"})
             argv = _worker_argv(bundle, model_name, device, threads, speculation)
-            dep.workers.append(Proc(f"worker-{i}", _spawn(argv, wenv, log), port, str(log)))
+            dep.workers.append(Proc(f"worker-{i}", _spawn(argv, wenv, log), port, str(log), str(bundle)))
         dep.save()
         _wait_ready(dep, timeout_s)
     except BaseException:
@@ -335,6 +336,8 @@ def status(state_dir: Path = DEFAULT_STATE_DIR) -> tuple[Deployment | None, list
             code, _ = _get(f"http://{HOST}:{p.port}/health")
             what = f"up, metrics http://{HOST}:{p.port}/metrics" if code == 200 else f"running but /health answers {code or 'nothing'}"
         ok = ok and code == 200
+        if p.bundle and p.bundle != dep.bundle:  # a deploy-dynamo roll that stopped half-way
+            what += f", on {p.bundle} (the deployment rolls to {dep.bundle})"
         lines.append(f"{p.role:<9} pid {p.pid:<7} {what}")
     return dep, lines, ok
 

@@ -1,4 +1,4 @@
-"""`eagle3-trt deploy NEW --dynamo STATE_DIR`: replace a serve-dynamo deployment's workers one at a time.
+"""`eagle3-trt deploy-dynamo NEW --state-dir STATE_DIR`: replace a serve-dynamo deployment's workers one at a time.
 
 For each worker in turn: start its replacement on NEW (the same command line and environment as
 the worker it replaces, read from /proc, so its threads, device and capture settings carry over;
@@ -8,7 +8,9 @@ requests to the others; its engine lets the requests it holds finish, then it ex
 does the next worker go, so the deployment never serves with fewer workers than it had.
 
 ``--rollback`` does the same with the bundle served before (``deploy-history.json`` in the state
-directory lists the bundles deployed, oldest first).
+directory lists the bundles deployed, oldest first; its last entry is always state.json's bundle).
+A worker that died is replaced first, on the new bundle, so a roll finishes with every worker up;
+state.json records each worker's bundle, so running the command again resumes a roll that stopped.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from eagle3_trt.atomic import write_json
 from eagle3_trt.dynamo_serving.drain import MAX_DRAIN_S, marker_path, write_marker
-from eagle3_trt.dynamo_serving.launcher import STATE_FILE, Deployment, Proc, _registered, _spawn, free_port
+from eagle3_trt.dynamo_serving.launcher import STATE_FILE, Deployment, Proc, _spawn, free_port
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.procs import HOST, group_members
@@ -94,7 +96,47 @@ def _gone(p: Proc) -> bool:
     return not p.alive() and not group_members(p.pid)
 
 
+def _instances(dep: Deployment) -> set[Path]:
+    inst = Path(dep.discovery_dir) / "v1" / "instances"
+    return {p for p in inst.rglob("*") if p.is_file()} if inst.is_dir() else set()
+
+
+def worker_bundle(dep: Deployment, w: Proc) -> str:
+    """The bundle worker ``w`` serves: recorded in state.json since workers carry it; for a state file
+    written before that, its command line (alive) or the deployment's bundle."""
+    if w.bundle:
+        return w.bundle
+    if w.alive():
+        argv = _proc_argv(w.pid)
+        if "--bundle" in argv:
+            return argv[argv.index("--bundle") + 1]
+    return dep.bundle
+
+
+def _save(dep: Deployment, history: list[str]) -> None:
+    """state.json and deploy-history.json, written together so that they always agree: the
+    history's last bundle is the one state.json says the deployment serves (or is rolling to)."""
+    assert history and history[-1] == dep.bundle
+    dep.save()
+    write_json(Path(dep.state_dir) / HISTORY_FILE, DeployHistory(bundles=history).model_dump())
+
+
+def _next(dep: Deployment, new: Path) -> Proc | None:
+    """The next worker to replace: a dead one first (nothing to drain, and the live ones keep
+    serving meanwhile), then a live one not yet on ``new``; None when every worker serves ``new``."""
+    dead = [w for w in dep.workers if not w.alive()]
+    if dead:
+        return dead[0]
+    return next((w for w in dep.workers if worker_bundle(dep, w) != str(new)), None)
+
+
 def roll_workers(state_dir: Path, new_bundle: Path | None, *, rollback: bool = False, drain_s: float = MAX_DRAIN_S, timeout_s: float = 300.0) -> RollResult:
+    """Replace the workers one at a time until every one serves the new bundle.
+
+    A worker found dead (before or during the roll) is replaced first, on the new bundle: the roll
+    finishes with as many workers as the deployment had, and a live worker is drained only once its
+    replacement serves. Running the same command again after a failure finishes the roll (workers
+    already on the new bundle stay); ``--rollback`` goes back to the bundle before it."""
     t0 = time.monotonic()
     state_dir = Path(state_dir).resolve()
     dep = Deployment.load(state_dir)
@@ -106,50 +148,76 @@ def roll_workers(state_dir: Path, new_bundle: Path | None, *, rollback: bool = F
             raise UserError(
                 state_dir / HISTORY_FILE,
                 f"{dep.bundle} is the only bundle deployed here; there is nothing to roll back to",
-                "deploy one with `eagle3-trt deploy NEW --dynamo DIR`",
+                f"deploy one with `eagle3-trt deploy-dynamo NEW --state-dir {state_dir}`",
             )
-        new = Path(history[-2])
+        new, history = Path(history[-2]), history[:-1]
     else:
         assert new_bundle is not None
         new = Path(new_bundle).resolve()
+        history = history if history[-1] == str(new) else [*history, str(new)]
     _check_same_target(new, Path(dep.bundle))
     previous = Path(dep.bundle)
+    alive = [w for w in dep.workers if w.alive()]
+    if not alive:
+        raise UserError(
+            state_dir / STATE_FILE,
+            "no worker of the deployment is running: there is no command line to start replacements from",
+            f"`eagle3-trt stop-dynamo --state-dir {state_dir}`, then `eagle3-trt serve-dynamo {new} --state-dir {state_dir}`",
+        )
+    # every worker runs the same command line but for its bundle and port: a live one is the template
+    template_argv, template_env = _proc_argv(alive[0].pid), _proc_env(alive[0].pid)
     replaced: list[tuple[str, str]] = []
     killed: list[str] = []
     n_roles = len(list(state_dir.glob("worker-*.log")))
-    for i, old in enumerate(list(dep.workers)):
-        if not old.alive():
-            raise UserError(old.role, f"pid {old.pid} is not running", f"see `eagle3-trt status-dynamo --state-dir {state_dir}`; restart the deployment")
-        argv = _proc_argv(old.pid)
+    first_card = Path(worker_bundle(dep, alive[0])) / "target"  # used only when the template has no --card-dir: a serve-dynamo worker
+    while (old := _next(dep, new)) is not None:
+        argv = list(template_argv)
         argv[argv.index("--bundle") + 1] = str(new)
         if "--card-dir" not in argv:  # the model card the frontend holds: the first bundle's target directory
-            argv += ["--card-dir", str(previous / "target")]
+            argv += ["--card-dir", str(first_card)]
         port = free_port({dep.frontend.port, *(w.port for w in dep.workers)})
-        env = {**_proc_env(old.pid), "DYN_SYSTEM_PORT": str(port)}
+        env = {**template_env, "DYN_SYSTEM_PORT": str(port)}
         role = f"worker-{n_roles}"
         n_roles += 1
         log = state_dir / f"{role}.log"
-        fresh = Proc(role, _spawn(argv, env, log), port, str(log))
-        want = _registered(dep) + 1
+        before = _instances(dep)
+        fresh = Proc(role, _spawn(argv, env, log), port, str(log), str(new))
         end = time.monotonic() + timeout_s
-        while not (_healthy(port) and _registered(dep) >= want):
+        while not (_healthy(port) and _instances(dep) - before):
             if not fresh.alive() or time.monotonic() > end:
                 if fresh.alive():
                     os.killpg(fresh.pid, signal.SIGKILL)
-                raise UserError(role, f"the replacement of {old.role} on {new} did not come up; {old.role} keeps serving", f"log: {log}")
+                on_new = sum(worker_bundle(dep, w) == str(new) and w.alive() for w in dep.workers)
+                if on_new == 0:  # nothing changed: the deployment still serves what it served
+                    history = _history(state_dir, dep)
+                else:
+                    dep.bundle = str(new)
+                _save(dep, history)
+                keeps = f"{old.role} keeps serving" if old.alive() else f"{old.role} is dead and stays unreplaced"
+                raise UserError(
+                    role,
+                    f"the replacement of {old.role} on {new} did not come up ({on_new} of {len(dep.workers)} workers serve it); {keeps}",
+                    f"log: {log}; finish with `eagle3-trt deploy-dynamo {new} --state-dir {state_dir}`"
+                    + (f" or go back with `eagle3-trt deploy-dynamo {previous} --state-dir {state_dir}`" if on_new else ""),
+                )
             time.sleep(0.5)
-        write_marker(Path(dep.discovery_dir), old.pid, drain_s)
-        os.killpg(old.pid, signal.SIGTERM)
-        end = time.monotonic() + min(drain_s, MAX_DRAIN_S) + 30
-        while not _gone(old) and time.monotonic() < end:
-            time.sleep(0.2)
+        if old.alive():
+            write_marker(Path(dep.discovery_dir), old.pid, drain_s)
+            os.killpg(old.pid, signal.SIGTERM)
+            end = time.monotonic() + min(drain_s, MAX_DRAIN_S) + 30
+            while not _gone(old) and time.monotonic() < end:
+                time.sleep(0.2)
+            what = "drained and stopped"
+        else:
+            what = "was dead; replaced"
         if not _gone(old):
             os.killpg(old.pid, signal.SIGKILL)
             killed.append(old.role)
         marker_path(Path(dep.discovery_dir), old.pid).unlink(missing_ok=True)
-        dep.workers[i] = fresh
+        dep.workers[dep.workers.index(old)] = fresh
         dep.bundle = str(new)
-        dep.save()
-        replaced.append((f"{old.role} (pid {old.pid})", f"{role} (pid {fresh.pid})"))
-    write_json(state_dir / HISTORY_FILE, DeployHistory(bundles=history[:-1] if rollback else [*history, str(new)]).model_dump())
+        _save(dep, history)
+        replaced.append((f"{old.role} (pid {old.pid}) {what}", f"{role} (pid {fresh.pid})"))
+    dep.bundle = str(new)
+    _save(dep, history)
     return RollResult(new, previous, replaced, killed, time.monotonic() - t0)
