@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.console import Console
@@ -224,20 +223,21 @@ def gate_choice(rec: Recommendation, report: dict, gate_traffic: dict | None = N
         if gate_traffic is not None
         else f"{report.get('settings', {}).get('prompts')}"
     )
-    rec.evidence["acceptance_gate"] = {**how, **choice.evidence, "measured_on": measured_on, "written": choice.window is not None, "line": f"{choice.line()}; measured on {measured_on}"}
+    rec.evidence["acceptance_gate"] = {
+        **how,
+        **choice.evidence,
+        "measured_on": measured_on,
+        "written": choice.window is not None,
+        "line": f"{choice.line()}; measured on {measured_on}",
+    }
     return choice
 
 
 def read_gate_traffic(path: Path, b: Bundle) -> dict:
     """An ``alpha --traffic`` report of traffic ``b`` itself served, for ``recommend --gate-traffic``; a
     one-line UserError for anything else (another file, or another bundle's traffic)."""
-    try:
-        rep = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(
-            path, f"cannot read it as JSON ({type(e).__name__})", "pass the report.json written by `eagle3-trt alpha BUNDLE --traffic DIR`"
-        ) from None
-    if not isinstance(rep, dict) or rep.get("kind") != "eagle3-trt alpha --traffic report":
+    rep = read_report(path)
+    if rep.get("kind") != "eagle3-trt alpha --traffic report":
         raise UserError(path, "is not an alpha --traffic report", "pass the report.json written by `eagle3-trt alpha BUNDLE --traffic DIR`")
     if rep.get("bundle_fingerprint") != b.manifest.fingerprint:
         raise UserError(
