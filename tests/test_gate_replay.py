@@ -105,7 +105,7 @@ def test_gate_traffic_must_be_an_alpha_traffic_report_of_this_bundle(fp8_bundle,
     from eagle3_trt.cli import main
 
     f = tmp_path / "report.json"
-    for content, what in (("{not json", "cannot read it as JSON"), (json.dumps({"kind": "eagle3-trt alpha report"}), "is not an alpha --traffic report")):
+    for content, what in (("{not json", "not valid JSON"), (json.dumps({"kind": "eagle3-trt alpha report"}), "is not an alpha --traffic report")):
         f.write_text(content)
         assert main(["recommend", str(fp8_bundle), "--report", str(f), "--gate-traffic", str(f)]) == 2
         err = capsys.readouterr().err.strip()
