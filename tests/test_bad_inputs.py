@@ -1431,6 +1431,38 @@ CASES: list[Case] = [
         r"^error: \S+/afile/cap: cannot be created: \S+/afile is not a directory",
         make=write("afile", "x"),
     ),
+    # ---- issue 30: redaction that cannot leak, retention, a deleted capture directory
+    Case(
+        "serve-capture-redact-matches-empty",
+        ("serve", "{w}/nope", "--capture", "{w}/cap", "--capture-redact", "\\d*"),
+        2,
+        r"^error: --capture-redact: '\\\\d\*' matches the empty string",
+    ),
+    Case(
+        "serve-capture-keep-mb-at-the-cap",
+        ("serve", "{w}/nope", "--capture", "{w}/cap", "--capture-max-mb", "100", "--capture-keep-mb", "100"),
+        2,
+        r"^error: --capture-keep-mb: 100 is not below --capture-max-mb 100: the cap would stop capture before retention deletes anything",
+    ),
+    Case(
+        "serve-dynamo-capture-keep-hours-zero",
+        ("serve-dynamo", "{b}", "--capture", "{w}/cap", "--capture-keep-hours", "0"),
+        2,
+        r"^error: --capture-keep-hours: 0: must be a number more than 0",
+    ),
+    Case(
+        "serve-capture-keep-hours-alone",
+        ("serve", "{w}/nope", "--capture-keep-hours", "24"),
+        2,
+        r"^error: --capture-keep-hours: given without --capture \(hint: add --capture DIR",
+    ),
+    Case(
+        "alpha-traffic-deleted-directory",
+        ("alpha", "{b}", "--traffic", "{w}/cap"),
+        2,
+        r"^error: \S+/cap: is not a directory \(hint: pass the directory given to serve --capture\)",
+        make=lambda c: (_traffic(3)(c), shutil.rmtree(c.w / "cap")),
+    ),
     # ---- issue 23 E: deploy a new head into a served repository
     Case(
         "deploy-head-for-another-target",

@@ -295,3 +295,185 @@ def test_segments_rotate_by_size_so_a_flush_rewrites_little(tok, tmp_path):
     w.flush()
     assert [len(p.read_text().splitlines()) for p in segments(tmp_path / "by-size")] == [2, 1]
     assert [r.request_id for r in read_traffic(tmp_path / "by-size")] == ["0", "1", "2"]
+
+
+def _rec(cap: Capturer, i: int, **kw) -> None:
+    fields = {"prompt_ids": [1, 2], "prompt_text": "ab", "output_ids": [3], "output_text": "c", "sampling": _sampling(), "stats": _stats()}
+    cap.record(request_id=f"r{i}", **{**fields, **kw})
+
+
+def _until_flushed(d: Path, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if d.is_dir() and sum(len(p.read_text().splitlines()) for p in segments(d)) >= n:
+                return
+        except FileNotFoundError:
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"{n} records not flushed to {d}")
+
+
+def test_adjacent_secrets_are_redacted_whole_in_every_stored_field(tok, tmp_path):
+    """The README's pattern on two keys written together: re.sub's first match swallows the `sk` of
+    the second key and the rest (32 of its 35 characters) leaked; two patterns overlapping leaked the
+    part the first had rewritten; the category and the request id were stored unredacted."""
+    import re as _re
+
+    from eagle3_trt.runtime.capture import redact, redaction_spans
+
+    readme = [_re.compile(r"sk-[A-Za-z0-9]{20,}"), _re.compile(r"\b\d{3}-\d{2}-\d{4}\b")]
+    k1, k2 = "sk-" + "a1" * 16, "sk-" + "B2" * 16
+    assert len(k2) == 35 and k2[3:] in _re.sub(readme[0], REDACTED, f"{k1}{k2}")  # what re.sub left
+    assert redact(f"keys {k1}{k2} done", readme) == f"keys {REDACTED} done"
+    assert redaction_spans("x" + "1" * 200_000, [_re.compile(r"\d+")]) == [(1, 200_001)]  # bounded work, nothing left
+    # two patterns whose matches overlap: neither may leave a piece of the other
+    assert redact("tok=abcdefXYZ", [_re.compile("abcdef"), _re.compile("defXYZ")]) == f"tok={REDACTED}"
+
+    d = tmp_path / "cap"
+    cap = _capturer(tok, d, [], redact=(r"sk-[A-Za-z0-9]{20,}", r"\b\d{3}-\d{2}-\d{4}\b"))
+    prompt = f"two keys: {k1}{k2} and 123-45-6789"
+    cap.record(
+        request_id=f"req-{k1}",
+        prompt_ids=tok.encode(prompt),
+        prompt_text=prompt,
+        output_ids=tok.encode(f" {k2}{k1}", add_special_tokens=False),
+        output_text=f" {k2}{k1}",
+        sampling=_sampling(),
+        stats=_stats(),
+        category=f"team-{k2}",
+    )
+    cap.close()
+    blob = _all_bytes(d).decode()
+    for k in (k1, k2):
+        for i in range(0, len(k) - 8):
+            assert k[i : i + 8] not in blob, f"{k[i : i + 8]!r} of a key was stored"
+    (r,) = read_traffic(d)
+    assert r.prompt_text == f"two keys: {REDACTED} and {REDACTED}" and r.output_text == f" {REDACTED}"
+    assert r.category == f"team-{REDACTED}" and r.request_id == f"req-{REDACTED}" and r.redacted
+
+
+@pytest.mark.parametrize("stopped_first", [False, True], ids=["capturing", "after-capture-stopped"])
+def test_a_deleted_capture_directory_stays_deleted(tok, tmp_path, stopped_first):
+    """rm -rf of the capture directory: the next flush must not recreate it with the deleted records
+    (the open segment is rewritten whole at each flush); capture stops with one warning. The same once
+    capture had stopped itself at the cap: closing must not write the records it still holds."""
+    import shutil
+
+    d, warnings = tmp_path / "cap", []
+    cap = _capturer(tok, d, warnings, flush_s=0.05, max_mb=0.002 if stopped_first else 1.0)  # 2000 bytes: a few records
+    for i in range(12 if stopped_first else 3):
+        _rec(cap, i)
+    if stopped_first:
+        deadline = time.monotonic() + 10
+        while not cap.stopped and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert cap.stopped and len(warnings) == 1 and "reached --capture-max-mb" in warnings[0]
+    _until_flushed(d, 1 if stopped_first else 3)
+    shutil.rmtree(d)
+    for i in range(20, 25):
+        _rec(cap, i)
+        time.sleep(0.06)
+    cap.close()
+    assert not d.exists(), sorted(p.name for p in d.rglob("*"))
+    assert cap.stopped and len(warnings) == 1
+    if not stopped_first:
+        assert "was deleted" in warnings[0] and "stays deleted" in warnings[0]
+
+
+def test_a_deleted_open_segment_is_not_rewritten(tmp_path):
+    """A segment deleted under its writer (by hand or by another writer's retention): its records stay
+    deleted; the writer goes on in a new segment with the new records only."""
+    from eagle3_trt.formats.traffic import SegmentWriter
+
+    d = tmp_path / "cap"
+    _write_records(d, 2)
+    w = SegmentWriter(tmp_path / "w")
+    recs = read_traffic(d)
+    assert w.write(recs[0])
+    w.flush()
+    (only,) = segments(tmp_path / "w")
+    only.unlink()
+    assert w.write(recs[1])
+    w.flush()
+    assert [r.request_id for r in read_traffic(tmp_path / "w")] == [recs[1].request_id] and w.bytes_written == len(recs[1].to_line()) + 1
+
+
+def _write_records(d: Path, n: int) -> None:
+    from eagle3_trt.formats.traffic import CapturedSampling, SegmentWriter, ServedAcceptance, TrafficRecord
+
+    w = SegmentWriter(d, segment_records=1)
+    for i in range(n):
+        rec = TrafficRecord(
+            request_id=f"q{i}",
+            time_unix=1000.0 + i,
+            bundle_fingerprint="f" * 64,
+            model="eagle3",
+            frontend="triton",
+            chat=False,
+            prompt_text="ab",
+            prompt_ids=[1, 2],
+            output_ids=[3] * 50,
+            sampling=CapturedSampling(max_tokens=50),
+            acceptance=ServedAcceptance(speculative=True, draft_tokens=8, accepted_draft_tokens=3, target_forwards=4, completion_tokens=50),
+        )
+        assert w.write(rec)
+    w.flush()
+
+
+def test_retention_by_size_and_by_age(tok, tmp_path):
+    """--capture-keep-mb deletes the oldest segments past the size, --capture-keep-hours those last
+    written longer ago; the newest stay, capture goes on."""
+    import os
+
+    from eagle3_trt.formats.traffic import SegmentWriter
+
+    d = tmp_path / "cap"
+    _write_records(d, 6)  # six one-record segments
+    segs = segments(d)
+    size = segs[0].stat().st_size
+    now = time.time()
+    for i, p in enumerate(segs):  # the first two last written two days ago
+        os.utime(p, (now - 2 * 86400, now - 2 * 86400) if i < 2 else (now, now))
+    w = SegmentWriter(d)
+    assert [p.name for p in w.retain(keep_age_s=86400.0, now=now)] == [p.name for p in segs[:2]]
+    assert [p.name for p in w.retain(keep_bytes=int(2.5 * size))] == [p.name for p in segs[2:4]]
+    assert [r.request_id for r in read_traffic(d)] == ["q4", "q5"]
+
+    # the capturer applies it after each flush, from the typed options
+    cap_dir, warnings = tmp_path / "cap2", []
+    _write_records(cap_dir, 4)
+    cap = _capturer(tok, cap_dir, warnings, flush_s=0.05, keep_mb=2.5 * size / 1e6)
+    _rec(cap, 0)
+    cap.close()
+    left = read_traffic(cap_dir)
+    assert [r.request_id for r in left][-1] == "r0" and len(left) <= 3 and warnings == [] and not cap.stopped
+
+
+def test_retention_options_are_typed_and_refused_in_one_line(tmp_path):
+    cfg = from_options(tmp_path / "cap", 10.0, (), 5.0, 24.0)
+    assert cfg is not None and (cfg.keep_mb, cfg.keep_hours) == (5.0, 24.0)
+    for args, field in (
+        ((tmp_path / "c", 10.0, (), 10.0, None), "--capture-keep-mb"),
+        ((tmp_path / "c", None, (), None, -1.0), "--capture-keep-hours"),
+        ((tmp_path / "c", None, (), float("nan"), None), "--capture-keep-mb"),
+        ((None, None, (), None, 3.0), "--capture-keep-hours"),
+    ):
+        with pytest.raises(UserError) as e:
+            from_options(*args)
+        assert str(e.value.where) == field
+    with pytest.raises(ValueError):
+        CaptureConfig(dir=tmp_path, max_mb=1.0, keep_mb=2.0)
+    with pytest.raises(ValueError):
+        CaptureConfig(dir=tmp_path, keep_hours=1.0, unknown=1)
+
+
+def test_iter_traffic_streams_segment_by_segment(tmp_path):
+    from eagle3_trt.formats.traffic import iter_traffic
+
+    d = tmp_path / "cap"
+    _write_records(d, 3)
+    it = iter_traffic(d)
+    assert next(it).request_id == "q0" and [r.request_id for r in it] == ["q1", "q2"]
+    with pytest.raises(UserError):
+        iter_traffic(tmp_path / "missing")  # refused at once, not at the first record

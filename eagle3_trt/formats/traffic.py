@@ -6,9 +6,17 @@ ever written whole through the atomic writer (staged, fsynced, renamed), so a re
 segment as it was at its last flush or not at all, never half a record. The open segment is
 rewritten at each flush; once it holds ``segment_records`` records the writer moves on to the next.
 
-Readers: ``read_traffic`` (every record, oldest first; a truncated or foreign segment is a
-one-line UserError naming the file and line). Writers: ``SegmentWriter`` (synchronous; the serving
-side runs it off the request path, see runtime/capture.py).
+Readers: ``iter_traffic`` (records one segment at a time, segment by segment: memory bounded by
+one segment whatever the capture's size) and ``read_traffic`` (every record in a list, oldest
+first); a truncated or foreign segment is a one-line UserError naming the file and line. Writers:
+``SegmentWriter`` (synchronous; the serving side runs it off the request path, see runtime/capture.py).
+
+Deletion is final: a writer never recreates what was deleted under it. When its directory is gone
+(or replaced by another directory of the same name) it raises ``CaptureDirGone`` and writes nothing
+more; when its open segment was deleted (by hand or by another writer's retention), the records
+that segment held are dropped and the writer goes on in a new segment. Retention
+(``SegmentWriter.retain``) deletes whole segments, oldest first: those last written more than an
+age ago, then as many as bring the directory under a size.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -118,16 +126,23 @@ def read_segment(f: Path) -> list[TrafficRecord]:
     return out
 
 
-def read_traffic(d: Path) -> list[TrafficRecord]:
-    """Every record under the capture directory ``d``, oldest first."""
+def iter_traffic(d: Path) -> Iterator[TrafficRecord]:
+    """The records under the capture directory ``d``, segment after segment (oldest segment first;
+    concurrent writers' records interleave by segment, not by time). Holds one segment at a time:
+    a reader that keeps only what it needs runs in bounded memory however large the capture.
+    The directory is checked before the first record is yielded."""
     d = Path(d)
     if not d.is_dir():
         raise UserError(d, "is not a directory", "pass the directory given to serve --capture")
     segs = segments(d)
     if not segs:
         raise UserError(d, "holds no capture segments (traffic-*.jsonl)", "serve with --capture DIR and send some requests first")
-    recs = [r for s in segs for r in read_segment(s)]
-    return sorted(recs, key=lambda r: r.time_unix)
+    return (r for s in segs for r in read_segment(s))
+
+
+def read_traffic(d: Path) -> list[TrafficRecord]:
+    """Every record under the capture directory ``d``, oldest first."""
+    return sorted(iter_traffic(d), key=lambda r: r.time_unix)
 
 
 def traffic_digest(records: Iterable[TrafficRecord]) -> str:
@@ -140,6 +155,10 @@ def traffic_digest(records: Iterable[TrafficRecord]) -> str:
     return h.hexdigest()
 
 
+class CaptureDirGone(Exception):
+    """The writer's directory was deleted or replaced since it started: it writes nothing more."""
+
+
 class SegmentWriter:
     """Appends records to rotating segments; ``flush`` rewrites the open segment atomically.
 
@@ -150,6 +169,7 @@ class SegmentWriter:
 
     def __init__(self, d: Path, *, segment_records: int = 256, max_bytes: int | None = None, segment_bytes: int | None = None) -> None:
         self.dir = make_dirs(Path(d))
+        self._dir_id = self._identity()
         self.segment_records = int(segment_records)
         self.segment_bytes = segment_bytes
         self.max_bytes = max_bytes
@@ -159,6 +179,22 @@ class SegmentWriter:
         self._closed_bytes = 0  # bytes of segments already rotated out
         self._open_bytes = 0
         self._dirty = False
+        self._flushed = 0  # lines of the open segment on disk (its file exists once this is > 0)
+
+    def _identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.dir)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def _check_dir(self) -> None:
+        if self._identity() != self._dir_id:
+            self._lines, self._open_bytes, self._dirty = [], 0, False
+            raise CaptureDirGone(f"{self.dir} was deleted or replaced")
+
+    def _own(self, p: Path) -> bool:
+        return p.name.startswith(f"traffic-{self._start_ms:013d}-{os.getpid()}-")
 
     @property
     def bytes_written(self) -> int:
@@ -175,10 +211,61 @@ class SegmentWriter:
         if len(self._lines) >= self.segment_records or (self.segment_bytes is not None and self._open_bytes >= self.segment_bytes):
             self.flush()
             self._closed_bytes += self._open_bytes
-            self._open_bytes, self._lines, self._n = 0, [], self._n + 1
+            self._open_bytes, self._lines, self._n, self._flushed = 0, [], self._n + 1, 0
         return True
 
     def flush(self) -> None:
+        """Rewrite the open segment. ``CaptureDirGone`` when the directory was deleted or replaced
+        (nothing is written, and the records held are dropped)."""
         if self._dirty and self._lines:
-            write_text(self.dir / segment_name(self._start_ms, self._n), "".join(self._lines))
+            self._check_dir()
+            path = self.dir / segment_name(self._start_ms, self._n)
+            if self._flushed and not path.exists():  # deleted under us: what it held stays deleted
+                gone = self._lines[: self._flushed]
+                self._open_bytes -= sum(len(ln.encode("utf-8")) for ln in gone)
+                self._lines, self._n, self._flushed = self._lines[self._flushed :], self._n + 1, 0
+                path = self.dir / segment_name(self._start_ms, self._n)
+            write_text(path, "".join(self._lines))
+            if self._identity() != self._dir_id:  # deleted between the check and the write: undo
+                path.unlink(missing_ok=True)
+                try:
+                    self.dir.rmdir()
+                except OSError:
+                    pass
+                self._check_dir()
+            self._flushed = len(self._lines)
         self._dirty = False
+
+    def retain(self, *, keep_bytes: int | None = None, keep_age_s: float | None = None, now: float | None = None) -> list[Path]:
+        """Delete whole segments of the directory (every writer's), oldest first: those last written
+        more than ``keep_age_s`` ago, then as many as bring the directory's segments to
+        ``keep_bytes`` or less. This writer's open segment is kept (the others' writers drop what
+        theirs held at their next flush). The deleted paths."""
+        self._check_dir()
+        now = time.time() if now is None else now
+        open_path = self.dir / segment_name(self._start_ms, self._n)
+        sizes: list[tuple[Path, int, float]] = []
+        for p in segments(self.dir):
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            sizes.append((p, st.st_size, st.st_mtime))
+        total = sum(n for _, n, _ in sizes)
+        deleted: list[Path] = []
+        for p, n, mtime in sizes:
+            if p == open_path:
+                continue
+            old = keep_age_s is not None and now - mtime > keep_age_s
+            big = keep_bytes is not None and total > keep_bytes
+            if not (old or big):
+                continue
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                continue
+            total -= n
+            deleted.append(p)
+            if self._own(p):
+                self._closed_bytes = max(0, self._closed_bytes - n)
+        return deleted

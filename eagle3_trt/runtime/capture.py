@@ -14,15 +14,26 @@ through ``SegmentWriter`` (each flush rewrites the open segment whole through th
 at most every ``flush_s`` and at close). A failure there (disk, tokenizer) turns capture off with
 one warning; serving goes on.
 
-Redaction: every pattern is applied to the prompt text and the output text (``re.sub`` with
-``[REDACTED]``) before a record reaches the writer. When a pattern matched (in the text, or in the
-text the token ids decode to), the ids are re-encoded from the redacted text with the served
-tokenizer and ``redacted`` is true, so the ids cannot carry what the text hid.
+Redaction: every pattern is applied to every stored field a client can put text in (prompt and
+output text, the request id, the category) before a record reaches the writer. ``redaction_spans``
+finds each pattern's match at every start position on the original text (not ``re.sub``'s
+left-to-right, non-overlapping matches: with ``sk-[A-Za-z0-9]{20,}``, the first of two adjacent
+keys swallows the ``sk`` of the second, whose rest then no longer matches) and for every pattern
+on that same text (not on the text an earlier pattern already rewrote); the union of the spans is
+replaced, each run by one ``[REDACTED]``. When a pattern matched (in the text, or in the text the
+token ids decode to), the ids are re-encoded from the redacted text with the served tokenizer and
+``redacted`` is true, so the ids cannot carry what the text hid.
 
 The cap (``max_mb``) is on the capture directory as a whole: every ``traffic-*.jsonl`` in it,
 from earlier runs and from the other model instances or workers writing there (rescanned at each
 flush, so concurrent writers can pass it by what they write in one flush interval). The first
 record that would pass it stops capture in this process with one warning line.
+
+Retention (``keep_mb``, ``keep_hours``): after each flush the capturer deletes whole segments,
+oldest first, last written more than ``keep_hours`` ago, then as many as bring the directory to
+``keep_mb`` (formats/traffic ``SegmentWriter.retain``); capture goes on. A directory deleted (or
+replaced) while capturing stays deleted: the next flush finds it gone, drops what it held, and
+capture stops with one warning; a capturer that has stopped writes nothing more, not even at close.
 """
 
 from __future__ import annotations
@@ -39,10 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.formats.traffic import CapturedSampling, SegmentWriter, ServedAcceptance, TrafficRecord, segments
+from eagle3_trt.formats.traffic import CaptureDirGone, CapturedSampling, SegmentWriter, ServedAcceptance, TrafficRecord, segments
 from eagle3_trt.runtime.llm_api import SpecStats
 
 CAPTURE_ENV = "EAGLE3_CAPTURE"
@@ -63,6 +74,14 @@ class CaptureConfig(BaseModel):
     flush_s: float = Field(FLUSH_S, gt=0, le=60)
     segment_records: int = Field(256, ge=1)
     segment_mb: int = Field(4, ge=1, description="a new segment after this many MB: bounds what each flush rewrites")
+    keep_mb: float | None = Field(None, gt=0, allow_inf_nan=False, description="retention: delete the oldest segments past this many MB")
+    keep_hours: float | None = Field(None, gt=0, allow_inf_nan=False, description="retention: delete segments last written more than this long ago")
+
+    @model_validator(mode="after")
+    def _keep_below_cap(self) -> CaptureConfig:
+        if self.keep_mb is not None and self.keep_mb >= self.max_mb:
+            raise ValueError(f"keep_mb {self.keep_mb:g} must be below max_mb {self.max_mb:g}: the cap would stop capture before retention deletes anything")
+        return self
 
     @field_validator("redact")
     @classmethod
@@ -71,9 +90,11 @@ class CaptureConfig(BaseModel):
             if not p:
                 raise ValueError("an empty pattern would match everywhere")
             try:
-                re.compile(p)
+                c = re.compile(p)
             except re.error as e:
                 raise ValueError(f"{p!r} is not a regular expression ({e})") from None
+            if c.fullmatch(""):
+                raise ValueError(f"{p!r} matches the empty string")
         return v
 
     @property
@@ -87,7 +108,9 @@ class CaptureConfig(BaseModel):
         return self.model_dump_json()
 
 
-def capture_config(d: Path, max_mb: float = DEFAULT_MAX_MB, redact: Sequence[str] = ()) -> CaptureConfig:
+def capture_config(
+    d: Path, max_mb: float = DEFAULT_MAX_MB, redact: Sequence[str] = (), keep_mb: float | None = None, keep_hours: float | None = None
+) -> CaptureConfig:
     """The command line's capture options, checked: one UserError naming the option for each bad value.
 
     The directory must be a directory (or not exist yet) in a place this process may write; it is
@@ -96,16 +119,31 @@ def capture_config(d: Path, max_mb: float = DEFAULT_MAX_MB, redact: Sequence[str
         try:
             if not p:
                 raise re.error("empty pattern (it would match everywhere)")
-            re.compile(p)
+            c = re.compile(p)
         except re.error as e:
             raise UserError(
                 "--capture-redact", f"{p!r} is not a regular expression ({e})", "pass a Python regular expression, e.g. 'sk-[A-Za-z0-9]{20,}'"
             ) from None
+        if c.fullmatch(""):
+            raise UserError(
+                "--capture-redact",
+                f"{p!r} matches the empty string (a pattern that can match nothing is a mistake, e.g. * for +)",
+                "make it match at least one character, e.g. '\\d+' rather than '\\d*'",
+            )
     if not (max_mb > 0 and math.isfinite(max_mb)):
         raise UserError("--capture-max-mb", f"{max_mb:g}: must be a number of MB more than 0", "the cap on the capture directory's segments")
+    for name, v in (("--capture-keep-mb", keep_mb), ("--capture-keep-hours", keep_hours)):
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise UserError(name, f"{v:g}: must be a number more than 0", "retention deletes the oldest segments past it; leave it out to keep everything")
+    if keep_mb is not None and keep_mb >= max_mb:
+        raise UserError(
+            "--capture-keep-mb",
+            f"{keep_mb:g} is not below --capture-max-mb {max_mb:g}: the cap would stop capture before retention deletes anything",
+            "keep fewer MB than the cap, or raise --capture-max-mb",
+        )
     d = Path(d).absolute()
     check_capture_dir(d)
-    return CaptureConfig(dir=d, max_mb=max_mb, redact=tuple(redact))
+    return CaptureConfig(dir=d, max_mb=max_mb, redact=tuple(redact), keep_mb=keep_mb, keep_hours=keep_hours)
 
 
 def check_capture_dir(d: Path) -> None:
@@ -124,6 +162,56 @@ def check_capture_dir(d: Path) -> None:
         except OSError:
             ro = False
         raise UserError(d, f"not writable: {p} is on a read-only file system" if ro else f"not writable: permission denied in {p}", hint)
+
+
+# Searching again inside each match costs about the match's length per start position: past this
+# many matched characters per character of text (a pathological match such as a 100k-digit number
+# under \d+), the rest of the text is redacted whole: more than the secret, never less.
+_REDACT_WORK = 16
+
+
+def redaction_spans(text: str, patterns: Sequence[re.Pattern[str]]) -> list[tuple[int, int]]:
+    """The merged (start, end) spans of ``text`` matched by any pattern at any start position.
+
+    ``re.sub`` alone leaks: its matches do not overlap, so a match starting inside an earlier one
+    is never tried (two adjacent keys under ``sk-[A-Za-z0-9]{20,}``: the first match ends after the
+    ``sk`` of the second, and ``-`` plus the second key's 32 characters no longer match), and a
+    second pattern applied after the first sees ``[REDACTED]`` instead of the text it would have
+    matched. Here every pattern runs on the original text and is searched again from the character
+    after each match's start."""
+    spans: list[tuple[int, int]] = []
+    for p in patterns:
+        pos, work, budget = 0, 0, _REDACT_WORK * len(text) + 100_000
+        while pos <= len(text):
+            m = p.search(text, pos)
+            if m is None:
+                break
+            s, e = m.span()
+            work += e - s + 1
+            if work > budget:
+                spans.append((s, len(text)))
+                break
+            if e > s:
+                spans.append((s, e))
+            pos = s + 1
+    spans.sort()
+    merged: list[tuple[int, int]] = []
+    for s, e in spans:
+        if merged and s <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+        else:
+            merged.append((s, e))
+    return merged
+
+
+def redact(text: str, patterns: Sequence[re.Pattern[str]]) -> str:
+    """``text`` with every span of ``redaction_spans`` replaced by one ``[REDACTED]``."""
+    out, last = [], 0
+    for s, e in redaction_spans(text, patterns):
+        out += [text[last:s], REDACTED]
+        last = e
+    out.append(text[last:])
+    return "".join(out)
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> CaptureConfig | None:
@@ -306,10 +394,10 @@ class Capturer:
                 break
             if isinstance(item, _Finished) and not self.stopped:
                 self._write(item)
-            if self._writer is not None and time.monotonic() - last >= self.cfg.flush_s:
+            if self._writer is not None and not self.stopped and time.monotonic() - last >= self.cfg.flush_s:
                 self._flush()
                 last = time.monotonic()
-        if self._writer is not None:
+        if self._writer is not None and not self.stopped:  # a stopped capturer writes nothing more
             self._flush()
 
     def _write(self, item: _Finished) -> None:
@@ -321,6 +409,9 @@ class Capturer:
             return
         try:
             ok = self._writer.write(rec)
+        except CaptureDirGone:
+            self._stop(self._gone_message())
+            return
         except Exception as e:
             self._stop(f"capture off: writing to {self.cfg.dir} failed ({type(e).__name__}: {e}); serving continues")
             return
@@ -339,9 +430,16 @@ class Capturer:
         try:
             self._writer.flush()
             self._unflushed = False
+            if self.cfg.keep_mb is not None or self.cfg.keep_hours is not None:
+                self._writer.retain(
+                    keep_bytes=None if self.cfg.keep_mb is None else int(self.cfg.keep_mb * 1_000_000),
+                    keep_age_s=None if self.cfg.keep_hours is None else self.cfg.keep_hours * 3600.0,
+                )
             # The other writers' share, for the cap (all of this writer's bytes are on disk now).
             self._others = max(0, self._dir_bytes() - self._writer.bytes_written)
             self._writer.max_bytes = self.cfg.max_bytes - self._others
+        except CaptureDirGone:
+            self._stop(self._gone_message())
         except Exception as e:
             self._stop(f"capture off: writing to {self.cfg.dir} failed ({type(e).__name__}: {e}); serving continues")
 
@@ -353,6 +451,9 @@ class Capturer:
             except FileNotFoundError:
                 pass
         return n
+
+    def _gone_message(self) -> str:
+        return f"capture stopped: {self.cfg.dir} was deleted (or replaced); it stays deleted, nothing more is captured; serving continues"
 
     def _stop(self, message: str) -> None:
         if not self.stopped:
@@ -374,9 +475,7 @@ class Capturer:
         return [int(i) for i in self._tok.encode(text, add_special_tokens=special)]
 
     def _redact(self, text: str) -> str:
-        for p in self._patterns:
-            text = p.sub(REDACTED, text)
-        return text
+        return redact(text, self._patterns)
 
     def _side(self, text: str | None, ids: list[int], *, prompt: bool) -> tuple[str, list[int], bool]:
         """(text, ids, redacted) of one side: text decoded when the front end has none; when a
@@ -390,15 +489,18 @@ class Capturer:
         clean = self._redact(text)
         if clean == text:
             raw = decoded if decoded is not None else self._decode(ids, skip_special=False)
-            if self._redact(raw) == raw:
+            if not redaction_spans(raw, self._patterns):
                 return text, ids, False
         return clean, self._encode(clean, prompt), True
 
     def _build(self, it: _Finished) -> TrafficRecord:
         prompt_text, prompt_ids, r1 = self._side(it.prompt_text, it.prompt_ids, prompt=True)
         output_text, output_ids, r2 = self._side(it.output_text, it.output_ids, prompt=False)
+        # the client chose these two as well: stored redacted like the texts
+        request_id = self._redact(it.request_id)
+        category = None if it.category is None else self._redact(it.category)
         return TrafficRecord(
-            request_id=it.request_id,
+            request_id=request_id,
             time_unix=it.time_unix,
             bundle_fingerprint=self.source.bundle_fingerprint,
             model=self.source.model,
@@ -412,6 +514,6 @@ class Capturer:
             finish_reason=it.finish_reason,
             sampling=CapturedSampling(**it.sampling),
             acceptance=served_acceptance(it.stats),
-            category=it.category,
-            redacted=r1 or r2,
+            category=category,
+            redacted=r1 or r2 or request_id != it.request_id or category != it.category,
         )

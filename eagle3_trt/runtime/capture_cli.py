@@ -1,5 +1,6 @@
 """The capture options ``serve`` and ``serve-dynamo`` share (issue 23 A): ``--capture DIR``,
-``--capture-max-mb N``, ``--capture-redact REGEX`` (repeatable). See runtime/capture.py."""
+``--capture-max-mb N``, ``--capture-redact REGEX`` (repeatable), and retention: ``--capture-keep-mb N``,
+``--capture-keep-hours H``. See runtime/capture.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,22 @@ from eagle3_trt.runtime.capture import DEFAULT_MAX_MB, CaptureConfig, capture_co
 
 
 def capture_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option(
+        "--capture-keep-hours",
+        "capture_keep_hours",
+        type=float,
+        default=None,
+        metavar="H",
+        help="with --capture: retention; delete segments last written more than H hours ago (checked at each flush; capture goes on)",
+    )(f)
+    f = click.option(
+        "--capture-keep-mb",
+        "capture_keep_mb",
+        type=float,
+        default=None,
+        metavar="MB",
+        help="with --capture: retention; delete the oldest segments while the directory holds more than MB (below --capture-max-mb; capture goes on)",
+    )(f)
     f = click.option(
         "--capture-redact",
         "capture_redact",
@@ -42,14 +59,28 @@ def capture_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def capture_summary(cfg: CaptureConfig) -> str:
     redact = f", redacting {len(cfg.redact)} pattern(s)" if cfg.redact else ""
-    return f"{cfg.dir} (cap {cfg.max_mb:g} MB{redact})"
+    keep = "".join(
+        [f", keeping the newest {cfg.keep_mb:g} MB" if cfg.keep_mb else "", f", deleting segments older than {cfg.keep_hours:g} h" if cfg.keep_hours else ""]
+    )
+    return f"{cfg.dir} (cap {cfg.max_mb:g} MB{redact}{keep})"
 
 
-def from_options(capture_dir: Path | None, capture_max_mb: float | None, capture_redact: tuple[str, ...]) -> CaptureConfig | None:
+def from_options(
+    capture_dir: Path | None,
+    capture_max_mb: float | None,
+    capture_redact: tuple[str, ...],
+    capture_keep_mb: float | None = None,
+    capture_keep_hours: float | None = None,
+) -> CaptureConfig | None:
     """The checked capture settings (one UserError per bad value, before any server starts); None when off."""
     if capture_dir is None:
-        for name, given in (("--capture-max-mb", capture_max_mb is not None), ("--capture-redact", bool(capture_redact))):
+        for name, given in (
+            ("--capture-max-mb", capture_max_mb is not None),
+            ("--capture-redact", bool(capture_redact)),
+            ("--capture-keep-mb", capture_keep_mb is not None),
+            ("--capture-keep-hours", capture_keep_hours is not None),
+        ):
             if given:
                 raise UserError(name, "given without --capture", "add --capture DIR to record traffic (capture is off by default)")
         return None
-    return capture_config(capture_dir, DEFAULT_MAX_MB if capture_max_mb is None else capture_max_mb, capture_redact)
+    return capture_config(capture_dir, DEFAULT_MAX_MB if capture_max_mb is None else capture_max_mb, capture_redact, capture_keep_mb, capture_keep_hours)
