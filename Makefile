@@ -72,7 +72,8 @@ engine: $(STAMP)
 test: lint $(DYNAMO_STAMP)
 	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-# The README's command blocks, run on the tiny pairs (tests/test_readme_commands.py; also part of make test).
+# The command blocks of the README and of every docs/ page, run on the tiny pairs (tests/test_readme_commands.py;
+# also part of make test).
 .PHONY: docs-check
 docs-check: $(DYNAMO_STAMP)
 	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/python -m pytest -q tests/test_readme_commands.py

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from eagle3_trt.clients.llm_client import GenerationParams, LLMClient
@@ -47,8 +47,15 @@ def drive(grpc_url: str, prompts: list[str], max_tokens: int, concurrency: int) 
         with LLMClient(grpc_url) as c:
             return c.generate(p, params, stream=True).finish_reason
 
+    # a line every eighth of the requests: 192 requests take a minute or two on a CPU, and a silent
+    # terminal for that long looks hung
+    t0, every = time.monotonic(), max(1, len(prompts) // 8)
     with ThreadPoolExecutor(concurrency) as ex:
-        reasons = list(ex.map(one, prompts))
+        futures = [ex.submit(one, p) for p in prompts]
+        for done, _ in enumerate(as_completed(futures), 1):
+            if done % every == 0 and done < len(prompts):
+                print(f"  {done}/{len(prompts)} answered ({time.monotonic() - t0:.0f} s)", flush=True)
+        reasons = [f.result() for f in futures]
     print(f"  sent {len(prompts)} requests ({concurrency} at a time): finish reasons {sorted(set(map(str, reasons)))}", flush=True)
 
 
@@ -57,6 +64,27 @@ def served_al(recs: list[TrafficRecord]) -> tuple[float, int]:
     toks = sum(r.acceptance.completion_tokens for r in recs)
     fwd = sum(r.acceptance.target_forwards for r in recs)
     return (toks / fwd if fwd else 0.0), len(recs)
+
+
+def plot_served_al(figures: dict[str, tuple[float, int]], dest: Path) -> Path:
+    """A bar per model version: the served AL on the phase-2 prompts (docs/traffic-loop.md shows one)."""
+    import matplotlib  # imported here: only the demo's last step draws
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    labels = [f"version {v}\n({'before' if v == '1' else 'after'} deploy)" for v in figures]
+    bars = ax.bar(labels, [al for al, _ in figures.values()], color=["#9e9e9e", "#1f77b4"][: len(figures)])
+    for b, (al, n) in zip(bars, figures.values()):
+        ax.annotate(f"AL {al:.2f}\n({n} requests)", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("served acceptance length\n(tokens per target forward)")
+    ax.set_title("the same new SQL prompts, before and after the new head", fontsize=9)
+    ax.set_ylim(0, max(al for al, _ in figures.values()) * 1.3)
+    fig.tight_layout()
+    fig.savefig(dest, dpi=120)
+    plt.close(fig)
+    return dest
 
 
 def main() -> None:
@@ -108,9 +136,10 @@ def main() -> None:
         if tuple(r.prompt_ids) in phase2_ids:
             by_version.setdefault(str(r.model_version), []).append(r)
     print("\n# served acceptance length on the phase-2 prompts (capture records, as the server counted):")
-    for v in sorted(by_version):
-        al, n = served_al(by_version[v])
+    figures = {v: served_al(by_version[v]) for v in sorted(by_version)}
+    for v, (al, n) in figures.items():
         print(f"  version {v} ({'before' if v == '1' else 'after'} the deploy): AL {al:.3f} over {n} requests")
+    print(f"  chart: {plot_served_al(figures, w / 'served_al.png')}")
     print("\n" + verdict_line(json.loads((w / "gate.json").read_text())))
 
 
