@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from eagle3_trt.cli import main
 from eagle3_trt.pipeline.commands import plan_cmd
 from eagle3_trt.pipeline.model_size import read_config
+from eagle3_trt.testing.readme_blocks import doc_pages
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = ROOT / "build" / "model_configs" / "llama3.3-70b"
@@ -59,7 +60,7 @@ def test_train_options_refused_alone(capsys):
 
 def test_readme_runbook_shows_the_printed_numbers():
     """The README's 70B retraining subsection quotes what `plan --train` prints, line for line."""
-    readme = (ROOT / "README.md").read_text()
+    readme = "\n".join(p.read_text() for p in doc_pages(ROOT))  # the README and the docs pages (the runbook is docs/gpu-runbook.md)
     m = re.search(r"<!-- docs-check: run plan-70b-train -->\n```bash\n(.*?)\n```", readme, re.S)
     assert m, "README has no plan-70b-train block"
     args = m.group(1).split()
