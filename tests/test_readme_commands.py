@@ -99,6 +99,17 @@ def test_checker_flags_an_unclassified_block_and_a_skip_without_reason():
     assert parse_blocks("<!-- docs-check: skip (x) -->\nprose\n```bash\nls\n```\n")[0].kind == ""
 
 
+def test_checker_holds_a_repeated_block_to_the_block_it_repeats():
+    """A page may show a block another page runs (``same ID``): it is checked equal to it."""
+    md = "<!-- docs-check: run known -->\n```bash\nls -l\n```\n\n<!-- docs-check: same known -->\n```bash\nls -l\n```\n"
+    assert problems(parse_blocks(md), {"known"}) == []
+    stale = md.rsplit("ls -l", 1)[0] + "ls -la\n```\n"
+    (p,) = problems(parse_blocks(stale), {"known"})
+    assert "README.md:7" in p and "differs from the run block 'known'" in p
+    (p,) = problems(parse_blocks("<!-- docs-check: same gone -->\n```bash\nls\n```\n"), set())
+    assert "'same' names 'gone'" in p
+
+
 def test_checker_splits_commands_as_a_shell_reads_them():
     text = "# a comment line\nls -l   # trailing comment\ncurl -d '{\n  \"a\": 1}' x\nfoo \\\n  --bar\n"
     assert commands(text) == ["ls -l   # trailing comment", "curl -d '{\n  \"a\": 1}' x", "foo \\\n  --bar"]

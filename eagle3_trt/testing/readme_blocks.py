@@ -7,6 +7,8 @@ site) on the line before it::
 
     <!-- docs-check: run tiny-alpha -->        the test named by this id runs the block
     <!-- docs-check: skip (needs a GPU) -->    not run; the reason is required
+    <!-- docs-check: same tiny-alpha -->       the text of the block the id names (run elsewhere), repeated
+                                              on another page: it must stay equal to it
 
 ``problems`` lists every block with neither, a skip without a reason, a run id no test knows, or an
 id used twice (ids are unique across all pages, so a block keeps its id and its test when it moves
@@ -33,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MARKER = re.compile(r"^<!--\s*docs-check:\s*(?P<kind>run|skip)\b\s*(?P<arg>.*?)\s*-->\s*$")
+MARKER = re.compile(r"^<!--\s*docs-check:\s*(?P<kind>run|skip|same)\b\s*(?P<arg>.*?)\s*-->\s*$")
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\s*$")
 LANGS = ("bash", "python")
 # the README's default ports -> the name of the free port that replaces them
@@ -43,7 +45,8 @@ README_PORTS = {8000: "http", 8001: "grpc", 8002: "metrics", 8080: "dynamo"}
 @dataclass(frozen=True)
 class Block:
     """One fenced block: where it starts (1-based line of the opening fence), its language, its
-    text, and its marker: ``kind`` "run" (``arg`` = the id), "skip" (``arg`` = "(reason)") or "";
+    text, and its marker: ``kind`` "run" (``arg`` = the id), "skip" (``arg`` = "(reason)"), "same" (``arg`` = the
+    id of the run block it repeats) or "";
     ``path``: the page it is on, relative to the repository root."""
 
     line: int
@@ -107,6 +110,8 @@ def problems(blocks: Iterable[Block], known_ids: Iterable[str]) -> list[str]:
     known = set(known_ids)
     out: list[str] = []
     seen: dict[str, str] = {}
+    blocks = list(blocks)
+    run_text = {b.arg: b.text for b in blocks if b.kind == "run"}
     for b in blocks:
         first = next((ln for ln in b.text.splitlines() if ln.strip()), "")
         where = f"{b.where} ({first.strip()[:60]!r})"
@@ -122,6 +127,11 @@ def problems(blocks: Iterable[Block], known_ids: Iterable[str]) -> list[str]:
             elif b.arg not in known:
                 out.append(f"{where}: run id {b.arg!r} has no test")
             seen.setdefault(b.arg, b.where)
+        elif b.kind == "same":
+            if b.arg not in run_text:
+                out.append(f"{where}: 'same' names {b.arg!r}, which no run block carries")
+            elif b.text.strip() != run_text[b.arg].strip():
+                out.append(f"{where}: differs from the run block {b.arg!r} it repeats; copy it again")
     out += [f"a test runs {i!r}, which no block of the README or docs/ carries" for i in sorted(known - set(seen))]
     return out
 
