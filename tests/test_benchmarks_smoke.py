@@ -30,6 +30,7 @@ SMOKE: dict[str, str] = {
     "bench_large_checkpoint.py": "--size-gb 0.01 --shard-gb 0.004 --out-shard-gb 0.005 --json",
     "bench_engine.py": "--smoke",
     "bench_capture_overhead.py": "--rounds 1 --max-tokens 4 --json",  # + --bundle
+    "bench_capture_scale.py": "--smoke --json",
     "bench_serving_overhead.py": "--rounds 7 --rounds-high 1 --concurrency 1 --max-tokens 4 --speculate on --json",  # + --bundle
     "compare_aiperf.py": "--concurrency 1 --requests 2 --num-prompts 2 --max-tokens 4 --rounds 1",  # + --bundle
 }
@@ -90,6 +91,13 @@ def test_bench_capture_overhead_smoke(fp8_bundle):
     # every request the capturing server served was recorded
     assert rep["records_written"] == rep["requests_sent_to_capturing_server"] > 0, rep
     assert rep["off_latency_ms_median"] > 0 and rep["on_latency_ms_median"] > 0, rep
+
+
+def test_bench_capture_scale_smoke():
+    rep = _last_json(run_bench("bench_capture_scale.py").stdout)
+    # every step read or wrote every record, each with a rate and a peak RSS
+    assert [(r["step"], r["records"]) for r in rep["rows"]] == [(s, 300) for s in ("write", "stream", "alpha-read", "list")], rep
+    assert all(r["records_per_s"] > 0 and r["peak_rss_mb"] >= r["rss_after_imports_mb"] > 0 for r in rep["rows"]), rep
 
 
 @pytest.mark.needs("tritonserver", "tritonclient")

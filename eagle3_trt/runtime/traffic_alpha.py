@@ -24,12 +24,13 @@ import datetime
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3_trt.core.paired_ci import paired_ratio_diff
 from eagle3_trt.core.stats import aggregate
 from eagle3_trt.errors import UserError
-from eagle3_trt.formats.traffic import TrafficRecord, read_traffic
+from eagle3_trt.formats.traffic import ServedAcceptance, TrafficRecord, iter_traffic
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
 from eagle3_trt.runtime.traffic_measure import TrafficItem, measure_items, prepare, prompt_groups
@@ -39,7 +40,17 @@ DRIFT_WINDOWS = 10  # default: the traffic in about this many windows
 MIN_DRIFT_WINDOW = 10  # requests
 
 
-def served_figures(records: Sequence[TrafficRecord]) -> dict:
+@dataclass(frozen=True)
+class ServedRequest:
+    """What the drift summary keeps of a record it does not measure: four fields, not its texts and ids."""
+
+    time_unix: float
+    bundle_fingerprint: str
+    acceptance: ServedAcceptance
+    category: str | None
+
+
+def served_figures(records: Sequence[TrafficRecord | ServedRequest]) -> dict:
     """The server's own acceptance over ``records``: pooled AL and alpha, with the counts."""
     tok = sum(r.acceptance.completion_tokens for r in records)
     fw = sum(r.acceptance.target_forwards for r in records)
@@ -54,7 +65,7 @@ def served_figures(records: Sequence[TrafficRecord]) -> dict:
     }
 
 
-def drift_summary(records: Sequence[TrafficRecord], window: int | None = None) -> dict:
+def drift_summary(records: Sequence[TrafficRecord | ServedRequest], window: int | None = None) -> dict:
     """Served AL per window of ``window`` consecutive finished requests, and per category."""
     done = [r for r in records if r.acceptance.target_forwards > 0]
     if window is not None and window < 1:
@@ -71,7 +82,7 @@ def drift_summary(records: Sequence[TrafficRecord], window: int | None = None) -
                 "bundles": sorted({r.bundle_fingerprint[:12] for r in chunk}),
             }
         )
-    cats: dict[str, list[TrafficRecord]] = {}
+    cats: dict[str, list[TrafficRecord | ServedRequest]] = {}
     for r in done:
         if r.category:
             cats.setdefault(r.category, []).append(r)
@@ -95,13 +106,20 @@ def run_alpha_traffic(
         raise UserError("--tolerance", f"{tolerance} is negative", "a tolerance in tokens per forward, e.g. 0.02")
     b = open_bundle(Path(bundle))
     fp = b.manifest.fingerprint
-    records = read_traffic(Path(traffic_dir))
-    drift = drift_summary(records, window)  # a bad --window fails before any model is loaded
-    mine = [r for r in records if r.bundle_fingerprint == fp]
+    # The capture is read one segment at a time; what is kept is the records of this bundle (they
+    # are measured) and four fields of every request for the drift summary.
+    records: list[ServedRequest] = []
+    mine: list[TrafficRecord] = []
     others: dict[str, int] = {}
-    for r in records:
-        if r.bundle_fingerprint != fp:
+    for r in iter_traffic(Path(traffic_dir)):
+        records.append(ServedRequest(r.time_unix, r.bundle_fingerprint, r.acceptance, r.category))
+        if r.bundle_fingerprint == fp:
+            mine.append(r)
+        else:
             others[r.bundle_fingerprint[:12]] = others.get(r.bundle_fingerprint[:12], 0) + 1
+    records.sort(key=lambda r: r.time_unix)  # oldest first, as read_traffic orders them
+    mine.sort(key=lambda r: r.time_unix)
+    drift = drift_summary(records, window)  # a bad --window fails before any model is loaded
     if not mine:
         seen = ", ".join(f"{f} ({n})" for f, n in sorted(others.items()))
         raise UserError(
