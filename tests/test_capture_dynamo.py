@@ -69,3 +69,32 @@ def test_records_are_what_the_openai_client_received(dep, fp8_bundle):
     assert not b.chat and not b.redacted and b.prompt_text == "List three prime numbers." and b.category is None
     assert b.output_text == comp.choices[0].text and len(b.output_ids) == comp.usage.completion_tokens
     assert len(b.prompt_ids) == comp.usage.prompt_tokens and b.sampling.seed == 3 and b.sampling.max_tokens == 8
+
+
+def test_adjacent_keys_and_the_category_are_redacted_and_a_deleted_directory_stays_deleted(fp8_bundle, tmp_path):
+    """The README's patterns, two keys written together and a key in the category annotation: no
+    piece of either key reaches the disk. Then `rm -rf` of the capture directory: the next request
+    does not recreate it (with the deleted records or any), and the worker warns once."""
+    import shutil
+    import time
+
+    k1, k2 = "sk-" + "a1" * 16, "sk-" + "B2" * 16
+    state, cap = tmp_path / "state", tmp_path / "cap"
+    readme = ("--capture-redact", r"sk-[A-Za-z0-9]{20,}", "--capture-redact", r"\b\d{3}-\d{2}-\d{4}\b")
+    with dynamo_served(fp8_bundle, state, "--capture", str(cap), *readme, workers=1) as (d, _):
+        client = OpenAI(base_url=d.url, api_key="none", timeout=120)
+        nvext = {"nvext": {"annotations": [f"eagle3_category=team-{k2}"]}}
+        client.completions.create(model=d.model, prompt=f"keys {k1}{k2} and 123-45-6789", max_tokens=6, temperature=0, extra_body=nvext)
+        (r,) = _records(cap, 1)
+        blob = b"".join(p.read_bytes() for p in cap.rglob("*") if p.is_file()).decode()
+        for k in (k1, k2):
+            assert not [k[i : i + 8] for i in range(len(k) - 8) if k[i : i + 8] in blob], "a piece of a key was stored"
+        assert r.prompt_text == f"keys {REDACTED} and {REDACTED}" and r.category == f"team-{REDACTED}" and r.redacted
+
+        shutil.rmtree(cap)
+        for _ in range(2):
+            client.completions.create(model=d.model, prompt="List three prime numbers.", max_tokens=4, temperature=0)
+            time.sleep(1.0)  # past the capture thread's 0.5 s flush
+        assert not cap.exists(), sorted(p.name for p in cap.rglob("*"))
+        log = (state / "worker-0.log").read_text(errors="replace")
+        assert log.count("was deleted (or replaced); it stays deleted") == 1, log[-2000:]
