@@ -30,6 +30,8 @@ from eagle3_trt.core.suffix_automaton import SAConfig
 from eagle3_trt.core.verify import accept
 from eagle3_trt.errors import UserError
 from eagle3_trt.resources import data_dir
+from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
+from eagle3_trt.speculative.sa import SuffixAutomatonMethod
 from eagle3_trt.testing.tiny_pair import make_pair
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,12 +179,12 @@ def test_topk_1_is_not_the_chain(trained):
     that step emits exactly one token where the chain accepts drafts."""
     eng, prompts = trained
     prm = SamplingParams(max_tokens=24)
-    eng.dynamic_tree = DynamicTreeConfig(1)
+    eng.method = DynamicTreeMethod(DynamicTreeConfig(1))
     try:
         dyn = [[len(s.new_token_ids) for s in eng.stream(p, prm)] for p in prompts]
         dyn_res = eng.generate(prompts, prm)
     finally:
-        eng.dynamic_tree = None
+        eng.method = None
     chain = [[len(s.new_token_ids) for s in eng.stream(p, prm)] for p in prompts]
     chain_res = eng.generate(prompts, prm)
     assert [r.token_ids for r in dyn_res] == [r.token_ids for r in chain_res]  # greedy output either way
@@ -196,11 +198,11 @@ def test_topk_1_is_not_the_chain(trained):
 def test_wider_tree_verifies_more_and_keeps_greedy(engine):
     prompts, prm = _prompts(6, 3), SamplingParams(max_tokens=16)
     ref = [r.token_ids for r in engine.generate(prompts, prm, speculate=False)]
-    engine.dynamic_tree = DynamicTreeConfig(3, 5)
+    engine.method = DynamicTreeMethod(DynamicTreeConfig(3, 5))
     try:
         got = engine.generate(prompts, prm)
     finally:
-        engine.dynamic_tree = None
+        engine.method = None
     assert [r.token_ids for r in got] == ref
     for r in got:  # 5 nodes per speculative forward, fewer only in the last steps before max_tokens
         spec_forwards = r.stats.target_forwards - 1
@@ -211,13 +213,13 @@ def test_sampled_requests_walk_the_tree(trained):
     # temperature > 0: the tree is drafted (top-K, every node verified) and the target sampled along it
     eng, prompts = trained
     prm = SamplingParams(max_tokens=16, temperature=0.8, seed=3)
-    eng.dynamic_tree = DynamicTreeConfig(3)
+    eng.method = DynamicTreeMethod(DynamicTreeConfig(3))
     try:
         dyn = eng.generate(prompts, prm)
         again = eng.generate(prompts, prm)
         steps = [[len(s.new_token_ids) for s in eng.stream(p, prm)] for p in prompts]
     finally:
-        eng.dynamic_tree = None
+        eng.method = None
     assert [r.token_ids for r in dyn] == [r.token_ids for r in again]  # seeded
     for r in dyn:
         spec = r.stats.target_forwards - 1
@@ -227,16 +229,25 @@ def test_sampled_requests_walk_the_tree(trained):
 
 
 def test_refused_combinations(engine):
-    engine.dynamic_tree = DynamicTreeConfig(2)
+    # the dynamic tree with the suffix-automaton enhancer: the options schema refuses it, and options
+    # that slipped past it (model_construct skips validation) are refused by the method registry
+    from pydantic import ValidationError
+
+    from eagle3_trt.pipeline.llm_options import Eagle3Options, SAEnhancerOptions
+    from eagle3_trt.speculative.registry import method_from_options
+
+    both = {"max_draft_len": 3, "use_dynamic_tree": True, "dynamic_tree_max_topK": 2, "sa_config": SAEnhancerOptions(threshold=2)}
+    with pytest.raises(ValidationError, match="sa_config"):
+        Eagle3Options(**both)
+    with pytest.raises(UserError, match="two speculation methods"):
+        method_from_options(Eagle3Options.model_construct(**both))
+    assert method_from_options(Eagle3Options(max_draft_len=3, sa_config=SAEnhancerOptions(threshold=2))) == SuffixAutomatonMethod(SAConfig(threshold=2))
+    engine.method = DynamicTreeMethod(DynamicTreeConfig(2))
     try:
-        engine.sa = SAConfig(threshold=2)
-        with pytest.raises(UserError, match="suffix-automaton"):
-            engine.generate([[0, 7, 8]], SamplingParams(max_tokens=4))
-        engine.sa = None
         with pytest.raises(UserError, match="mutually exclusive"):
             engine.generate([[0, 7, 8]], SamplingParams(max_tokens=4), tree=[(0,), (1,)])
-        engine.dynamic_tree = DynamicTreeConfig(2, 9)
+        engine.method = DynamicTreeMethod(DynamicTreeConfig(2, 9))
         with pytest.raises(UserError, match="max_total_draft_tokens"):
             engine.generate([[0, 7, 8]], SamplingParams(max_tokens=4))
     finally:
-        engine.dynamic_tree, engine.sa = None, None
+        engine.method = None

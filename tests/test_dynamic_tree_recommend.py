@@ -28,6 +28,7 @@ from eagle3_trt.runtime.cost_model import Recommendation, recommend
 from eagle3_trt.runtime.dynamic_tree_choice import dynamic_tree_choice
 from eagle3_trt.runtime.loader import engine_from_bundle
 from eagle3_trt.runtime.recommendation import write_recommendation_to_bundle
+from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
 
 ROOT = Path(__file__).resolve().parents[1]
 TREE = {"use_dynamic_tree": True, "dynamic_tree_max_topK": 8, "max_total_draft_tokens": 24, "max_draft_len": 3}
@@ -138,7 +139,7 @@ def test_write_then_remove(bundle):
     assert spec.draft_len_schedule == man.draft_len_schedule and set(spec.draft_len_schedule.values()) == {k}
     assert spec.acceptance_rate_threshold is None and man.acceptance_rate_threshold is None  # the chain's gate is left out
     # the reference runtime serving the bundle drafts the tree it was written with
-    assert engine_from_bundle(bundle).dynamic_tree == DynamicTreeConfig(8, 8 * k)
+    assert engine_from_bundle(bundle).method == DynamicTreeMethod(DynamicTreeConfig(8, 8 * k))
     # a new measurement where the tree does not pay: the keys go from both files
     b, opts = _write(bundle, 2.0, 2.01)
     man = b.manifest.recommendation

@@ -21,6 +21,8 @@ from eagle3_trt.convert.embedded import embedded_pair, heldout_prompts
 from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SamplingParams
+from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
+from eagle3_trt.speculative.sa import SuffixAutomatonMethod
 
 K, MAX_NEW = 3, 40
 
@@ -141,8 +143,8 @@ def test_modes_match_the_oracle(pair, models, mode, kw):
     hf, draft, aux = models
     eng = load_engine(t, d, dtype=torch.float32, max_draft_len=K)
     if mode == "sa":
-        eng.sa = SAConfig(threshold=kw["threshold"], enable_global_pool=kw.get("global_pool", False))
+        eng.method = SuffixAutomatonMethod(SAConfig(threshold=kw["threshold"], enable_global_pool=kw.get("global_pool", False)))
     else:
-        eng.dynamic_tree = DynamicTreeConfig(kw["topk"], kw["nodes"])
+        eng.method = DynamicTreeMethod(DynamicTreeConfig(kw["topk"], kw["nodes"]))
     r = agreement(eng, hf, draft, aux, prompts, mode, 32, **kw)
     assert r["agree"] == r["requests"] == len(prompts), r

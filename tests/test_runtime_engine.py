@@ -20,6 +20,7 @@ from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.dynamic_tree import DynamicTreeConfig
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 from eagle3_trt.core.tree import DraftTree
+from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
 from eagle3_trt.testing.tiny_pair import TinyShape, make_pair
 from eagle3_trt.train.trainer import distill_draft
 
@@ -197,12 +198,12 @@ DYNAMIC = [DynamicTreeConfig(2), DynamicTreeConfig(4, 6)]
 @pytest.mark.parametrize("cfg", DYNAMIC, ids=["top2", "top4-total6"])
 def test_greedy_dynamic_tree_matches_hf(tiny, draft, cfg):
     eng = tiny[draft]
-    eng.dynamic_tree = cfg
+    eng.method = DynamicTreeMethod(cfg)
     try:
         batched = eng.generate(tiny["prompts"], SamplingParams(max_tokens=MAX_NEW))
         one = [eng.generate([p], SamplingParams(max_tokens=MAX_NEW))[0] for p in tiny["prompts"][:2]]
     finally:
-        eng.dynamic_tree = None
+        eng.method = None
     assert [r.token_ids for r in batched] == tiny["refs"]
     assert [r.token_ids for r in one] == tiny["refs"][:2]
     for r in batched:
@@ -215,9 +216,9 @@ def test_greedy_dynamic_tree_matches_hf(tiny, draft, cfg):
 
 def test_dynamic_tree_other_shape(other):
     eng = other["eng"]
-    eng.dynamic_tree = DynamicTreeConfig(3, 8)
+    eng.method = DynamicTreeMethod(DynamicTreeConfig(3, 8))
     try:
         res = eng.generate(other["prompts"], SamplingParams(max_tokens=MAX_NEW))
     finally:
-        eng.dynamic_tree = None
+        eng.method = None
     assert [r.token_ids for r in res] == other["refs"]

@@ -19,6 +19,7 @@ from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.suffix_automaton import SAConfig
 from eagle3_trt.resources import data_dir
 from eagle3_trt.runtime.estimator import estimate
+from eagle3_trt.speculative.sa import SuffixAutomatonMethod
 
 FIELDS = ("draft_tokens", "accepted_tokens", "target_forwards", "generated_tokens", "accepted_per_position", "accept_hist")
 TEXTS = (
@@ -45,16 +46,16 @@ def _fields(s) -> tuple:
 def test_estimator_replays_sa_exactly(engine, threshold):
     eng, prompts = engine
     params = SamplingParams(max_tokens=40)
-    eng.sa = None
+    eng.method = None
     chain = estimate(eng, prompts, 40)
-    eng.sa = SAConfig(threshold=threshold)
+    eng.method = SuffixAutomatonMethod(SAConfig(threshold=threshold))
     try:
         est = estimate(eng, prompts, 40, sweep=(2,))
         gen = eng.generate(prompts, params)
         eng.max_draft_len = 2
         gen_k2 = eng.generate(prompts, params)
     finally:
-        eng.sa, eng.max_draft_len = None, 3
+        eng.method, eng.max_draft_len = None, 3
     assert [r.token_ids for r in gen] == est.continuations == chain.continuations  # greedy output is the target's either way
     for e, g in zip(est.stats, gen):
         assert _fields(e) == _fields(g.stats)
@@ -69,11 +70,11 @@ def test_estimator_replays_batches_and_the_global_pool(engine, pool):
     # decoding positions shift in the draft buffer; with the global pool rows search each other
     eng, prompts = engine
     prompts = prompts + prompts[:2]
-    eng.sa = SAConfig(threshold=2, enable_global_pool=pool)
+    eng.method = SuffixAutomatonMethod(SAConfig(threshold=2, enable_global_pool=pool))
     try:
         est = estimate(eng, prompts, 40, batch_size=3)
         gen = eng.generate(prompts[:3], SamplingParams(max_tokens=40)) + eng.generate(prompts[3:], SamplingParams(max_tokens=40))
     finally:
-        eng.sa = None
+        eng.method = None
     for e, g in zip(est.stats, gen):
         assert _fields(e) == _fields(g.stats)

@@ -23,6 +23,7 @@ import yaml
 
 from eagle3_trt.core.suffix_automaton import SAConfig
 from eagle3_trt.runtime.loader import engine_from_bundle
+from eagle3_trt.speculative.sa import SuffixAutomatonMethod
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,7 +84,7 @@ def test_sa_written_when_it_wins_then_removed_when_it_does_not(measured, tmp_pat
     _write(bundle, _winning(chat), tmp_path / "win.json")
     assert _spec(bundle)["sa_config"] == {"threshold": 6, "enable_global_pool": False}
     # and the reference runtime serves it (Triton, Dynamo and alpha load bundles through engine_from_bundle)
-    assert engine_from_bundle(bundle, device="cpu").sa == SAConfig(threshold=6, enable_global_pool=False)
+    assert engine_from_bundle(bundle, device="cpu").method == SuffixAutomatonMethod(SAConfig(threshold=6, enable_global_pool=False))
     assert yaml.safe_load((bundle / "launch" / "trtllm-serve.yaml").read_text())["speculative_config"]["sa_config"]["threshold"] == 6
     ev = _sa_evidence(bundle)
     assert ev["written"] and ev["gain_ci95"] == [0.2, 0.6]
@@ -102,7 +103,7 @@ def test_sa_written_when_it_wins_then_removed_when_it_does_not(measured, tmp_pat
     assert not (chat["modes"]["sa"]["vs_chain"]["ci"][0] > 0 and chat["modes"]["sa"]["vs_chain"]["diff"] >= 0.05)
     _write(bundle, chat, tmp_path / "chat.json")
     assert "sa_config" not in _spec(bundle)
-    assert engine_from_bundle(bundle, device="cpu").sa is None
+    assert engine_from_bundle(bundle, device="cpu").method is None
     assert "sa_config" not in yaml.safe_load((bundle / "launch" / "trtllm-serve.yaml").read_text())["speculative_config"]
     ev = _sa_evidence(bundle)
     assert not ev["written"] and ev["sa_acceptance_length"] == round(chat["modes"]["sa"]["overall"]["acceptance_length"], 4)

@@ -24,6 +24,7 @@ from eagle3_trt.core.suffix_automaton import SAConfig, SAEnhancer, SuffixAutomat
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.trtllm_versions import spec_for_release
 from eagle3_trt.runtime.recommendation import sa_choice
+from eagle3_trt.speculative.sa import SuffixAutomatonMethod
 from eagle3_trt.testing.tiny_pair import make_pair
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,12 +165,12 @@ def test_greedy_identity_with_sa(engine, pool):
     params = SamplingParams(max_tokens=32)
     ref = [r.token_ids for r in engine.generate(prompts, params, speculate=False)]
     chain = engine.generate(prompts, params)
-    engine.sa = SAConfig(threshold=1, enable_global_pool=pool)
+    engine.method = SuffixAutomatonMethod(SAConfig(threshold=1, enable_global_pool=pool))
     try:
         got = engine.generate(prompts, params)
         one = [engine.generate([p], params)[0].token_ids for p in prompts]
     finally:
-        engine.sa = None
+        engine.method = None
     assert [r.token_ids for r in got] == ref
     assert one == ref
     # the automaton did draft: acceptance differs from the neural chain's

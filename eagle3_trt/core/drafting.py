@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from eagle3_trt.core.draft import Eagle3Draft
-from eagle3_trt.core.dynamic_drafting import draft_dynamic_tree
 from eagle3_trt.core.requests import BatchState, Row
 from eagle3_trt.core.sampling import process_logits
 from eagle3_trt.core.target import TargetModel
 from eagle3_trt.core.tree import DraftTree
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -36,21 +38,16 @@ class Drafter:
         Returns (node target ids [B, T] on CPU, per row per node the draft distribution over target
         ids for sampling, else None).
         """
-        root_h, root_logits = self._commit_pending(rows, st)
-        assert st.d_kv is not None and st.d_valid is not None  # set by _commit_pending
-        committed = st.d_valid.shape[1]
-        node_tok, q_full = self._draft_tree(rows, st, tree, k_eff, root_h, root_logits)
-        # roll the draft cache back to the committed (target-hidden) entries
-        st.d_kv = (st.d_kv[0][:, :, :committed], st.d_kv[1][:, :, :committed])
-        return node_tok, q_full
+        return self.run_with(rows, st, lambda root_h, root_logits: self._draft_tree(rows, st, tree, k_eff, root_h, root_logits))
 
-    def run_dynamic(self, rows: list[Row], st: BatchState, topk: int, depth: int, total: int) -> tuple[torch.Tensor, list[DraftTree]]:
-        """Commit pending draft inputs, then build each row's dynamic tree (core/dynamic_drafting.py):
-        (node target ids [B, total] on CPU, the rows' trees)."""
+    def run_with(self, rows: list[Row], st: BatchState, draft_from_root: Callable[[torch.Tensor, torch.Tensor], _T]) -> _T:
+        """Commit pending draft inputs, call ``draft_from_root(root hidden, root logits)`` (a method's
+        own draft loop over the committed context, e.g. the dynamic tree's), then roll the draft
+        cache back to the committed (target-hidden) entries."""
         root_h, root_logits = self._commit_pending(rows, st)
         assert st.d_kv is not None and st.d_valid is not None  # set by _commit_pending
         committed = st.d_valid.shape[1]
-        out = draft_dynamic_tree(self.draft, self.embed, self.d2t_ids, rows, st, topk, depth, total, root_h, root_logits)
+        out = draft_from_root(root_h, root_logits)
         st.d_kv = (st.d_kv[0][:, :, :committed], st.d_kv[1][:, :, :committed])
         return out
 

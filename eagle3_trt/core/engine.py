@@ -27,18 +27,19 @@ position p (the hidden state's position), as in EAGLE's reference code.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.drafting import Drafter
-from eagle3_trt.core.dynamic_tree import DynamicTreeConfig, check_target
+from eagle3_trt.core.method_api import MethodRun, SpeculationMethod
 from eagle3_trt.core.requests import BatchState, RequestResult, Row, StepOutput, emit, new_rows
 from eagle3_trt.core.sampling import SamplingParams, process_logits, sample_token
 from eagle3_trt.core.spec_sampling import REJECTION_SAMPLING, SpecSamplingConfig
+from eagle3_trt.core.static_tree_run import StaticTreeRun
 from eagle3_trt.core.stats import RequestStats
-from eagle3_trt.core.suffix_automaton import SAConfig, SAEnhancer, without_rejection_sampling
 from eagle3_trt.core.target import TargetModel
 from eagle3_trt.core.tree import DraftTree, parse_tree
 from eagle3_trt.core.verify import accept
@@ -60,6 +61,7 @@ class SpeculativeEngine:
         max_seq_len: int | None = None,
         draft_embed: torch.nn.Embedding | None = None,
         pad_token_id: int = 0,
+        method: SpeculationMethod | None = None,
     ) -> None:
         self.target = target
         self.draft = draft
@@ -70,10 +72,9 @@ class SpeculativeEngine:
         self.draft_embed = draft_embed
         self.pad_token_id = int(pad_token_id)
         self.device = target.device
-        # TensorRT-LLM's Eagle3DecodingConfig.sa_config (None: off); set per run, e.g. by `alpha --modes sa`
-        self.sa: SAConfig | None = None
-        # TensorRT-LLM's use_dynamic_tree (dynamic_tree_max_topK, max_total_draft_tokens; None: off); core/dynamic_tree.py
-        self.dynamic_tree: DynamicTreeConfig | None = None
+        # the speculation method (core/method_api.py; eagle3_trt/speculative/registry.py builds it from a
+        # bundle's options): None is TensorRT-LLM's EAGLE-3 chain, or a static tree when `tree` is given
+        self.method: SpeculationMethod | None = method
         # TensorRT-LLM's speculative sampling flags (core/spec_sampling.py): how temperature > 0
         # requests are served while speculating. Default: both flags on (exact rejection sampling);
         # a bundle's options set TensorRT-LLM's own defaults when they name none (runtime/loader.py)
@@ -87,6 +88,15 @@ class SpeculativeEngine:
                     "pass the aux layer ids the draft was trained with",
                 )
             self.refresh_draft_vocab()
+
+    @contextmanager
+    def using(self, method: SpeculationMethod | None) -> Iterator[SpeculativeEngine]:
+        """Serve ``method`` inside the block (e.g. ``alpha --modes``), then the engine's own again."""
+        own, self.method = self.method, method
+        try:
+            yield self
+        finally:
+            self.method = own
 
     def refresh_draft_vocab(self) -> None:
         """Re-read the draft's ``d2t`` (draft id -> target id) after it changed in place (distillation)."""
@@ -142,9 +152,9 @@ class SpeculativeEngine:
         return t
 
     def spec_sampling(self) -> SpecSamplingConfig:
-        """The speculative sampling flags served now: ``sa_config`` turns use_rejection_sampling off
-        (TensorRT-LLM's llm_args ``validate_rejection_sampling_config``, core/suffix_automaton.py)."""
-        return without_rejection_sampling(self.sampling) if self.sa is not None else self.sampling
+        """The speculative sampling flags served now, as the method serves them (e.g. ``sa_config``
+        turns use_rejection_sampling off: speculative/sa)."""
+        return self.method.served_sampling(self.sampling) if self.method is not None else self.sampling
 
     @torch.inference_mode()  # no autograd state at all: measurably less per-op overhead than no_grad
     def _decode(
@@ -167,18 +177,13 @@ class SpeculativeEngine:
 
         st = BatchState(self.target.new_cache())
         st.aux_sink = aux_sink
-        sa = None
-        if self.sa is not None and tree is not None:
-            if not tree.is_chain:
-                # TensorRT-LLM's enhancer overrides a [batch, K] linear draft only (sa_enhancer.py)
-                raise UserError("sa_config", "the suffix-automaton enhancer works on a chain draft", "drop the tree (tree=None) or sa_config")
-            sa = SAEnhancer(self.sa, [r.prompt for r in rows], tree.size)  # seeded with the prompts before the prefill
-        if self.dynamic_tree is not None and tree is not None:
-            st.dynamic = self._dynamic_setup(tree_spec, params)
+        run: MethodRun | None = None
+        if tree is not None:  # the method's state for this run, set up before the prefill (e.g. SA seeds its automata)
+            run = self.method.start(self, rows, tree, tree_spec, params) if self.method is not None else StaticTreeRun()
         yield rows, self._prefill(rows, st, keep_draft_inputs=tree is not None)
         first = True  # every row's first decode: its drafts come from its prefill iteration
         while not all(r.finished for r in rows):
-            yield rows, self._step(rows, st, tree, sa, first)
+            yield rows, self._step(rows, st, tree, run, first)
             first = False
 
     def _prefill(self, rows: list[Row], st: BatchState, keep_draft_inputs: bool) -> list[list[int]]:
@@ -218,14 +223,10 @@ class SpeculativeEngine:
         caps = [c for c in (self.k_cap, r.k_cap) if c is not None]
         return max(0, min(tree.max_depth, r.params.max_tokens - r.generated - 1, self.max_seq_len - len(r.tokens) - 1, *caps))
 
-    def _step(self, rows: list[Row], st: BatchState, tree: DraftTree | None, sa: SAEnhancer | None = None, first: bool = False) -> list[list[int]]:
-        """One decode iteration. ``first``: the rows' first decode after their prefill, whose drafts
-        TensorRT-LLM made in the prefill iteration: the dynamic tree has no stored tree for them
-        (``build_dynamic_tree(...[num_contexts:])``, ``scatter_to_slot_storage(gen_slots)`` in
-        _torch/speculative/eagle3_dynamic_tree.py @057c8a65), so verification accepts only the
-        bonus token (``verifyDynamicTreeGreedyKernel`` / the rejection kernel with ``treeValid``
-        false, dynamicTreeKernels.cu @84e55f93); the SA enhancer overrides drafts of generation
-        rows only (``next_draft_tokens[num_contexts:]``), so ``sa`` has no drafts for them yet."""
+    def _step(self, rows: list[Row], st: BatchState, tree: DraftTree | None, run: MethodRun | None = None, first: bool = False) -> list[list[int]]:
+        """One decode iteration: the method drafts (``run``, core/method_api.py), one target forward
+        verifies. ``first``: the rows' first decode after their prefill, whose drafts TensorRT-LLM
+        made in the prefill iteration (a method may refuse to accept them: ``run.tree_valid``)."""
         B, dev = len(rows), self.device
         active = [not r.finished for r in rows]
         k_eff = [self._k_eff(r, tree) for r in rows]
@@ -234,20 +235,13 @@ class SpeculativeEngine:
         node_tok = torch.zeros(B, T, dtype=torch.long)
         q_full: list[list[torch.Tensor | None]] = [[None] * T for _ in range(B)]
         row_trees: list[DraftTree | None] = [drafted] * B  # a static tree is every row's; a dynamic tree is per row
-        if drafted is not None and st.dynamic is not None:
-            node_tok, dyn_trees = self._drafter().run_dynamic(rows, st, st.dynamic[0], drafted.max_depth, st.dynamic[1])
-            row_trees = list(dyn_trees)
+        if drafted is not None:
+            assert run is not None  # a run is started whenever there is a tree
+            d = run.draft(self, rows, st, drafted, k_eff, active)
+            node_tok, q_full = d.node_tok, d.q_full
+            if d.row_trees is not None:
+                row_trees = d.row_trees
             T = node_tok.shape[1]
-            q_full = [[None] * T for _ in range(B)]
-        elif drafted is not None:
-            node_tok, q_full = self._draft(rows, st, drafted, k_eff)
-            if sa is not None:
-                # SADraftEnhancer.maybe_override_all_draft_tokens: all K tokens, stale buffer slots included;
-                # sampled requests are matched against the target's samples (no rejection sampling with SA)
-                for b in range(B):
-                    d = sa.drafts(b)
-                    if d is not None and active[b] and k_eff[b] > 0:
-                        node_tok[b] = torch.tensor(d)
 
         # Verification: one target forward over [root, tree nodes] (each row's own tree: per-row ancestor masks).
         root_pos = torch.tensor([len(r.tokens) - 1 for r in rows])
@@ -276,7 +270,7 @@ class SpeculativeEngine:
         greedy = logits.argmax(-1).tolist() if rows[0].params.greedy else None  # one call for all rows and nodes
         # sampled: matched against the target's samples (allow_advanced_sampling without rejection sampling,
         # or sa_config), or a dynamic tree (its target-only rejection kernel draws the same tokens: core/verify.py)
-        match = self.spec_sampling().served == "match" or st.dynamic is not None
+        match = self.spec_sampling().served == "match" or (run is not None and run.match_samples)
         accepted_now: dict[int, list[int]] = {}
         out: list[list[int]] = []
         for b, r in enumerate(rows):
@@ -287,7 +281,7 @@ class SpeculativeEngine:
             if st.aux_sink is not None:
                 st.aux_sink[b].append(aux[b, :1])
             g = greedy[b] if greedy is not None else None
-            tree_valid = not (first and st.dynamic is not None)
+            tree_valid = run.tree_valid(first) if run is not None else True
             path, bonus, reached = accept(r, logits[b], node_tok[b].tolist(), q_full[b], row_trees[b], k_eff[b], g, match=match, tree_valid=tree_valid)
             accepted = len(path)
             new_valid[b, 0] = True
@@ -309,9 +303,8 @@ class SpeculativeEngine:
             accepted_now[b] = toks
             out.append(emit(r, toks, self.max_seq_len))
         st.append_target(new_valid.to(dev))
-        if sa is not None:
-            # SADraftEnhancer.extend_and_prepare after verification: this iteration's generation rows, in batch order
-            sa.update([b for b in range(B) if active[b]], accepted_now)
+        if run is not None:
+            run.after_verify([b for b in range(B) if active[b]], accepted_now)
         return out
 
     def draft_embedding(self, ids: torch.Tensor) -> torch.Tensor:
@@ -321,35 +314,8 @@ class SpeculativeEngine:
 
     _draft_embed = draft_embedding
 
-    def _drafter(self) -> Drafter:
-        """The dynamic tree's drafter: top-K of the draft's softmax at any temperature (``sample`` in
-        eagle3_dynamic_tree.py @057c8a65)."""
+    def drafter(self, greedy_draft: bool = False) -> Drafter:
+        """The EAGLE-3 drafter over this engine's draft, taken fresh each step (``d2t`` changes in
+        place during distillation). ``greedy_draft``: top-1 at any temperature."""
         assert self.draft is not None  # _tree_for drafts only with a draft
-        return Drafter(self.draft, self.target, self._draft_embed, self._d2t_ids, self.pad_token_id)
-
-    def _dynamic_setup(self, tree_spec: Any, params: SamplingParams) -> tuple[int, int]:
-        """(dynamic_tree_max_topK, max_total_draft_tokens) for this run, or the one-line reason
-        TensorRT-LLM refuses the combination (core/dynamic_tree.py). Sampled requests get the tree
-        too: drafted by top-K, verified by sampling the target along it (core/verify.py)."""
-        cfg = self.dynamic_tree
-        assert cfg is not None and self.draft is not None
-        if tree_spec is not None:
-            raise UserError(
-                "use_dynamic_tree", "a static tree (eagle_choices) and the dynamic tree are mutually exclusive", "drop the tree or the dynamic tree"
-            )
-        if self.sa is not None:
-            # eagle3_dynamic_tree.py @057c8a65: "Dynamic tree mode does not support relaxed acceptance or suffix-automaton enhancement."
-            raise UserError(
-                "sa_config",
-                "TensorRT-LLM's dynamic tree does not support the suffix-automaton enhancer",
-                "use sa_config with the chain, or the dynamic tree alone",
-            )
-        check_target(self.target.hf.config)
-        if cfg.topk > self.draft.config.draft_vocab_size:
-            raise UserError("dynamic_tree_max_topK", f"{cfg.topk} exceeds the draft vocabulary ({self.draft.config.draft_vocab_size})", "use a smaller top-K")
-        return cfg.topk, cfg.total(self.max_draft_len)
-
-    def _draft(self, rows: list[Row], st: BatchState, tree: DraftTree, k_eff: list[int]) -> tuple[torch.Tensor, list[list[torch.Tensor | None]]]:
-        assert self.draft is not None  # _tree_for drafts only with a draft
-        greedy_draft = self.spec_sampling().served == "match"
-        return Drafter(self.draft, self.target, self._draft_embed, self._d2t_ids, self.pad_token_id, greedy_draft=greedy_draft).run(rows, st, tree, k_eff)
+        return Drafter(self.draft, self.target, self._draft_embed, self._d2t_ids, self.pad_token_id, greedy_draft=greedy_draft)

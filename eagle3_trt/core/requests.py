@@ -12,7 +12,6 @@ import torch
 
 from eagle3_trt.core.sampling import SEED_SPAN, SamplingParams, seeded_generator
 from eagle3_trt.core.stats import RequestStats
-from eagle3_trt.core.suffix_automaton import SuffixAutomaton
 from eagle3_trt.errors import UserError
 
 
@@ -112,9 +111,6 @@ class BatchState:
         self.d_kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self.d_valid: torch.Tensor | None = None
         self.aux_sink: dict[int, list[torch.Tensor]] | None = None
-        self.sa: list[SuffixAutomaton] | None = None  # per row, when the SA enhancer is on (core/suffix_automaton.py)
-        # (dynamic_tree_max_topK, max_total_draft_tokens) when TensorRT-LLM's dynamic tree drafts (core/dynamic_tree.py)
-        self.dynamic: tuple[int, int] | None = None
 
     def append_target(self, new_valid: torch.Tensor) -> None:
         assert self.t_valid is not None  # set by _prefill

@@ -21,6 +21,8 @@ from eagle3_trt.runtime.dynamic_tree_mode import DEFAULT_TOPK, DYNAMIC_TREE_MODE
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
 from eagle3_trt.runtime.measure import Measurement, measure
 from eagle3_trt.runtime.mode_compare import add_vs_chain
+from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
+from eagle3_trt.speculative.sa import SuffixAutomatonMethod
 
 MXFP4_NUMERICS_NOTE = (
     "target experts are MXFP4 as shipped; the reference runtime dequantizes them exactly (every "
@@ -105,7 +107,7 @@ def run_alpha(
     eng = engine_from_bundle(b, device=device, max_draft_len=k)
     load_s = time.perf_counter() - t0
     say(f"measuring {len(records)} prompts ({turns} turns, up to {max_tokens} tokens each)")
-    if eng.dynamic_tree is not None and method == "estimator":
+    if isinstance(eng.method, DynamicTreeMethod) and method == "estimator":
         # the bundle serves TensorRT-LLM's dynamic tree, which the estimator does not replay: measure it as served
         if sweep:
             raise UserError("--sweep", "the bundle serves a dynamic tree (use_dynamic_tree), which the estimator's K sweep does not replay", "drop --sweep")
@@ -167,16 +169,18 @@ def measure_modes(eng, modes: tuple[str, ...], sa_cfg: SAConfig | None, measure_
     speculative generation."""
     out: dict = {}
     measured: dict = {}
-    own = (eng.sa, eng.dynamic_tree)  # what the bundle serves (runtime/loader.py), put back after the modes
     for mode in modes:
         method = mode_method(mode, measure_pair)
         say(f"measuring mode {mode} ({'speculative generation' if method == 'generate' else 'estimator'})")
-        eng.sa = sa_cfg if mode == "sa" else None
-        eng.dynamic_tree = dyn_cfg if mode == DYNAMIC_TREE_MODE else None
-        try:
+        spec = (
+            SuffixAutomatonMethod(sa_cfg)
+            if mode == "sa" and sa_cfg is not None
+            else DynamicTreeMethod(dyn_cfg)
+            if mode == DYNAMIC_TREE_MODE and dyn_cfg is not None
+            else None
+        )
+        with eng.using(spec):  # what the bundle serves (runtime/loader.py) is put back after the mode
             m = measure_pair(eng, label=f"mode {mode}", method=method, sweep=())
-        finally:
-            eng.sa, eng.dynamic_tree = own
         entry = {
             "method": method,
             "overall": mode_figures(m.overall()),

@@ -31,6 +31,7 @@ from eagle3_trt.core.stats import RequestStats
 from eagle3_trt.core.suffix_automaton import SAConfig, SAEnhancer
 from eagle3_trt.core.target import column_windows
 from eagle3_trt.errors import UserError
+from eagle3_trt.speculative.sa import sa_config_of
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,7 +360,7 @@ def _batched_decode(tgt, rows: _GreedyRows, cache, S: int) -> None:
 @torch.inference_mode()
 def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = None, batch_size: int = 16, sweep: Sequence[int] = ()) -> EstimateResult:
     """Greedy chain acceptance of ``engine``'s draft on ``prompts``, identical to running it
-    (with ``engine.sa`` set: the chain with TensorRT-LLM's suffix-automaton enhancer, replayed per
+    (with the engine's method the SA enhancer, speculative/sa: the chain with TensorRT-LLM's suffix-automaton enhancer, replayed per
     batch of ``batch_size`` prompts in their given order, as ``runtime/measure.py`` generates them:
     see ``walk_chain_batch``).
 
@@ -378,7 +379,7 @@ def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = 
     if ks[0] < 1:
         raise UserError("max_draft_len", f"{ks[0]}", "measure with K >= 1")
     k_max = ks[-1]
-    sa = getattr(engine, "sa", None)  # TensorRT-LLM's sa_config, as the engine would apply it
+    sa = sa_config_of(getattr(engine, "method", None))  # TensorRT-LLM's sa_config, as the engine would apply it
     walked: dict[int, tuple[list[int], int, list[list[int]]]] = {}  # with sa: replayed per batch after drafting
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     conts: list[list[int]] = [[] for _ in prompts]

@@ -12,11 +12,10 @@ from pathlib import Path
 import torch
 
 from eagle3_trt.convert.load import load_engine
-from eagle3_trt.core.dynamic_tree_rules import DynamicTreeConfig
 from eagle3_trt.core.engine import SpeculativeEngine
 from eagle3_trt.core.speculation_control import SpeculationControl, SpeculationGate, schedule_from_options
-from eagle3_trt.core.suffix_automaton import SAConfig, without_rejection_sampling
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
+from eagle3_trt.speculative.registry import method_from_options
 
 
 def engine_from_bundle(
@@ -36,17 +35,12 @@ def engine_from_bundle(
     else:
         eng = _load_built(b, k, device, dtype)
     # temperature > 0 while speculating is served as TensorRT-LLM serves the bundle's flags
-    eng.sampling = b.options.speculative_config.sampling_flags()
     spec = b.options.speculative_config
-    if spec.use_dynamic_tree and spec.dynamic_tree_max_topK and k == b.k:
-        # TensorRT-LLM's dynamic tree as the bundle configures it (core/dynamic_tree.py); at another K its
-        # max_total_draft_tokens may not fit, so a K override (alpha --max-draft-len) measures the chain
-        eng.dynamic_tree = DynamicTreeConfig(spec.dynamic_tree_max_topK, spec.max_total_draft_tokens)
-    if spec.sa_config is not None:
-        # served as TensorRT-LLM serves the bundle's sa_config: the suffix-automaton enhancer overrides the chain
-        eng.sa = SAConfig(threshold=spec.sa_config.threshold, enable_global_pool=spec.sa_config.enable_global_pool)
-        # llm_args.validate_rejection_sampling_config: sa_config turns use_rejection_sampling off
-        eng.sampling = without_rejection_sampling(eng.sampling)
+    # the speculation method the options select (eagle3_trt/speculative/registry.py; None: the chain)
+    eng.method = method_from_options(spec, at_bundle_k=k == b.k)
+    # the served flags: e.g. sa_config turns use_rejection_sampling off (llm_args.validate_rejection_sampling_config)
+    flags = spec.sampling_flags()
+    eng.sampling = eng.method.served_sampling(flags) if eng.method is not None else flags
     return eng
 
 

@@ -343,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from eagle3_trt.core.dynamic_tree import DynamicTreeConfig
     from eagle3_trt.core.suffix_automaton import SAConfig
     from eagle3_trt.runtime.measure import encode_raw
+    from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
+    from eagle3_trt.speculative.sa import SuffixAutomatonMethod
 
     ap = argparse.ArgumentParser(prog="python -m eagle3_trt.testing.mode_oracle")
     ap.add_argument("files", nargs="*", default=["examples/repeat_code.jsonl", "examples/code_edit.jsonl"])
@@ -363,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     for name in a.modes.split(","):
         mode, sa, dyn, kw = setups[name]
-        eng.sa, eng.dynamic_tree = sa, dyn
+        eng.method = SuffixAutomatonMethod(sa) if sa is not None else DynamicTreeMethod(dyn) if dyn is not None else None
         for f in a.files:
             prompts = [encode_raw(eng.tokenizer, r.first) for r in load_prompt_records(f)]
             r = agreement(eng, hf, draft, eng.target.aux_layer_ids, prompts, mode, a.max_tokens, **kw)

@@ -1,0 +1,54 @@
+"""The one table of speculation methods: name -> method class (see speculative/__init__.py).
+
+The names are the ones ``alpha --modes`` measures and reports use."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from eagle3_trt.core.method_api import SpeculationMethod
+from eagle3_trt.errors import UserError
+from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
+from eagle3_trt.speculative.eagle3 import Eagle3Chain
+from eagle3_trt.speculative.sa import SuffixAutomatonMethod
+
+
+class RegisteredMethod(Protocol):
+    """A method class as the registry holds it."""
+
+    name: str
+
+    @classmethod
+    def from_options(cls, spec: Any, at_bundle_k: bool) -> SpeculationMethod | None:
+        """The method a bundle's ``speculative_config`` serves, or None when they do not select it.
+        ``at_bundle_k``: the engine runs at the bundle's own K (not an ``--max-draft-len`` override)."""
+        ...
+
+
+# name -> method class. Adding a method: one line here (its home: speculative/<method>/).
+METHODS: dict[str, type[RegisteredMethod]] = {
+    Eagle3Chain.name: Eagle3Chain,
+    SuffixAutomatonMethod.name: SuffixAutomatonMethod,
+    DynamicTreeMethod.name: DynamicTreeMethod,
+}
+
+DEFAULT_METHOD = Eagle3Chain.name
+
+
+def method_class(name: str) -> type[RegisteredMethod]:
+    """The class registered under ``name``, or a one-line UserError listing the known ones."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise UserError("method", f"unknown speculation method {name!r}", f"use one of {', '.join(METHODS)}") from None
+
+
+def method_from_options(spec: Any, *, at_bundle_k: bool = True) -> SpeculationMethod | None:
+    """The method a bundle's ``speculative_config`` selects (None: the engine's own EAGLE-3 chain or
+    static tree). Every non-default method is asked; options that select two are refused (the
+    options schema refuses them first, e.g. use_dynamic_tree with sa_config)."""
+    chosen = [(name, m) for name, cls in METHODS.items() if name != DEFAULT_METHOD and (m := cls.from_options(spec, at_bundle_k)) is not None]
+    if len(chosen) > 1:
+        names = " and ".join(n for n, _ in chosen)
+        raise UserError("speculative_config", f"the options select two speculation methods ({names})", "keep one")
+    return chosen[0][1] if chosen else None
