@@ -33,6 +33,7 @@ any query reads them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -71,7 +72,9 @@ class PEagleDraft(Eagle3Draft):
         return self.fuse(self.mask_hidden)
 
 
-def parallel_logits(draft: PEagleDraft, embed: Any, past: KV, past_valid: torch.Tensor, root_pos: torch.Tensor, n_masks: int) -> torch.Tensor:
+def parallel_logits(
+    draft: PEagleDraft, embed: Callable[[torch.Tensor], torch.Tensor], past: KV, past_valid: torch.Tensor, root_pos: torch.Tensor, n_masks: int
+) -> torch.Tensor:
     """Draft logits [B, n_masks, D] of the mask slots at positions root_pos+1 .. root_pos+n_masks.
 
     ``past``: the committed draft KV (the verified slots, bonus slot last); ``past_valid`` [B, P]: its
@@ -84,6 +87,7 @@ def parallel_logits(draft: PEagleDraft, embed: Any, past: KV, past_valid: torch.
     pos = root_pos.to(dev)[:, None] + 1 + torch.arange(n_masks, device=dev)[None]
     causal = torch.ones(n_masks, n_masks, dtype=torch.bool, device=dev).tril()
     mask = torch.cat([past_valid[:, None, :].expand(B, n_masks, -1), causal[None].expand(B, -1, -1)], dim=-1)
-    _, logits, _ = draft(embed(ids), hidden, pos, past=past, mask=mask)
+    logits: torch.Tensor | None
+    _, logits, _ = draft(embed(ids), hidden, pos, past=past, mask=mask)  # through __call__: the head's hooks (fake quant) run
     assert logits is not None
     return logits

@@ -57,8 +57,8 @@ class PEagleMethod:
 class _PEagleRun:
     match_samples = False
 
-    def __init__(self, draft: PEagleDraft) -> None:
-        self.draft = draft
+    def __init__(self, model: PEagleDraft) -> None:
+        self.model = model  # the head (``draft`` is this run's MethodRun method)
 
     def draft(self, engine: SpeculativeEngine, rows: list[Row], st: BatchState, tree: DraftTree, k_eff: list[int], active: list[bool]) -> Drafted:
         drafter = engine.drafter(greedy_draft=True)
@@ -69,7 +69,7 @@ class _PEagleRun:
             logits = [root_logits]
             if K > 1:
                 root_pos = torch.tensor([len(r.tokens) - 2 for r in rows])  # the bonus slot's draft position
-                masks = parallel_logits(self.draft, drafter.embed, st.d_kv, st.d_valid, root_pos, K - 1)
+                masks = parallel_logits(self.model, drafter.embed, st.d_kv, st.d_valid, root_pos, K - 1)
                 logits += [masks[:, i] for i in range(K - 1)]
             top = torch.stack([lg.argmax(dim=-1) for lg in logits], dim=1)  # vLLM _greedy_sample
             return drafter.d2t_ids[top].cpu()
