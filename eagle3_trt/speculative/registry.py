@@ -10,6 +10,7 @@ from eagle3_trt.core.method_api import SpeculationMethod
 from eagle3_trt.errors import UserError
 from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
 from eagle3_trt.speculative.eagle3 import Eagle3Chain
+from eagle3_trt.speculative.peagle import PEagleMethod
 from eagle3_trt.speculative.sa import SuffixAutomatonMethod
 
 
@@ -30,6 +31,7 @@ METHODS: dict[str, type[RegisteredMethod]] = {
     Eagle3Chain.name: Eagle3Chain,
     SuffixAutomatonMethod.name: SuffixAutomatonMethod,
     DynamicTreeMethod.name: DynamicTreeMethod,
+    PEagleMethod.name: PEagleMethod,
 }
 
 DEFAULT_METHOD = Eagle3Chain.name
