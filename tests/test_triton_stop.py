@@ -286,3 +286,35 @@ def test_drain_marker_found_from_the_servers_command_line(tmp_path):
     time.sleep(3.2)
     assert watch.expired()
     assert not DrainWatch(None).expired()
+
+
+@pytest.mark.triton
+@pytest.mark.needs("tritonserver")
+def test_stop_does_not_wait_on_an_idle_grpc_stream(bundle, tmp_path):
+    """One gRPC stream open with no request on it (a client that keeps its stream for later): stop
+    must not wait Triton's whole timeout, kill the group and claim lost requests: nothing was in
+    flight. Exit 0, within seconds of the drain, nothing left."""
+    import tritonclient.grpc as g
+
+    from eagle3_trt.triton_serving.server import ServerHandle, free_ports
+
+    repo, state = tmp_path / "repo", tmp_path / "state"
+    assert _cli("package", str(bundle), "-o", str(repo)).returncode == 0
+    hp, gp, mp = free_ports(3)
+    r = _cli("serve", str(repo), "--state-dir", str(state), "--http-port", str(hp), "--grpc-port", str(gp), "--metrics-port", str(mp))
+    assert r.returncode == 0, r.stdout + r.stderr
+    h = ServerHandle.load(state)
+    c = g.InferenceServerClient(h.grpc_url)
+    c.start_stream(callback=lambda result, error: None)
+    try:
+        t0 = time.monotonic()
+        r = _cli("stop", "--state-dir", str(state), "--drain", "1", timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        c.stop_stream()
+        c.close()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stopped tritonserver" in r.stdout and "lost" not in r.stderr.replace("no request was lost", ""), r.stderr
+    assert "no request in flight" in r.stderr, r.stderr  # it says why it ended the server
+    assert took < 20, f"stop took {took:.1f} s"
+    assert _left_of(h.pid, h.shm_prefix) == ([], [], []) and not (state / "server.json").exists()

@@ -17,7 +17,10 @@ requests and waits up to ``--exit-timeout-secs`` (``EXIT_TIMEOUT_S``) for in-fli
 gRPC stream counts, even one Triton rejected); the model lets requests run for the drain window
 (``DRAIN_S``) and then ends each one still open with a "server is shutting down" error, so Triton
 unloads the models and exits well inside its timeout. ``stop`` waits longer than that before it
-kills the process group. Once the server is gone, whatever is left of it (its process group,
+kills the process group, except when only idle connections hold the server: once every backend
+stub has exited (the models are unloaded, so no inference is in flight) it gets ``IDLE_EXIT_S``
+more, then is ended and the stop counts as clean (an idle gRPC stream kept tritonserver 2.51
+waiting past its own exit timeout, and ``stop`` killed it after 35 s claiming lost requests). Once the server is gone, whatever is left of it (its process group,
 Python-backend stubs that outlived it: found by group, by the shared-memory prefix in their
 command line and by the ``/dev/shm`` files they hold) gets SIGTERM, then SIGKILL; ``stop`` reports
 what it had to kill (and exits non-zero), keeps ``server.json`` while anything of it still runs,
@@ -60,6 +63,11 @@ DRAIN_MAX_S = EXIT_TIMEOUT_S - 5.0
 STOP_TIMEOUT_S = 35.0
 # After the server exits: how long its stubs get to exit on their own, then to honour SIGTERM.
 LEFTOVER_GRACE_S = 3.0
+# After SIGTERM, once every backend stub of the server has exited (its models are unloaded, which
+# Triton does only when no inference is in flight), how long it gets to exit before `stop` ends
+# it: past that it is held only by open connections with no request, such as an idle gRPC stream
+# (tritonserver 2.51 then waits on the gRPC server's shutdown far past --exit-timeout-secs).
+IDLE_EXIT_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -363,6 +371,7 @@ class StopResult:
     removed_shm: tuple[str, ...]  # shared-memory regions it left behind, now removed
     killed_leftovers: tuple[str, ...] = ()  # its processes still running after it exited, and the signal that ended each
     left: tuple[str, ...] = ()  # its processes still running after SIGKILL (e.g. another user's): not stopped
+    idle_s: float | None = None  # ended this long after SIGTERM with its models unloaded: only idle connections held it (nothing lost)
 
     def __bool__(self) -> bool:
         return self.was_alive or bool(self.killed_leftovers or self.left)
@@ -374,6 +383,11 @@ class StopResult:
 
     def lines(self, timeout_s: float) -> list[str]:
         out = []
+        if self.idle_s is not None:
+            out.append(
+                f"tritonserver (pid {self.pid}) had unloaded its models (no request in flight) but was still held by open idle "
+                f"connections (e.g. a gRPC stream with no request): ended it {self.idle_s:.1f} s after SIGTERM; no request was lost"
+            )
         if self.killed:
             out.append(
                 f"tritonserver (pid {self.pid}) did not exit within {timeout_s:.0f} s of SIGTERM: killed its process group "
@@ -411,6 +425,7 @@ def stop_server(
     pid = handle.pid
     was_alive = pid_alive(pid)
     killed = False
+    idle_s: float | None = None
     if was_alive:
         if _valid_prefix(handle.shm_prefix):
             write_marker(handle.shm_prefix, drain_s, shm_dir)
@@ -418,11 +433,20 @@ def stop_server(
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-        deadline = time.monotonic() + timeout_s
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        unloaded: float | None = None  # when no backend stub of it was left
         while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
+            if unloaded is None and not [p for p in _leftovers(handle, shm_dir) if p != pid]:
+                unloaded = time.monotonic()
+            if unloaded is not None and time.monotonic() - unloaded > IDLE_EXIT_S:
+                break  # nothing in flight: only idle connections keep it
         if pid_alive(pid):
-            killed = True
+            if unloaded is not None and time.monotonic() < deadline:
+                idle_s = time.monotonic() - t0
+            else:
+                killed = True
             try:
                 os.killpg(pid, signal.SIGKILL)  # the group started with the server: stubs included
             except (ProcessLookupError, PermissionError):
@@ -445,7 +469,7 @@ def stop_server(
     removed = remove_shm_regions(handle.shm_prefix, shm_dir)
     if not left:  # keep the record while anything of it runs: a second `stop` finds it again
         _forget(Path(handle.state_dir))
-    return StopResult(pid, was_alive, killed, removed, killed_leftovers, left)
+    return StopResult(pid, was_alive, killed, removed, killed_leftovers, left, idle_s)
 
 
 def _valid_prefix(prefix: str) -> bool:
