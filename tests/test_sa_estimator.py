@@ -1,6 +1,6 @@
 """The estimator replays the suffix-automaton enhancer exactly: same counts as the engine's loop.
 
-``runtime/estimator.walk_chain_batch`` replays TensorRT-LLM's SA enhancer (core/suffix_automaton.py
+``runtime/estimator.walk_chain_batch`` replays TensorRT-LLM's SA enhancer (speculative/sa/automaton.py
 ``SAEnhancer``: no override on the first decode, the prefill's token outside the automaton, stale
 buffer slots by decoding position, the global pool over the batch) over the target's greedy
 continuations, batch by batch as ``measure`` generates them; the engine applies it inside
@@ -16,10 +16,10 @@ import torch
 
 from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.engine import SamplingParams
-from eagle3_trt.core.suffix_automaton import SAConfig
 from eagle3_trt.resources import data_dir
 from eagle3_trt.runtime.estimator import estimate
 from eagle3_trt.speculative.sa import SuffixAutomatonMethod
+from eagle3_trt.speculative.sa.automaton import SAConfig
 
 FIELDS = ("draft_tokens", "accepted_tokens", "target_forwards", "generated_tokens", "accepted_per_position", "accept_hist")
 TEXTS = (

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_trt.core.suffix_automaton import SAConfig
 from eagle3_trt.runtime.loader import engine_from_bundle
 from eagle3_trt.speculative.sa import SuffixAutomatonMethod
+from eagle3_trt.speculative.sa.automaton import SAConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,7 +3,7 @@ brute-force search, hand-worked traces of each serving rule (the first decode's 
 the prefill's token never enters the automaton, stale buffer slots, the buffer indexed by decoding
 position, the global pool with a completed request and its 64-token cap, no rejection sampling with
 sa_config), greedy identity with SA on, ``alpha --modes chain,sa`` on the repetitive prompt set, and
-``recommend --write`` writing ``sa_config`` only where SA wins. Sources: core/suffix_automaton.py."""
+``recommend --write`` writing ``sa_config`` only where SA wins. Sources: speculative/sa/automaton.py."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ import yaml
 from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.spec_sampling import REJECTION_SAMPLING, SpecSamplingConfig
-from eagle3_trt.core.suffix_automaton import SAConfig, SAEnhancer, SuffixAutomaton, without_rejection_sampling
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.trtllm_versions import spec_for_release
 from eagle3_trt.runtime.recommendation import sa_choice
 from eagle3_trt.speculative.sa import SuffixAutomatonMethod
+from eagle3_trt.speculative.sa.automaton import SAConfig, SAEnhancer, SuffixAutomaton, without_rejection_sampling
 from eagle3_trt.testing.tiny_pair import make_pair
 
 ROOT = Path(__file__).resolve().parents[1]

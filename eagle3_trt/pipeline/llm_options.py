@@ -22,7 +22,7 @@ class _Strict(BaseModel):
 
 class SAEnhancerOptions(_Strict):
     """TensorRT-LLM 1.3+ ``SAEnhancerConfig`` (tensorrt_llm/llmapi/llm_args.py): the suffix automaton's
-    tokens replace the neural draft when its match is >= threshold tokens (core/suffix_automaton.py)."""
+    tokens replace the neural draft when its match is >= threshold tokens (speculative/sa/automaton.py)."""
 
     threshold: int = Field(4, ge=1, description="minimum suffix-match length for the automaton to override the draft")
     enable_global_pool: bool = Field(False, description="search every active request's automaton, not only the request's own")

@@ -10,7 +10,6 @@ from pathlib import Path
 from eagle3_trt.convert.prompts import load_prompt_records, use_chat_template
 from eagle3_trt.core.dynamic_tree import DynamicTreeConfig
 from eagle3_trt.core.stats import AggregateStats
-from eagle3_trt.core.suffix_automaton import SAConfig
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.runtime.alpha_report import compare
@@ -23,6 +22,7 @@ from eagle3_trt.runtime.measure import Measurement, measure
 from eagle3_trt.runtime.mode_compare import add_vs_chain
 from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
 from eagle3_trt.speculative.sa import SuffixAutomatonMethod
+from eagle3_trt.speculative.sa.automaton import SAConfig
 
 MXFP4_NUMERICS_NOTE = (
     "target experts are MXFP4 as shipped; the reference runtime dequantizes them exactly (every "

@@ -28,10 +28,10 @@ import torch
 from eagle3_trt.core import hf_compat
 from eagle3_trt.core.engine import RequestResult, SamplingParams
 from eagle3_trt.core.stats import RequestStats
-from eagle3_trt.core.suffix_automaton import SAConfig, SAEnhancer
 from eagle3_trt.core.target import column_windows
 from eagle3_trt.errors import UserError
 from eagle3_trt.speculative.sa import sa_config_of
+from eagle3_trt.speculative.sa.automaton import SAConfig, SAEnhancer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ def walk_chain_batch(
     """Stats of greedy chain speculation for one batch of requests (``(seq, prompt_len, preds)``
     each, as ``walk_chain``), replayed in lockstep as ``SpeculativeEngine.generate`` runs the batch.
 
-    ``sa``: TensorRT-LLM's suffix-automaton enhancer as the engine applies it (core/suffix_automaton.py
+    ``sa``: TensorRT-LLM's suffix-automaton enhancer as the engine applies it (speculative/sa/automaton.py
     ``SAEnhancer``): after each decode step the rows that were decoding extend their automata with the
     tokens they accepted, in batch order (their position indexes the draft buffer, whose stale slots
     are verified too), and their next drafts are the automaton's when the match reaches the

@@ -341,10 +341,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     from eagle3_trt.convert.load import load_engine
     from eagle3_trt.convert.prompts import load_prompt_records
     from eagle3_trt.core.dynamic_tree import DynamicTreeConfig
-    from eagle3_trt.core.suffix_automaton import SAConfig
     from eagle3_trt.runtime.measure import encode_raw
     from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
     from eagle3_trt.speculative.sa import SuffixAutomatonMethod
+    from eagle3_trt.speculative.sa.automaton import SAConfig
 
     ap = argparse.ArgumentParser(prog="python -m eagle3_trt.testing.mode_oracle")
     ap.add_argument("files", nargs="*", default=["examples/repeat_code.jsonl", "examples/code_edit.jsonl"])

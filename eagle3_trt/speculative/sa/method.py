@@ -1,5 +1,5 @@
-"""The suffix-automaton enhancer as a method: the chain drafts, ``SAEnhancer`` overrides (core of
-the rules and their sources: the automaton module)."""
+"""The suffix-automaton enhancer as a method: the chain drafts, ``SAEnhancer`` overrides (the rules
+and their TensorRT-LLM sources: speculative/sa/automaton.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from eagle3_trt.core.requests import BatchState, Row
 from eagle3_trt.core.sampling import SamplingParams
 from eagle3_trt.core.spec_sampling import SpecSamplingConfig
 from eagle3_trt.core.static_tree_run import StaticTreeRun
-from eagle3_trt.core.suffix_automaton import SAConfig, SAEnhancer, without_rejection_sampling
 from eagle3_trt.core.tree import DraftTree
 from eagle3_trt.errors import UserError
+from eagle3_trt.speculative.sa.automaton import SAConfig, SAEnhancer, without_rejection_sampling
 
 
 @dataclass(frozen=True)
