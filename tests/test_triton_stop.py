@@ -318,3 +318,62 @@ def test_stop_does_not_wait_on_an_idle_grpc_stream(bundle, tmp_path):
     assert "no request in flight" in r.stderr, r.stderr  # it says why it ended the server
     assert took < 20, f"stop took {took:.1f} s"
     assert _left_of(h.pid, h.shm_prefix) == ([], [], []) and not (state / "server.json").exists()
+
+
+@pytest.mark.triton
+@pytest.mark.needs("tritonserver", "tritonclient")
+def test_a_non_streaming_request_cut_by_stop_is_told_to_retry(bundle, tmp_path):
+    """Unary requests running when the drain window ends: HTTP /infer answers 503 and gRPC ModelInfer
+    UNAVAILABLE (a client retries those elsewhere), with the shutting-down message. HTTP /generate
+    carries the same message; its status is not ours to set (see the README: tritonserver's generate
+    frontend reads the code of an error it has already freed), so only the body is checked there."""
+    import requests
+    import tritonclient.grpc as tg
+    import tritonclient.http as th
+
+    from eagle3_trt.triton_serving.server import ServerHandle, free_ports
+
+    repo, state = tmp_path / "repo", tmp_path / "state"
+    assert _cli("package", str(bundle), "-o", str(repo), "--with-unary").returncode == 0
+    hp, gp, mp = free_ports(3)
+    r = _cli("serve", str(repo), "--state-dir", str(state), "--http-port", str(hp), "--grpc-port", str(gp), "--metrics-port", str(mp))
+    assert r.returncode == 0, r.stdout + r.stderr
+    h = ServerHandle.load(state)
+    out: dict[str, tuple] = {}
+
+    def unary(mod, url: str, key: str) -> None:
+        cl = mod.InferenceServerClient(url, network_timeout=120.0) if mod is th else mod.InferenceServerClient(url)
+        t = mod.InferInput("text_input", [1], "BYTES")
+        t.set_data_from_numpy(np.array([b"Tell a very long story about the sea"], dtype=np.object_))
+        mt = mod.InferInput("sampling_param_max_tokens", [1], "INT64")
+        mt.set_data_from_numpy(np.array([480], np.int64))
+        try:
+            cl.infer("eagle3_unary", [t, mt])
+            out[key] = ("finished",)
+        except Exception as e:
+            out[key] = ("error", str(getattr(e, "status", lambda: None)()), str(e))
+        finally:
+            cl.close()
+
+    def generate(model: str, key: str) -> None:
+        r = requests.post(
+            f"http://127.0.0.1:{hp}/v2/models/{model}/generate", timeout=120, json={"text_input": "Tell a very long story", "sampling_param_max_tokens": 480}
+        )
+        out[key] = (r.status_code, r.text)
+
+    threads = [
+        threading.Thread(target=unary, args=(th, f"127.0.0.1:{hp}", "http-infer")),
+        threading.Thread(target=unary, args=(tg, h.grpc_url, "grpc-infer")),
+        threading.Thread(target=generate, args=("eagle3", "generate")),
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(3)
+    r = _cli("stop", "--state-dir", str(state), "--drain", "1", timeout=120)
+    for t in threads:
+        t.join(60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    print(out)
+    assert out["http-infer"][0] == "error" and out["http-infer"][1] == "503" and "server is shutting down" in out["http-infer"][2], out
+    assert out["grpc-infer"][0] == "error" and out["grpc-infer"][1] == "StatusCode.UNAVAILABLE" and "server is shutting down" in out["grpc-infer"][2], out
+    assert "server is shutting down" in out["generate"][1] and "retry it on another server" in out["generate"][1], out
