@@ -1207,7 +1207,7 @@ CASES: list[Case] = [
         r"llm_api_options\.yaml:speculative_config: .*acceptance_rate_window_size and acceptance_rate_threshold go together",
         make=_spec_options(lambda k: {"acceptance_rate_threshold": 0.3}),
     ),
-    # TensorRT-LLM's dynamic tree (core/dynamic_tree.py): what its validators and worker refuse
+    # TensorRT-LLM's dynamic tree (speculative/dynamic_tree/builder.py): what its validators and worker refuse
     Case(
         "options-dynamic-tree-sliding-window-target",
         ("recommend", "{w}/out"),

@@ -1,4 +1,4 @@
-"""TensorRT-LLM's EAGLE-3 dynamic tree (core/dynamic_tree.py) against hand-worked examples of its
+"""TensorRT-LLM's EAGLE-3 dynamic tree (speculative/dynamic_tree/builder.py) against hand-worked examples of its
 algorithm (the tree, the greedy walk, the first decode with no stored tree, the sampled walk), its
 refusals, and the engine running it (topK 1 is NOT the chain: its first decode accepts nothing;
 per-row trees in a batch; temperature > 0). Greedy identity with Hugging Face generate is in
@@ -22,7 +22,6 @@ import pytest
 import torch
 
 from eagle3_trt.convert.load import load_engine
-from eagle3_trt.core.dynamic_tree import DynamicTreeBuilder, DynamicTreeConfig, check_dynamic_tree, dynamic_tree_refusal
 from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.requests import Row
 from eagle3_trt.core.stats import RequestStats
@@ -30,6 +29,7 @@ from eagle3_trt.core.verify import accept
 from eagle3_trt.errors import UserError
 from eagle3_trt.resources import data_dir
 from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
+from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeBuilder, DynamicTreeConfig, check_dynamic_tree, dynamic_tree_refusal
 from eagle3_trt.speculative.sa import SuffixAutomatonMethod
 from eagle3_trt.speculative.sa.automaton import SAConfig
 from eagle3_trt.testing.tiny_pair import make_pair

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_trt.core.dynamic_tree_rules import DynamicTreeConfig
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.pipeline.gpus import get_gpu
@@ -29,6 +28,7 @@ from eagle3_trt.runtime.dynamic_tree_choice import dynamic_tree_choice
 from eagle3_trt.runtime.loader import engine_from_bundle
 from eagle3_trt.runtime.recommendation import write_recommendation_to_bundle
 from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
+from eagle3_trt.speculative.dynamic_tree.rules import DynamicTreeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TREE = {"use_dynamic_tree": True, "dynamic_tree_max_topK": 8, "max_total_draft_tokens": 24, "max_draft_len": 3}

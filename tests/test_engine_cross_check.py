@@ -135,7 +135,7 @@ def test_the_cross_check_catches_a_drifted_engine(pair, models):
 def test_modes_match_the_oracle(pair, models, mode, kw):
     """Per request: tokens, target forwards and accepted drafts per verification, in one batch (the SA
     draft buffer and the global pool are per batch)."""
-    from eagle3_trt.core.dynamic_tree import DynamicTreeConfig
+    from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
     from eagle3_trt.speculative.sa.automaton import SAConfig
     from eagle3_trt.testing.mode_oracle import agreement
 

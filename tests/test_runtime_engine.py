@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from eagle3_trt.convert.load import load_engine
-from eagle3_trt.core.dynamic_tree import DynamicTreeConfig
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 from eagle3_trt.core.tree import DraftTree
 from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
+from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
 from eagle3_trt.testing.tiny_pair import TinyShape, make_pair
 from eagle3_trt.train.trainer import distill_draft
 
@@ -189,7 +189,7 @@ def test_user_errors(tiny):
         eng.target.aux_layer_ids = saved
 
 
-# TensorRT-LLM's dynamic tree (core/dynamic_tree.py): every row builds its own tree each step, so a
+# TensorRT-LLM's dynamic tree (speculative/dynamic_tree/builder.py): every row builds its own tree each step, so a
 # batch verifies different trees side by side (per-row ancestor masks) and rolls back per row.
 DYNAMIC = [DynamicTreeConfig(2), DynamicTreeConfig(4, 6)]
 

@@ -31,7 +31,6 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from eagle3_trt.core.dynamic_tree_rules import check_target
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import read_json, sha256_file
 from eagle3_trt.formats.families import default_aux_layers_of
@@ -65,6 +64,7 @@ from eagle3_trt.pipeline.bundle_manifest import (
     package_versions,
 )
 from eagle3_trt.pipeline.llm_options import LlmApiOptions, validate_options
+from eagle3_trt.speculative.dynamic_tree.rules import check_target
 
 # The schema's names, for readers that take the whole format from this module (``bundle as fmt``).
 __all__ = [
@@ -245,7 +245,7 @@ def open_bundle(path: Path) -> Bundle:
         raise UserError(path, "bundle directory not found", "build one with `eagle3-trt engine`")
     b = Bundle(path, read_manifest(path), read_options(path))
     if b.options.speculative_config.use_dynamic_tree:
-        # TensorRT-LLM runs no dynamic tree on sliding-window or MLA targets (core/dynamic_tree.py)
+        # TensorRT-LLM runs no dynamic tree on sliding-window or MLA targets (speculative/dynamic_tree/builder.py)
         check_target(b.target_config, where=f"{path / OPTIONS_FILE}:speculative_config.use_dynamic_tree")
     return b
 

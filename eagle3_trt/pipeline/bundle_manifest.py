@@ -141,7 +141,7 @@ class Recommendation(_Strict):
     draft_len_schedule: dict[int, int] | None = None
     acceptance_rate_window_size: int | None = None
     acceptance_rate_threshold: float | None = None
-    # the dynamic tree (core/dynamic_tree.py), written only where it beat the chain (runtime/dynamic_tree_choice.py)
+    # the dynamic tree (speculative/dynamic_tree/builder.py), written only where it beat the chain (runtime/dynamic_tree_choice.py)
     use_dynamic_tree: bool | None = None
     dynamic_tree_max_topK: int | None = None
     max_total_draft_tokens: int | None = None

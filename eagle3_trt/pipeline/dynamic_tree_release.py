@@ -1,5 +1,5 @@
 """Which TensorRT-LLM releases run the EAGLE-3 dynamic tree (``use_dynamic_tree``,
-``dynamic_tree_max_topK``, ``max_total_draft_tokens``; core/dynamic_tree.py) on the PyTorch backend.
+``dynamic_tree_max_topK``, ``max_total_draft_tokens``; speculative/dynamic_tree/builder.py) on the PyTorch backend.
 
 Sources (NVIDIA/TensorRT-LLM): the PyTorch dynamic-tree worker (tensorrt_llm/_torch/speculative/
 eagle3_dynamic_tree.py) came with PR #11982 (opened 2026-03-06, reverted) and PR #13081 "Revert

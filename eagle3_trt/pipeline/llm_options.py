@@ -41,7 +41,7 @@ class Eagle3Options(_Strict):
     acceptance_rate_window_size: int | None = Field(None, ge=1)
     acceptance_rate_threshold: float | None = Field(None, ge=0.0, le=1.0)
     sa_config: SAEnhancerOptions | None = Field(None, description="suffix-automaton draft enhancer (TensorRT-LLM >= 1.3)")
-    # TensorRT-LLM's EAGLE-3 dynamic tree (core/dynamic_tree.py; PyTorch backend from 1.3, pipeline/trtllm_versions.py)
+    # TensorRT-LLM's EAGLE-3 dynamic tree (speculative/dynamic_tree/builder.py; PyTorch backend from 1.3, pipeline/trtllm_versions.py)
     use_dynamic_tree: bool | None = Field(None, description="draft a tree built per step from the draft's probabilities (None: off)")
     dynamic_tree_max_topK: int | None = Field(None, ge=1, description="dynamic tree: nodes expanded per draft layer")
     max_total_draft_tokens: int | None = Field(None, ge=1, description="dynamic tree: nodes verified per step, in [max_draft_len, topK * max_draft_len]")

@@ -8,7 +8,6 @@ from functools import partial
 from pathlib import Path
 
 from eagle3_trt.convert.prompts import load_prompt_records, use_chat_template
-from eagle3_trt.core.dynamic_tree import DynamicTreeConfig
 from eagle3_trt.core.stats import AggregateStats
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
@@ -21,6 +20,7 @@ from eagle3_trt.runtime.loader import default_device, engine_from_bundle
 from eagle3_trt.runtime.measure import Measurement, measure
 from eagle3_trt.runtime.mode_compare import add_vs_chain
 from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
+from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
 from eagle3_trt.speculative.sa import SuffixAutomatonMethod
 from eagle3_trt.speculative.sa.automaton import SAConfig
 

@@ -1,11 +1,11 @@
-"""``alpha --modes dynamic-tree``: TensorRT-LLM's EAGLE-3 dynamic tree (core/dynamic_tree.py) as a
+"""``alpha --modes dynamic-tree``: TensorRT-LLM's EAGLE-3 dynamic tree (speculative/dynamic_tree/builder.py) as a
 speculation mode to measure beside the chain, with the checks that refuse it before a model loads."""
 
 from __future__ import annotations
 
-from eagle3_trt.core.dynamic_tree import DynamicTreeConfig, check_dynamic_tree, check_target
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.bundle import Bundle
+from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig, check_dynamic_tree, check_target
 
 DYNAMIC_TREE_MODE = "dynamic-tree"
 # TensorRT-LLM has no default dynamic_tree_max_topK (it is required with use_dynamic_tree); 10 is the

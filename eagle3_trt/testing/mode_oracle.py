@@ -340,9 +340,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from eagle3_trt.convert.embedded import embedded_pair
     from eagle3_trt.convert.load import load_engine
     from eagle3_trt.convert.prompts import load_prompt_records
-    from eagle3_trt.core.dynamic_tree import DynamicTreeConfig
     from eagle3_trt.runtime.measure import encode_raw
     from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
+    from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
     from eagle3_trt.speculative.sa import SuffixAutomatonMethod
     from eagle3_trt.speculative.sa.automaton import SAConfig
 

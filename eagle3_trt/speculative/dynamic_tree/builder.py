@@ -50,8 +50,8 @@ from __future__ import annotations
 
 import torch
 
-from eagle3_trt.core.dynamic_tree_rules import DynamicTreeConfig, check_dynamic_tree, check_target, dynamic_tree_refusal
 from eagle3_trt.core.tree import DraftTree
+from eagle3_trt.speculative.dynamic_tree.rules import DynamicTreeConfig, check_dynamic_tree, check_target, dynamic_tree_refusal
 
 __all__ = ["DynamicTreeBuilder", "DynamicTreeConfig", "check_dynamic_tree", "check_target", "dynamic_tree_refusal", "tree_from_parents"]
 

@@ -1,4 +1,4 @@
-"""The draft loop of TensorRT-LLM's dynamic tree (core/dynamic_tree.py): D - 1 draft passes over the
+"""The draft loop of TensorRT-LLM's dynamic tree (speculative/dynamic_tree/builder.py): D - 1 draft passes over the
 K nodes each row expands per depth, every row with its own tree (per-row ancestor masks).
 
 Follows ``Eagle3OneModelDynamicTreeWorker._forward_draft_loop`` (tensorrt_llm/_torch/speculative/
@@ -16,9 +16,9 @@ from collections.abc import Callable
 import torch
 
 from eagle3_trt.core.draft import Eagle3Draft
-from eagle3_trt.core.dynamic_tree import DynamicTreeBuilder
 from eagle3_trt.core.requests import BatchState, Row
 from eagle3_trt.core.tree import DraftTree
+from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeBuilder
 
 
 def draft_dynamic_tree(

@@ -6,14 +6,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_trt.core.dynamic_drafting import draft_dynamic_tree
-from eagle3_trt.core.dynamic_tree import DynamicTreeConfig, check_target
 from eagle3_trt.core.method_api import Drafted, DraftingEngine
 from eagle3_trt.core.requests import BatchState, Row
 from eagle3_trt.core.sampling import SamplingParams
 from eagle3_trt.core.spec_sampling import SpecSamplingConfig
 from eagle3_trt.core.tree import DraftTree
 from eagle3_trt.errors import UserError
+from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig, check_target
+from eagle3_trt.speculative.dynamic_tree.drafting import draft_dynamic_tree
 
 
 @dataclass(frozen=True)

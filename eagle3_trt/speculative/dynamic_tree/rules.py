@@ -1,6 +1,6 @@
 """TensorRT-LLM's rules for the EAGLE-3 dynamic tree, without torch (the bundle schema and the
 launchers read them too): the configuration, its ranges and the targets it refuses. The algorithm
-is in core/dynamic_tree.py.
+is in speculative/dynamic_tree/builder.py.
 
 Sources (NVIDIA/TensorRT-LLM): tensorrt_llm/llmapi/llm_args.py @00043967
 (``EagleDecodingConfig.validate_eagle_config``); docs/source/features/speculative-decoding.md
