@@ -28,10 +28,10 @@ from eagle3_trt.core.stats import RequestStats
 from eagle3_trt.core.verify import accept
 from eagle3_trt.errors import UserError
 from eagle3_trt.resources import data_dir
-from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
 from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeBuilder, DynamicTreeConfig, check_dynamic_tree, dynamic_tree_refusal
-from eagle3_trt.speculative.sa import SuffixAutomatonMethod
+from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
 from eagle3_trt.speculative.sa.automaton import SAConfig
+from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
 from eagle3_trt.testing.tiny_pair import make_pair
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """``recommend --write`` choosing TensorRT-LLM's dynamic tree against the chain with the cost model
-(runtime/dynamic_tree_choice.py), and the release table for its keys (pipeline/dynamic_tree_release.py).
+(runtime/dynamic_tree_choice.py), and the release table for its keys (speculative/dynamic_tree/release.py).
 
 The choice is checked on synthetic alpha reports (the acceptance lengths are inputs of the cost
 model; measuring them is tests/test_dynamic_tree.py's and test_alpha_dynamic_tree.py's job): a tree
@@ -27,7 +27,7 @@ from eagle3_trt.runtime.cost_model import Recommendation, recommend
 from eagle3_trt.runtime.dynamic_tree_choice import dynamic_tree_choice
 from eagle3_trt.runtime.loader import engine_from_bundle
 from eagle3_trt.runtime.recommendation import write_recommendation_to_bundle
-from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
+from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
 from eagle3_trt.speculative.dynamic_tree.rules import DynamicTreeConfig
 
 ROOT = Path(__file__).resolve().parents[1]

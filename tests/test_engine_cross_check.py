@@ -21,8 +21,8 @@ from eagle3_trt.convert.embedded import embedded_pair, heldout_prompts
 from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SamplingParams
-from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
-from eagle3_trt.speculative.sa import SuffixAutomatonMethod
+from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
+from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
 
 K, MAX_NEW = 3, 40
 

@@ -19,8 +19,8 @@ import torch
 from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 from eagle3_trt.core.tree import DraftTree
-from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
 from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
+from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
 from eagle3_trt.testing.tiny_pair import TinyShape, make_pair
 from eagle3_trt.train.trainer import distill_draft
 

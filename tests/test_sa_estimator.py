@@ -18,8 +18,8 @@ from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.resources import data_dir
 from eagle3_trt.runtime.estimator import estimate
-from eagle3_trt.speculative.sa import SuffixAutomatonMethod
 from eagle3_trt.speculative.sa.automaton import SAConfig
+from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
 
 FIELDS = ("draft_tokens", "accepted_tokens", "target_forwards", "generated_tokens", "accepted_per_position", "accept_hist")
 TEXTS = (

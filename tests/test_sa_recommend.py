@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from eagle3_trt.runtime.loader import engine_from_bundle
-from eagle3_trt.speculative.sa import SuffixAutomatonMethod
 from eagle3_trt.speculative.sa.automaton import SAConfig
+from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """The speculative sampling flags through the toolkit: the options schema, the release table
-(pipeline/spec_sampling_release.py), ``recommend --write`` (runtime/sampling_choice.py), and the
+(speculative/eagle3/sampling_release.py), ``recommend --write`` (runtime/sampling_choice.py), and the
 engine a bundle is served / measured with (runtime/loader.py)."""
 
 from __future__ import annotations

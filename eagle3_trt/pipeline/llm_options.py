@@ -70,7 +70,7 @@ class Eagle3Options(_Strict):
             raise ValueError("with use_dynamic_tree, draft_len_schedule may only switch speculation off (values max_draft_len or 0)")
         return self
 
-    # pipeline/spec_variant_release.py: which releases have them, and what a release without them does
+    # speculative/eagle3/release.py: which releases have them, and what a release without them does
     eagle3_model_arch: Literal["llama3", "mistral_large3"] | None = Field(
         None, description="draft module TensorRT-LLM builds (>= 1.3; None: its default, llama3, which every draft built here is)"
     )

@@ -133,7 +133,7 @@ DOCUMENTED_NESTED: dict[str, frozenset[str]] = {
             "allow_advanced_sampling",  # 1.2.x .. 1.4.0rc1 (core/spec_sampling.py)
             "advanced_sampling_mode",  # 1.3.0rc27 / 1.4.0rc1 reference pages
             "enable_penalty",
-            "spec_dec_variant",  # 1.4.0rc1 reference page; older releases: pipeline/spec_variant_release.py leaves it out
+            "spec_dec_variant",  # 1.4.0rc1 reference page; older releases: speculative/eagle3/release.py leaves it out
             "sa_config",  # SAEnhancerConfig, 1.3+ (PR #12130); older releases: trtllm_versions.spec_for_release refuses it
         ]
     ),

@@ -48,9 +48,9 @@ from packaging.version import InvalidVersion, Version
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats import rope_releases
-from eagle3_trt.pipeline.dynamic_tree_release import dynamic_tree_for_release
-from eagle3_trt.pipeline.spec_sampling_release import sampling_for_release
-from eagle3_trt.pipeline.spec_variant_release import variant_for_release
+from eagle3_trt.speculative.dynamic_tree.release import dynamic_tree_for_release
+from eagle3_trt.speculative.eagle3.release import variant_for_release
+from eagle3_trt.speculative.eagle3.sampling_release import sampling_for_release
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def spec_for_release(
     notes += sampling_notes
     spec, variant_notes = variant_for_release(spec, version, spec_fields, where)  # spec_dec_variant, eagle3_model_arch
     notes += variant_notes
-    spec = dynamic_tree_for_release(spec, version, where)  # use_dynamic_tree: 1.3+ (pipeline/dynamic_tree_release.py)
+    spec = dynamic_tree_for_release(spec, version, where)  # use_dynamic_tree: 1.3+ (speculative/dynamic_tree/release.py)
     no_sa = "sa_config" not in spec_fields if spec_fields is not None else _before(version, SA_CONFIG_SINCE)
     if spec.get("sa_config") is not None and no_sa:
         raise UserError(
@@ -191,12 +191,12 @@ SPEC_KEYS_BY_RELEASE: dict[str, dict[str, str | None]] = {
         "acceptance_rate_window_size": None,
         "acceptance_rate_threshold": None,
         "spec_dec_variant": None,
-        "eagle3_model_arch": None,  # pipeline/spec_variant_release.py
-        # speculative sampling flags (pipeline/spec_sampling_release.py, core/spec_sampling.py)
+        "eagle3_model_arch": None,  # speculative/eagle3/release.py
+        # speculative sampling flags (speculative/eagle3/sampling_release.py, core/spec_sampling.py)
         "allow_advanced_sampling": "allow_advanced_sampling",
         "use_rejection_sampling": None,
         "advanced_sampling_mode": None,
-        # the EAGLE-3 dynamic tree (pipeline/dynamic_tree_release.py): 1.3+ on the PyTorch backend
+        # the EAGLE-3 dynamic tree (speculative/dynamic_tree/release.py): 1.3+ on the PyTorch backend
         "use_dynamic_tree": None,
         "dynamic_tree_max_topK": None,
         "max_total_draft_tokens": None,
@@ -206,7 +206,7 @@ SPEC_KEYS_BY_RELEASE: dict[str, dict[str, str | None]] = {
         "acceptance_rate_window_size": "acceptance_rate_window_size",
         "acceptance_rate_threshold": "acceptance_rate_threshold",
         "spec_dec_variant": None,
-        "eagle3_model_arch": "eagle3_model_arch",  # pipeline/spec_variant_release.py
+        "eagle3_model_arch": "eagle3_model_arch",  # speculative/eagle3/release.py
         "allow_advanced_sampling": "allow_advanced_sampling",
         "use_rejection_sampling": "use_rejection_sampling",
         "advanced_sampling_mode": "advanced_sampling_mode",

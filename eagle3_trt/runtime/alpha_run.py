@@ -19,10 +19,10 @@ from eagle3_trt.runtime.dynamic_tree_mode import DEFAULT_TOPK, DYNAMIC_TREE_MODE
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
 from eagle3_trt.runtime.measure import Measurement, measure
 from eagle3_trt.runtime.mode_compare import add_vs_chain
-from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
 from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
-from eagle3_trt.speculative.sa import SuffixAutomatonMethod
+from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
 from eagle3_trt.speculative.sa.automaton import SAConfig
+from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
 
 MXFP4_NUMERICS_NOTE = (
     "target experts are MXFP4 as shipped; the reference runtime dequantizes them exactly (every "

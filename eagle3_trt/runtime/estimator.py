@@ -30,8 +30,8 @@ from eagle3_trt.core.engine import RequestResult, SamplingParams
 from eagle3_trt.core.stats import RequestStats
 from eagle3_trt.core.target import column_windows
 from eagle3_trt.errors import UserError
-from eagle3_trt.speculative.sa import sa_config_of
 from eagle3_trt.speculative.sa.automaton import SAConfig, SAEnhancer
+from eagle3_trt.speculative.sa.method import sa_config_of
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,10 +8,10 @@ from typing import Any, Protocol
 
 from eagle3_trt.core.method_api import SpeculationMethod
 from eagle3_trt.errors import UserError
-from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
-from eagle3_trt.speculative.eagle3 import Eagle3Chain
+from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
+from eagle3_trt.speculative.eagle3.method import Eagle3Chain
 from eagle3_trt.speculative.peagle import PEagleMethod
-from eagle3_trt.speculative.sa import SuffixAutomatonMethod
+from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
 
 
 class RegisteredMethod(Protocol):

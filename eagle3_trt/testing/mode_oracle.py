@@ -341,10 +341,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     from eagle3_trt.convert.load import load_engine
     from eagle3_trt.convert.prompts import load_prompt_records
     from eagle3_trt.runtime.measure import encode_raw
-    from eagle3_trt.speculative.dynamic_tree import DynamicTreeMethod
     from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
-    from eagle3_trt.speculative.sa import SuffixAutomatonMethod
+    from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
     from eagle3_trt.speculative.sa.automaton import SAConfig
+    from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
 
     ap = argparse.ArgumentParser(prog="python -m eagle3_trt.testing.mode_oracle")
     ap.add_argument("files", nargs="*", default=["examples/repeat_code.jsonl", "examples/code_edit.jsonl"])

@@ -6,8 +6,5 @@ Its reference algorithm is the engine's own drafting, shared by every EAGLE-fami
 it is handed no method. This home registers it and holds what is about the method alone.
 """
 
-from __future__ import annotations
-
-from eagle3_trt.speculative.eagle3.method import Eagle3Chain
-
-__all__ = ["Eagle3Chain"]
+# The package imports nothing: its release table and rules are read by pipeline/ without torch;
+# the method class is in .method (speculative/registry.py imports it).

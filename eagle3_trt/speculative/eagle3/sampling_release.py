@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.pipeline.release_keys import drop_lacking
+from eagle3_trt.speculative.release_keys import drop_lacking
 
 SAMPLING_FLAGS_SINCE = "1.3.0rc0"  # use_rejection_sampling, advanced_sampling_mode
 DEFAULTS: dict[str, Any] = {"use_rejection_sampling": False, "advanced_sampling_mode": "full"}

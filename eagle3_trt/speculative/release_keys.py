@@ -1,5 +1,5 @@
 """Which speculation keys a TensorRT-LLM release lacks: the shared first step of
-pipeline/spec_sampling_release.py and pipeline/spec_variant_release.py (each then notes or refuses
+speculative/eagle3/sampling_release.py and speculative/eagle3/release.py (each then notes or refuses
 what was left out)."""
 
 from __future__ import annotations

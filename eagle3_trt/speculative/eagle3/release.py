@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.pipeline.release_keys import drop_lacking
+from eagle3_trt.speculative.release_keys import drop_lacking
 
 EAGLE3_MODEL_ARCH_SINCE = "1.3.0rc0"
 SPEC_DEC_VARIANT_SINCE = "1.4.0rc1"
