@@ -6,9 +6,11 @@ ever written whole through the atomic writer (staged, fsynced, renamed), so a re
 segment as it was at its last flush or not at all, never half a record. The open segment is
 rewritten at each flush; once it holds ``segment_records`` records the writer moves on to the next.
 
-Readers: ``iter_traffic`` (records one segment at a time, segment by segment: memory bounded by
-one segment whatever the capture's size) and ``read_traffic`` (every record in a list, oldest
-first); a truncated or foreign segment is a one-line UserError naming the file and line. Writers:
+Readers: ``segment_lines`` reads one segment (each record with its byte offset, so that a second
+pass can come back for it: ``record_at``); ``iter_traffic`` streams the capture one segment at a
+time (memory bounded by one segment whatever the capture's size); ``read_traffic`` is every record
+in a list, oldest first, for small captures (tests, examples: the commands stream, see
+traffic_split.split_capture); a truncated or foreign segment is a one-line UserError naming the file and line. Writers:
 ``SegmentWriter`` (synchronous; the serving side runs it off the request path, see runtime/capture.py).
 
 Deletion is final: a writer never recreates what was deleted under it. When its directory is gone
@@ -108,22 +110,58 @@ def segments(d: Path) -> list[Path]:
     return sorted((p for p in Path(d).glob(SEGMENT_GLOB) if _SEGMENT_RE.match(p.name)), key=key)
 
 
-def read_segment(f: Path) -> list[TrafficRecord]:
-    out: list[TrafficRecord] = []
+def segment_lines(f: Path) -> Iterator[tuple[int, bytes, TrafficRecord]]:
+    """The one segment reader: each record of the segment file ``f`` with its line's byte offset and
+    raw bytes (without the newline), so a reader can come back for one record (``record_at``).
+    The file is read whole (one segment's worth of memory) and checked before the first record."""
+    data = Path(f).read_bytes()
     try:
-        text = Path(f).read_text(encoding="utf-8")
+        data.decode("utf-8")
     except UnicodeDecodeError:
         raise UserError(f, "is not UTF-8 text", "capture segments are JSON lines written by serve --capture") from None
-    if text and not text.endswith("\n"):
+    if data and not data.endswith(b"\n"):
         raise UserError(f, "ends in the middle of a record (truncated)", "remove or restore the segment; the writer never leaves one like this")
-    for n, line in enumerate(text.splitlines(), 1):
-        try:
-            out.append(TrafficRecord.model_validate_json(line))
-        except ValidationError as e:
-            err = e.errors()[0]
-            where = ".".join(str(x) for x in err["loc"]) or "record"
-            raise UserError(f"{f}:{n}", f"not a traffic record ({where}: {err['msg']})", "capture segments are written by serve --capture") from None
-    return out
+
+    def lines() -> Iterator[tuple[int, bytes, TrafficRecord]]:
+        off = 0
+        for n, raw in enumerate(data.split(b"\n")[:-1] if data else [], 1):
+            yield off, raw, _parse(raw, f"{f}:{n}")
+            off += len(raw) + 1
+
+    return lines()
+
+
+def _parse(raw: bytes, where: str) -> TrafficRecord:
+    try:
+        return TrafficRecord.model_validate_json(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "record"
+        raise UserError(where, f"not a traffic record ({loc}: {err['msg']})", "capture segments are written by serve --capture") from None
+
+
+def line_check(raw: bytes) -> bytes:
+    """8 bytes naming a record's line, kept by a first pass so that ``record_at`` can tell it is back."""
+    return hashlib.blake2b(raw, digest_size=8).digest()
+
+
+def record_at(f: Path, offset: int, size: int, check: bytes) -> TrafficRecord:
+    """The record whose ``size``-byte line (``line_check`` ``check``) was read at byte ``offset`` of
+    segment ``f`` by an earlier pass: a one-line UserError when the segment no longer holds it (deleted
+    by retention or by hand since; the open segment is rewritten with its earlier lines in place)."""
+    try:
+        with open(f, "rb") as fh:
+            fh.seek(offset)
+            raw = fh.read(size + 1)
+    except FileNotFoundError:
+        raw = b""
+    if raw[size:] != b"\n" or line_check(raw[:size]) != check:
+        raise UserError(f, "changed while it was being read (a segment deleted or replaced)", "read the capture again; stop retention while reading it")
+    return _parse(raw[:size], f"{f}@{offset}")
+
+
+def read_segment(f: Path) -> list[TrafficRecord]:
+    return [r for _, _, r in segment_lines(f)]
 
 
 def iter_traffic(d: Path) -> Iterator[TrafficRecord]:
@@ -131,23 +169,34 @@ def iter_traffic(d: Path) -> Iterator[TrafficRecord]:
     concurrent writers' records interleave by segment, not by time). Holds one segment at a time:
     a reader that keeps only what it needs runs in bounded memory however large the capture.
     The directory is checked before the first record is yielded."""
+    return (r for s in capture_segments(d) for r in read_segment(s))
+
+
+def capture_segments(d: Path) -> list[Path]:
+    """``segments(d)``, refused in one line when ``d`` is not a capture directory or holds none."""
     d = Path(d)
     if not d.is_dir():
         raise UserError(d, "is not a directory", "pass the directory given to serve --capture")
     segs = segments(d)
     if not segs:
         raise UserError(d, "holds no capture segments (traffic-*.jsonl)", "serve with --capture DIR and send some requests first")
-    return (r for s in segs for r in read_segment(s))
+    return segs
 
 
 def read_traffic(d: Path) -> list[TrafficRecord]:
-    """Every record under the capture directory ``d``, oldest first."""
+    """Every record under the capture directory ``d`` in one list, oldest first: for small captures
+    (tests, examples). The commands read through ``iter_traffic`` or ``traffic_split.split_capture``."""
     return sorted(iter_traffic(d), key=lambda r: r.time_unix)
 
 
 def traffic_digest(records: Iterable[TrafficRecord]) -> str:
     """sha256 over the records' canonical lines, order-independent: names the traffic a head was trained on."""
-    lines = sorted(r.to_line() for r in records)
+    return digest_sorted_lines(sorted(r.to_line() for r in records))
+
+
+def digest_sorted_lines(lines: Iterable[str]) -> str:
+    """``traffic_digest`` of records whose canonical lines come in sorted order (streamed: see
+    traffic_split.CaptureSplit.train_digest)."""
     h = hashlib.sha256()
     for ln in lines:
         h.update(ln.encode("utf-8"))

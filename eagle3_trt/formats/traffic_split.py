@@ -32,14 +32,16 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.formats.traffic import TrafficRecord
+from eagle3_trt.formats.traffic import TrafficRecord, capture_segments, digest_sorted_lines, line_check, record_at, segment_lines
 
 NEAR_DUP_JACCARD = 0.8
 """Two prompts whose token 4-gram sets have at least this Jaccard similarity are one group."""
@@ -114,8 +116,12 @@ def _jaccard(a: _U64, b: _U64) -> float:
 
 
 class _Groups:
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int = 0) -> None:
         self.parent = list(range(n))
+
+    def add(self) -> int:
+        self.parent.append(len(self.parent))
+        return len(self.parent) - 1
 
     def find(self, i: int) -> int:
         while self.parent[i] != i:
@@ -129,50 +135,125 @@ class _Groups:
             self.parent[max(a, b)] = min(a, b)
 
 
-def group_prompts(records: Sequence[TrafficRecord], *, near_dup_jaccard: float = NEAR_DUP_JACCARD) -> list[int]:
-    """Each record's group root (an index into ``records``): same ids, same normalized text and
-    near-duplicate token 4-gram sets are merged. The partition does not depend on record order."""
-    n = len(records)
-    g = _Groups(n)
-    by_ids: dict[bytes, int] = {}
-    by_text: dict[str, int] = {}
-    uniq: list[int] = []  # one record per distinct prompt_ids
-    for i, r in enumerate(records):
+def _bands(sig: _U64) -> bytes:
+    """One 64-bit hash per band of a MinHash signature (32 x 8 bytes): what is kept per distinct
+    prompt to find candidate pairs. Two prompts whose band hashes agree are confirmed against their
+    signatures' rows (``_near_dup``), so a hash collision never adds a pair."""
+    rows = sig.reshape(_BANDS, _ROWS)
+    with np.errstate(over="ignore"):
+        h = _mix(rows[:, 0])
+        for c in range(1, _ROWS):
+            h = _mix(h ^ rows[:, c])
+    return h.astype("<u8").tobytes()
+
+
+class _Prompts:
+    """The prompt groups of a stream of records, kept small: per distinct ``prompt_ids`` its key (32
+    bytes), seeded score input and band hashes (256 bytes); per distinct normalized text a 16-byte
+    hash. The partition is the one module doc describes; how it is computed does not depend on the
+    order records arrive in."""
+
+    def __init__(self) -> None:
+        self.groups = _Groups()
+        self.by_ids: dict[bytes, int] = {}
+        self.keys: list[bytes] = []
+        self.by_text: dict[bytes, int] = {}
+        self.bands = bytearray()
+
+    def add(self, r: TrafficRecord) -> int:
+        """The distinct-prompt index of ``r`` (new prompts are registered)."""
         k = _ids_key(r.prompt_ids)
-        if k in by_ids:
-            g.union(by_ids[k], i)
-        else:
-            by_ids[k] = i
-            uniq.append(i)
+        u = self.by_ids.get(k)
+        if u is None:
+            u = self.by_ids[k] = self.groups.add()
+            self.keys.append(k)
+            self.bands += _bands(_minhash(_shingles(r.prompt_ids)))
         if r.prompt_text is not None and not r.redacted:
-            t = normalize_text(r.prompt_text)
-            if t in by_text:
-                g.union(by_text[t], i)
-            else:
-                by_text[t] = i
-    sh = {i: _shingles(records[i].prompt_ids) for i in uniq}
-    buckets: dict[tuple[int, bytes], list[int]] = {}
-    for i in uniq:
-        sig = _minhash(sh[i])
+            t = hashlib.blake2b(normalize_text(r.prompt_text).encode("utf-8"), digest_size=16).digest()
+            v = self.by_text.setdefault(t, u)
+            if v != u:
+                self.groups.union(v, u)
+        return u
+
+    def merge_near_duplicates(self, ids_of: Callable[[int], Sequence[int]], near_dup_jaccard: float = NEAR_DUP_JACCARD) -> None:
+        """Join the distinct prompts that are near-duplicates; ``ids_of(u)`` gives prompt ``u``'s ids
+        (read again for the candidate pairs only)."""
+        n = len(self.keys)
+        if n < 2:
+            return
+        bands = np.frombuffer(bytes(self.bands), dtype="<u8").reshape(n, _BANDS)
+        cache: dict[int, tuple[_U64, _U64]] = {}
+
+        def sh(u: int) -> tuple[_U64, _U64]:
+            if u not in cache:
+                if len(cache) >= 4096:
+                    cache.clear()
+                s = _shingles(ids_of(u))
+                cache[u] = (s, _minhash(s))
+            return cache[u]
+
+        checked: set[tuple[int, int]] = set()
         for b in range(_BANDS):
-            buckets.setdefault((b, sig[b * _ROWS : (b + 1) * _ROWS].tobytes()), []).append(i)
-    checked: set[tuple[int, int]] = set()
-    for members in buckets.values():
-        for x in range(len(members)):
-            for y in range(x + 1, len(members)):
-                i, j = members[x], members[y]
-                if (i, j) in checked or g.find(i) == g.find(j):
+            col = bands[:, b]
+            order = np.argsort(col, kind="stable")
+            cut = np.flatnonzero(np.diff(col[order])) + 1
+            for run in np.split(order, cut):
+                if run.size < 2:
                     continue
-                checked.add((i, j))
-                if _jaccard(sh[i], sh[j]) >= near_dup_jaccard:
-                    g.union(i, j)
-    return [g.find(i) for i in range(n)]
+                members = sorted(int(x) for x in run)
+                for x in range(len(members)):
+                    for y in range(x + 1, len(members)):
+                        i, j = members[x], members[y]
+                        if (i, j) in checked or self.groups.find(i) == self.groups.find(j):
+                            continue
+                        (si, mi), (sj, mj) = sh(i), sh(j)
+                        rows = slice(b * _ROWS, (b + 1) * _ROWS)
+                        if not np.array_equal(mi[rows], mj[rows]):
+                            continue  # the band hashes collided: not a candidate pair
+                        checked.add((i, j))
+                        if _jaccard(si, sj) >= near_dup_jaccard:
+                            self.groups.union(i, j)
+
+    def score(self, seed: int, u: int) -> float:
+        return _score(seed, self.keys[u])
+
+
+def group_prompts(records: Sequence[TrafficRecord], *, near_dup_jaccard: float = NEAR_DUP_JACCARD) -> list[int]:
+    """Each record's group root (an index into ``records``, the group's first record): same ids,
+    same normalized text and near-duplicate token 4-gram sets are merged. The partition does not
+    depend on record order."""
+    p = _Prompts()
+    uniq = [p.add(r) for r in records]
+    first: dict[int, int] = {}
+    for i, u in enumerate(uniq):
+        first.setdefault(u, i)
+    p.merge_near_duplicates(lambda u: records[first[u]].prompt_ids, near_dup_jaccard)
+    root: dict[int, int] = {}
+    for i, u in enumerate(uniq):
+        root.setdefault(p.groups.find(u), i)
+    return [root[p.groups.find(u)] for u in uniq]
+
+
+def _held_groups(score: dict[int, float], holdout_fraction: float) -> set[int]:
+    """The held-back groups (keys of ``score``, each group's score; the module doc's rule)."""
+    held = {k for k, s in score.items() if s < holdout_fraction}
+    if len(score) >= 2 and holdout_fraction > 0.0:
+        if not held:
+            held = {min(score, key=lambda k: (score[k], k))}
+        elif len(held) == len(score):
+            held.discard(max(score, key=lambda k: (score[k], k)))
+    return held
+
+
+def _check_fraction(holdout_fraction: float) -> None:
+    if not 0.0 <= float(holdout_fraction) < 1.0:
+        raise UserError("--holdout-fraction", f"is {holdout_fraction}, not in [0, 1)", "hold back a fraction such as 0.2; 0 trains on everything")
 
 
 def split_traffic(records: Iterable[TrafficRecord], *, seed: int = 0, holdout_fraction: float = 0.2) -> TrafficSplit:
-    """Split captured traffic into a training side and a held-back side (see the module doc)."""
-    if not 0.0 <= float(holdout_fraction) < 1.0:
-        raise UserError("--holdout-fraction", f"is {holdout_fraction}, not in [0, 1)", "hold back a fraction such as 0.2; 0 trains on everything")
+    """Split captured traffic held in memory into a training side and a held-back side (see the module
+    doc); ``split_capture`` makes the same split of a capture directory without holding it."""
+    _check_fraction(holdout_fraction)
     # a canonical order first, so nothing below depends on the order the records came in
     recs = sorted(records, key=lambda r: (r.time_unix, r.request_id, r.to_line()))
     roots = group_prompts(recs)
@@ -180,12 +261,7 @@ def split_traffic(records: Iterable[TrafficRecord], *, seed: int = 0, holdout_fr
     for i, r in enumerate(recs):
         s = _score(seed, _ids_key(r.prompt_ids))
         score[roots[i]] = max(s, score.get(roots[i], 0.0))
-    held = {k for k, s in score.items() if s < holdout_fraction}
-    if len(score) >= 2 and holdout_fraction > 0.0:
-        if not held:
-            held = {min(score, key=lambda k: (score[k], k))}
-        elif len(held) == len(score):
-            held.discard(max(score, key=lambda k: (score[k], k)))
+    held = _held_groups(score, holdout_fraction)
     train = [r for i, r in enumerate(recs) if roots[i] not in held]
     heldout = [r for i, r in enumerate(recs) if roots[i] in held]
     return TrafficSplit(
@@ -196,4 +272,150 @@ def split_traffic(records: Iterable[TrafficRecord], *, seed: int = 0, holdout_fr
         groups=len(score),
         heldout_groups=len(held),
         merged=len(recs) - len(score),
+    )
+
+
+PREFIX_CHARS = 96
+"""How much of each record's canonical line a capture's index keeps to order records (ties read the lines again)."""
+
+
+class CaptureRecords:
+    """Some records of a capture, in canonical order, read from disk each time they are iterated
+    (``record_at``: one record in memory at a time)."""
+
+    def __init__(self, index: CaptureIndex, rows: Sequence[int]) -> None:
+        self._index, self.rows = index, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[TrafficRecord]:
+        return (self._index.record(i) for i in self.rows)
+
+
+class CaptureIndex:
+    """Pass 1 over a capture directory (``iter_traffic``'s segment-at-a-time read): a small digest of
+    every record (where its line is, its time, request id, the first ``PREFIX_CHARS`` characters of
+    its canonical line, its distinct-prompt index) and the prompt groups (``_Prompts``). About
+    ``bytes_per_record`` bytes per record plus ~400 per distinct prompt (benchmarks/bench_capture_scale.py
+    measures it); the records themselves are read again only when asked for (``record``)."""
+
+    def __init__(self, d: Path, visit: Callable[[TrafficRecord], None] | None = None) -> None:
+        self.dir = Path(d)
+        self.segments = capture_segments(self.dir)
+        self.seg, self.off, self.size = array("I"), array("Q"), array("I")
+        self.time = array("d")
+        self.uniq = array("I")
+        self.check = bytearray()
+        self.request_id: list[str] = []
+        self.prefix: list[str] = []
+        self.prompts = _Prompts()
+        first: dict[int, int] = {}
+        for s, f in enumerate(self.segments):
+            for off, raw, r in segment_lines(f):
+                if visit is not None:
+                    visit(r)
+                i = len(self.time)
+                self.seg.append(s)
+                self.off.append(off)
+                self.size.append(len(raw))
+                self.check += line_check(raw)
+                self.time.append(r.time_unix)
+                self.request_id.append(r.request_id)
+                self.prefix.append(r.to_line()[:PREFIX_CHARS])
+                u = self.prompts.add(r)
+                self.uniq.append(u)
+                first.setdefault(u, i)
+        self.prompts.merge_near_duplicates(lambda u: self.record(first[u]).prompt_ids)
+
+    def __len__(self) -> int:
+        return len(self.time)
+
+    def record(self, i: int) -> TrafficRecord:
+        return record_at(self.segments[self.seg[i]], self.off[i], self.size[i], bytes(self.check[8 * i : 8 * i + 8]))
+
+    def _line(self, i: int) -> str:
+        return self.record(i).to_line()
+
+    def _resolve_ties(self, rows: list[int], key: Callable[[int], object]) -> list[int]:
+        """``rows`` sorted by ``key`` (which ends with the line prefix) are in full-line order once each
+        run of equal keys whose prefix was cut is sorted by its whole lines (read again: only ties)."""
+        out: list[int] = []
+        i = 0
+        while i < len(rows):
+            j = i + 1
+            k = key(rows[i])
+            while j < len(rows) and key(rows[j]) == k:
+                j += 1
+            run = rows[i:j]
+            if len(run) > 1 and len(self.prefix[run[0]]) == PREFIX_CHARS:
+                run = sorted(run, key=self._line)
+            out += run
+            i = j
+        return out
+
+    def canonical(self) -> list[int]:
+        """Every record's index, in split_traffic's canonical order (time, request id, canonical line)."""
+
+        def key(i: int) -> tuple[float, str, str]:
+            return self.time[i], self.request_id[i], self.prefix[i]
+
+        return self._resolve_ties(sorted(range(len(self)), key=key), key)
+
+    def digest(self, rows: Sequence[int]) -> str:
+        """formats/traffic.traffic_digest of these records, streamed (lines hashed in sorted order)."""
+        order = self._resolve_ties(sorted(rows, key=lambda i: self.prefix[i]), lambda i: self.prefix[i])
+        return digest_sorted_lines(self._line(i) for i in order)
+
+
+@dataclass(frozen=True)
+class CaptureSplit:
+    """``split_traffic``'s split of a capture directory, its sides read from disk when iterated."""
+
+    index: CaptureIndex
+    train: CaptureRecords
+    heldout: CaptureRecords
+    seed: int
+    holdout_fraction: float
+    groups: int
+    heldout_groups: int
+
+    @property
+    def records(self) -> int:
+        return len(self.index)
+
+    def train_digest(self) -> str:
+        return self.index.digest(self.train.rows)
+
+
+def split_capture(d: Path, *, seed: int = 0, holdout_fraction: float = 0.2, visit: Callable[[TrafficRecord], None] | None = None) -> CaptureSplit:
+    """``split_traffic`` of every record under the capture directory ``d``, in bounded memory: pass 1
+    (``CaptureIndex``) keeps a digest of each record and groups the prompts; the sides are index rows,
+    read again from disk record by record. ``visit`` sees every record once during pass 1 (checks)."""
+    _check_fraction(holdout_fraction)
+    idx = CaptureIndex(d, visit)
+    order = idx.canonical()
+    group = [idx.prompts.groups.find(u) for u in idx.uniq]
+    root: dict[int, int] = {}  # group -> its first record in canonical order (as split_traffic's roots)
+    for pos, i in enumerate(order):
+        root.setdefault(group[i], pos)
+    score: dict[int, float] = {}
+    ps: dict[int, float] = {}
+    for i in order:
+        u = idx.uniq[i]
+        if u not in ps:
+            ps[u] = idx.prompts.score(seed, u)
+        g = root[group[i]]
+        score[g] = max(ps[u], score.get(g, 0.0))
+    held = _held_groups(score, holdout_fraction)
+    train = [i for i in order if root[group[i]] not in held]
+    heldout = [i for i in order if root[group[i]] in held]
+    return CaptureSplit(
+        index=idx,
+        train=CaptureRecords(idx, array("I", train)),
+        heldout=CaptureRecords(idx, array("I", heldout)),
+        seed=int(seed),
+        holdout_fraction=float(holdout_fraction),
+        groups=len(score),
+        heldout_groups=len(held),
     )
