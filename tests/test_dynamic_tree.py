@@ -233,8 +233,9 @@ def test_refused_combinations(engine):
     # that slipped past it (model_construct skips validation) are refused by the method registry
     from pydantic import ValidationError
 
-    from eagle3_trt.pipeline.llm_options import Eagle3Options, SAEnhancerOptions
+    from eagle3_trt.pipeline.llm_options import Eagle3Options
     from eagle3_trt.speculative.registry import method_from_options
+    from eagle3_trt.speculative.sa.options import SAEnhancerOptions
 
     both = {"max_draft_len": 3, "use_dynamic_tree": True, "dynamic_tree_max_topK": 2, "sa_config": SAEnhancerOptions(threshold=2)}
     with pytest.raises(ValidationError, match="sa_config"):

@@ -19,7 +19,7 @@ import yaml
 
 from eagle3_trt.pipeline import bundle_write
 from eagle3_trt.pipeline.bundle import open_bundle
-from eagle3_trt.pipeline.llm_options import SAEnhancerOptions
+from eagle3_trt.speculative.sa.options import SAEnhancerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 

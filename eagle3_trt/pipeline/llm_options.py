@@ -14,18 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, m
 
 from eagle3_trt.core.spec_sampling import SpecSamplingConfig
 from eagle3_trt.errors import UserError
+from eagle3_trt.speculative.dynamic_tree.options import check_dynamic_tree_options
+from eagle3_trt.speculative.sa.options import SAEnhancerOptions
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class SAEnhancerOptions(_Strict):
-    """TensorRT-LLM 1.3+ ``SAEnhancerConfig`` (tensorrt_llm/llmapi/llm_args.py): the suffix automaton's
-    tokens replace the neural draft when its match is >= threshold tokens (speculative/sa/automaton.py)."""
-
-    threshold: int = Field(4, ge=1, description="minimum suffix-match length for the automaton to override the draft")
-    enable_global_pool: bool = Field(False, description="search every active request's automaton, not only the request's own")
 
 
 class Eagle3Options(_Strict):
@@ -48,26 +42,15 @@ class Eagle3Options(_Strict):
 
     @model_validator(mode="after")
     def _dynamic_tree(self) -> Eagle3Options:
-        """TensorRT-LLM's rules (tensorrt_llm/llmapi/llm_args.py @00043967 validate_eagle_config; the
-        dynamic-tree worker, tensorrt_llm/_torch/speculative/eagle3_dynamic_tree.py @057c8a65)."""
-        if not self.use_dynamic_tree:
-            if self.dynamic_tree_max_topK is not None or self.max_total_draft_tokens is not None:
-                # newer releases ignore a lone dynamic_tree_max_topK, older ones turned the tree on with it
-                raise ValueError("dynamic_tree_max_topK / max_total_draft_tokens need use_dynamic_tree: true (or drop them)")
-            return self
-        if self.dynamic_tree_max_topK is None:
-            raise ValueError("use_dynamic_tree needs dynamic_tree_max_topK (TensorRT-LLM has no default)")
-        top = self.dynamic_tree_max_topK * self.max_draft_len
-        if self.max_total_draft_tokens is not None and not self.max_draft_len <= self.max_total_draft_tokens <= top:
-            raise ValueError(
-                f"max_total_draft_tokens {self.max_total_draft_tokens} must be in [max_draft_len {self.max_draft_len}, dynamic_tree_max_topK * max_draft_len {top}]"
-            )
-        if self.sa_config is not None:
-            raise ValueError("use_dynamic_tree does not go with sa_config (TensorRT-LLM's dynamic tree refuses the suffix-automaton enhancer)")
-        # a tree keeps its draft length: TensorRT-LLM's dynamic draft length is for linear trees only
-        # (attention backend trtllm.py: "Currently dynamic draft length is only supported for linear tree")
-        if self.draft_len_schedule and any(v not in (0, self.max_draft_len) for v in self.draft_len_schedule.values()):
-            raise ValueError("with use_dynamic_tree, draft_len_schedule may only switch speculation off (values max_draft_len or 0)")
+        """The dynamic tree's rules, in its home (speculative/dynamic_tree/options.py)."""
+        check_dynamic_tree_options(
+            self.use_dynamic_tree,
+            self.dynamic_tree_max_topK,
+            self.max_total_draft_tokens,
+            self.max_draft_len,
+            self.sa_config is not None,
+            self.draft_len_schedule,
+        )
         return self
 
     # speculative/eagle3/release.py: which releases have them, and what a release without them does

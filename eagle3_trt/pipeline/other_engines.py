@@ -52,6 +52,7 @@ from eagle3_trt.pipeline.llm_options import LlmApiOptions
 from eagle3_trt.speculative.dynamic_tree.release import drop_dynamic_tree_for_launch
 from eagle3_trt.speculative.eagle3.release import variant_for_release
 from eagle3_trt.speculative.eagle3.sampling_release import sampling_for_release
+from eagle3_trt.speculative.sa.release import drop_sa_for_launch
 
 LAUNCH_DIR = "launch"
 TRTLLM_SERVE_YAML = "trtllm-serve.yaml"
@@ -350,7 +351,7 @@ def trtllm_serve_yamls(opts: LlmApiOptions) -> dict[str, str]:
     out = {}
     for band, version, pattern in versions.LAUNCH_BANDS:
         d = dict(base)
-        spec, sa_notes = versions.drop_sa_for_launch(d["speculative_config"], version or None)
+        spec, sa_notes = drop_sa_for_launch(d["speculative_config"], version or None)
         spec, dt_notes = drop_dynamic_tree_for_launch(spec, version or None)  # speculative/dynamic_tree/release.py
         sa_notes += dt_notes
         spec, sampling_notes = sampling_for_release(spec, version or None, launch=True)

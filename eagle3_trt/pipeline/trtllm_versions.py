@@ -51,6 +51,7 @@ from eagle3_trt.formats import rope_releases
 from eagle3_trt.speculative.dynamic_tree.release import dynamic_tree_for_release
 from eagle3_trt.speculative.eagle3.release import variant_for_release
 from eagle3_trt.speculative.eagle3.sampling_release import sampling_for_release
+from eagle3_trt.speculative.sa.release import sa_for_release
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,6 @@ class OptionChange:
 NEW_SCHEDULE_SINCE = "1.3.0rc0"
 ACCEPTANCE_RATE_SINCE = "1.3.0rc0"
 ONE_MODEL_ONLY_SINCE = "1.4.0rc1"
-# Eagle3DecodingConfig.sa_config (SAEnhancerConfig, TensorRT-LLM PR #12130): in the 1.3.0rc27 API reference
-SA_CONFIG_SINCE = "1.3.0rc0"
 # First release assumed to know `speculative_model` (see pipeline/trtllm_adapter.py's docstring).
 SPECULATIVE_MODEL_SINCE = "1.3.0rc0"
 # Oldest release the toolkit targets: unified ModelOpt checkpoints need >= 1.2.0
@@ -151,13 +150,7 @@ def spec_for_release(
     spec, variant_notes = variant_for_release(spec, version, spec_fields, where)  # spec_dec_variant, eagle3_model_arch
     notes += variant_notes
     spec = dynamic_tree_for_release(spec, version, where)  # use_dynamic_tree: 1.3+ (speculative/dynamic_tree/release.py)
-    no_sa = "sa_config" not in spec_fields if spec_fields is not None else _before(version, SA_CONFIG_SINCE)
-    if spec.get("sa_config") is not None and no_sa:
-        raise UserError(
-            f"{where}.sa_config",
-            f"TensorRT-LLM {version or 'installed'} has no suffix-automaton enhancer (sa_config came with 1.3, PR #12130)",
-            "remove sa_config from the bundle for this release, or use TensorRT-LLM 1.3 or newer",
-        )
+    spec = sa_for_release(spec, version, spec_fields, where)  # sa_config: 1.3+ (speculative/sa/release.py)
     # No field changed name here, so only the version number can tell.
     if _before(version, NEW_SCHEDULE_SINCE):
         if spec.get("draft_len_schedule"):
@@ -216,15 +209,6 @@ SPEC_KEYS_BY_RELEASE: dict[str, dict[str, str | None]] = {
     },
 }
 SPEC_KEYS_BY_RELEASE["1.4"] = {**SPEC_KEYS_BY_RELEASE["1.3"], "spec_dec_variant": "spec_dec_variant"}  # 1.3's keys, plus spec_dec_variant
-
-
-def drop_sa_for_launch(spec: dict[str, Any], version: str | None) -> tuple[dict[str, Any], list[str]]:
-    """A launch band's file for a release without sa_config (1.2): the enhancer left out with a note,
-    so the same bundle still serves there (``spec_for_release`` refuses it when deploying to that release)."""
-    if spec.get("sa_config") is None or not _before(version, SA_CONFIG_SINCE):
-        return spec, []
-    spec = {k: v for k, v in spec.items() if k != "sa_config"}
-    return spec, [f"TensorRT-LLM {version}: no suffix-automaton enhancer (sa_config is 1.3+); served without it"]
 
 
 # The transformers each release pins (``Requires-Dist`` of its sdist on PyPI, read 2026-11-26): 1.2.1 and

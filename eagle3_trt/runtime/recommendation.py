@@ -11,7 +11,7 @@ from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline import bundle as bundle_format
 from eagle3_trt.pipeline import bundle_write
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
-from eagle3_trt.pipeline.llm_options import SAEnhancerOptions, validate_options
+from eagle3_trt.pipeline.llm_options import validate_options
 from eagle3_trt.pipeline.trtllm_adapter import recommend as recommended_options
 from eagle3_trt.runtime.alpha_run import run_alpha
 from eagle3_trt.runtime.cost_model import Recommendation, acceptance_gate, draft_len_schedule
@@ -20,6 +20,7 @@ from eagle3_trt.runtime.dynamic_tree_choice import bundle_inputs as dt_inputs
 from eagle3_trt.runtime.gate_replay import GateChoice, choose_gate, sequences_at
 from eagle3_trt.runtime.report_files import read_report, report_curves
 from eagle3_trt.runtime.sampling_choice import sampling_choice
+from eagle3_trt.speculative.sa.options import SAEnhancerOptions
 
 
 def acceptance_curves(
