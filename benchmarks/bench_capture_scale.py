@@ -12,8 +12,15 @@ its imports is printed beside it, so what the records themselves cost is the dif
 - ``alpha-read``: what ``alpha --traffic`` keeps while it reads (runtime/traffic_alpha.py): four
   fields of every request for the drift summary, and the whole records of the bundle it measures
   (here one request in ``--measured-every``);
+- ``split``: what ``train-draft --traffic`` and ``gate --traffic`` read (formats/traffic_split.split_capture):
+  pass 1 keeps a small digest of each record and groups the prompts, then the held-back split is
+  made, the training side read back record by record (its prompts kept, as ``train-draft`` keeps
+  them) and its traffic digest computed; ``bytes_per_record`` is (peak RSS - RSS after imports) / N;
 - ``list``: ``read_traffic``, every record in one sorted list (what ``train-draft --traffic`` and
-  ``gate --traffic`` read: they split and train on all of it).
+  ``gate --traffic`` read before issue 30's streaming split; tests and examples still use it).
+
+One request in 8 repeats the previous request's prompt (the split groups them); the others'
+prompts are distinct (tokens shifted, text numbered), the split's worst case for memory.
 
 A record is the size of a chat request: 128 prompt tokens, 64 output tokens, ~700 characters of
 text (``--prompt-tokens``/``--output-tokens`` change it).
@@ -37,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-STEPS = ("write", "stream", "alpha-read", "list")
+STEPS = ("write", "stream", "alpha-read", "split", "list")
 FP_MEASURED, FP_OTHER = "a" * 64, "b" * 64
 
 
@@ -75,7 +82,17 @@ def _records(n: int, prompt_tokens: int, output_tokens: int, measured_every: int
     ]
     for i in range(n):
         fp = FP_MEASURED if i % measured_every == 0 else FP_OTHER
-        yield pool[i % len(pool)].model_copy(update={"request_id": f"req-{i:07d}", "time_unix": 1.7e9 + i * 0.01, "bundle_fingerprint": fp})
+        base = pool[i % len(pool)]
+        q = i - 1 if i % 8 == 7 else i  # one request in 8 repeats the previous prompt; the others are distinct prompts
+        yield base.model_copy(
+            update={
+                "request_id": f"req-{i:07d}",
+                "time_unix": 1.7e9 + i * 0.01,
+                "bundle_fingerprint": fp,
+                "prompt_ids": [(t + q) % 32000 for t in base.prompt_ids],
+                "prompt_text": f"{q} {base.prompt_text}",
+            }
+        )
 
 
 def child(step: str, d: Path, n: int, prompt_tokens: int, output_tokens: int, measured_every: int) -> dict:
@@ -111,6 +128,14 @@ def child(step: str, d: Path, n: int, prompt_tokens: int, output_tokens: int, me
                 mine.append(r)
         kept = len(served)
         extra = {"measured_records_kept": len(mine)}
+    elif step == "split":
+        from eagle3_trt.formats.traffic_split import split_capture
+
+        sp = split_capture(d, seed=0, holdout_fraction=0.2)
+        prompts = {tuple(r.prompt_ids) for r in sp.train}  # as train/from_traffic._prompts reads the training side
+        digest = sp.train_digest()
+        kept = sp.records
+        extra = {"train": len(sp.train), "heldout": len(sp.heldout), "prompt_groups": sp.groups, "train_prompts": len(prompts), "digest": digest[:12]}
     else:
         kept = len(read_traffic(d))
         extra = {}
@@ -124,6 +149,7 @@ def child(step: str, d: Path, n: int, prompt_tokens: int, output_tokens: int, me
         "records_per_s": round(n / s),
         "rss_after_imports_mb": round(base, 1),
         "peak_rss_mb": round(_rss_mb(), 1),
+        "bytes_per_record": round((_rss_mb() - base) * 2**20 / n),
         **extra,
     }
 
@@ -159,7 +185,8 @@ def main() -> None:
                     r = rows[-1]
                     print(
                         f"{n:>7} records  {step:<10} {r['records_per_s']:>8} records/s  peak RSS {r['peak_rss_mb']:>7.1f} MB "
-                        f"(after imports {r['rss_after_imports_mb']:.1f} MB)" + (f"  {r['mb_on_disk']} MB on disk" if "mb_on_disk" in r else ""),
+                        f"(after imports {r['rss_after_imports_mb']:.1f} MB, {r['bytes_per_record']} B/record)"
+                        + (f"  {r['mb_on_disk']} MB on disk" if "mb_on_disk" in r else ""),
                         flush=True,
                     )
     if a.json:

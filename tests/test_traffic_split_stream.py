@@ -20,9 +20,11 @@ from eagle3_trt.formats.traffic_split import (
     _ROWS,
     _U64,
     NEAR_DUP_JACCARD,
+    PREFIX_CHARS,
     SHINGLE,
     TrafficSplit,
     group_prompts,
+    line_prefix,
     normalize_text,
     split_capture,
     split_traffic,
@@ -224,6 +226,7 @@ def test_streamed_split_equals_list_based_split(tmp_path, seed: int, fraction: f
     cap = tmp_path / "cap"
     recs = _capture(cap)
     assert len(list(cap.glob("traffic-*.jsonl"))) > 20
+    assert all(line_prefix(r) == r.to_line()[:PREFIX_CHARS] for r in recs)  # the index's shortcut is the line's start
     old = old_split_traffic(read_traffic(cap), seed=seed, holdout_fraction=fraction)
     assert old.merged > 50 and old.heldout_groups >= (1 if fraction else 0)
     new = split_capture(cap, seed=seed, holdout_fraction=fraction)

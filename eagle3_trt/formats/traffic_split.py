@@ -31,6 +31,8 @@ Pure Python and numpy (formats layer: no torch).
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import re
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -85,9 +87,13 @@ def _score(seed: int, ids_key: bytes) -> float:
 def _shingles(ids: Sequence[int]) -> _U64:
     """The prompt's token 4-grams, each hashed to a 64-bit integer (a shorter prompt is one shingle)."""
     n = max(1, len(ids) - SHINGLE + 1)
-    grams = {tuple(ids[i : i + SHINGLE]) for i in range(n)}
+    if len(ids) >= SHINGLE and SHINGLE == 4:  # repr of a 4-tuple of ints, written out (the hashed text is the same, 2x faster)
+        v = [int(x) for x in ids]
+        grams: set[object] = {f"({v[i]}, {v[i + 1]}, {v[i + 2]}, {v[i + 3]})" for i in range(n)}
+    else:
+        grams = {repr(tuple(ids[i : i + SHINGLE])) for i in range(n)}
     out = np.fromiter(
-        (int.from_bytes(hashlib.blake2b(repr(g).encode("ascii"), digest_size=8).digest(), "little") for g in grams), dtype=np.uint64, count=len(grams)
+        (int.from_bytes(hashlib.blake2b(str(g).encode("ascii"), digest_size=8).digest(), "little") for g in grams), dtype=np.uint64, count=len(grams)
     )
     return np.unique(out)
 
@@ -196,11 +202,12 @@ class _Prompts:
         for b in range(_BANDS):
             col = bands[:, b]
             order = np.argsort(col, kind="stable")
-            cut = np.flatnonzero(np.diff(col[order])) + 1
-            for run in np.split(order, cut):
-                if run.size < 2:
-                    continue
-                members = sorted(int(x) for x in run)
+            sc = col[order]
+            starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
+            ends = np.r_[starts[1:], n]
+            many = ends - starts > 1
+            for st, en in zip(starts[many].tolist(), ends[many].tolist()):
+                members = sorted(order[st:en].tolist())
                 for x in range(len(members)):
                     for y in range(x + 1, len(members)):
                         i, j = members[x], members[y]
@@ -279,6 +286,17 @@ PREFIX_CHARS = 96
 """How much of each record's canonical line a capture's index keeps to order records (ties read the lines again)."""
 
 
+def line_prefix(r: TrafficRecord) -> str:
+    """``r.to_line()[:PREFIX_CHARS]``, from the line's leading fields alone when they reach that far
+    (dumping the whole record is most of pass 1's time otherwise)."""
+    if math.isfinite(r.time_unix):
+        head = {"schema": r.schema_, "request_id": r.request_id, "time_unix": r.time_unix, "bundle_fingerprint": r.bundle_fingerprint}
+        text = json.dumps(head, separators=(",", ":"), ensure_ascii=False)[:-1] + ","
+        if len(text) >= PREFIX_CHARS:
+            return text[:PREFIX_CHARS]
+    return r.to_line()[:PREFIX_CHARS]
+
+
 class CaptureRecords:
     """Some records of a capture, in canonical order, read from disk each time they are iterated
     (``record_at``: one record in memory at a time)."""
@@ -322,7 +340,7 @@ class CaptureIndex:
                 self.check += line_check(raw)
                 self.time.append(r.time_unix)
                 self.request_id.append(r.request_id)
-                self.prefix.append(r.to_line()[:PREFIX_CHARS])
+                self.prefix.append(line_prefix(r))
                 u = self.prompts.add(r)
                 self.uniq.append(u)
                 first.setdefault(u, i)

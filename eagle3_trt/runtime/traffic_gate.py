@@ -1,6 +1,6 @@
 """``eagle3-trt gate NEW --against OLD --traffic DIR``: deploy a retrained head only when it wins on traffic.
 
-The traffic's held-back split (formats/traffic_split.split_traffic: deterministic for a seed, no
+The traffic's held-back split (formats/traffic_split.split_capture, read in bounded memory: deterministic for a seed, no
 prompt on both sides, near-duplicates together: the part a head trained on this traffic never
 saw) is measured on both bundles, each record as it was served (runtime/traffic_measure.py). The
 gate passes only when all three hold:
@@ -35,8 +35,8 @@ from pathlib import Path
 from eagle3_trt.core.paired_ci import paired_ratio_diff
 from eagle3_trt.core.stats import aggregate
 from eagle3_trt.errors import UserError
-from eagle3_trt.formats.traffic import TrafficRecord, read_traffic
-from eagle3_trt.formats.traffic_split import split_traffic
+from eagle3_trt.formats.traffic import TrafficRecord
+from eagle3_trt.formats.traffic_split import split_capture, split_traffic
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.runtime.gate import _predicted_speedup
 from eagle3_trt.runtime.gate_verdict import DEFAULT_GATE_THRESHOLD, alpha_shortfall
@@ -87,17 +87,24 @@ def split_settings(new: Bundle, seed: int | None, holdout_fraction: float | None
     return lin.heldout_seed, lin.heldout_fraction
 
 
-def check_traffic_bundles(records: Sequence[TrafficRecord], new: Bundle, old: Bundle, traffic_dir: Path) -> None:
+class BundleCount:
+    """How many records each bundle served, counted as the capture is read (``visit``)."""
+
+    def __init__(self) -> None:
+        self.by_fingerprint: dict[str, int] = {}
+
+    def visit(self, r: TrafficRecord) -> None:
+        self.by_fingerprint[r.bundle_fingerprint] = self.by_fingerprint.get(r.bundle_fingerprint, 0) + 1
+
+
+def check_traffic_bundles(count: BundleCount, new: Bundle, old: Bundle, traffic_dir: Path) -> None:
     known = _known_bundles(new, old)
-    unknown: dict[str, int] = {}
-    for r in records:
-        if r.bundle_fingerprint not in known:
-            unknown[r.bundle_fingerprint] = unknown.get(r.bundle_fingerprint, 0) + 1
+    unknown = {fp: n for fp, n in count.by_fingerprint.items() if fp not in known}
     if unknown:
         fp, n = max(unknown.items(), key=lambda kv: kv[1])
         raise UserError(
             traffic_dir,
-            f"{sum(unknown.values())} of {len(records)} records were served by bundle {fp[:12]} (and {len(unknown) - 1} other), "
+            f"{sum(unknown.values())} of {sum(count.by_fingerprint.values())} records were served by bundle {fp[:12]} (and {len(unknown) - 1} other), "
             f"neither OLD ({old.manifest.fingerprint[:12]}) nor NEW ({new.manifest.fingerprint[:12]}): the gate cannot tell they come from this target",
             "gate on the traffic OLD served (serve --capture DIR), or pass --allow-other-bundles if that bundle served the same target",
         )
@@ -110,11 +117,17 @@ def heldout_records(
     the one NEW's manifest lineage records (train-draft --traffic chose it), which `gate --holdout-fraction`
     may not change (split_settings), so the hint names the option that sets it."""
     held = list(split_traffic(list(records), seed=seed, holdout_fraction=holdout_fraction).heldout)
+    check_heldout(held, len(records), holdout_fraction, traffic_dir, from_lineage=from_lineage)
+    return held
+
+
+def check_heldout(held: Sequence[TrafficRecord], records: int, holdout_fraction: float, traffic_dir: Path, *, from_lineage: bool) -> None:
+    """Refuse a held-back split with fewer than ``MIN_HELDOUT`` distinct prompts (``heldout_records``)."""
     distinct = len(set(prompt_groups(held).values()))
     if distinct < MIN_HELDOUT:
         raise UserError(
             traffic_dir,
-            f"the held-back split has {len(held)} requests from {distinct} distinct prompts (of {len(records)} requests, --holdout-fraction {holdout_fraction:g}); "
+            f"the held-back split has {len(held)} requests from {distinct} distinct prompts (of {records} requests, --holdout-fraction {holdout_fraction:g}); "
             f"the gate needs at least {MIN_HELDOUT} distinct prompts for a 95% interval of the AL difference narrow and reliable enough to decide "
             "(a prompt sent again adds no independent evidence)",
             "capture traffic with more distinct prompts, or retrain NEW with a larger `train-draft --traffic ... --holdout-fraction` "
@@ -122,7 +135,6 @@ def heldout_records(
             if from_lineage
             else "capture traffic with more distinct prompts or raise --holdout-fraction",
         )
-    return held
 
 
 def _measure(b: Bundle, records: Sequence[TrafficRecord], *, device: str, batch_size: int, traffic_dir: Path, say, lossless: bool):
@@ -166,10 +178,14 @@ def run_traffic_gate(
     nb, ob = open_bundle(Path(new)), open_bundle(Path(old))
     check_same_target(nb, ob)
     seed, holdout_fraction = split_settings(nb, seed, holdout_fraction)
-    records = read_traffic(Path(traffic_dir))
+    # bounded memory: pass 1 keeps a digest per record (formats/traffic_split.split_capture); only the
+    # held-back records, which are measured, are read back and kept
+    count = BundleCount()
+    split = split_capture(Path(traffic_dir), seed=seed, holdout_fraction=holdout_fraction, visit=count.visit)
     if not allow_other_bundles:  # as train-draft --traffic: the user vouches the other bundles served this target
-        check_traffic_bundles(records, nb, ob, Path(traffic_dir))
-    held = heldout_records(records, seed, holdout_fraction, Path(traffic_dir), from_lineage=nb.manifest.lineage is not None)
+        check_traffic_bundles(count, nb, ob, Path(traffic_dir))
+    held = list(split.heldout)
+    check_heldout(held, split.records, holdout_fraction, Path(traffic_dir), from_lineage=nb.manifest.lineage is not None)
     device = default_device(device)
     t0 = time.perf_counter()
     old_items, old_skipped, _ = _measure(ob, held, device=device, batch_size=batch_size, traffic_dir=Path(traffic_dir), say=say, lossless=False)
@@ -220,7 +236,7 @@ def run_traffic_gate(
         },
         "traffic": {
             "dir": str(traffic_dir),
-            "records": len(records),
+            "records": split.records,
             "heldout": len(held),
             "heldout_prompts": len(set(group_of.values())),
             "seed": seed,

@@ -1,6 +1,7 @@
 """`train-draft --traffic DIR --from BUNDLE`: fine-tune a bundle's head on its captured traffic (issue 23).
 
-1. read the capture (formats/traffic.read_traffic) and check it was served by this target: records
+1. read the capture and check it was served by this target (in bounded memory: formats/traffic_split.split_capture
+   reads it once keeping a small digest per record, then reads back only the records it hands out): records
    from the --from bundle or from its lineage parent (same target by construction) are used; records
    of any other bundle are refused unless --allow-other-bundles (the user vouches that bundle served
    the same target; a prompt id outside the target's vocabulary is refused either way);
@@ -28,6 +29,7 @@ import json
 import random
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -41,8 +43,8 @@ from eagle3_trt.convert.target import read_target
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import read_json
-from eagle3_trt.formats.traffic import TrafficRecord, read_traffic, traffic_digest
-from eagle3_trt.formats.traffic_split import NEAR_DUP_JACCARD, TrafficSplit, split_traffic
+from eagle3_trt.formats.traffic import TrafficRecord
+from eagle3_trt.formats.traffic_split import NEAR_DUP_JACCARD, split_capture
 from eagle3_trt.pipeline.build_checkpoints import measure_embedded_acceptance
 from eagle3_trt.pipeline.bundle import Bundle
 from eagle3_trt.pipeline.bundle_manifest import Acceptance, Lineage
@@ -98,35 +100,52 @@ def head_dir_of(bundle: Path) -> Path:
     return Path(str(bundle).rstrip("/") + ".head")
 
 
-def check_traffic(records: list[TrafficRecord], parent: Bundle, vocab_size: int, where: Path, allow_other: bool) -> list[str]:
-    """Refuse traffic another target served; returns warnings (records of other bundles, when allowed)."""
-    own = {parent.manifest.fingerprint}
-    if parent.manifest.lineage is not None:
-        own.add(parent.manifest.lineage.parent_fingerprint)
-    foreign: dict[str, int] = {}
-    for r in records:
-        if r.bundle_fingerprint not in own:
-            foreign[r.bundle_fingerprint] = foreign.get(r.bundle_fingerprint, 0) + 1
-        bad = [i for i in r.prompt_ids + r.output_ids if not 0 <= i < vocab_size]
-        if bad:
+class TrafficCheck:
+    """Refuse traffic another target served, seeing each record once as the capture is read (``visit``);
+    ``finish`` raises or returns warnings (records of other bundles, when allowed). The request named
+    for a token id outside the vocabulary is the oldest such one."""
+
+    def __init__(self, parent: Bundle, vocab_size: int, where: Path, allow_other: bool) -> None:
+        self.parent, self.vocab_size, self.where, self.allow_other = parent, vocab_size, where, allow_other
+        self.own = {parent.manifest.fingerprint}
+        if parent.manifest.lineage is not None:
+            self.own.add(parent.manifest.lineage.parent_fingerprint)
+        self.foreign: dict[str, int] = {}
+        self.records = 0
+        self.bad: tuple[float, str, int] | None = None
+
+    def visit(self, r: TrafficRecord) -> None:
+        self.records += 1
+        if r.bundle_fingerprint not in self.own:
+            self.foreign[r.bundle_fingerprint] = self.foreign.get(r.bundle_fingerprint, 0) + 1
+        bad = [i for i in r.prompt_ids + r.output_ids if not 0 <= i < self.vocab_size]
+        if bad and (self.bad is None or r.time_unix < self.bad[0]):
+            self.bad = (r.time_unix, r.request_id, bad[0])
+
+    def finish(self) -> list[str]:
+        if self.bad is not None:
             raise UserError(
-                f"{where}: request {r.request_id}",
-                f"token id {bad[0]} is outside the target's vocabulary ({vocab_size})",
+                f"{self.where}: request {self.bad[1]}",
+                f"token id {self.bad[2]} is outside the target's vocabulary ({self.vocab_size})",
                 "this traffic was served by another model",
             )
+        return _foreign_warnings(self.foreign, self.records, self.parent, self.where, self.allow_other)
+
+
+def _foreign_warnings(foreign: dict[str, int], records: int, parent: Bundle, where: Path, allow_other: bool) -> list[str]:
     if not foreign:
         return []
     fp, n = max(foreign.items(), key=lambda kv: kv[1])
-    msg = f"{sum(foreign.values())} of {len(records)} records were served by another bundle (fingerprint {fp[:12]}..., {n} records)"
+    msg = f"{sum(foreign.values())} of {records} records were served by another bundle (fingerprint {fp[:12]}..., {n} records)"
     if not allow_other:
         raise UserError(where, msg + f", not by {parent.path} (fingerprint {parent.manifest.fingerprint[:12]}...)", FOREIGN_HINT)
     return [msg + "; used because of --allow-other-bundles"]
 
 
-def _prompts(split: TrafficSplit, gen_tokens: int, seq_len: int) -> list[Prompt]:
+def _prompts(train: Iterable[TrafficRecord], gen_tokens: int, seq_len: int) -> list[Prompt]:
     """One regeneration per distinct training prompt (a prompt asked many times is trained on once)."""
     seen: dict[tuple[int, ...], Prompt] = {}
-    for r in split.train:
+    for r in train:
         key = tuple(r.prompt_ids)
         n = max(1, min(r.sampling.max_tokens, gen_tokens, seq_len - min(len(key), seq_len // 2)))
         old = seen.get(key)
@@ -148,10 +167,10 @@ def _replay_prompts(parent: Bundle, tok, fraction: float, traffic_prompts: list[
     return [Prompt(ids=list(tok(t, add_special_tokens=True)["input_ids"])[:plen], text=None, max_tokens=longest) for t in texts]
 
 
-def _served_agreement(split: TrafficSplit, prompts: list[Prompt], replies: list[list[int]]) -> list[bool]:
+def _served_agreement(train: Iterable[TrafficRecord], prompts: list[Prompt], replies: list[list[int]]) -> list[bool]:
     regen = {tuple(p.ids): r for p, r in zip(prompts, replies)}
     out = []
-    for rec in split.train:
+    for rec in train:
         r = regen.get(tuple(rec.prompt_ids))
         if rec.sampling.temperature == 0.0 and r is not None and rec.output_ids:
             n = min(len(r), len(rec.output_ids))
@@ -159,8 +178,8 @@ def _served_agreement(split: TrafficSplit, prompts: list[Prompt], replies: list[
     return out
 
 
-def _heldout_prompts(split: TrafficSplit, n: int, seed: int) -> list[list[int]]:
-    uniq = sorted({tuple(r.prompt_ids) for r in split.heldout})
+def _heldout_prompts(heldout: Iterable[TrafficRecord], n: int, seed: int) -> list[list[int]]:
+    uniq = sorted({tuple(r.prompt_ids) for r in heldout})
     random.Random(seed).shuffle(uniq)
     return [list(p) for p in uniq[:n]]
 
@@ -173,19 +192,20 @@ def train_from_traffic(o: TrafficTrainOptions) -> dict:
 def _train_from_traffic(o: TrafficTrainOptions) -> dict:
     t_start = time.time()
     parent = open_parent(Path(o.parent))
-    records = read_traffic(Path(o.traffic))
     info = read_target(parent.target_dir)
-    warnings = check_traffic(records, parent, info.vocab_size, Path(o.traffic), o.allow_other_bundles)
-    split = split_traffic(records, seed=o.seed, holdout_fraction=o.holdout_fraction)
+    check = TrafficCheck(parent, info.vocab_size, Path(o.traffic), o.allow_other_bundles)
+    # pass 1 keeps a digest of each record; split.train / split.heldout are read back from disk when iterated
+    split = split_capture(Path(o.traffic), seed=o.seed, holdout_fraction=o.holdout_fraction, visit=check.visit)
+    warnings = check.finish()
     if len(split.train) < o.min_records:
         raise UserError(
             o.traffic,
-            f"{len(split.train)} training records after holding back {len(split.heldout)} (of {len(records)}); at least {o.min_records} are needed",
+            f"{len(split.train)} training records after holding back {len(split.heldout)} (of {split.records}); at least {o.min_records} are needed",
             "capture more traffic, or lower --holdout-fraction / --min-records",
         )
     if o.steps < 1:
         raise UserError("--steps", f"{o.steps} is not a positive number of steps")
-    digest = traffic_digest(split.train)
+    digest = split.train_digest()
     dest = o.dest(digest)
     head_dir = head_dir_of(dest)
     for p, what in ((dest, "bundle"), (head_dir, "head")):
@@ -212,7 +232,7 @@ def _train_from_traffic(o: TrafficTrainOptions) -> dict:
         tok = target_tokenizer(parent.target_dir)
         stop_ids = tuple(info.eos_token_ids)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        prompts = _prompts(split, o.gen_tokens, o.seq_len)
+        prompts = _prompts(split.train, o.gen_tokens, o.seq_len)
         replay = _replay_prompts(parent, tok, o.replay_fraction, prompts)
         adv = bars.task("regenerate responses (target, greedy)", len(prompts))
         if o.endpoint:
@@ -228,7 +248,7 @@ def _train_from_traffic(o: TrafficTrainOptions) -> dict:
         pairs = list(zip(prompts, replies)) + list(zip(replay, replay_replies))
         windows = [(p.ids + r)[-o.seq_len :] for p, r in pairs if len(p.ids) + len(r) >= 2]
         timings["regenerate_s"] = round(time.time() - t, 2)
-        agree = _served_agreement(split, prompts, replies)
+        agree = _served_agreement(split.train, prompts, replies)
 
         t = time.time()
         seq_len = min(o.seq_len, max(len(w) for w in windows))
@@ -245,7 +265,7 @@ def _train_from_traffic(o: TrafficTrainOptions) -> dict:
             norm=target.hf.model.norm.weight.detach().float(),
         )
         draft = Eagle3Draft.from_checkpoint(init, dtype=torch.float32, device="cpu")
-        held = _heldout_prompts(split, o.eval_samples, o.seed)
+        held = _heldout_prompts(split.heldout, o.eval_samples, o.seed)
 
         def evaluate(label: str, d: Eagle3Draft) -> dict | None:
             if not held:
@@ -278,7 +298,7 @@ def _train_from_traffic(o: TrafficTrainOptions) -> dict:
         "settings": asdict(settings),
         "seq_len": seq_len,
         "gen_tokens": o.gen_tokens,
-        "records": len(records),
+        "records": split.records,
         "train_records": len(split.train),
         "train_prompts": len(prompts),
         # greedy served replies the regeneration reproduced (prefix match: max_tokens and stops may differ);
