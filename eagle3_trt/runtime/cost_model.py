@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.gpus import get_gpu
+from eagle3_trt.speculative.eagle3 import cost as chain_cost
 
 # NVFP4: 4 bits + E4M3 scale per 16; MXFP4 (gpt-oss experts as shipped, --quant native): 4 bits + E8M0 scale per 32
 BYTES_PER_PARAM = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 4.5 / 8, "mxfp4": 4.25 / 8}
@@ -151,10 +152,10 @@ def predict(cumulative: list[float], gpu, target: ModelCost, draft: ModelCost, t
         return Prediction(0, batch, 1.0, 1.0, 0.0, t_base * 1e6, t_base * 1e6, 0.0, "memory")
     e = expected_tokens(cumulative, k)
     t_verify, bound = forward_time_s(target, gpu, batch * (k + 1), batch * ctx, tp, params, params.target_step_overhead_us)
-    # draft step 1 runs over the newly accepted tokens (E_K per sequence on average), steps 2..K over one
-    t_d1, _ = forward_time_s(draft, gpu, batch * e, batch * ctx, tp, params, params.draft_step_overhead_us)
-    t_dk, _ = forward_time_s(draft, gpu, batch, batch * ctx, tp, params, params.draft_step_overhead_us)
-    t_spec = t_verify + t_d1 + (k - 1) * t_dk
+    # the chain's iteration (speculative/eagle3/cost.py): draft step 1 over the newly accepted tokens, steps 2..K over one
+    t_spec = chain_cost.iteration_seconds(
+        t_verify, lambda tokens: forward_time_s(draft, gpu, tokens, batch * ctx, tp, params, params.draft_step_overhead_us)[0], batch, e, k
+    )
     return Prediction(k, batch, e * t_base / t_spec, e, alpha_at(cumulative, k), t_base * 1e6, t_spec * 1e6, t_spec / t_base - 1.0, bound)
 
 

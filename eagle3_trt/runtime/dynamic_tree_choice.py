@@ -22,9 +22,13 @@ acceptance-rate gate, derived for the chain, is left out. Otherwise the three ke
 
 from __future__ import annotations
 
+from functools import partial
+
 from eagle3_trt.pipeline.bundle import Bundle
 from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs, recommendation_batches
 from eagle3_trt.runtime.cost_model import CostParams, Recommendation, forward_time_s, model_cost
+from eagle3_trt.speculative.dynamic_tree import cost as dynamic_tree_cost
+from eagle3_trt.speculative.eagle3 import cost as chain_cost
 
 DT_MIN_GAIN_REL = 0.03  # predicted speedup gain over the chain beyond run-to-run noise in AL
 DT_KEYS = ("use_dynamic_tree", "dynamic_tree_max_topK", "max_total_draft_tokens")
@@ -68,12 +72,11 @@ def mode_speedups(costs: dict, k: int, al: dict[str, float], tree: dict, batches
         out[mode] = {}
         for bs in batches:
             base = t(tcost, bs, bs, params.target_step_overhead_us)
-            if mode == "dynamic-tree":
-                it = t(tcost, bs * (n + 1), bs, params.target_step_overhead_us) + t(dcost, bs * (k + 1), bs, params.draft_step_overhead_us)
-                it += sum(t(dcost, bs * i * topk, bs, params.draft_step_overhead_us) for i in range(1, k))
+            draft_s = partial(t, dcost, batch=bs, overhead=params.draft_step_overhead_us)
+            if mode == "dynamic-tree":  # each method's cost hook, in its home
+                it = dynamic_tree_cost.iteration_seconds(t(tcost, bs * (n + 1), bs, params.target_step_overhead_us), draft_s, bs, k, topk)
             else:
-                it = t(tcost, bs * (k + 1), bs, params.target_step_overhead_us) + t(dcost, bs * e, bs, params.draft_step_overhead_us)
-                it += (k - 1) * t(dcost, bs, bs, params.draft_step_overhead_us)
+                it = chain_cost.iteration_seconds(t(tcost, bs * (k + 1), bs, params.target_step_overhead_us), draft_s, bs, e, k)
             out[mode][bs] = e * base / it
     return out
 

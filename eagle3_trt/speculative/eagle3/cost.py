@@ -1,0 +1,17 @@
+"""The EAGLE-3 chain's cost-model hook: the time of one speculative iteration, from the forward
+times the cost model's roofline gives (runtime/cost_model.py ``forward_time_s``).
+
+TensorRT-LLM's one-model EAGLE-3 (tensorrt_llm/_torch/speculative/eagle3.py, ``Eagle3OneModelWorker``):
+one target forward verifies K + 1 tokens per sequence; draft step 1 runs over the newly accepted
+tokens (E_K per sequence on average), steps 2..K over one token per sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+def iteration_seconds(verify_s: float, draft_forward_s: Callable[[float], float], batch: int, expected_tokens: float, k: int) -> float:
+    """``verify_s``: the target forward over batch * (K + 1) tokens; ``draft_forward_s(tokens)``: one
+    draft forward over that many tokens."""
+    return verify_s + draft_forward_s(batch * expected_tokens) + (k - 1) * draft_forward_s(batch)
