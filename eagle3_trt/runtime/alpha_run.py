@@ -15,12 +15,12 @@ from eagle3_trt.runtime.alpha_report import compare
 from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs, recommendation_batches
 from eagle3_trt.runtime.cost_model import recommend
 from eagle3_trt.runtime.diagnostics import diagnose
-from eagle3_trt.runtime.dynamic_tree_mode import DEFAULT_TOPK, DYNAMIC_TREE_MODE, dynamic_tree_entry, dynamic_tree_for_modes, refuse_combined_modes
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
 from eagle3_trt.runtime.measure import Measurement, measure
 from eagle3_trt.runtime.mode_compare import add_vs_chain
 from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
 from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
+from eagle3_trt.speculative.dynamic_tree.mode import DEFAULT_TOPK, DYNAMIC_TREE_MODE, dynamic_tree_entry, dynamic_tree_for_modes, refuse_combined_modes
 from eagle3_trt.speculative.sa.automaton import SAConfig
 from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
 
@@ -85,7 +85,7 @@ def run_alpha(
     device = default_device(device)
     k = int(max_draft_len or b.k)
     # dynamic-tree (dynamic_tree_max_topK, max_total_draft_tokens): checked before any model is loaded
-    dyn_cfg = dynamic_tree_for_modes(modes, b, k, dynamic_tree_topk, max_total_draft_tokens, temperature)
+    dyn_cfg = dynamic_tree_for_modes(modes, b.target_config, b.target_dir / "config.json", k, dynamic_tree_topk, max_total_draft_tokens, temperature)
     # the bundle and its reference pair are measured alike
     measure_pair = partial(
         measure,

@@ -16,7 +16,6 @@ from eagle3_trt.runtime.alpha_run import run_alpha
 from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs, recommendation_batches
 from eagle3_trt.runtime.cost_model import recommend
 from eagle3_trt.runtime.dynamic_tree_choice import dynamic_tree_summary
-from eagle3_trt.runtime.dynamic_tree_mode import DEFAULT_TOPK as DYNAMIC_TREE_DEFAULT_TOPK
 from eagle3_trt.runtime.gate import run_gate
 from eagle3_trt.runtime.gate_verdict import DEFAULT_GATE_THRESHOLD
 from eagle3_trt.runtime.recommendation import acceptance_curves, gate_choice, print_recommendation, read_gate_traffic, write_recommendation_to_bundle
@@ -24,6 +23,7 @@ from eagle3_trt.runtime.report_files import write_report
 from eagle3_trt.runtime.traffic_alpha import AL_TOLERANCE
 from eagle3_trt.runtime.traffic_commands import alpha_traffic, gate_traffic
 from eagle3_trt.runtime.traffic_gate import DEFAULT_MARGIN
+from eagle3_trt.speculative.dynamic_tree.mode import DEFAULT_TOPK as DYNAMIC_TREE_DEFAULT_TOPK
 
 
 def parse_sweep(text: str | None) -> tuple[int, ...]:
