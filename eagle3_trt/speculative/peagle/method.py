@@ -6,20 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from eagle3_trt.core.method_api import Drafted
+from eagle3_trt.core.method_api import Drafted, DraftingEngine
 from eagle3_trt.core.requests import BatchState, Row
 from eagle3_trt.core.sampling import SamplingParams
 from eagle3_trt.core.spec_sampling import SpecSamplingConfig
 from eagle3_trt.core.tree import DraftTree
 from eagle3_trt.errors import UserError
 from eagle3_trt.speculative.peagle.draft import PEagleDraft, parallel_logits
-
-if TYPE_CHECKING:
-    from eagle3_trt.core.engine import SpeculativeEngine
 
 
 @dataclass(frozen=True)
@@ -36,7 +33,7 @@ class PEagleMethod:
     def served_sampling(self, flags: SpecSamplingConfig) -> SpecSamplingConfig:
         return flags
 
-    def start(self, engine: SpeculativeEngine, rows: list[Row], tree: DraftTree, tree_spec: Any, params: SamplingParams) -> _PEagleRun:
+    def start(self, engine: DraftingEngine, rows: list[Row], tree: DraftTree, tree_spec: Any, params: SamplingParams) -> _PEagleRun:
         if not isinstance(engine.draft, PEagleDraft):
             raise UserError(
                 "draft",
@@ -60,7 +57,7 @@ class _PEagleRun:
     def __init__(self, model: PEagleDraft) -> None:
         self.model = model  # the head (``draft`` is this run's MethodRun method)
 
-    def draft(self, engine: SpeculativeEngine, rows: list[Row], st: BatchState, tree: DraftTree, k_eff: list[int], active: list[bool]) -> Drafted:
+    def draft(self, engine: DraftingEngine, rows: list[Row], st: BatchState, tree: DraftTree, k_eff: list[int], active: list[bool]) -> Drafted:
         drafter = engine.drafter(greedy_draft=True)
         K = tree.size  # a chain: node i is draft token i+1
 
