@@ -14,8 +14,9 @@ its imports is printed beside it, so what the records themselves cost is the dif
   (here one request in ``--measured-every``);
 - ``split``: what ``train-draft --traffic`` and ``gate --traffic`` read (formats/traffic_split.split_capture):
   pass 1 keeps a small digest of each record and groups the prompts, then the held-back split is
-  made, the training side read back record by record (its prompts kept, as ``train-draft`` keeps
-  them) and its traffic digest computed; ``bytes_per_record`` is (peak RSS - RSS after imports) / N;
+  made, the training side read back record by record and its traffic digest computed (what
+  ``train-draft`` keeps beyond this, the distinct training prompts it regenerates and trains on, is
+  its training set, not the capture's cost); ``bytes_per_record`` is (peak RSS - RSS after imports) / N;
 - ``list``: ``read_traffic``, every record in one sorted list (what ``train-draft --traffic`` and
   ``gate --traffic`` read before issue 30's streaming split; tests and examples still use it).
 
@@ -101,6 +102,8 @@ def child(step: str, d: Path, n: int, prompt_tokens: int, output_tokens: int, me
 
     if step == "alpha-read":
         from eagle3_trt.runtime.traffic_alpha import ServedRequest  # imports torch: this step's baseline is higher
+    if step == "split":
+        from eagle3_trt.formats.traffic_split import split_capture  # imports numpy, before the baseline
     base = _rss_mb()
     t0 = time.perf_counter()
     kept = 0
@@ -129,13 +132,11 @@ def child(step: str, d: Path, n: int, prompt_tokens: int, output_tokens: int, me
         kept = len(served)
         extra = {"measured_records_kept": len(mine)}
     elif step == "split":
-        from eagle3_trt.formats.traffic_split import split_capture
-
         sp = split_capture(d, seed=0, holdout_fraction=0.2)
-        prompts = {tuple(r.prompt_ids) for r in sp.train}  # as train/from_traffic._prompts reads the training side
+        train = sum(1 for _ in sp.train)  # read back record by record, as train/from_traffic reads the training side
         digest = sp.train_digest()
         kept = sp.records
-        extra = {"train": len(sp.train), "heldout": len(sp.heldout), "prompt_groups": sp.groups, "train_prompts": len(prompts), "digest": digest[:12]}
+        extra = {"train": train, "heldout": len(sp.heldout), "prompt_groups": sp.groups, "digest": digest[:12]}
     else:
         kept = len(read_traffic(d))
         extra = {}
