@@ -7,27 +7,51 @@ Layout (learned from TensorRT-LLM's ``tensorrt_llm/_torch/speculative/``: ``inte
 
     eagle3_trt/speculative/
         registry.py          METHODS: name -> method class (the one table), method_from_options()
-        eagle3/              the EAGLE-3 chain and static tree (eagle_choices): the engine's own drafting
+        release_keys.py      shared by the release tables: which keys a TensorRT-LLM release lacks
+        eagle3/              the EAGLE-3 chain and static tree (eagle_choices)
+            method.py        Eagle3Chain (its run: core/static_tree_run.py, the engine's own drafting)
+            release.py       eagle3_model_arch / spec_dec_variant by release
+            sampling_release.py  the speculative sampling flags by release
+            cost.py          cost-model hook: one iteration's time
         sa/                  TensorRT-LLM's suffix-automaton draft enhancer (sa_config)
+            automaton.py     reference algorithm (SuffixAutomaton, SAEnhancer, SAConfig), sources cited
+            method.py        SuffixAutomatonMethod
+            options.py       SAEnhancerOptions (the bundle's sa_config schema)
+            release.py       sa_config by release (refused / left out of launch files before 1.3)
         dynamic_tree/        TensorRT-LLM's EAGLE-3 dynamic tree (use_dynamic_tree)
-        <method>/            ... one folder per method
+            builder.py       reference algorithm: the per-row tree (DynamicTreeBuilder), sources cited
+            drafting.py      reference algorithm: its draft loop
+            rules.py         DynamicTreeConfig and TensorRT-LLM's ranges/refusals (no torch)
+            method.py        DynamicTreeMethod
+            options.py       the options' rules (pipeline/llm_options.Eagle3Options calls them)
+            release.py       use_dynamic_tree by release
+            mode.py          measurement hook: ``alpha --modes dynamic-tree``
+            cost.py          cost-model hook: one iteration's time
+        peagle/              P-EAGLE (parallel drafting), the first method added in this home
 
-A method's home holds everything about it:
+A method's home holds everything about it: its method class, implementing
+``core.method_api.SpeculationMethod`` (``start`` -> a ``MethodRun`` with ``draft`` /
+``tree_valid`` / ``after_verify``), the ONE interface the decoding loop (``core/engine.py``) calls.
+The engine is handed the method object (``SpeculativeEngine(..., method=m)``, ``engine.method = m``
+or ``with engine.using(m): ...``; ``None`` is the EAGLE-3 chain / static tree); core never imports
+a method, so the import-linter layers hold (speculative sits between convert and core, and is
+mypy-strict). ``from_options(spec, at_bundle_k)`` builds the method from a bundle's
+``speculative_config`` (None when the options do not select it); ``runtime/loader.py`` asks
+``registry.method_from_options``. Beside it: its options schema, its release table (which
+TensorRT-LLM / vLLM release takes which key), its reference algorithm (pure tensor code, exactly as
+the serving engine runs it, source file and commit cited) and its hooks for measurement, the cost
+model and recommendation.
 
-- its method class: implements ``core.method_api.SpeculationMethod`` (``start`` -> a
-  ``MethodRun`` with ``draft`` / ``tree_valid`` / ``after_verify``) — the ONE interface the
-  decoding loop (``core/engine.py``) calls. The engine is handed the method object
-  (``SpeculativeEngine(..., method=m)`` or ``with engine.using(m): ...``); core never imports a
-  method, so the import-linter layers hold (speculative sits between convert and core);
-- ``from_options(spec, at_bundle_k)``: the method built from a bundle's ``speculative_config``
-  (None when the options do not select it); ``runtime/loader.py`` asks the registry;
-- its options schema and release table (which TensorRT-LLM / vLLM release takes which key);
-- its reference algorithm: pure tensor code, exactly as the serving engine runs it, with the source
-  file and commit cited in the docstrings;
-- its hooks for measurement, the cost model and recommendation.
+A method package's ``__init__`` imports nothing: pipeline/ reads the rules, options and release
+tables without torch; import the class from ``<method>.method``.
 
 Adding a method (e.g. P-EAGLE in ``speculative/peagle/``): create the folder with a method class
 (``name = "peagle"``, ``from_options``, ``served_sampling``, ``start`` returning a ``MethodRun``),
-add ONE line to ``registry.METHODS``, and add its tests. Nothing else in the tree needs to change
-for the engine to serve it.
+add ONE line to ``registry.METHODS``, and add its tests (tests/test_speculative_registry.py checks
+every registered method's name and interface).
+
+Still outside the homes: the chain/static tree's reference drafting stays in core (core/drafting.py,
+core/tree.py, core/verify.py: every EAGLE-family method drafts and verifies with it); the
+recommendation glue that reads alpha reports and bundles (runtime/dynamic_tree_choice.py,
+runtime/sampling_choice.py, runtime/recommendation.py) stays in runtime, above pipeline.
 """
