@@ -844,7 +844,12 @@ CASES: list[Case] = [
         ED,
         2,
         r"target/config\.json:original_max_position_embeddings: 128, but rope_parameters\.original_max_position_embeddings is 200000",
-        make=tcfg(rope_theta=10000.0, original_max_position_embeddings=128, rope_scaling=DELETE, rope_parameters={"rope_theta": 10000.0, **ROPE_L3, "original_max_position_embeddings": 200000}),
+        make=tcfg(
+            rope_theta=10000.0,
+            original_max_position_embeddings=128,
+            rope_scaling=DELETE,
+            rope_parameters={"rope_theta": 10000.0, **ROPE_L3, "original_max_position_embeddings": 200000},
+        ),
     ),
     Case(
         "rope-theta-top-vs-rope-parameters",

@@ -73,5 +73,7 @@ def test_alpha_traffic_agrees_with_what_triton_served(bundle, tmp_path):
     assert c["greedy"] == {"requests": 10, "identical": 10, "differ": []}
     assert c["ci"][0] <= 0.0 <= c["ci"][1] and c["diff"] == 0.0 and not c["beyond_sampling_noise"]
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("offline vs served: "))
-    assert f"vs {c['served_acceptance_length']:.4f}, diff +0.0000, 95% CI [+0.0000, +0.0000] (10 requests from 10 distinct prompts): within sampling noise" in line
+    assert (
+        f"vs {c['served_acceptance_length']:.4f}, diff +0.0000, 95% CI [+0.0000, +0.0000] (10 requests from 10 distinct prompts): within sampling noise" in line
+    )
     assert c["served_acceptance_length"] > 1.3  # the trained head is accepted: the check is not about AL 1 vs 1
