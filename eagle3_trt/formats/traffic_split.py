@@ -25,6 +25,13 @@ prompt the head was trained on (a held-back prompt may move to the training side
 highest-scoring one trained on, when the threshold alone would leave a side empty (only then can a
 side change other than as described above).
 
+``split_traffic`` splits records held in memory; ``split_capture`` makes the same split of a capture
+directory in bounded memory (what ``train-draft --traffic`` and ``gate --traffic`` read): pass 1
+streams the capture segment by segment keeping a small digest of each record and of each distinct
+prompt (``CaptureIndex``); the sides are row numbers, read back from disk record by record. Ties of
+the canonical order beyond the digest's line prefix, near-duplicate candidates and the traffic digest
+read the lines they need again, so the result is exactly the list-based one.
+
 Pure Python and numpy (formats layer: no torch).
 """
 
@@ -314,9 +321,9 @@ class CaptureRecords:
 class CaptureIndex:
     """Pass 1 over a capture directory (``iter_traffic``'s segment-at-a-time read): a small digest of
     every record (where its line is, its time, request id, the first ``PREFIX_CHARS`` characters of
-    its canonical line, its distinct-prompt index) and the prompt groups (``_Prompts``). About
-    ``bytes_per_record`` bytes per record plus ~400 per distinct prompt (benchmarks/bench_capture_scale.py
-    measures it); the records themselves are read again only when asked for (``record``)."""
+    its canonical line, its distinct-prompt index) and the prompt groups (``_Prompts``): about 260
+    bytes per record plus 490 per distinct prompt of 128 tokens (tracemalloc; benchmarks/bench_capture_scale.py
+    measures the whole read's peak RSS); the records themselves are read again only when asked for (``record``)."""
 
     def __init__(self, d: Path, visit: Callable[[TrafficRecord], None] | None = None) -> None:
         self.dir = Path(d)

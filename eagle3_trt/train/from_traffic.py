@@ -5,7 +5,7 @@
    from the --from bundle or from its lineage parent (same target by construction) are used; records
    of any other bundle are refused unless --allow-other-bundles (the user vouches that bundle served
    the same target; a prompt id outside the target's vocabulary is refused either way);
-2. split it (formats/traffic_split.split_traffic, seeded): the held-back side is never trained on
+2. split it (formats/traffic_split.split_capture, split_traffic's split read in bounded memory, seeded): the held-back side is never trained on
    and is what ``gate --traffic`` measures; its digest-free description is the seed and fraction
    recorded in the child's manifest, so the gate rebuilds the same split;
 3. regenerate the training prompts' responses with the target, greedy (train/regenerate.py), and
