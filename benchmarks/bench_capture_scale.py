@@ -83,8 +83,8 @@ def _records(n: int, prompt_tokens: int, output_tokens: int, measured_every: int
     ]
     for i in range(n):
         fp = FP_MEASURED if i % measured_every == 0 else FP_OTHER
-        base = pool[i % len(pool)]
         q = i - 1 if i % 8 == 7 else i  # one request in 8 repeats the previous prompt; the others are distinct prompts
+        base = pool[q % len(pool)]
         yield base.model_copy(
             update={
                 "request_id": f"req-{i:07d}",
