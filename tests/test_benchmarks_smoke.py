@@ -96,7 +96,9 @@ def test_bench_capture_overhead_smoke(fp8_bundle):
 def test_bench_capture_scale_smoke():
     rep = _last_json(run_bench("bench_capture_scale.py").stdout)
     # every step read or wrote every record, each with a rate and a peak RSS
-    assert [(r["step"], r["records"]) for r in rep["rows"]] == [(s, 300) for s in ("write", "stream", "alpha-read", "list")], rep
+    assert [(r["step"], r["records"]) for r in rep["rows"]] == [(s, 300) for s in ("write", "stream", "alpha-read", "split", "list")], rep
+    split = rep["rows"][3]  # train-draft/gate --traffic's read: every record on one side, repeated prompts grouped
+    assert split["train"] + split["heldout"] == 300 and split["heldout"] > 0 and split["prompt_groups"] < 300, split
     assert all(r["records_per_s"] > 0 and r["peak_rss_mb"] >= r["rss_after_imports_mb"] > 0 for r in rep["rows"]), rep
 
 
