@@ -93,3 +93,10 @@ def test_strict_build_fails_on_a_broken_link(tmp_path):
     (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(small))
     p = subprocess.run([*MKDOCS, "build", "-d", str(tmp_path / "site")], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "gone.md" in p.stderr, p.stderr[-2000:]
+
+
+def test_the_readme_links_to_pages_that_exist():
+    """The README is not part of the site (mkdocs checks the pages' links): its links to the pages are checked here."""
+    links = re.findall(r"\]\((docs/[^)#\s]+)(?:#[^)\s]*)?\)", (ROOT / "README.md").read_text())
+    assert len(links) >= 10, links
+    assert [link for link in links if not (ROOT / link).is_file()] == []
