@@ -34,7 +34,7 @@ import torch
 
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.drafting import Drafter
-from eagle3_trt.core.method_api import MethodRun, SpeculationMethod
+from eagle3_trt.core.method_api import Drafted, MethodRun, SpeculationMethod
 from eagle3_trt.core.requests import BatchState, RequestResult, Row, StepOutput, emit, new_rows
 from eagle3_trt.core.sampling import SamplingParams, process_logits, sample_token
 from eagle3_trt.core.spec_sampling import REJECTION_SAMPLING, SpecSamplingConfig
@@ -180,7 +180,10 @@ class SpeculativeEngine:
         run: MethodRun | None = None
         if tree is not None:  # the method's state for this run, set up before the prefill (e.g. SA seeds its automata)
             run = self.method.start(self, rows, tree, tree_spec, params) if self.method is not None else StaticTreeRun()
-        yield rows, self._prefill(rows, st, keep_draft_inputs=tree is not None)
+        prefilled = self._prefill(rows, st, keep_draft_inputs=tree is not None)
+        for r in rows:  # the prefill iteration drafts at its own K (core/engine.py _pad_to_k)
+            r.drafts_k = self._iteration_k(r, tree)
+        yield rows, prefilled
         first = True  # every row's first decode: its drafts come from its prefill iteration
         while not all(r.finished for r in rows):
             yield rows, self._step(rows, st, tree, run, first)
@@ -223,6 +226,34 @@ class SpeculativeEngine:
         caps = [c for c in (self.k_cap, r.k_cap) if c is not None]
         return max(0, min(tree.max_depth, r.params.max_tokens - r.generated - 1, self.max_seq_len - len(r.tokens) - 1, *caps))
 
+    def _iteration_k(self, r: Row, tree: DraftTree | None) -> int | None:
+        """The K this iteration's forward drafts the row's NEXT drafts with (the schedule's, not the
+        row's max_tokens cap); None when nothing caps it (then every draft is real)."""
+        caps = [c for c in (self.k_cap, r.k_cap) if c is not None]
+        return min(tree.max_depth, *caps) if tree is not None and caps else None
+
+    @staticmethod
+    def _pad_to_k(rows: list[Row], tree: DraftTree, k_eff: list[int], d: Drafted) -> None:
+        """TensorRT-LLM's one-model path drafts inside iteration i's forward with iteration i's K, and
+        ``PyExecutor._handle_dynamic_draft_len`` (tensorrt_llm/_torch/pyexecutor/py_executor.py, main @
+        0004396720054fd8e205cbf616f21f0b57c6b412) then fits each generation row's ``py_draft_tokens`` to
+        iteration i+1's K: extended with ``DRAFT_BUFFER_PAD = 0`` when K rose, truncated when it fell.
+        So a row verifies min(K_i, K_i+1) real drafts and token 0 in the rest (accepted only where the
+        target's token is 0; counted as drafted). The chain's first m drafts do not depend on how many
+        follow, so the drafts made here at the new K are cut to the real ones. A padded node's draft
+        distribution (rejection sampling) is one-hot on token 0, the placeholder upstream writes for a
+        row that enters with no real drafts (``py_needs_onehot_draft_probs``)."""
+        for b, r in enumerate(rows):
+            real = r.drafts_k
+            if real is None or real >= k_eff[b]:
+                continue
+            for n, dep in enumerate(tree.depth):
+                if dep > real:
+                    d.node_tok[b, n] = 0
+                    q = d.q_full[b][n]
+                    if q is not None:
+                        d.q_full[b][n] = torch.nn.functional.one_hot(torch.tensor(0, device=q.device), q.shape[-1]).to(q.dtype)
+
     def _step(self, rows: list[Row], st: BatchState, tree: DraftTree | None, run: MethodRun | None = None, first: bool = False) -> list[list[int]]:
         """One decode iteration: the method drafts (``run``, core/method_api.py), one target forward
         verifies. ``first``: the rows' first decode after their prefill, whose drafts TensorRT-LLM
@@ -238,6 +269,8 @@ class SpeculativeEngine:
         if drafted is not None:
             assert run is not None  # a run is started whenever there is a tree
             d = run.draft(self, rows, st, drafted, k_eff, active)
+            if isinstance(run, StaticTreeRun) and drafted.is_chain:  # the EAGLE-3 chain: drafts made last iteration
+                self._pad_to_k(rows, drafted, k_eff, d)
             node_tok, q_full = d.node_tok, d.q_full
             if d.row_trees is not None:
                 row_trees = d.row_trees
@@ -303,6 +336,8 @@ class SpeculativeEngine:
             accepted_now[b] = toks
             out.append(emit(r, toks, self.max_seq_len))
         st.append_target(new_valid.to(dev))
+        for r in rows:  # this forward drafted the next step's drafts at this iteration's K (_pad_to_k)
+            r.drafts_k = self._iteration_k(r, tree)
         if run is not None:
             run.after_verify([b for b in range(B) if active[b]], accepted_now)
         return out

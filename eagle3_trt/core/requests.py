@@ -46,6 +46,9 @@ class Row:
     pend_tok: list[int] = field(default_factory=list)
     pend_pos: int = 0
     k_cap: int | None = None  # at most this many draft tokens per step for this row (None: the tree's depth)
+    # K of the iteration that made this row's next drafts (its prefill or last decode): TensorRT-LLM drafts
+    # inside that forward, so only that many are real when K rises (core/engine.py _pad_to_k); None: no cap
+    drafts_k: int | None = None
 
     @property
     def generated(self) -> int:
