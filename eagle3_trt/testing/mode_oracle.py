@@ -48,13 +48,24 @@ Greedy only (the target's argmax): sampled outputs depend on the random stream, 
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from eagle3_trt.convert.draft_format import load_draft
+from eagle3_trt.convert.embedded import embedded_pair
+from eagle3_trt.convert.load import load_engine
+from eagle3_trt.convert.prompts import load_prompt_records
 from eagle3_trt.core.draft import Eagle3Draft
+from eagle3_trt.core.engine import SamplingParams  # the engine is what is checked, not used by the oracle
+from eagle3_trt.runtime.measure import encode_raw
+from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
+from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
+from eagle3_trt.speculative.sa.automaton import SAConfig
+from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
 
 
 @dataclass
@@ -310,8 +321,6 @@ def agreement(
     """Per request, whether ``engine`` (core/engine.py, configured for ``mode`` by the caller) and
     the oracle give the same tokens, target forwards and accepted drafts per verification, run in
     batches of ``batch`` prompts in their order (as ``alpha`` measures); with both ALs."""
-    from eagle3_trt.core.engine import SamplingParams  # the engine is what is checked, not used by the oracle
-
     agree, gen_tok, gen_fwd, orc_tok, orc_fwd = [], 0, 0, 0, 0
     for s in range(0, len(prompts), batch):
         part = [list(p) for p in prompts[s : s + batch]]
@@ -332,19 +341,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """python -m eagle3_trt.testing.mode_oracle [prompt files...]: the embedded tiny pair's modes
     (K=3; sa threshold 4, and 2 with the global pool; dynamic tree topK 10, 30 nodes; 64 tokens),
     engine against oracle per request, on raw-completion prompts."""
-    import argparse
-
-    from transformers import LlamaForCausalLM
-
-    from eagle3_trt.convert.draft_format import load_draft
-    from eagle3_trt.convert.embedded import embedded_pair
-    from eagle3_trt.convert.load import load_engine
-    from eagle3_trt.convert.prompts import load_prompt_records
-    from eagle3_trt.runtime.measure import encode_raw
-    from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
-    from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
-    from eagle3_trt.speculative.sa.automaton import SAConfig
-    from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
+    from transformers import LlamaForCausalLM  # heavy: only the command-line run loads the HF target
 
     ap = argparse.ArgumentParser(prog="python -m eagle3_trt.testing.mode_oracle")
     ap.add_argument("files", nargs="*", default=["examples/repeat_code.jsonl", "examples/code_edit.jsonl"])
