@@ -10,6 +10,7 @@ import click
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.train.distributed import from_env
+from eagle3_trt.train.from_cache import train_draft_from_cache
 from eagle3_trt.train.traffic_command import TRAFFIC_ONLY, train_from_traffic_cmd
 from eagle3_trt.train.train_draft import TrainDraftOptions, summary_lines, train_draft
 
@@ -163,8 +164,6 @@ def train_draft_cmd(aux_layers: str | None, as_json: bool, traffic: Path | None,
             )
     opts = TrainDraftOptions(**options, aux_layers=_aux(aux_layers), quiet=as_json)
     if opts.hidden_states is not None:
-        from eagle3_trt.train.from_cache import train_draft_from_cache
-
         report = train_draft_from_cache(opts)
     else:
         report = train_draft(opts)

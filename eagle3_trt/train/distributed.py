@@ -111,11 +111,11 @@ def choose_mode(parallel: str, head_params: int, device_bytes: int | None) -> st
 def wrap(module: torch.nn.Module, d: Dist, device: str) -> Any:
     """The training module as this run runs it: itself, DDP(module) or fully_shard(module)."""
     if d.mode == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
+        from torch.nn.parallel import DistributedDataParallel  # local: only multi-process runs need it
 
         return DistributedDataParallel(module, device_ids=[torch.device(device).index] if device.startswith("cuda") else None)
     if d.mode == "fsdp":
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard  # local: only FSDP runs need it
 
         return fully_shard(module)
     return module

@@ -37,8 +37,11 @@ from typing import Any
 
 import torch
 
+from eagle3_trt.convert.load import load_target
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import read_json
+from eagle3_trt.pipeline.bundle import open_bundle
+from eagle3_trt.pipeline.trtllm_adapter import serving_llm_kwargs
 
 BACKENDS = ("reference", "hf", "trtllm")
 SAVE_STATE_PREFIX = "eagle3trt"
@@ -50,7 +53,7 @@ class HFBackend:
     producer = "hf"
 
     def __init__(self, target_dir: Path, aux_layer_ids: tuple[int, ...], device_map: Any = "auto", dtype: torch.dtype = torch.bfloat16):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # local: only the hf backend loads transformers' model classes
 
         target_dir = Path(target_dir)
         cfg = read_json(target_dir / "config.json")
@@ -85,8 +88,6 @@ class HFBackend:
 
 def reference_backend(target_dir: Path, aux_layer_ids: tuple[int, ...], device: str = "cpu", dtype: torch.dtype = torch.float32):
     """The project's reference target (the backend train-draft has always used)."""
-    from eagle3_trt.convert.load import load_target
-
     return load_target(Path(target_dir), device=device, dtype=dtype, aux_layer_ids=aux_layer_ids)
 
 
@@ -107,9 +108,6 @@ def trtllm_llm_kwargs(bundle_dir: Path, out_dir: Path, aux_layer_ids: tuple[int,
     ``write_interval=1``: one ``{file_prefix}_{n}.pt`` per request, n counting from 1 (the writer's
     ``_iter``); ``eagle3_layers_to_capture`` gets -1, the final post-norm state, which the writer
     then saves as ``hidden_state`` and as the last slot of ``aux_hidden_states``."""
-    from eagle3_trt.pipeline.bundle import open_bundle
-    from eagle3_trt.pipeline.trtllm_adapter import serving_llm_kwargs
-
     b = open_bundle(Path(bundle_dir))
     res = serving_llm_kwargs(Path(bundle_dir), b.options, speculation=False)
     kwargs = dict(res.kwargs)

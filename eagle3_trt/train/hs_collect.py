@@ -11,9 +11,11 @@ import torch
 from eagle3_trt.convert.target import read_target
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.hidden_states import CacheManifest
+from eagle3_trt.pipeline.trtllm_adapter import LlmKwargs, build_llm
 from eagle3_trt.train import data as data_mod
 from eagle3_trt.train import hs_backends
 from eagle3_trt.train.hidden_states import cache_key, check_aux_layers, collect, target_tokenizer
+from eagle3_trt.train.hs_convert import read_trtllm_dump, write_rows
 
 
 def collect_with_backend(
@@ -62,9 +64,6 @@ def _collect_trtllm(bundle: Path, windows: list[list[int]], out: Path, layers: t
     """TensorRT-LLM serves the bundle's target with the SaveState writer; one request per window,
     in order, so file n (the writer counts from 1) holds window n."""
     from tensorrt_llm import SamplingParams  # local: optional, GPU machines only
-
-    from eagle3_trt.pipeline.trtllm_adapter import LlmKwargs, build_llm
-    from eagle3_trt.train.hs_convert import read_trtllm_dump, write_rows
 
     dump = Path(tempfile.mkdtemp(prefix=".savestate-", dir=str(Path(out).parent)))
     try:

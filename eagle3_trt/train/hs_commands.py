@@ -10,6 +10,8 @@ from typing import Any
 import click
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.train import hs_convert
+from eagle3_trt.train.hs_collect import collect_with_backend
 
 
 def _aux(value: str | None, required: bool = False) -> list[int] | None:
@@ -45,8 +47,6 @@ def hidden_states_cmd() -> None:
 @click.option("--batch-size", default=8, show_default=True, type=int)
 def collect_cmd(backend: str, target: Path | None, bundle: Path | None, data: Path, out: Path, aux_layers: str | None, **kw: Any) -> None:
     """Teacher-force the data's token windows through the target with BACKEND and write a cache."""
-    from eagle3_trt.train.hs_collect import collect_with_backend
-
     meta = collect_with_backend(backend, target, bundle, data, out, _aux(aux_layers), **kw)
     click.echo(json.dumps({"output": str(out), "rows": meta.rows, "seq_len": meta.seq_len, "aux_layer_ids": meta.aux_layer_ids, "producer": meta.producer}))
 
@@ -62,8 +62,6 @@ def collect_cmd(backend: str, target: Path | None, bundle: Path | None, data: Pa
 @click.option("--aux-layers", default=None, help="Layers the source captured, TensorRT-LLM convention (importing).")
 def convert_cmd(src: Path, out: Path, src_format: str, dst_format: str, target: Path | None, aux_layers: str | None) -> None:
     """Convert SRC (a cache, ModelOpt's .pt dump, speculators' offline data or TensorRT-LLM's SaveState files) to OUT."""
-    from eagle3_trt.train import hs_convert
-
     if Path(out).exists():
         raise UserError(out, "exists", "choose a new output directory")
     if (src_format == "cache") == (dst_format == "cache"):

@@ -331,7 +331,7 @@ def _like(full: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """A checkpoint's full tensor placed as ``ref`` is (this rank's shard under FSDP)."""
     mesh = getattr(ref, "device_mesh", None)
     if mesh is not None:
-        from torch.distributed.tensor import distribute_tensor
+        from torch.distributed.tensor import distribute_tensor  # local: only FSDP (DTensor) runs need it
 
         return distribute_tensor(full.to(ref.dtype), mesh, getattr(ref, "placements"))  # noqa: B009  # a DTensor's
     return full.to(ref.device, ref.dtype)
