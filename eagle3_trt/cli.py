@@ -11,10 +11,10 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from eagle3_trt import __version__
 from eagle3_trt.errors import GateFailed, SignalInterrupt, UserError
+from eagle3_trt.progress import Bars
 
 PIPELINE = """\
 EAGLE-3 speculative decoding for TensorRT-LLM (PyTorch runtime, one-model) and Triton.
@@ -297,7 +297,7 @@ def engine_cmd(model: str | None, preset_file: str | None, as_json: bool, **kw) 
     req = EngineRequest(preset=preset, **kw)
     con = _console()
     with _progress(con) as progress:
-        res = build_bundle(req, progress=progress, log=lambda m: con.print(f"[yellow]{m}[/]"))
+        res = build_bundle(req, progress=progress, log=progress.say)
     if as_json:
         click.echo(json.dumps(res.manifest.to_json(), indent=2))
     _print_summary(con, res)
@@ -311,34 +311,48 @@ def _detected_gpu() -> str | None:
 
 
 class _progress:
-    """rich progress for build stages; build_bundle asks for a ticker per stage. The live display starts
+    """Build stages on the commands' one progress display (eagle3_trt/progress.py: live bars on a
+    terminal, plain lines in a log); build_bundle asks for a ticker per stage. The display starts
     with the first stage, so a refusal before any stage prints its one error line and nothing else."""
 
     def __init__(self, console):
-        self.p = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False
-        )
-        self.last = None
+        self.bars = Bars()
+        self.started = False
+        self.last: list = []  # [advance, done, total] of the current stage
 
     def __enter__(self):
         return self
 
+    def _finish_stage(self) -> None:
+        if self.last:
+            advance, done, total = self.last
+            if done < total:
+                advance(total - done)
+
     def __exit__(self, *exc):
-        if self.last is None:
+        if not self.started:
             return False
         if exc[0] is None:
-            self.p.update(self.last, completed=self.p.tasks[self.last].total or 1)
-        return self.p.__exit__(*exc)
+            self._finish_stage()
+        return self.bars.__exit__(*exc)
+
+    def say(self, message: str) -> None:
+        self.bars.say(message, style="yellow")  # the build's warnings
 
     def __call__(self, stage: str, total: int | None = None):
-        if self.last is None:
-            self.p.__enter__()
+        if not self.started:
+            self.bars.__enter__()
+            self.started = True
         else:
-            t = self.p.tasks[self.last]
-            self.p.update(self.last, completed=t.total or t.completed)
-        task = self.p.add_task(stage, total=total or 1)
-        self.last = task
-        return lambda: self.p.advance(task)
+            self._finish_stage()
+        state = [self.bars.task(stage, total or 1), 0, total or 1]
+        self.last = state
+
+        def tick() -> None:
+            state[1] += 1
+            state[0](1)
+
+        return tick
 
 
 def _print_summary(con, res) -> None:

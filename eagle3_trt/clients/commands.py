@@ -9,8 +9,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from eagle3_trt.clients.bench import BenchConfig, BenchRun, open_client, parse_concurrency, run_bench
 from eagle3_trt.clients.bench_gate import DEFAULT_ALPHA_THRESHOLD
@@ -22,6 +20,7 @@ from eagle3_trt.clients.servers import check_model, dynamo_bundle, is_loopback, 
 from eagle3_trt.convert.prompts import load_prompts
 from eagle3_trt.dynamo_serving.launcher import DEFAULT_STATE_DIR as DYNAMO_STATE_DIR
 from eagle3_trt.errors import GateFailed, UserError
+from eagle3_trt.progress import Bars
 from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME
 
 STATE_FILE = Path(".serve") / "server.json"
@@ -277,26 +276,22 @@ def _check_servers(cfg: BenchConfig, bundle: Path | None, raw: bool, system: str
 
 
 def _run_with_progress(cfg: BenchConfig, alpha_threshold: float, itl_tolerance: float, environment: dict) -> BenchRun:
-    """run_bench with a progress bar on stderr: every request, and the current level and arm."""
-    console = Console(stderr=True)
+    """run_bench on the commands' progress display (eagle3_trt/progress.py; plain lines in a log):
+    every request, and the current level and arm."""
     total = sum(2 * cfg.budget(c) for c in cfg.concurrency)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False) as prog:
-        overall = prog.add_task("all requests", total=total)
-        current: dict[str, TaskID | None] = {"task": None}
+    with Bars() as bars:
+        overall = bars.task("all requests", total)
 
         def progress(label: str, n: int):
-            if current["task"] is not None:
-                prog.update(current["task"], visible=False)
-            task = prog.add_task(label, total=n)
-            current["task"] = task
+            task = bars.task(label, n)
 
             def tick() -> None:
-                prog.advance(task)
-                prog.advance(overall)
+                task(1)
+                overall(1)
 
             return tick
 
-        return run_bench(cfg, alpha_threshold, itl_tolerance, progress=progress, log=lambda m: console.print(f"[yellow]{m}"), environment=environment)
+        return run_bench(cfg, alpha_threshold, itl_tolerance, progress=progress, log=lambda m: bars.say(m, style="yellow"), environment=environment)
 
 
 def _print_bench_summary(run: BenchRun, out: Path) -> None:

@@ -48,6 +48,7 @@ def run_alpha(
     concurrency: int = 1,
     diagnostics: bool = True,
     progress=None,
+    tasks=None,
     sweep: tuple[int, ...] = (),
     chat_template: bool | None = None,
     modes: tuple[str, ...] = (),
@@ -66,7 +67,10 @@ def run_alpha(
 
     ``temperature`` > 0 (``--method generate``): sampled, served as TensorRT-LLM serves the bundle's
     speculative sampling flags (core/spec_sampling.py; a one-line warning when that is not the
-    target's own sampling)."""
+    target's own sampling).
+
+    ``progress(message)``: a line per step; ``tasks(desc, total)``: a task of the commands' progress
+    display (eagle3_trt/progress.py) advanced per prompt measured, with the tokens so far."""
     say = progress or (lambda msg: None)
     if temperature < 0 or (temperature > 0 and method != "generate"):
         raise UserError("--temperature", f"{temperature}", "use 0 (greedy), or a positive temperature with --method generate (the estimator is greedy)")
@@ -91,6 +95,7 @@ def run_alpha(
         measure,
         records=records,
         max_tokens=max_tokens,
+        progress=tasks,
         turns=turns,
         method=method,
         batch_size=batch_size,

@@ -11,6 +11,7 @@ from rich.console import Console
 from eagle3_trt.atomic import check_writable
 from eagle3_trt.errors import GateFailed, UserError
 from eagle3_trt.pipeline.bundle import open_bundle
+from eagle3_trt.progress import Bars
 from eagle3_trt.runtime.alpha_report import render_summary
 from eagle3_trt.runtime.alpha_run import run_alpha
 from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs, recommendation_batches
@@ -174,32 +175,33 @@ def alpha_cmd(
             out=out,
             as_json=as_json,
         )
-    err = Console(stderr=True)
     open_bundle(Path(bundle))  # a one-line error before any model is loaded
     dest = Path(out) if out else Path("reports") / f"alpha-{Path(bundle).resolve().name}"
     check_writable(dest)  # not after an hour of measuring a 70B pair
-    report = run_alpha(
-        Path(bundle),
-        Path(prompts_file),
-        reference_bundle=Path(reference_bundle) if reference_bundle else None,
-        bf16=bf16,
-        max_tokens=max_tokens,
-        limit=limit,
-        turns=turns,
-        max_draft_len=max_draft_len,
-        method=method,
-        device=device,
-        batch_size=batch_size,
-        concurrency=concurrency,
-        progress=lambda m: err.print(f"[dim]{m}[/]"),
-        sweep=parse_sweep(sweep),
-        chat_template=chat_template,
-        modes=tuple(m.strip() for m in modes.split(",") if m.strip()) if modes else (),
-        sa_threshold=sa_threshold,
-        temperature=temperature,
-        dynamic_tree_topk=dynamic_tree_topk,
-        max_total_draft_tokens=max_total_draft_tokens,
-    )
+    with Bars() as bars:  # the measuring shows prompts done / total, tokens and elapsed time
+        report = run_alpha(
+            Path(bundle),
+            Path(prompts_file),
+            reference_bundle=Path(reference_bundle) if reference_bundle else None,
+            bf16=bf16,
+            max_tokens=max_tokens,
+            limit=limit,
+            turns=turns,
+            max_draft_len=max_draft_len,
+            method=method,
+            device=device,
+            batch_size=batch_size,
+            concurrency=concurrency,
+            sweep=parse_sweep(sweep),
+            chat_template=chat_template,
+            modes=tuple(m.strip() for m in modes.split(",") if m.strip()) if modes else (),
+            sa_threshold=sa_threshold,
+            temperature=temperature,
+            dynamic_tree_topk=dynamic_tree_topk,
+            max_total_draft_tokens=max_total_draft_tokens,
+            progress=bars.say,
+            tasks=bars.task,
+        )
     write_report(report, dest)
     if as_json:
         click.echo(json.dumps(report, indent=1))

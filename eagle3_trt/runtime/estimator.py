@@ -20,7 +20,7 @@ accepted run of tokens.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -244,9 +244,12 @@ class _GreedyRows:
         self.reasons: list[str | None] = [None] * len(prompts)
         self.aux_rows: list[list[torch.Tensor]] = [[] for _ in prompts]
         self.stop, self.max_tokens, self.max_seq_len = stop, max_tokens, engine.max_seq_len
+        self.on_token: Callable[[int, int], None] | None = None  # progress: (prompts done, tokens) per token
 
     def emit(self, b: int, tok: int) -> None:
         self.tokens[b].append(tok)
+        if self.on_token is not None:
+            self.on_token(0, 1)
         if tok in self.stop:
             self.finished[b], self.reasons[b] = True, "stop"
         elif len(self.tokens[b]) - self.lens[b] >= self.max_tokens or len(self.tokens[b]) >= self.max_seq_len:
@@ -254,8 +257,10 @@ class _GreedyRows:
 
 
 @torch.inference_mode()
-def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
+def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int, on_token: Callable[[int, int], None] | None = None):
     """What ``engine.generate_with_aux(prompts, greedy max_tokens)`` returns, computed faster.
+
+    ``on_token``: called ``(0, 1)`` per generated token (the commands' progress display).
 
     Same target passes (a prefill, then one pass per generated token) and the same stopping
     rules, but: prompts (ascending length) are prefilled in groups of similar length, so the
@@ -275,11 +280,12 @@ def greedy_continuations(engine, prompts: list[list[int]], max_tokens: int):
     lens = [len(p) for p in prompts]
     if lens != sorted(lens):  # the merged cache is laid out by ascending length
         order = sorted(range(B), key=lambda i: lens[i])
-        res, auxs = greedy_continuations(engine, [prompts[i] for i in order], max_tokens)
+        res, auxs = greedy_continuations(engine, [prompts[i] for i in order], max_tokens, on_token)
         back = {i: r for r, i in enumerate(order)}
         return [res[back[i]] for i in range(B)], [auxs[back[i]] for i in range(B)]
     S = lens[-1]
     rows = _GreedyRows(engine, prompts, max_tokens, frozenset(engine.eos_token_ids) | frozenset(params.stop_token_ids))
+    rows.on_token = on_token
     kv = _prefill_groups(engine, prompts, rows)
     if kv is None:
         return engine.generate_with_aux(prompts, params)
@@ -358,7 +364,15 @@ def _batched_decode(tgt, rows: _GreedyRows, cache, S: int) -> None:
 
 
 @torch.inference_mode()
-def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = None, batch_size: int = 16, sweep: Sequence[int] = ()) -> EstimateResult:
+def estimate(
+    engine,
+    prompts: list[list[int]],
+    max_tokens: int,
+    k: int | None = None,
+    batch_size: int = 16,
+    sweep: Sequence[int] = (),
+    tick: Callable[[int, int], None] | None = None,
+) -> EstimateResult:
     """Greedy chain acceptance of ``engine``'s draft on ``prompts``, identical to running it
     (with the engine's method the SA enhancer, speculative/sa: the chain with TensorRT-LLM's suffix-automaton enhancer, replayed per
     batch of ``batch_size`` prompts in their given order, as ``runtime/measure.py`` generates them:
@@ -371,6 +385,8 @@ def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = 
     greedy continuation nor the draft's step-s prediction at a position depends on K, so every
     K up to the largest costs one more replay walk, where measuring by generation costs one
     more run per K.
+
+    ``tick(prompts, tokens)``: progress, per generated token and per batch of prompts continued.
     """
     k = engine.max_draft_len if k is None else int(k)
     if engine.draft is None:
@@ -390,7 +406,9 @@ def estimate(engine, prompts: list[list[int]], max_tokens: int, k: int | None = 
     d2t_ids = engine._d2t_ids
     for i in range(0, len(order), batch_size):
         idx = order[i : i + batch_size]
-        res, auxs = greedy_continuations(engine, [prompts[j] for j in idx], max_tokens)
+        res, auxs = greedy_continuations(engine, [prompts[j] for j in idx], max_tokens, tick)
+        if tick is not None:
+            tick(len(idx), 0)
         seqs = [prompts[j] + r.token_ids for j, r in zip(idx, res)]
         for j, r in zip(idx, res):
             conts[j], reasons[j] = r.token_ids, r.finish_reason

@@ -10,13 +10,14 @@ aggregate overall, per category and per swept draft length.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from eagle3_trt.convert.prompts import IDS, PromptRecord, use_chat_template
 from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.stats import AggregateStats, RequestStats, aggregate
 from eagle3_trt.errors import UserError
+from eagle3_trt.progress import Advance
 from eagle3_trt.runtime.cost_model import expected_tokens
 from eagle3_trt.runtime.estimator import estimate
 
@@ -148,6 +149,7 @@ def measure(
     sweep: Sequence[int] = (),
     chat_template: bool | None = None,
     temperature: float = 0.0,
+    progress: Callable[[str, int], Advance] | None = None,
 ) -> Measurement:
     """Greedy acceptance of ``engine`` on every turn of every record (later turns see the target's own replies).
 
@@ -156,6 +158,8 @@ def measure(
     completion records as they are), True / False forces it (``convert.prompts.use_chat_template``).
     ``temperature`` > 0: sampled (seed 0 per batch), by speculative generation only, served as the
     engine's ``sampling`` flags say (core/spec_sampling.py).
+    ``progress(desc, total)``: a task of the commands' progress display (eagle3_trt/progress.py),
+    advanced per prompt turn measured, with the tokens generated so far beside it.
     """
     if turns not in ("all", "first"):
         raise UserError("--turns", f"{turns!r}", "use 'all' or 'first'")
@@ -173,12 +177,13 @@ def measure(
     skipped: list[str] = []
     n_raw = 0
     n_turns = 1 if turns == "first" else max(len(r.turns) for r in records)
+    tick = _ticker(progress, f"{label}: prompts", sum(min(len(r.turns), n_turns) for r in records))
     for t in range(n_turns):
         idx, prompts = _turn_prompts(engine, records, templated, history, t, skipped)
         if not prompts:
             break
         stats, conts, by_k = _continue_turn(
-            engine, prompts, method=method, max_tokens=max_tokens, k=k, batch_size=batch_size, sweep=sweep, temperature=temperature
+            engine, prompts, method=method, max_tokens=max_tokens, k=k, batch_size=batch_size, sweep=sweep, temperature=temperature, tick=tick
         )
         stop = set(engine.eos_token_ids)
         for i, p, st, c, bk in zip(idx, prompts, stats, conts, by_k):
@@ -219,12 +224,38 @@ def _turn_prompts(
     return idx, prompts
 
 
+def _ticker(progress: Callable[[str, int], Advance] | None, desc: str, total: int) -> Callable[[int, int], None] | None:
+    """``tick(prompts, tokens)`` onto a progress task, showing the tokens generated so far (at most
+    one display update per prompt or per 16 tokens: the decode loop calls it per token)."""
+    if progress is None:
+        return None
+    advance = progress(desc, total)
+    seen = {"tokens": 0, "shown": 0}
+
+    def tick(prompts: int, tokens: int) -> None:
+        seen["tokens"] += tokens
+        if prompts or seen["tokens"] - seen["shown"] >= 16:
+            seen["shown"] = seen["tokens"]
+            advance(prompts, info=f"{seen['tokens']} tokens")
+
+    return tick
+
+
 def _continue_turn(
-    engine, prompts: list[list[int]], *, method: str, max_tokens: int, k: int | None, batch_size: int, sweep: Sequence[int], temperature: float = 0.0
+    engine,
+    prompts: list[list[int]],
+    *,
+    method: str,
+    max_tokens: int,
+    k: int | None,
+    batch_size: int,
+    sweep: Sequence[int],
+    temperature: float = 0.0,
+    tick: Callable[[int, int], None] | None = None,
 ) -> tuple[list, list[list[int]], list[dict]]:
     """(stats, continuations, stats per swept K) of one turn's prompts, by the estimator or by generating."""
     if method == "estimator":
-        est = estimate(engine, prompts, max_tokens, k=k, batch_size=batch_size, sweep=sweep)
+        est = estimate(engine, prompts, max_tokens, k=k, batch_size=batch_size, sweep=sweep, tick=tick)
         by_k = [{kk: v[n] for kk, v in est.by_k.items()} if sweep else {} for n in range(len(prompts))]
         return est.stats, est.continuations, by_k
     stats, conts = [], []
@@ -233,4 +264,6 @@ def _continue_turn(
         for rr in engine.generate(prompts[s : s + batch_size], params):
             stats.append(rr.stats)
             conts.append(rr.token_ids)
+            if tick is not None:
+                tick(1, len(rr.token_ids))
     return stats, conts, [{} for _ in prompts]
