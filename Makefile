@@ -8,7 +8,7 @@
 #               [HTTP_PORT=8000] [GRPC_PORT=8001] [METRICS_PORT=8002] [UNARY=1|only]: Triton on 127.0.0.1;
 #               UNARY=1 adds a non-decoupled <name>_unary twin (HTTP /infer, gRPC ModelInfer), UNARY=only
 #               makes the one model non-decoupled (upstream llmapi's default); make stop
-#   make serve-dynamo [BUNDLE=dir] [WORKERS=2] [DYNAMO_PORT=8080]: NVIDIA Dynamo (OpenAI API); make status-dynamo, make stop
+#   make serve-dynamo [BUNDLE=dir] [WORKERS=2] [DYNAMO_PORT=8080] [WORKER_PORT_BASE=port]: NVIDIA Dynamo (OpenAI API); make status-dynamo, make stop
 #   make bench-serving [PROMPTS=file] [CONCURRENCY=1,4,16,64] [OPENAI_URL=http://127.0.0.1:8080/v1]: rollout benchmark
 #     against Triton, or with OPENAI_URL against an OpenAI endpoint (the Dynamo frontend of make serve-dynamo)
 #   make bench-aiperf  [BUNDLE=dir] [DYNAMO=1]: eagle3-trt bench vs NVIDIA AIPerf (own Triton, or Dynamo with 2 workers; C=1,8)
@@ -180,7 +180,7 @@ serve-dynamo: $(DYNAMO_STAMP)
 	  $(BIN)/eagle3-trt engine --model tiny -o $(BUNDLE); \
 	fi
 	$(BIN)/eagle3-trt serve-dynamo $(BUNDLE) --workers $(WORKERS) --http-port $(DYNAMO_PORT) \
-	  $(if $(TORCH_THREADS),--torch-threads $(TORCH_THREADS))
+	  $(if $(TORCH_THREADS),--torch-threads $(TORCH_THREADS)) $(if $(WORKER_PORT_BASE),--worker-port-base $(WORKER_PORT_BASE))
 
 status-dynamo: $(STAMP)
 	$(BIN)/eagle3-trt status-dynamo

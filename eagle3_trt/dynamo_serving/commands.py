@@ -25,6 +25,12 @@ _STATE = click.option(
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="reference-runtime workers behind the frontend")
 @click.option("--http-port", default=DEFAULT_HTTP_PORT, show_default=True, help="the frontend's OpenAI port (127.0.0.1)")
+@click.option(
+    "--worker-port-base",
+    type=int,
+    default=None,
+    help="fixed worker ports: worker i's /health and /metrics on BASE+2i, its TCP request plane on BASE+2i+1 (default: free ports drawn at start)",
+)
 @click.option("--model-name", default=SERVED_MODEL_NAME, show_default=True, help="the model name clients send")
 @click.option("--device", type=click.Choice(get_args(DeviceName)), default="cpu", show_default=True)
 @click.option("--torch-threads", type=click.IntRange(min=1), default=None, help="per worker (default: CPU cores / workers)")
@@ -37,6 +43,7 @@ def serve_dynamo_cmd(
     bundle: Path,
     workers: int,
     http_port: int,
+    worker_port_base: int | None,
     model_name: str,
     device: str,
     torch_threads: int | None,
@@ -68,6 +75,7 @@ def serve_dynamo_cmd(
         migration_limit=migration_limit,
         timeout_s=timeout_s,
         capture=capture,
+        worker_port_base=worker_port_base,
     )
     click.echo(f"ready in {time.monotonic() - t0:.1f} s: model '{dep.model}' on {len(dep.workers)} worker(s)")
     click.echo(f"  OpenAI  {dep.url}   (POST {dep.url}/chat/completions, {dep.url}/completions)")

@@ -101,6 +101,24 @@ class Deployment:
 _SYSTEM_PORTS = range(20000, 32768)
 
 
+def worker_ports(base: int, workers: int, http_port: int) -> list[tuple[int, int]]:
+    """``--worker-port-base``: worker ``i`` serves its system server (/health, /metrics;
+    ``DYN_SYSTEM_PORT``) on ``base + 2i`` and its TCP request plane (``DYN_TCP_RPC_PORT``, read from
+    the ``dynamo._core`` 1.6.1 binary; otherwise the kernel picks one) on ``base + 2i + 1``.
+    Refused in one line: a range reaching past 32767 (Dynamo 1.6.1 reads the system port as an
+    i16, see ``_SYSTEM_PORTS``) or below 1024, the frontend's --http-port inside it, a port taken."""
+    last = base + 2 * workers - 1
+    hint = f"pick a base in 1024-{32768 - 2 * workers} whose {2 * workers} ports avoid --http-port (make serve-dynamo WORKER_PORT_BASE=...)"
+    if base < 1024 or last > _SYSTEM_PORTS.stop - 1:
+        raise UserError("--worker-port-base", f"{base}: the workers' ports {base}-{last} must lie in 1024-{_SYSTEM_PORTS.stop - 1}", hint)
+    if base <= http_port <= last:
+        raise UserError("--worker-port-base", f"{base}: the workers' ports {base}-{last} include the frontend's --http-port {http_port}", hint)
+    taken = [p for p in range(base, last + 1) if not port_is_free(p)]
+    if taken:
+        raise UserError("--worker-port-base", f"{base}: port {taken[0]} of the workers' {base}-{last} is in use on {HOST}", hint)
+    return [(base + 2 * i, base + 2 * i + 1) for i in range(workers)]
+
+
 def free_port(taken: set[int] = frozenset()) -> int:  # type: ignore[assignment]
     rng = random.Random()
     for _ in range(200):
@@ -192,15 +210,20 @@ def start(
     migration_limit: int = 3,
     timeout_s: float = 300.0,
     capture: CaptureConfig | None = None,
+    worker_port_base: int | None = None,
 ) -> Deployment:
     """Start the frontend and ``workers`` workers; return once every worker is registered and the
     model is listed. Any failure stops what was started and raises a one-line UserError.
 
     ``capture``: the workers record finished requests (runtime/capture.py); None: nothing is
-    captured, even when this process's environment carries capture settings."""
+    captured, even when this process's environment carries capture settings.
+
+    ``worker_port_base``: the workers' fixed ports (``worker_ports``); None: free system ports
+    drawn at random and request-plane ports the kernel picks."""
     bundle = Path(bundle).resolve()
     state_dir = Path(state_dir).resolve()
     _check_can_start(bundle, workers, state_dir, http_port)
+    fixed = worker_ports(worker_port_base, workers, http_port) if worker_port_base is not None else None
     check_dynamo()
     make_dirs(state_dir)
     discovery = state_dir / DISCOVERY_DIR
@@ -215,13 +238,16 @@ def start(
     dep = Deployment(str(state_dir), str(bundle), model_name, f"http://{HOST}:{http_port}/v1", str(discovery), fe, [], time.time())
     try:
         for i in range(workers):
-            port = free_port({http_port, *(w.port for w in dep.workers)})
+            port = fixed[i][0] if fixed else free_port({http_port, *(w.port for w in dep.workers)})
+            rpc = {"DYN_TCP_RPC_PORT": str(fixed[i][1])} if fixed else {}
             log = state_dir / f"worker-{i}.log"
             log.unlink(missing_ok=True)
             # No Dynamo grace period on SIGTERM (default 5 s of serving after leaving discovery):
             # `stop` drains at the frontend for its own grace period first, and SIGTERMs the
             # workers only to end what is left (see stop()).
-            wenv = capture_env(capture, {**env, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_PORT": str(port), "DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0"})
+            wenv = capture_env(
+                capture, {**env, **rpc, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_PORT": str(port), "DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0"}
+            )
             argv = _worker_argv(bundle, model_name, device, threads, speculation)
             dep.workers.append(Proc(f"worker-{i}", _spawn(argv, wenv, log), port, str(log), str(bundle)))
         dep.save()

@@ -176,7 +176,8 @@ def roll_workers(state_dir: Path, new_bundle: Path | None, *, rollback: bool = F
         if "--card-dir" not in argv:  # the model card the frontend holds: the first bundle's target directory
             argv += ["--card-dir", str(first_card)]
         port = free_port({dep.frontend.port, *(w.port for w in dep.workers)})
-        env = {**template_env, "DYN_SYSTEM_PORT": str(port)}
+        # a fixed request-plane port (serve-dynamo --worker-port-base) is the template's own, still bound: the kernel picks one
+        env = {**{k: v for k, v in template_env.items() if k != "DYN_TCP_RPC_PORT"}, "DYN_SYSTEM_PORT": str(port)}
         role = f"worker-{n_roles}"
         n_roles += 1
         log = state_dir / f"{role}.log"
