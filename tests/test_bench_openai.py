@@ -41,10 +41,10 @@ def _engine(fp8_bundle) -> Eagle3ReferenceEngine:
 def test_speculation_annotation_maps_to_the_sampling_flag(fp8_bundle):
     e = _engine(fp8_bundle)
     req = {"token_ids": [1, 2, 3], "stop_conditions": {"max_tokens": 4}}
-    assert e.sampling_params(req).eagle3_speculative is True
-    assert e.sampling_params({**req, "annotations": ["eagle3_speculative=false"]}).eagle3_speculative is False
+    assert e.sampling_params(req)[1].eagle3_speculative is True
+    assert e.sampling_params({**req, "annotations": ["eagle3_speculative=false"]})[1].eagle3_speculative is False
     # the frontend's own annotations pass through untouched
-    assert e.sampling_params({**req, "annotations": ["formatted_prompt", "eagle3_speculative=true"]}).eagle3_speculative is True
+    assert e.sampling_params({**req, "annotations": ["formatted_prompt", "eagle3_speculative=true"]})[1].eagle3_speculative is True
     for bad in ("eagle3_speculative", "eagle3_speculative=off"):
         with pytest.raises(InvalidArgument, match="eagle3_speculative=true or"):
             e.sampling_params({**req, "annotations": [bad]})

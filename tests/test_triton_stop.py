@@ -357,17 +357,21 @@ def test_a_non_streaming_request_cut_by_stop_is_told_to_retry(bundle, tmp_path):
 
     def generate(model: str, key: str) -> None:
         r = requests.post(
-            f"http://127.0.0.1:{hp}/v2/models/{model}/generate", timeout=120, json={"text_input": "Tell a very long story", "sampling_param_max_tokens": 480}
+            f"http://127.0.0.1:{hp}/v2/models/{model}/generate",
+            timeout=120,
+            json={"text_input": "Tell a very long story", "sampling_param_max_tokens": 480},
         )
         out[key] = (r.status_code, r.text)
 
     threads = [
         threading.Thread(target=unary, args=(th, f"127.0.0.1:{hp}", "http-infer")),
         threading.Thread(target=unary, args=(tg, h.grpc_url, "grpc-infer")),
-        threading.Thread(target=generate, args=("eagle3", "generate")),
+        threading.Thread(target=generate, args=("eagle3_unary", "generate")),
     ]
     for t in threads:
         t.start()
+    # all three share eagle3_unary's runtime, so none finishes its 480 tokens before the drain window
+    # ends (on the decoupled model's own runtime, alone, /generate finished first on an idle machine)
     time.sleep(3)
     r = _cli("stop", "--state-dir", str(state), "--drain", "1", timeout=120)
     for t in threads:

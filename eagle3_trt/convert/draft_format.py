@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from eagle3_trt.errors import UserError
 from eagle3_trt.formats import draft_producers, rope_params
 from eagle3_trt.formats.checkpoint_io import load_tensors, read_json
 from eagle3_trt.formats.draft_config import DraftConfig, detect_format, draft_config, expected_shapes
@@ -79,7 +80,24 @@ def load_draft(path: Path) -> DraftCheckpoint:
     norm = {_rename(k, fmt): v for k, v in tensors.items()}
     cfg = draft_config(raw, path / "config.json", fmt, norm)
     norm = _layer_names(norm, cfg.num_hidden_layers)
+    _check_layer_count(norm, cfg.num_hidden_layers, path / "config.json")
     return DraftCheckpoint(path=path, config=cfg, tensors=norm, raw_config=raw)
+
+
+_INDEXED = re.compile(r"^midlayer\.(\d+)\.")
+
+
+def _check_layer_count(tensors: dict[str, Any], num_layers: int, where: Path) -> None:
+    """The config's layer count against the layers the weights hold: TensorRT-LLM builds
+    ``num_hidden_layers`` layers and would load a one-layer head's ``midlayer.*`` into none of them."""
+    indexed = {int(m.group(1)) for k in tensors if (m := _INDEXED.match(k))}
+    held = len(indexed) if indexed else int(any(k.startswith("midlayer.") for k in tensors))
+    if held and held != num_layers:
+        raise UserError(
+            f"{where}:num_hidden_layers",
+            f"{num_layers} draft decoder layers, but the checkpoint holds {held}",
+            "set num_hidden_layers to the number of layers the head was trained with",
+        )
 
 
 def served_tensors(ckpt: DraftCheckpoint) -> dict[str, Any]:
