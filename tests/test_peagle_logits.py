@@ -24,6 +24,7 @@ from transformers import LlamaConfig
 from eagle3_trt.errors import UserError
 from eagle3_trt.speculative.peagle.checkpoint import load_peagle
 from eagle3_trt.speculative.peagle.draft import PEagleDraft, parallel_logits
+from eagle3_trt.testing.peer_layer_config import speculators_layer_config
 from eagle3_trt.testing.tiny_pair import make_pair
 
 S, K = 9, 4  # context positions; draft tokens per step (the bonus slot + K-1 mask slots)
@@ -43,20 +44,7 @@ def peagle_head(out: Path, target: Path, *, layers: int = 1, draft_vocab: int = 
     from speculators.models.peagle import PEagleDraftModel, PEagleSpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
 
-    layer = LlamaConfig(
-        vocab_size=V,
-        hidden_size=H,
-        intermediate_size=96,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=1024,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-    )
-    layer._attn_implementation = "eager"  # speculators' dense-mask path (flex attention: its GPU default)
+    layer = speculators_layer_config(LlamaConfig, V, H, layers)
     torch.manual_seed(seed)
     cfg = PEagleSpeculatorConfig(
         transformer_layer_config=layer,

@@ -24,6 +24,7 @@ from eagle3_trt.cli import main
 from eagle3_trt.convert.draft_format import load_draft
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.formats.draft_config import trtllm_config
+from eagle3_trt.testing.peer_layer_config import speculators_layer_config
 from eagle3_trt.testing.tiny_pair import make_pair
 
 S = 9  # context positions compared
@@ -69,21 +70,7 @@ def speculators_head(out: Path, target: Path, *, layers=1, draft_vocab=D, aux=(2
 
     cls = {"llama": LlamaConfig, "qwen3": Qwen3Config}[arch]
     extra = {"sliding_window": window, "layer_types": ["sliding_attention"] * layers} if window else {}
-    layer = cls(
-        vocab_size=V,
-        hidden_size=H,
-        intermediate_size=96,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=1024,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-        **extra,
-    )
-    layer._attn_implementation = "eager"  # speculators' dense-mask path (flex attention is its GPU default)
+    layer = speculators_layer_config(cls, V, H, layers, **extra)
     torch.manual_seed(seed)
     cfg = Eagle3SpeculatorConfig(
         transformer_layer_config=layer,
