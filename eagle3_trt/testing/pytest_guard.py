@@ -12,6 +12,11 @@ this suite's tests vanished with a green summary. This plugin makes such losses 
 - a test may be skipped only through a declared requirement, ``@pytest.mark.needs("name")``,
   which this plugin checks; a skip from anywhere else is a failure;
 - the run ends with one line: how many ran, passed and were skipped, and why, by requirement.
+
+Under pytest-xdist (``make test`` runs ``-n 2``) collection happens in the workers: each worker's guard
+checks its collection (every worker collects every test) and sends what it found, and which tests
+it skipped for which requirement, to the controller through xdist's ``workeroutput``; the controller
+counts the outcomes of the reports it receives and prints the one line.
 """
 
 from __future__ import annotations
@@ -158,6 +163,16 @@ class SuiteGuard:
     skipped_files: set[Path] = field(default_factory=set)
     deselected: int = 0
     collected: int = 0
+    # xdist controller: skipped nodeids waiting for the workers' requirement map (sent at their end)
+    pending_skips: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_worker(self) -> bool:
+        return hasattr(self.config, "workerinput")
+
+    @property
+    def is_controller(self) -> bool:
+        return not self.is_worker and self.config.pluginmanager.has_plugin("dsession")
 
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         self.deselected += len(items)
@@ -165,8 +180,8 @@ class SuiteGuard:
             self.problems.append(f"{len(items)} tests deselected by a plugin, not by -k/-m/--deselect")
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
-        if not report.skipped:
-            return
+        if not report.skipped or self.is_controller:
+            return  # under xdist each worker checks its own collection (the controller lacks require()'s record)
         need = _MODULE_SKIPS.get((self.config.rootpath / report.nodeid.split("::")[0]).resolve())
         self.skipped_files.add((self.config.rootpath / report.nodeid.split("::")[0]).resolve())
         if need is None:
@@ -209,22 +224,63 @@ class SuiteGuard:
             self.problems.append(f"{f.name} collected no tests (ignored by a plugin, or empty)")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.is_worker:
+            return  # the controller counts the reports the workers forward
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             self.outcomes[report.outcome] += 1
         if report.skipped and hasattr(report, "wasxfail"):
             self.outcomes["xfailed"] += 1
+        elif report.skipped and self.is_controller:
+            self.pending_skips[report.nodeid] = _reason(report)
         elif report.skipped:
-            need = self.skipped_by_need.get(report.nodeid)
-            if need is None:
-                self.problems.append(f"{report.nodeid} skipped without a declared requirement ({_reason(report)})")
-            else:
-                self.skipped_needs[need] += 1
+            self._count_skip(report.nodeid, _reason(report))
+
+    def _count_skip(self, nodeid: str, reason: str) -> None:
+        need = self.skipped_by_need.get(nodeid)
+        if need is None:
+            self.problems.append(f"{nodeid} skipped without a declared requirement ({reason})")
+        else:
+            self.skipped_needs[need] += 1
+
+    @pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown when xdist is not loaded
+    def pytest_testnodedown(self, node: object, error: object) -> None:
+        """xdist controller: merge one worker's collection checks and requirement map."""
+        out = getattr(node, "workeroutput", None) or {}
+        sent = out.get(_WORKER_KEY)
+        if sent is None:
+            if error is None:
+                self.problems.append(f"xdist worker {getattr(node, 'gateway', node)} sent no suite-guard data")
+            return
+        self.collected = max(self.collected, int(sent["collected"]))
+        self.deselected = max(self.deselected, int(sent["deselected"]))
+        self.skipped_by_need.update(sent["skipped_by_need"])
+        for p in sent["problems"]:
+            if p not in self.problems:
+                self.problems.append(p)
+        for need, n in sent["file_skips"].items():
+            self.skipped_needs[need] = max(self.skipped_needs[need], int(n))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.is_worker:
+            # what every worker found at collection (the same on each) and the skips it declared
+            file_skips = {k: v for k, v in self.skipped_needs.items() if k.endswith("(whole file)")}
+            self.config.workeroutput[_WORKER_KEY] = {  # type: ignore[attr-defined]
+                "collected": self.collected,
+                "deselected": self.deselected,
+                "skipped_by_need": dict(self.skipped_by_need),
+                "problems": list(self.problems),
+                "file_skips": file_skips,
+            }
+            return
+        for nodeid, reason in self.pending_skips.items():
+            self._count_skip(nodeid, reason)
+        self.pending_skips.clear()
         if self.problems and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.is_worker:
+            return
         tr = terminalreporter
         for p in self.problems:
             tr.write_line(f"suite guard: {p}", red=True)
@@ -237,6 +293,9 @@ class SuiteGuard:
             bold=True,
             red=bool(self.problems or self.outcomes["failed"]),
         )
+
+
+_WORKER_KEY = "eagle3_suite_guard"
 
 
 def pytest_configure(config: pytest.Config) -> None:
