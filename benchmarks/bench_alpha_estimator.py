@@ -8,7 +8,7 @@ acceptance length 2.68 at K=3 on its held-out text), or ``random``, a 64-wide ra
 5-14 tokens (the embedded pair's held-out prompts cut short, or random ids).
 
 Times (best of --repeats, default 1):
-- estimator: ``runtime.estimator.estimate`` (the target's greedy continuation for all prompts in one
+- estimator: ``measure.estimator.estimate`` (the target's greedy continuation for all prompts in one
   batched decode, K batched draft passes over every position, a replay walk);
 - generation, batch 1: ``SpeculativeEngine.generate`` one prompt at a time;
 - generation, batched: all prompts in one batch.
@@ -75,7 +75,7 @@ def build(k: int, device: str, threads: int, pair: str = "random"):
 def chat_prompts(eng, n: int) -> tuple[str, list[list[int]]]:
     """(the set's label, its prompts): MT-Bench first turns, or random token ids labelled as such."""
     from eagle3_trt.convert.prompts import load_prompt_records
-    from eagle3_trt.runtime.measure import encode_chat
+    from eagle3_trt.measure.acceptance import encode_chat
 
     src = ROOT.parent / "shared" / "data" / "mt_bench.jsonl"
     if src.is_file():
@@ -143,7 +143,7 @@ def short_prompts(n: int, pair: str) -> list[list[int]]:
 def compare(eng, name: str, prompts: list[list[int]], a) -> bool:
     from eagle3_trt.core.engine import SamplingParams
     from eagle3_trt.core.stats import aggregate
-    from eagle3_trt.runtime.estimator import estimate
+    from eagle3_trt.measure.estimator import estimate
 
     params = SamplingParams(max_tokens=a.max_tokens)
     estimate(eng, prompts[:2], a.max_tokens)  # warm-up
@@ -178,7 +178,7 @@ def compare_sweep(eng, prompts: list[list[int]], a) -> bool:
     """Choosing K: acceptance at every K of --sweep, from one estimate vs one generation run per K."""
     from eagle3_trt.core.engine import SamplingParams
     from eagle3_trt.core.stats import aggregate
-    from eagle3_trt.runtime.estimator import estimate
+    from eagle3_trt.measure.estimator import estimate
 
     ks = sorted({int(x) for x in a.sweep.split(",")})
     params = SamplingParams(max_tokens=a.max_tokens)

@@ -9,7 +9,7 @@ its imports is printed beside it, so what the records themselves cost is the dif
   capture thread does (``FLUSH_S``); the records are 64 distinct ones with new ids and times;
 - ``stream``: ``iter_traffic`` reads them back one segment at a time, keeping nothing (the reader
   ``alpha --traffic`` uses);
-- ``alpha-read``: what ``alpha --traffic`` keeps while it reads (runtime/traffic_alpha.py): four
+- ``alpha-read``: what ``alpha --traffic`` keeps while it reads (measure/traffic_alpha.py): four
   fields of every request for the drift summary, and the whole records of the bundle it measures
   (here one request in ``--measured-every``);
 - ``split``: what ``train-draft --traffic`` and ``gate --traffic`` read (formats/traffic_split.split_capture):
@@ -101,7 +101,7 @@ def child(step: str, d: Path, n: int, prompt_tokens: int, output_tokens: int, me
     from eagle3_trt.formats.traffic import SegmentWriter, iter_traffic, read_traffic
 
     if step == "alpha-read":
-        from eagle3_trt.runtime.traffic_alpha import ServedRequest  # imports torch: this step's baseline is higher
+        from eagle3_trt.measure.traffic_alpha import ServedRequest  # imports torch: this step's baseline is higher
     if step == "split":
         from eagle3_trt.formats.traffic_split import split_capture  # imports numpy, before the baseline
     base = _rss_mb()
@@ -125,7 +125,7 @@ def child(step: str, d: Path, n: int, prompt_tokens: int, output_tokens: int, me
         extra = {}
     elif step == "alpha-read":
         served, mine = [], []
-        for r in iter_traffic(d):  # as runtime/traffic_alpha.run_alpha_traffic reads
+        for r in iter_traffic(d):  # as measure/traffic_alpha.run_alpha_traffic reads
             served.append(ServedRequest(r.time_unix, r.bundle_fingerprint, r.acceptance, r.category))
             if r.bundle_fingerprint == FP_MEASURED:
                 mine.append(r)

@@ -54,14 +54,14 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "Load BUNDLE in TensorRT-LLM (EAGLE-3 one-model, CUDA graphs), run a smoke generation and a short acceptance "
         "measurement, and record results, GPU and versions in its manifest.json.",
     ),
-    "alpha": ("eagle3_trt.runtime.commands", "alpha_cmd", "Measure acceptance (alpha) of BUNDLE's quantized pair on your prompts, per category, vs BF16."),
+    "alpha": ("eagle3_trt.measure.commands", "alpha_cmd", "Measure acceptance (alpha) of BUNDLE's quantized pair on your prompts, per category, vs BF16."),
     "gate": (
-        "eagle3_trt.runtime.commands",
+        "eagle3_trt.measure.commands",
         "gate_cmd",
         "Fail (exit 3) when BUNDLE's alpha on the prompts is below --threshold or speculation would slow it down.",
     ),
     "recommend": (
-        "eagle3_trt.runtime.commands",
+        "eagle3_trt.measure.commands",
         "recommend_cmd",
         "Predict speedup per K and batch size from measured acceptance; recommend K and max_concurrency.",
     ),
@@ -395,11 +395,11 @@ def _print_summary(con, res) -> None:
 
 
 def _build_gate_line(bundle: Path, m) -> str:
-    """The gate verdict on the build's own held-out measurement (runtime/gate_verdict.py's bar), with the
+    """The gate verdict on the build's own held-out measurement (measure/gate_verdict.py's bar), with the
     `alpha` command that reruns that measurement."""
     from eagle3_trt.formats.heldout import HELDOUT_FILE
+    from eagle3_trt.measure.gate_verdict import build_acceptance_verdict
     from eagle3_trt.pipeline.build_checkpoints import HELDOUT_MAX_TOKENS
-    from eagle3_trt.runtime.gate_verdict import build_acceptance_verdict
 
     acc = m.acceptance
     rerun = f"eagle3-trt alpha {_shown(bundle)} --prompts {_shown(Path(m.sources.target.path).parent / HELDOUT_FILE)} --limit {acc.prompts} --max-tokens {HELDOUT_MAX_TOKENS}"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from eagle3_trt.clients.llm_client import GenerationParams, LLMClient
 from eagle3_trt.formats.traffic import TrafficRecord, read_traffic
-from eagle3_trt.runtime.traffic_gate import verdict_line
+from eagle3_trt.measure.traffic_gate import verdict_line
 
 HERE = Path(__file__).resolve().parent
 PROMPTS = HERE / "traffic_domain.jsonl"

@@ -20,12 +20,12 @@ from eagle3_trt.cli import main
 from eagle3_trt.convert.load import load_engine
 from eagle3_trt.convert.prompts import load_prompt_records
 from eagle3_trt.errors import UserError
+from eagle3_trt.measure.acceptance import encode_chat
+from eagle3_trt.measure.alpha_run import run_alpha
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.pipeline.llm_options import LlmApiOptions
 from eagle3_trt.pipeline.presets import load_preset
-from eagle3_trt.runtime.alpha_run import run_alpha
-from eagle3_trt.runtime.measure import encode_chat
 from eagle3_trt.testing.tiny_pair import make_draft
 from eagle3_trt.train.export import save_draft
 from eagle3_trt.train.trainer import distill_draft

@@ -18,8 +18,8 @@ import torch
 from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 from eagle3_trt.core.stats import aggregate
-from eagle3_trt.runtime.diagnostics import diagnose_sequences
-from eagle3_trt.runtime.estimator import estimate
+from eagle3_trt.measure.diagnostics import diagnose_sequences
+from eagle3_trt.measure.estimator import estimate
 from eagle3_trt.testing.tiny_pair import make_draft, make_pair
 from eagle3_trt.testing.toy_pair import sharpen_target
 from eagle3_trt.train.trainer import distill_draft

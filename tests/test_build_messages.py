@@ -76,7 +76,7 @@ def test_plan_says_a_512_prompt_preset_needs_your_data():
 
 
 def test_build_ends_with_the_gate_verdict_on_its_own_check(short_build):
-    from eagle3_trt.runtime.gate_verdict import DEFAULT_GATE_THRESHOLD, alpha_shortfall
+    from eagle3_trt.measure.gate_verdict import DEFAULT_GATE_THRESHOLD, alpha_shortfall
 
     bundle, r = short_build
     acc = json.loads((bundle / "manifest.json").read_text())["acceptance"]

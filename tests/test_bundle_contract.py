@@ -19,6 +19,7 @@ import yaml
 
 from eagle3_trt import cli
 from eagle3_trt.errors import UserError
+from eagle3_trt.measure.cost_model import break_even_alpha
 from eagle3_trt.pipeline import bundle as fmt
 from eagle3_trt.pipeline import bundle_write
 from eagle3_trt.pipeline import compile as comp
@@ -26,7 +27,6 @@ from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.pipeline.presets import load_preset
 from eagle3_trt.pipeline.trtllm_adapter import serving_llm_kwargs, to_llm_kwargs
-from eagle3_trt.runtime.cost_model import break_even_alpha
 from eagle3_trt.runtime.loader import engine_from_bundle
 from eagle3_trt.triton_serving.model_yaml import read_bundle
 
@@ -145,7 +145,7 @@ def test_build_alpha_sweep_recommend_write_rebuild_every_reader_agrees(tmp_path,
     assert spec["acceptance_rate_threshold"] == pytest.approx(break_even_alpha(k, row["overhead"]), abs=1e-4)
     assert 0 < spec["acceptance_rate_threshold"] < row["alpha"] <= 1  # the measured K pays, so it is above break-even
     # the window: the smallest whose replay of the measured requests at K through TensorRT-LLM's rule
-    # switches speculation off at most 1% of the time (runtime/gate_replay.py; tests/test_gate_replay.py)
+    # switches speculation off at most 1% of the time (measure/gate_replay.py; tests/test_gate_replay.py)
     gate = rec["evidence"]["acceptance_gate"]
     assert gate["written"] and spec["acceptance_rate_window_size"] == gate["window"] and gate["k"] == k
     assert gate["trips_at_window"] / gate["replays"] <= gate["max_trip_probability"] and gate["requests"] == swept["turns"]
@@ -330,7 +330,7 @@ def test_lazy_commands_match_their_modules():
 
 
 def test_a_broken_command_entry_fails_loudly(monkeypatch):
-    monkeypatch.setitem(cli.LAZY_COMMANDS, "alpha", ("eagle3_trt.runtime.commands", "no_such_cmd", "x"))
+    monkeypatch.setitem(cli.LAZY_COMMANDS, "alpha", ("eagle3_trt.measure.commands", "no_such_cmd", "x"))
     with pytest.raises(AttributeError):
         cli.main(["alpha", "--help"])
 
@@ -338,7 +338,7 @@ def test_a_broken_command_entry_fails_loudly(monkeypatch):
 def test_help_does_not_import_the_stages():
     code = (
         "import sys; from eagle3_trt.cli import main; rc = main(['--help']); "
-        "heavy = [m for m in ('torch', 'transformers', 'eagle3_trt.runtime.commands') if m in sys.modules]; "
+        "heavy = [m for m in ('torch', 'transformers', 'eagle3_trt.measure.commands') if m in sys.modules]; "
         "assert rc == 0 and not heavy, heavy"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -1,7 +1,7 @@
 """The speculation cost model: its simple special case, monotonic behaviour, and the recommendation.
 
 Expected numbers are derived by hand in the comments from the model's definition (module
-docstring of eagle3_trt.runtime.cost_model), not by calling the code under test.
+docstring of eagle3_trt.measure.cost_model), not by calling the code under test.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import dataclasses
 import pytest
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.pipeline.gpus import get_gpu
-from eagle3_trt.runtime.cost_model import (
+from eagle3_trt.measure.cost_model import (
     CostParams,
     acceptance_gate,
     break_even_alpha,
@@ -23,6 +22,7 @@ from eagle3_trt.runtime.cost_model import (
     recommend,
     simple_speedup,
 )
+from eagle3_trt.pipeline.gpus import get_gpu
 
 # memory-bound, no fixed costs, no KV: the regime of the simple formula
 PURE = CostParams(target_step_overhead_us=0.0, draft_step_overhead_us=0.0)
@@ -175,9 +175,9 @@ def test_rejects_bad_inputs():
 def test_moe_verification_reads_the_experts_its_tokens_route_to():
     """gpt-oss-120b at TP1 (whole-model figures), memory-bound with no fixed costs: a forward over n tokens
     reads the dense part plus E * (1 - (1 - a/E)^n) of the 128 experts, by hand."""
+    from eagle3_trt.measure.cost_model import forward_time_s
     from eagle3_trt.pipeline.model_size import count_target, moe_cost_inputs, parse_shape, read_config
     from eagle3_trt.pipeline.presets import PRESET_DIR
-    from eagle3_trt.runtime.cost_model import forward_time_s
 
     cfg = read_config(PRESET_DIR.parent / "model_configs" / "gpt-oss-120b" / "target" / "config.json")
     s = parse_shape(cfg)
@@ -207,7 +207,7 @@ def test_moe_verification_reads_the_experts_its_tokens_route_to():
 
 
 def test_mxfp4_runs_at_bf16_rate_on_hopper_and_fp8_rate_on_blackwell():
-    from eagle3_trt.runtime.cost_model import peak_tflops
+    from eagle3_trt.measure.cost_model import peak_tflops
 
     assert peak_tflops(get_gpu("h100"), "mxfp4") == get_gpu("h100").bf16_tflops
     assert peak_tflops(get_gpu("b200"), "mxfp4") == get_gpu("b200").fp8_tflops

@@ -1,5 +1,5 @@
 """``recommend --write`` choosing TensorRT-LLM's dynamic tree against the chain with the cost model
-(runtime/dynamic_tree_choice.py), and the release table for its keys (speculative/dynamic_tree/release.py).
+(measure/dynamic_tree_choice.py), and the release table for its keys (speculative/dynamic_tree/release.py).
 
 The choice is checked on synthetic alpha reports (the acceptance lengths are inputs of the cost
 model; measuring them is tests/test_dynamic_tree.py's and test_alpha_dynamic_tree.py's job): a tree
@@ -18,15 +18,15 @@ import pytest
 import yaml
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.measure.alpha_run import run_alpha
+from eagle3_trt.measure.bundle_costs import bundle_cost_inputs, recommendation_batches
+from eagle3_trt.measure.cost_model import Recommendation, recommend
+from eagle3_trt.measure.dynamic_tree_choice import dynamic_tree_choice
+from eagle3_trt.measure.recommendation import write_recommendation_to_bundle
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.pipeline.gpus import get_gpu
 from eagle3_trt.pipeline.trtllm_versions import SPEC_KEYS_BY_RELEASE, spec_for_release
-from eagle3_trt.runtime.alpha_run import run_alpha
-from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs, recommendation_batches
-from eagle3_trt.runtime.cost_model import Recommendation, recommend
-from eagle3_trt.runtime.dynamic_tree_choice import dynamic_tree_choice
 from eagle3_trt.runtime.loader import engine_from_bundle
-from eagle3_trt.runtime.recommendation import write_recommendation_to_bundle
 from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
 from eagle3_trt.speculative.dynamic_tree.rules import DynamicTreeConfig
 

@@ -1,5 +1,5 @@
 """Statistics over captured traffic count distinct prompts: a prompt sent twice is one unit for the
-gate's minimum and for its bootstrap (core/paired_ci.py's cluster bootstrap, runtime/traffic_gate.py)."""
+gate's minimum and for its bootstrap (core/paired_ci.py's cluster bootstrap, measure/traffic_gate.py)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_too_few_held_back_prompts_on_a_retrained_head_names_the_option_that_set
     """NEW's manifest lineage fixes the split (gate --holdout-fraction may not change it), so the hint
     names the command whose option does: train-draft --traffic --holdout-fraction."""
     from eagle3_trt.errors import UserError
-    from eagle3_trt.runtime.traffic_gate import heldout_records
+    from eagle3_trt.measure.traffic_gate import heldout_records
 
     cap = _capture(tmp_path / "cap", "f" * 64, [[5 + i, 6, 7 + i] for i in range(10)])
     with pytest.raises(UserError) as e:

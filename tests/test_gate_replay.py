@@ -1,4 +1,4 @@
-"""The acceptance gate recommend writes (runtime/gate_replay.py): replayed through TensorRT-LLM's rule."""
+"""The acceptance gate recommend writes (measure/gate_replay.py): replayed through TensorRT-LLM's rule."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from eagle3_trt.core.speculation_control import SpeculationControl, SpeculationGate
-from eagle3_trt.runtime.gate_replay import MAX_TRIP_PROBABILITY, choose_gate, sequences_at, trips
+from eagle3_trt.measure.gate_replay import MAX_TRIP_PROBABILITY, choose_gate, sequences_at, trips
 
 
 def _traffic(n: int, lo: float, hi: float, k: int, seed: int) -> list[list[int]]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from eagle3_trt.formats.traffic import CapturedSampling, ServedAcceptance, TrafficRecord
+from eagle3_trt.measure.traffic_measure import is_greedy
 from eagle3_trt.runtime.factory import open_llm
 from eagle3_trt.runtime.llm_api import SamplingParamError, SamplingParams, implies_greedy
 from eagle3_trt.runtime.request_contract import ClientRequest, resolve_request
-from eagle3_trt.runtime.traffic_measure import is_greedy
 
 
 @pytest.mark.parametrize(

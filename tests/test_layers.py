@@ -78,9 +78,9 @@ def test_import_linter_contracts_hold_on_the_checkout():
 def test_a_broken_layer_is_caught(tmp_path):
     """The contract check can fail: an upward import planted in a copy of core/ breaks it."""
     shutil.copytree(PKG, tmp_path / "eagle3_trt", ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "eagle3_trt" / "core" / "planted.py").write_text("from eagle3_trt.runtime import commands  # noqa\n")
+    (tmp_path / "eagle3_trt" / "core" / "planted.py").write_text("from eagle3_trt.measure import commands  # noqa\n")
     r = _lint(tmp_path, tmp_path)
-    assert r.returncode != 0 and "eagle3_trt.core.planted -> eagle3_trt.runtime.commands" in r.stdout, r.stdout[-3000:]
+    assert r.returncode != 0 and "eagle3_trt.core.planted -> eagle3_trt.measure.commands" in r.stdout, r.stdout[-3000:]
 
 
 # Modules whose eagle3_trt imports are deliberately local, and why.

@@ -27,9 +27,9 @@ from eagle3_trt.convert.load import load_target
 from eagle3_trt.convert.target import read_target
 from eagle3_trt.convert.validate import validate_pair
 from eagle3_trt.errors import UserError
+from eagle3_trt.measure.alpha_run import run_alpha
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
 from eagle3_trt.pipeline.presets import load_preset
-from eagle3_trt.runtime.alpha_run import run_alpha
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "models" / "tiny-gpt-oss"

@@ -1,4 +1,4 @@
-"""The P-EAGLE cost hook (speculative/peagle/cost.py) against the EAGLE-3 chain's (runtime/cost_model.py
+"""The P-EAGLE cost hook (speculative/peagle/cost.py) against the EAGLE-3 chain's (measure/cost_model.py
 ``predict``), on the same roofline (an 8B BF16 target and a one-layer head on an H100), and the release
 table (speculative/peagle/serving.py)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.measure.cost_model import CostParams, expected_tokens, forward_time_s, model_cost, predict
 from eagle3_trt.pipeline.gpus import get_gpu
-from eagle3_trt.runtime.cost_model import CostParams, expected_tokens, forward_time_s, model_cost, predict
 from eagle3_trt.speculative.peagle import cost
 from eagle3_trt.speculative.peagle.serving import serving_table, vllm_speculative_config
 

@@ -19,10 +19,10 @@ PKG = Path(__file__).resolve().parents[1] / "eagle3_trt"
 # Where json.loads may appear in production code, and what it parses. Each project-written file has
 # its typed reader here; the rest parse other people's files or wire data.
 JSON_PARSERS = {
-    "pipeline/bundle.py": "manifest.json: the bundle's typed reader (pydantic, extra=forbid)",
+    "formats/bundle_manifest.py": "manifest.json: the bundle's typed reader (pydantic, extra=forbid)",
     "triton_serving/server.py": "server.json: ServerHandle.load",
     "dynamo_serving/launcher.py": "the Dynamo deployment record: Deployment.load",
-    "runtime/report_files.py": "report.json: read_report",
+    "measure/report_files.py": "report.json: read_report",
     "formats/checkpoint_io.py": "Hugging Face config files: the strict JSON reader",
     "formats/tree_choices.py": "a --tree argument",
     "convert/streaming.py": "safetensors headers",

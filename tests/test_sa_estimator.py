@@ -1,6 +1,6 @@
 """The estimator replays the suffix-automaton enhancer exactly: same counts as the engine's loop.
 
-``runtime/estimator.walk_chain_batch`` replays TensorRT-LLM's SA enhancer (speculative/sa/automaton.py
+``measure/estimator.walk_chain_batch`` replays TensorRT-LLM's SA enhancer (speculative/sa/automaton.py
 ``SAEnhancer``: no override on the first decode, the prefill's token outside the automaton, stale
 buffer slots by decoding position, the global pool over the batch) over the target's greedy
 continuations, batch by batch as ``measure`` generates them; the engine applies it inside
@@ -16,8 +16,8 @@ import torch
 
 from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.engine import SamplingParams
+from eagle3_trt.measure.estimator import estimate
 from eagle3_trt.resources import data_dir
-from eagle3_trt.runtime.estimator import estimate
 from eagle3_trt.speculative.sa.automaton import SAConfig
 from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
 

@@ -2,7 +2,7 @@
 
 sa_config goes into llm_api_options.yaml (and the launch files, and the manifest's evidence) only
 when the alpha report shows SA beating the chain by >= 3%, >= 0.05 acceptance length and with the
-gain's paired 95% interval above 0 (runtime/recommendation.sa_choice, runtime/mode_compare.py); a
+gain's paired 95% interval above 0 (measure/recommendation.sa_choice, measure/mode_compare.py); a
 later write from traffic where SA does not win removes a stale one; a report without the modes
 keeps it. The chat prompts are measured for real on the embedded tiny pair. The winning report is
 that real report with its "modes" section replaced by one in which SA wins (the embedded tiny

@@ -1,5 +1,5 @@
 """The speculative sampling flags through the toolkit: the options schema, the release table
-(speculative/eagle3/sampling_release.py), ``recommend --write`` (runtime/sampling_choice.py), and the
+(speculative/eagle3/sampling_release.py), ``recommend --write`` (measure/sampling_choice.py), and the
 engine a bundle is served / measured with (runtime/loader.py)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import yaml
 
 from eagle3_trt.core.spec_sampling import SpecSamplingConfig
 from eagle3_trt.errors import UserError
+from eagle3_trt.measure.sampling_choice import sampling_choice
 from eagle3_trt.pipeline import bundle as fmt
 from eagle3_trt.pipeline import bundle_write
 from eagle3_trt.pipeline import trtllm_adapter as ad
@@ -19,7 +20,6 @@ from eagle3_trt.pipeline import trtllm_versions as versions
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
 from eagle3_trt.pipeline.other_engines import trtllm_serve_yamls
 from eagle3_trt.pipeline.presets import load_preset
-from eagle3_trt.runtime.sampling_choice import sampling_choice
 
 SPEC = {"decoding_type": "Eagle3", "max_draft_len": 3}
 

@@ -21,8 +21,8 @@ from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.spec_sampling import REJECTION_SAMPLING, SpecSamplingConfig
 from eagle3_trt.errors import UserError
+from eagle3_trt.measure.recommendation import sa_choice
 from eagle3_trt.pipeline.trtllm_versions import spec_for_release
-from eagle3_trt.runtime.recommendation import sa_choice
 from eagle3_trt.speculative.sa.automaton import SAConfig, SAEnhancer, SuffixAutomaton, without_rejection_sampling
 from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
 from eagle3_trt.testing.tiny_pair import make_pair

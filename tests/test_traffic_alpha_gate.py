@@ -179,7 +179,7 @@ def test_a_request_cut_at_a_stop_string_is_compared_exactly(old_bundle, served, 
 
 def test_recommend_replays_the_captured_requests_for_the_acceptance_gate(old_bundle, new_bundle, traffic, tmp_path, capsys):
     """alpha --traffic keeps each greedy request's accepted drafts per verification at every K it replayed;
-    recommend --gate-traffic chooses the gate's window by replaying those (runtime/gate_replay.py), and
+    recommend --gate-traffic chooses the gate's window by replaying those (measure/gate_replay.py), and
     refuses another bundle's report in one line."""
     rc, out, err = _cli(["alpha", str(old_bundle), "--traffic", str(traffic), "--device", "cpu", "-o", str(tmp_path / "rep")], capsys)
     assert rc == 0, out + err

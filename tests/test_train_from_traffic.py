@@ -45,7 +45,7 @@ def served(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def _alpha_al(bundle: Path, prompts_file: Path) -> float:
-    from eagle3_trt.runtime.alpha_run import run_alpha
+    from eagle3_trt.measure.alpha_run import run_alpha
 
     rep = run_alpha(bundle, prompts_file, max_tokens=MAX_TOKENS, diagnostics=False, bf16=False)  # the bundle as built only
     return float(rep["pairs"]["bundle"]["overall"]["acceptance_length"])

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_trt.clients.bench_stats import ArmResult
-from eagle3_trt.runtime.gate_verdict import DEFAULT_GATE_THRESHOLD, alpha_shortfall
+from eagle3_trt.measure.gate_verdict import DEFAULT_GATE_THRESHOLD, alpha_shortfall
 
 DEFAULT_ALPHA_THRESHOLD = DEFAULT_GATE_THRESHOLD  # one bar for `gate`, `bench` and the build's check
 

@@ -29,13 +29,13 @@ from eagle3_trt.convert.target import TargetInfo, read_target
 from eagle3_trt.convert.validate import ValidationReport, check_target_family, check_target_tokenizer, validate_pair
 from eagle3_trt.convert.validate_draft import aux_default_warning, check_window, max_position_warning
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.bundle_manifest import Behaviour
 from eagle3_trt.formats.checkpoint_io import read_json, sha256_file
 from eagle3_trt.formats.draft_config import read_draft_config
 from eagle3_trt.formats.hf_config import Eagle3DraftConfigFields, parse_config
 from eagle3_trt.pipeline import bundle as fmt
 from eagle3_trt.pipeline import bundle_write, gpus
 from eagle3_trt.pipeline.build_checkpoints import Progress, measure_embedded_acceptance, quantize_and_export, write_config_only
-from eagle3_trt.pipeline.bundle_manifest import Behaviour
 from eagle3_trt.pipeline.llm_options import CudaGraphOptions, Eagle3Options, KvCacheOptions, LlmApiOptions, MoeOptions
 from eagle3_trt.pipeline.planner import make_plan as plan_deployment
 from eagle3_trt.pipeline.presets import Preset, resolve_source

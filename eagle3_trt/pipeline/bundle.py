@@ -13,8 +13,11 @@ aux layers to capture, KV-cache dtype, max_seq_len, parallel sizes); what only t
 lives in the manifest (weight formats, target GPU, sources, calibration, records). Everything
 else derives them from :class:`Bundle`, the typed view :func:`open_bundle` returns.
 
-This module is the reader (:func:`open_bundle`, :func:`verify`); the manifest schema is in
-pipeline/bundle_manifest.py (its names are importable from here too). Writers
+This module is the reader (:func:`open_bundle`, :func:`verify`); the manifest's schema and its reader
+(:func:`read_manifest`) are in formats/bundle_manifest.py (their names are importable from here too).
+The typed view stays here, above formats: its options schema (pipeline/llm_options.py) is made of the
+speculation methods' option schemas (speculative/*/options.py), and opening a dynamic-tree bundle
+checks the target with speculative/dynamic_tree/rules.py. Writers
 (pipeline/bundle_write.py): the builder stages a new bundle with ``write_options`` and ``seal``; later
 stages change one through ``update``, which keeps ``outputs`` (the file digests) and the
 ``fingerprint`` true. :func:`verify` compares the files with the recorded digests; the builder
@@ -24,18 +27,13 @@ reports a cache hit only for a bundle that verifies clean.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.formats.checkpoint_io import read_json, sha256_file
-from eagle3_trt.formats.families import default_aux_layers_of
-from eagle3_trt.formats.hf_config import max_positions_of
-from eagle3_trt.pipeline.bundle_manifest import (
+from eagle3_trt.formats.bundle_manifest import (
     CALIBRATION_HINT,
     KIND,
     MANIFEST_FILE,
@@ -62,7 +60,11 @@ from eagle3_trt.pipeline.bundle_manifest import (
     fingerprint,
     git_sha,
     package_versions,
+    read_manifest,
 )
+from eagle3_trt.formats.checkpoint_io import read_json, sha256_file
+from eagle3_trt.formats.families import default_aux_layers_of
+from eagle3_trt.formats.hf_config import max_positions_of
 from eagle3_trt.pipeline.llm_options import LlmApiOptions, validate_options
 from eagle3_trt.speculative.dynamic_tree.rules import check_target
 
@@ -99,33 +101,6 @@ __all__ = [
     "read_options",
     "verify",
 ]
-
-
-def _validation_error(where: Path, e: ValidationError, hint: str) -> UserError:
-    err = e.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-    if err["type"] == "extra_forbidden":
-        hint = f"not a field of schema {SCHEMA}; {REBUILD_HINT}"
-    return UserError(f"{where}:{loc}", err["msg"], hint)
-
-
-def read_manifest(bundle_dir: Path) -> Manifest:
-    """The bundle's manifest.json, validated; every problem is a one-line UserError naming the file."""
-    path = Path(bundle_dir) / MANIFEST_FILE
-    if not path.is_file():
-        raise UserError(path, "file not found", "is this an engine bundle? build one with `eagle3-trt engine`")
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(path, f"not valid JSON ({e})", REBUILD_HINT) from None
-    if not isinstance(raw, dict) or "schema" not in raw:
-        raise UserError(path, "not an engine bundle manifest (no 'schema')", "build one with `eagle3-trt engine`")
-    if raw["schema"] != SCHEMA:
-        raise UserError(f"{path}:schema", f"schema {raw['schema']!r}; this eagle3-trt reads schema {SCHEMA} bundles", REBUILD_HINT)
-    try:
-        return Manifest.model_validate(raw)
-    except ValidationError as e:
-        raise _validation_error(path, e, REBUILD_HINT) from None
 
 
 def read_options(bundle_dir: Path) -> LlmApiOptions:

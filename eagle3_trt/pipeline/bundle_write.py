@@ -10,9 +10,7 @@ import yaml
 
 from eagle3_trt.atomic import EXEC_MODE, FILE_MODE, staged_dir, write_json, write_text
 from eagle3_trt.errors import UserError
-from eagle3_trt.formats.checkpoint_io import read_json, sha256_file
-from eagle3_trt.pipeline.bundle import Bundle, open_bundle, read_options, verify
-from eagle3_trt.pipeline.bundle_manifest import (
+from eagle3_trt.formats.bundle_manifest import (
     MANIFEST_FILE,
     OPTIONS_FILE,
     REBUILD_HINT,
@@ -25,6 +23,8 @@ from eagle3_trt.pipeline.bundle_manifest import (
     content_fingerprint,
     file_digests,
 )
+from eagle3_trt.formats.checkpoint_io import read_json, sha256_file
+from eagle3_trt.pipeline.bundle import Bundle, open_bundle, read_options, verify
 from eagle3_trt.pipeline.dynamo_launch import dynamo_launch_files
 from eagle3_trt.pipeline.llm_options import LlmApiOptions
 from eagle3_trt.pipeline.other_engines import LAUNCH_DIR, launcher_files

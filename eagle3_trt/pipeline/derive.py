@@ -28,12 +28,12 @@ from eagle3_trt.convert.target import read_target
 from eagle3_trt.convert.validate import validate_pair
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.bundle_manifest import Behaviour, Lineage
 from eagle3_trt.formats.checkpoint_io import read_json
 from eagle3_trt.formats.draft_config import target_token_ids
 from eagle3_trt.pipeline import bundle as fmt
 from eagle3_trt.pipeline import bundle_write
 from eagle3_trt.pipeline.build_checkpoints import measure_embedded_acceptance
-from eagle3_trt.pipeline.bundle_manifest import Behaviour, Lineage
 
 # what the child takes from its parent unchanged (launch/ is rendered again by seal)
 SHARED_DIRS = ("target", "tokenizer")

@@ -1,7 +1,7 @@
 """A model's size from its config.json alone: the shape, parameter counts, and bytes per weight format.
 
 Arithmetic on Hugging Face config fields, so it runs on any machine, without weights, torch or
-TensorRT-LLM; the planner (pipeline/planner.py) and the cost model (runtime/cost_model.py) build on it.
+TensorRT-LLM; the planner (pipeline/planner.py) and the cost model (measure/cost_model.py) build on it.
 Bytes are exact integers and printed as decimal GB (1e9), except per-token KV sizes, which are
 printed in KiB.
 """
@@ -231,7 +231,7 @@ def count_draft(cfg: dict[str, Any], target: LlamaShape, where: str = "draft con
 
 
 def moe_cost_inputs(s: LlamaShape, expert_format: str) -> dict | None:
-    """What the cost model needs of a MoE target (runtime/cost_model.py ``model_cost(moe=...)``): its experts,
+    """What the cost model needs of a MoE target (measure/cost_model.py ``model_cost(moe=...)``): its experts,
     those a token uses, and the experts' parameters and bytes in ``expert_format``; None for a dense target."""
     if not s.experts:
         return None

@@ -133,7 +133,7 @@ def implies_greedy(temperature: float | None, top_k: int | None, top_p: float | 
     """TensorRT-LLM's rule (``SamplingParams.params_imply_greedy_decoding``, tensorrt_llm/sampling_params.py
     @a98a9061): temperature, top_p and top_k all unset, or temperature 0, top_k 1 or top_p 0, each mean
     greedy decoding. The one definition for the runtime (requests), the request contract
-    (runtime/request_contract.py) and captured traffic (runtime/traffic_measure.py)."""
+    (runtime/request_contract.py) and captured traffic (measure/traffic_measure.py)."""
     return (temperature is None and top_p is None and top_k is None) or temperature == 0.0 or top_k == 1 or top_p == 0.0
 
 

@@ -52,6 +52,6 @@ every registered method's name and interface).
 
 Still outside the homes: the chain/static tree's reference drafting stays in core (core/drafting.py,
 core/tree.py, core/verify.py: every EAGLE-family method drafts and verifies with it); the
-recommendation glue that reads alpha reports and bundles (runtime/dynamic_tree_choice.py,
-runtime/sampling_choice.py, runtime/recommendation.py) stays in runtime, above pipeline.
+recommendation glue that reads alpha reports and bundles (measure/dynamic_tree_choice.py,
+measure/sampling_choice.py, measure/recommendation.py) lives in measure/, above pipeline.
 """

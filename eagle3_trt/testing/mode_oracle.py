@@ -61,7 +61,7 @@ from eagle3_trt.convert.load import load_engine
 from eagle3_trt.convert.prompts import load_prompt_records
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SamplingParams  # the engine is what is checked, not used by the oracle
-from eagle3_trt.runtime.measure import encode_raw
+from eagle3_trt.measure.acceptance import encode_raw
 from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
 from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
 from eagle3_trt.speculative.sa.automaton import SAConfig

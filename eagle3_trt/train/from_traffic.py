@@ -42,12 +42,12 @@ from eagle3_trt.convert.prompts import load_prompts
 from eagle3_trt.convert.target import read_target
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.bundle_manifest import Acceptance, Lineage
 from eagle3_trt.formats.checkpoint_io import read_json
 from eagle3_trt.formats.traffic import TrafficRecord
 from eagle3_trt.formats.traffic_split import NEAR_DUP_JACCARD, split_capture
 from eagle3_trt.pipeline.build_checkpoints import measure_embedded_acceptance
 from eagle3_trt.pipeline.bundle import Bundle
-from eagle3_trt.pipeline.bundle_manifest import Acceptance, Lineage
 from eagle3_trt.pipeline.derive import derive_bundle, open_parent
 from eagle3_trt.train.draft_vocab import DraftVocab
 from eagle3_trt.train.evaluate import measure_acceptance, torch_threads

@@ -1,5 +1,5 @@
 """The dynamic tree's cost-model hook: the time of one iteration, from the forward times the cost
-model's roofline gives (runtime/cost_model.py ``forward_time_s``).
+model's roofline gives (measure/cost_model.py ``forward_time_s``).
 
 - target forward over batch * (N + 1) tokens (N = max_total_draft_tokens: the verification cost grows
   with the tokens verified), timed by the caller as ``verify_s``;

@@ -1,5 +1,5 @@
 """The EAGLE-3 chain's cost-model hook: the time of one speculative iteration, from the forward
-times the cost model's roofline gives (runtime/cost_model.py ``forward_time_s``).
+times the cost model's roofline gives (measure/cost_model.py ``forward_time_s``).
 
 TensorRT-LLM's one-model EAGLE-3 (tensorrt_llm/_torch/speculative/eagle3.py, ``Eagle3OneModelWorker``):
 one target forward verifies K + 1 tokens per sequence; draft step 1 runs over the newly accepted

@@ -1,6 +1,6 @@
 """The cost model's P-EAGLE hook: what one speculative iteration costs.
 
-The EAGLE-3 chain (runtime/cost_model.py ``predict``) runs K draft forwards per iteration: one over
+The EAGLE-3 chain (measure/cost_model.py ``predict``) runs K draft forwards per iteration: one over
 the newly verified tokens (E_K per sequence on average) and K-1 over one token each. P-EAGLE runs ONE
 draft forward (vLLM's proposer returns after it: ``if self.num_speculative_tokens == 1 or
 self.parallel_drafting``, llm_base_proposer.py @ 00c4f22dae4795e34658bead82fa071e6bb7ae39) over the

@@ -69,5 +69,5 @@ class _SARun(StaticTreeRun):
 
 def sa_config_of(method: object) -> SAConfig | None:
     """The ``sa_config`` an engine serving ``method`` applies (None: not the SA enhancer): what the
-    alpha estimator replays (runtime/estimator.py)."""
+    alpha estimator replays (measure/estimator.py)."""
     return method.config if isinstance(method, SuffixAutomatonMethod) else None

@@ -17,9 +17,9 @@ from eagle3_trt.convert.prompts import IDS, PromptRecord, use_chat_template
 from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.stats import AggregateStats, RequestStats, aggregate
 from eagle3_trt.errors import UserError
+from eagle3_trt.measure.cost_model import expected_tokens
+from eagle3_trt.measure.estimator import estimate
 from eagle3_trt.progress import Advance
-from eagle3_trt.runtime.cost_model import expected_tokens
-from eagle3_trt.runtime.estimator import estimate
 
 
 def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
@@ -73,7 +73,7 @@ class TurnResult:
             "accepted_per_position": s.accepted_per_position,
             "drafted_per_position": s.drafted_per_position,
             # draft tokens accepted per verification, in order, at the run's K and at each swept K
-            # (recommend replays them through TensorRT-LLM's acceptance gate: runtime/gate_replay.py)
+            # (recommend replays them through TensorRT-LLM's acceptance gate: measure/gate_replay.py)
             "accepted_seq": s.accepted_seq,
             "accepted_seq_by_k": {str(k): st.accepted_seq for k, st in sorted(self.stats_by_k.items())},
         }

@@ -1,7 +1,8 @@
 """The bundle's manifest.json: its schema (strict pydantic models, one per record) and the
 provenance it carries (package versions, git sha, file digests, fingerprints).
 
-The format as a whole and its reader are in pipeline/bundle.py; the writers in pipeline/bundle_write.py.
+The manifest's one reader is :func:`read_manifest` here; the bundle as a whole (the typed view with the
+LLM-API options) is opened by pipeline/bundle.py and written by pipeline/bundle_write.py.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eagle3_trt import __version__
+from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import sha256_file
 from eagle3_trt.resources import checkout_root
 
@@ -141,7 +143,7 @@ class Recommendation(_Strict):
     draft_len_schedule: dict[int, int] | None = None
     acceptance_rate_window_size: int | None = None
     acceptance_rate_threshold: float | None = None
-    # the dynamic tree (speculative/dynamic_tree/builder.py), written only where it beat the chain (runtime/dynamic_tree_choice.py)
+    # the dynamic tree (speculative/dynamic_tree/builder.py), written only where it beat the chain (measure/dynamic_tree_choice.py)
     use_dynamic_tree: bool | None = None
     dynamic_tree_max_topK: int | None = None
     max_total_draft_tokens: int | None = None
@@ -255,3 +257,30 @@ def fingerprint(parts: Any) -> str:
 
 def content_fingerprint(inputs_fp: str, outputs: dict[str, FileDigest]) -> str:
     return fingerprint({"inputs": inputs_fp, "outputs": {k: v.sha256 for k, v in outputs.items()}})
+
+
+def _validation_error(where: Path, e: ValidationError, hint: str) -> UserError:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+    if err["type"] == "extra_forbidden":
+        hint = f"not a field of schema {SCHEMA}; {REBUILD_HINT}"
+    return UserError(f"{where}:{loc}", err["msg"], hint)
+
+
+def read_manifest(bundle_dir: Path) -> Manifest:
+    """The bundle's manifest.json, validated; every problem is a one-line UserError naming the file."""
+    path = Path(bundle_dir) / MANIFEST_FILE
+    if not path.is_file():
+        raise UserError(path, "file not found", "is this an engine bundle? build one with `eagle3-trt engine`")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(path, f"not valid JSON ({e})", REBUILD_HINT) from None
+    if not isinstance(raw, dict) or "schema" not in raw:
+        raise UserError(path, "not an engine bundle manifest (no 'schema')", "build one with `eagle3-trt engine`")
+    if raw["schema"] != SCHEMA:
+        raise UserError(f"{path}:schema", f"schema {raw['schema']!r}; this eagle3-trt reads schema {SCHEMA} bundles", REBUILD_HINT)
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as e:
+        raise _validation_error(path, e, REBUILD_HINT) from None

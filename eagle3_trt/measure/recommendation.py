@@ -8,18 +8,18 @@ from rich.console import Console
 from rich.table import Table
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.measure.alpha_run import run_alpha
+from eagle3_trt.measure.cost_model import Recommendation, acceptance_gate, draft_len_schedule
+from eagle3_trt.measure.dynamic_tree_choice import DT_KEYS, dynamic_tree_choice
+from eagle3_trt.measure.dynamic_tree_choice import bundle_inputs as dt_inputs
+from eagle3_trt.measure.gate_replay import GateChoice, choose_gate, sequences_at
+from eagle3_trt.measure.report_files import read_report, report_curves
+from eagle3_trt.measure.sampling_choice import sampling_choice
 from eagle3_trt.pipeline import bundle as bundle_format
 from eagle3_trt.pipeline import bundle_write
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.pipeline.llm_options import validate_options
 from eagle3_trt.pipeline.trtllm_adapter import recommend as recommended_options
-from eagle3_trt.runtime.alpha_run import run_alpha
-from eagle3_trt.runtime.cost_model import Recommendation, acceptance_gate, draft_len_schedule
-from eagle3_trt.runtime.dynamic_tree_choice import DT_KEYS, dynamic_tree_choice
-from eagle3_trt.runtime.dynamic_tree_choice import bundle_inputs as dt_inputs
-from eagle3_trt.runtime.gate_replay import GateChoice, choose_gate, sequences_at
-from eagle3_trt.runtime.report_files import read_report, report_curves
-from eagle3_trt.runtime.sampling_choice import sampling_choice
 from eagle3_trt.speculative.sa.options import SAEnhancerOptions
 
 
@@ -99,7 +99,7 @@ def sa_choice(report: dict) -> tuple[int | None, dict | None]:
     if not chain or not sa or "sa_config" not in sa:
         return None, None
     al_c, al_s = chain["overall"]["acceptance_length"], sa["overall"]["acceptance_length"]
-    # the paired 95% interval of the gain over the same turns (runtime/mode_compare.py), where the report has one
+    # the paired 95% interval of the gain over the same turns (measure/mode_compare.py), where the report has one
     ci = (sa.get("vs_chain") or {}).get("ci")
     beyond_noise = ci is None or ci[0] > 0
     wins = al_c > 0 and al_s - al_c >= SA_MIN_GAIN_ABS and (al_s - al_c) / al_c >= SA_MIN_GAIN_REL and beyond_noise
@@ -134,7 +134,7 @@ def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report
             f"max_concurrency {rec.max_concurrency} exceeds the bundle's max_batch_size {b.options.max_batch_size}; nothing written",
             "predict over bundle_costs.recommendation_batches(bundle) (recommend does)",
         )
-    # the dynamic tree (runtime/dynamic_tree_choice.py): its keys when it beats the chain, else removed;
+    # the dynamic tree (measure/dynamic_tree_choice.py): its keys when it beats the chain, else removed;
     # when it wins, K is its depth and the schedule only switches speculation off (the chain's gate does not apply)
     dt_fields, dt_evidence = dynamic_tree_choice(report or {}, rec, *dt_inputs(b, rec)) if report and "modes" in report else (dict.fromkeys(DT_KEYS), None)
     k = int(dt_fields.pop("max_draft_len", rec.max_draft_len))
@@ -158,7 +158,7 @@ def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report
         opts = opts.model_copy(update={"speculative_config": opts.speculative_config.model_copy(update={"sa_config": sa_cfg})})
     elif opts.speculative_config.sa_config is not None and b.manifest.recommendation is not None:
         sa_evidence = b.manifest.recommendation.evidence.get("sa")  # not measured this time: the enhancer stays, with its evidence
-    # the speculative sampling flags temperature > 0 requests are served with (runtime/sampling_choice.py)
+    # the speculative sampling flags temperature > 0 requests are served with (measure/sampling_choice.py)
     sampling_fields, sampling_evidence = sampling_choice(report or {}, opts.speculative_config)
     opts = opts.model_copy(update={"speculative_config": opts.speculative_config.model_copy(update=sampling_fields)})
     rec.evidence["spec_sampling"] = sampling_evidence
@@ -197,7 +197,7 @@ def schedule_and_gate(rec: Recommendation, report: dict, gate_traffic: dict | No
 
 
 def gate_choice(rec: Recommendation, report: dict, gate_traffic: dict | None = None) -> GateChoice | None:
-    """The acceptance gate for the chosen K (runtime/gate_replay.py): threshold = break-even
+    """The acceptance gate for the chosen K (measure/gate_replay.py): threshold = break-even
     acceptance at K and the expected concurrency (``cost_model.acceptance_gate``), window = the
     smallest whose replay of the measured requests switches speculation off with probability at
     most ``MAX_TRIP_PROBABILITY``. Recorded in ``rec.evidence["acceptance_gate"]`` (with the line

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eagle3_trt.core.stats import AggregateStats
-from eagle3_trt.runtime.measure import Measurement
+from eagle3_trt.measure.acceptance import Measurement
 
 
 def compare(primary: Measurement, reference: Measurement | None) -> dict:

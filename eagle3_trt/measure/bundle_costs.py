@@ -6,11 +6,11 @@ from pathlib import Path
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import read_json
+from eagle3_trt.measure.cost_model import DEFAULT_BATCHES
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.pipeline.gpus import get_gpu
 from eagle3_trt.pipeline.memory import kv_bytes_per_token
 from eagle3_trt.pipeline.model_size import count_target, moe_cost_inputs, parse_shape
-from eagle3_trt.runtime.cost_model import DEFAULT_BATCHES
 
 
 def _weight_bytes(d: Path) -> int:

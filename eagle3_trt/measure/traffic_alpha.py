@@ -1,7 +1,7 @@
 """``eagle3-trt alpha BUNDLE --traffic DIR``: measured alpha against served alpha on captured traffic.
 
 The records BUNDLE served (``bundle_fingerprint`` == its manifest fingerprint; others are counted
-and skipped) are measured offline on the reference runtime (runtime/traffic_measure.py): per-K
+and skipped) are measured offline on the reference runtime (measure/traffic_measure.py): per-K
 alpha and acceptance length (AL), then the offline AL against the AL the server reported for
 the same requests, with a paired bootstrap interval of the difference (core/paired_ci.py).
 
@@ -31,9 +31,9 @@ from eagle3_trt.core.paired_ci import paired_ratio_diff
 from eagle3_trt.core.stats import aggregate
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.traffic import ServedAcceptance, TrafficRecord, iter_traffic
+from eagle3_trt.measure.traffic_measure import TrafficItem, measure_items, prepare, prompt_groups
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
-from eagle3_trt.runtime.traffic_measure import TrafficItem, measure_items, prepare, prompt_groups
 
 AL_TOLERANCE = 0.02  # tokens per target forward (module docstring)
 DRIFT_WINDOWS = 10  # default: the traffic in about this many windows
@@ -152,7 +152,7 @@ def run_alpha_traffic(
         "comparison": _comparison(items, tolerance),
         "drift": drift,
         # each greedy request's accepted drafts per verification at every K, in order: what
-        # `recommend --gate-traffic` replays through TensorRT-LLM's switch-off (runtime/gate_replay.py)
+        # `recommend --gate-traffic` replays through TensorRT-LLM's switch-off (measure/gate_replay.py)
         "requests": [
             {"request_id": it.record.request_id, "accepted_seq_by_k": {str(k): st.accepted_seq for k, st in sorted(it.stats_by_k.items())}}
             for it in items

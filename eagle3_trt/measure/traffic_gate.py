@@ -2,7 +2,7 @@
 
 The traffic's held-back split (formats/traffic_split.split_capture, read in bounded memory: deterministic for a seed, no
 prompt on both sides, near-duplicates together: the part a head trained on this traffic never
-saw) is measured on both bundles, each record as it was served (runtime/traffic_measure.py). The
+saw) is measured on both bundles, each record as it was served (measure/traffic_measure.py). The
 gate passes only when all three hold:
 
 1. NEW's acceptance length (AL, tokens per target forward, prefill counted) beats OLD's by the
@@ -12,8 +12,8 @@ gate passes only when all three hold:
    own greedy output (target-only decoding), and that equals OLD's target output (a new head
    must not change the answers users get);
 3. the seeds' gate still holds for NEW at its planned K on this traffic: alpha >= threshold
-   (runtime/gate_verdict.py), or the cost model predicts speculation at least breaks even
-   (speedup >= 1 at ``concurrency``, runtime/gate.py).
+   (measure/gate_verdict.py), or the cost model predicts speculation at least breaks even
+   (speedup >= 1 at ``concurrency``, measure/gate.py).
 
 Refused in one line before any model is loaded: NEW built from another target than OLD (the
 manifests' target source digests differ), traffic served by a bundle that is neither OLD, NEW nor
@@ -37,11 +37,11 @@ from eagle3_trt.core.stats import aggregate
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.traffic import TrafficRecord
 from eagle3_trt.formats.traffic_split import split_capture, split_traffic
+from eagle3_trt.measure.gate import _predicted_speedup
+from eagle3_trt.measure.gate_verdict import DEFAULT_GATE_THRESHOLD, alpha_shortfall
+from eagle3_trt.measure.traffic_measure import TrafficItem, greedy_outputs, measure_items, prepare, prompt_groups
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
-from eagle3_trt.runtime.gate import _predicted_speedup
-from eagle3_trt.runtime.gate_verdict import DEFAULT_GATE_THRESHOLD, alpha_shortfall
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
-from eagle3_trt.runtime.traffic_measure import TrafficItem, greedy_outputs, measure_items, prepare, prompt_groups
 
 DEFAULT_MARGIN = 0.05  # tokens per target forward
 DEFAULT_HOLDOUT_FRACTION = 0.2

@@ -368,7 +368,7 @@ class _Choice:
 def _cost_evidence(gpu, tcost: ModelCost, dcost: ModelCost, tp: int, target: dict, draft: dict, params: CostParams) -> dict:
     """What the prediction assumed: the cost model, the GPU, the parallelism, the two models."""
     return {
-        "model": "roofline per forward (see eagle3_trt.runtime.cost_model)",
+        "model": "roofline per forward (see eagle3_trt.measure.cost_model)",
         "gpu": {
             "name": gpu.name,
             "bandwidth_tbs": gpu.bandwidth_tbs,

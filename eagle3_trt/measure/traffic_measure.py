@@ -26,7 +26,7 @@ from eagle3_trt.core.stats import RequestStats
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.traffic import TrafficRecord
 from eagle3_trt.formats.traffic_split import group_prompts
-from eagle3_trt.runtime.estimator import estimate
+from eagle3_trt.measure.estimator import estimate
 from eagle3_trt.runtime.llm_api import implies_greedy
 
 FINISHED = ("stop", "length")

@@ -10,14 +10,14 @@ from pathlib import Path
 from eagle3_trt.convert.prompts import load_prompt_records, use_chat_template
 from eagle3_trt.core.stats import AggregateStats
 from eagle3_trt.errors import UserError
+from eagle3_trt.measure.acceptance import Measurement, measure
+from eagle3_trt.measure.alpha_report import compare
+from eagle3_trt.measure.bundle_costs import bundle_cost_inputs, recommendation_batches
+from eagle3_trt.measure.cost_model import recommend
+from eagle3_trt.measure.diagnostics import diagnose
+from eagle3_trt.measure.mode_compare import add_vs_chain
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
-from eagle3_trt.runtime.alpha_report import compare
-from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs, recommendation_batches
-from eagle3_trt.runtime.cost_model import recommend
-from eagle3_trt.runtime.diagnostics import diagnose
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
-from eagle3_trt.runtime.measure import Measurement, measure
-from eagle3_trt.runtime.mode_compare import add_vs_chain
 from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
 from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
 from eagle3_trt.speculative.dynamic_tree.mode import DEFAULT_TOPK, DYNAMIC_TREE_MODE, dynamic_tree_entry, dynamic_tree_for_modes, refuse_combined_modes
@@ -170,7 +170,7 @@ def mode_method(mode: str, measure_pair) -> str:
 
 def measure_modes(eng, modes: tuple[str, ...], sa_cfg: SAConfig | None, measure_pair, say, dyn_cfg: DynamicTreeConfig | None = None) -> dict:
     """Each mode measured alike (``mode_method``): chain and sa greedy by the run's method (the
-    estimator replays the suffix automaton exactly, runtime/estimator.walk_chain), else by running
+    estimator replays the suffix automaton exactly, measure/estimator.walk_chain), else by running
     speculative generation."""
     out: dict = {}
     measured: dict = {}

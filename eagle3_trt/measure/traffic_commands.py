@@ -1,10 +1,10 @@
-"""The ``--traffic`` forms of ``alpha`` and ``gate`` (issue 23 B, D), called from runtime/commands.py.
+"""The ``--traffic`` forms of ``alpha`` and ``gate`` (issue 23 B, D), called from measure/commands.py.
 
-``eagle3-trt alpha BUNDLE --traffic DIR``: runtime/traffic_alpha.py; writes OUT/report.json,
+``eagle3-trt alpha BUNDLE --traffic DIR``: measure/traffic_alpha.py; writes OUT/report.json,
 prints per-K figures, the offline-vs-served line and the drift summary; exit 3 when the offline
 acceptance differs from the served one beyond sampling noise (the live check failed).
 
-``eagle3-trt gate NEW --against OLD --traffic DIR``: runtime/traffic_gate.py; prints one verdict
+``eagle3-trt gate NEW --against OLD --traffic DIR``: measure/traffic_gate.py; prints one verdict
 line, writes the JSON report (--json-out) through the atomic writer; exit 0 only on PASS, 3 on
 FAIL, 2 on bad input.
 """
@@ -20,9 +20,9 @@ from click.core import ParameterSource
 
 from eagle3_trt.atomic import check_writable, write_json
 from eagle3_trt.errors import GateFailed, UserError
+from eagle3_trt.measure.traffic_alpha import run_alpha_traffic, summary_lines
+from eagle3_trt.measure.traffic_gate import run_traffic_gate, verdict_line
 from eagle3_trt.pipeline.bundle import open_bundle
-from eagle3_trt.runtime.traffic_alpha import run_alpha_traffic, summary_lines
-from eagle3_trt.runtime.traffic_gate import run_traffic_gate, verdict_line
 
 ALPHA_TRAFFIC_OPTIONS = ("traffic_dir", "device", "batch_size", "sweep", "tolerance", "window", "out", "as_json")
 GATE_TRAFFIC_OPTIONS = (

@@ -375,7 +375,7 @@ def estimate(
 ) -> EstimateResult:
     """Greedy chain acceptance of ``engine``'s draft on ``prompts``, identical to running it
     (with the engine's method the SA enhancer, speculative/sa: the chain with TensorRT-LLM's suffix-automaton enhancer, replayed per
-    batch of ``batch_size`` prompts in their given order, as ``runtime/measure.py`` generates them:
+    batch of ``batch_size`` prompts in their given order, as ``measure/acceptance.py`` generates them:
     see ``walk_chain_batch``).
 
     The target runs once, without speculation, batched over prompts; the aux states it produced

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle3_trt.runtime.estimator import teacher_forced_drafts
-from eagle3_trt.runtime.measure import Measurement
+from eagle3_trt.measure.acceptance import Measurement
+from eagle3_trt.measure.estimator import teacher_forced_drafts
 
 # Step-1 agreement below this: the draft rarely predicts the target's next token, and alpha is
 # low whatever else is right (healthy EAGLE-3 heads agree 60-80% on their traffic).

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from functools import partial
 
+from eagle3_trt.measure.bundle_costs import bundle_cost_inputs, recommendation_batches
+from eagle3_trt.measure.cost_model import CostParams, Recommendation, forward_time_s, model_cost
 from eagle3_trt.pipeline.bundle import Bundle
-from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs, recommendation_batches
-from eagle3_trt.runtime.cost_model import CostParams, Recommendation, forward_time_s, model_cost
 from eagle3_trt.speculative.dynamic_tree import cost as dynamic_tree_cost
 from eagle3_trt.speculative.eagle3 import cost as chain_cost
 

@@ -4,7 +4,7 @@ with a paired bootstrap interval (core/paired_ci.py), so a mode "wins" only beyo
 from __future__ import annotations
 
 from eagle3_trt.core.paired_ci import paired_ratio_diff
-from eagle3_trt.runtime.measure import Measurement
+from eagle3_trt.measure.acceptance import Measurement
 
 
 def add_vs_chain(out: dict, measured: dict[str, Measurement]) -> None:

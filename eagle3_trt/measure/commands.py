@@ -10,20 +10,20 @@ from rich.console import Console
 
 from eagle3_trt.atomic import check_writable
 from eagle3_trt.errors import GateFailed, UserError
+from eagle3_trt.measure.alpha_report import render_summary
+from eagle3_trt.measure.alpha_run import run_alpha
+from eagle3_trt.measure.bundle_costs import bundle_cost_inputs, recommendation_batches
+from eagle3_trt.measure.cost_model import recommend
+from eagle3_trt.measure.dynamic_tree_choice import dynamic_tree_summary
+from eagle3_trt.measure.gate import run_gate
+from eagle3_trt.measure.gate_verdict import DEFAULT_GATE_THRESHOLD
+from eagle3_trt.measure.recommendation import acceptance_curves, gate_choice, print_recommendation, read_gate_traffic, write_recommendation_to_bundle
+from eagle3_trt.measure.report_files import write_report
+from eagle3_trt.measure.traffic_alpha import AL_TOLERANCE
+from eagle3_trt.measure.traffic_commands import alpha_traffic, gate_traffic
+from eagle3_trt.measure.traffic_gate import DEFAULT_MARGIN
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.progress import Bars
-from eagle3_trt.runtime.alpha_report import render_summary
-from eagle3_trt.runtime.alpha_run import run_alpha
-from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs, recommendation_batches
-from eagle3_trt.runtime.cost_model import recommend
-from eagle3_trt.runtime.dynamic_tree_choice import dynamic_tree_summary
-from eagle3_trt.runtime.gate import run_gate
-from eagle3_trt.runtime.gate_verdict import DEFAULT_GATE_THRESHOLD
-from eagle3_trt.runtime.recommendation import acceptance_curves, gate_choice, print_recommendation, read_gate_traffic, write_recommendation_to_bundle
-from eagle3_trt.runtime.report_files import write_report
-from eagle3_trt.runtime.traffic_alpha import AL_TOLERANCE
-from eagle3_trt.runtime.traffic_commands import alpha_traffic, gate_traffic
-from eagle3_trt.runtime.traffic_gate import DEFAULT_MARGIN
 from eagle3_trt.speculative.dynamic_tree.mode import DEFAULT_TOPK as DYNAMIC_TREE_DEFAULT_TOPK
 
 
@@ -373,7 +373,7 @@ def recommend_cmd(
     if write:
         write_recommendation_to_bundle(Path(bundle), rec, source=report_file or prompts_file, report=report, gate_traffic=gate_traffic)
     else:
-        gate_choice(rec, report, gate_traffic)  # what --write would write, and why (runtime/gate_replay.py)
+        gate_choice(rec, report, gate_traffic)  # what --write would write, and why (measure/gate_replay.py)
     if as_json:
         click.echo(json.dumps(rec.to_dict(), indent=1))
         return

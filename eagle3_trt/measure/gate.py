@@ -7,13 +7,13 @@ from pathlib import Path
 from eagle3_trt.convert.prompts import load_prompt_records, use_chat_template
 from eagle3_trt.core.stats import AggregateStats
 from eagle3_trt.errors import UserError
+from eagle3_trt.measure.acceptance import measure
+from eagle3_trt.measure.bundle_costs import bundle_cost_inputs
+from eagle3_trt.measure.cost_model import CostParams, Prediction, model_cost, predict
+from eagle3_trt.measure.gate_verdict import DEFAULT_GATE_THRESHOLD, alpha_shortfall
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.pipeline.gpus import GpuSpec
-from eagle3_trt.runtime.bundle_costs import bundle_cost_inputs
-from eagle3_trt.runtime.cost_model import CostParams, Prediction, model_cost, predict
-from eagle3_trt.runtime.gate_verdict import DEFAULT_GATE_THRESHOLD, alpha_shortfall
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
-from eagle3_trt.runtime.measure import measure
 
 
 def run_gate(

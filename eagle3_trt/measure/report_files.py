@@ -7,8 +7,8 @@ from pathlib import Path
 
 from eagle3_trt.atomic import staged_dir
 from eagle3_trt.errors import UserError
-from eagle3_trt.runtime.alpha_report import summary_console
-from eagle3_trt.runtime.plots import plot_report
+from eagle3_trt.measure.alpha_report import summary_console
+from eagle3_trt.measure.plots import plot_report
 
 
 def read_report(path: Path) -> dict:
