@@ -9,6 +9,7 @@ from rich.table import Table
 
 from eagle3_trt.core.stats import AggregateStats
 from eagle3_trt.measure.acceptance import Measurement
+from eagle3_trt.measure.context_buckets import render_context_tables
 
 
 def compare(primary: Measurement, reference: Measurement | None) -> dict:
@@ -41,6 +42,7 @@ def render_summary(report: dict, con: Console) -> None:
     ref = pairs.get("reference")
     con.print(_category_table(report, prim, ref))
     con.print(_position_table(prim, ref))
+    render_context_tables(report, con)  # AL and alpha by context and prompt length (measure/context_buckets.py)
     if prim.get("sweep"):
         con.print(_sweep_table(prim["sweep"]))
     if report.get("modes"):

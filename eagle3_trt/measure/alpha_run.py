@@ -13,14 +13,17 @@ from eagle3_trt.errors import UserError
 from eagle3_trt.measure.acceptance import Measurement, measure
 from eagle3_trt.measure.alpha_report import compare
 from eagle3_trt.measure.bundle_costs import bundle_cost_inputs, recommendation_batches
+from eagle3_trt.measure.context_buckets import context_tables
 from eagle3_trt.measure.cost_model import recommend
 from eagle3_trt.measure.diagnostics import diagnose
+from eagle3_trt.measure.method_choice import ESTIMATED_METHODS
 from eagle3_trt.measure.mode_compare import add_vs_chain
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
 from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
 from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
 from eagle3_trt.speculative.dynamic_tree.mode import DEFAULT_TOPK, DYNAMIC_TREE_MODE, dynamic_tree_entry, dynamic_tree_for_modes, refuse_combined_modes
+from eagle3_trt.speculative.registry import DEFAULT_METHOD
 from eagle3_trt.speculative.sa.automaton import SAConfig
 from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
 
@@ -112,16 +115,18 @@ def run_alpha(
     eng = engine_from_bundle(b, device=device, max_draft_len=k)
     load_s = time.perf_counter() - t0
     say(f"measuring {len(records)} prompts ({turns} turns, up to {max_tokens} tokens each)")
-    if isinstance(eng.method, DynamicTreeMethod) and method == "estimator":
-        # the bundle serves TensorRT-LLM's dynamic tree, which the estimator does not replay: measure it as served
+    served = getattr(eng.method, "name", DEFAULT_METHOD)
+    if served not in ESTIMATED_METHODS and method == "estimator":
+        # the estimator replays the chain (and SA) only; TensorRT-LLM's dynamic tree, P-EAGLE's parallel drafts: measured as served
         if sweep:
-            raise UserError("--sweep", "the bundle serves a dynamic tree (use_dynamic_tree), which the estimator's K sweep does not replay", "drop --sweep")
-        say("the bundle serves a dynamic tree: measured by speculative generation")
+            raise UserError("--sweep", f"the bundle serves {served}, which the estimator's K sweep does not replay", "drop --sweep")
+        say(f"the bundle serves {served}: measured by speculative generation")
         prim = measure_pair(eng, label=b.label, sweep=(), method="generate")
     else:
         prim = measure_pair(eng, label=b.label, sweep=sweep)
     diag = diagnose(eng, prim) if diagnostics and prim.results else []
     by_mode = measure_modes(eng, modes, sa_cfg, measure_pair, say, dyn_cfg)
+    max_seq_len = eng.max_seq_len  # the draft-length rule near the context's end (acceptance by context)
     del eng  # before a reference pair is loaded next to it
     ref, ref_note = _measure_reference(b, reference_bundle, bf16, device, k, measure_pair, say)
     settings = _settings(prompts_file, len(records), limit, turns, max_tokens, k, method, device, batch_size, sweep, chat_template)
@@ -133,6 +138,8 @@ def run_alpha(
     if sampling_warning:
         report["sampling_warning"] = sampling_warning
     _add_recommendation(report, b, prim, concurrency)
+    # AL and alpha per context and prompt-length bucket, from each request's verifications (measure/context_buckets.py)
+    report["acceptance_by_context"] = context_tables([r.to_dict() for r in prim.results], k, max_tokens, max_seq_len)
     if by_mode:
         report["modes"] = by_mode
     return report

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from eagle3_trt.atomic import check_writable
 from eagle3_trt.errors import GateFailed, UserError
+from eagle3_trt.measure.against_command import AGAINST_HELP, alpha_against
 from eagle3_trt.measure.alpha_report import render_summary
 from eagle3_trt.measure.alpha_run import run_alpha
 from eagle3_trt.measure.bundle_costs import bundle_cost_inputs, recommendation_batches
@@ -19,6 +20,7 @@ from eagle3_trt.measure.gate import run_gate
 from eagle3_trt.measure.gate_verdict import DEFAULT_GATE_THRESHOLD
 from eagle3_trt.measure.recommendation import acceptance_curves, gate_choice, print_recommendation, read_gate_traffic, write_recommendation_to_bundle
 from eagle3_trt.measure.report_files import write_report
+from eagle3_trt.measure.switch_off import context_switch_off
 from eagle3_trt.measure.traffic_alpha import AL_TOLERANCE
 from eagle3_trt.measure.traffic_commands import alpha_traffic, gate_traffic
 from eagle3_trt.measure.traffic_gate import DEFAULT_MARGIN
@@ -68,6 +70,7 @@ PROMPTS_HELP = (
 @click.argument("bundle", type=click.Path(file_okay=False))
 @click.option("--prompts", "prompts_file", default=None, type=click.Path(dir_okay=False), help=PROMPTS_HELP + " (or --traffic)")
 @click.option("--traffic", "traffic_dir", default=None, type=click.Path(), help=TRAFFIC_HELP)
+@click.option("--against", "against", default=None, type=click.Path(file_okay=False), help=AGAINST_HELP)
 @click.option(
     "--tolerance",
     type=float,
@@ -154,8 +157,11 @@ def alpha_cmd(
     window: int | None = None,
     dynamic_tree_topk: int = DYNAMIC_TREE_DEFAULT_TOPK,
     max_total_draft_tokens: int | None = None,
+    against: str | None = None,
 ) -> None:
     """Measure acceptance (alpha) of BUNDLE's quantized pair on your prompts, per category, vs BF16."""
+    if against is not None:  # two bundles of one target side by side (measure/against_command.py)
+        return alpha_against(click.get_current_context(), bundle, against, prompts_file, traffic_dir)
     if traffic_dir is not None or prompts_file is None:
         if prompts_file is not None or traffic_dir is None:
             raise UserError(
@@ -370,6 +376,8 @@ def recommend_cmd(
     costs = bundle_cost_inputs(b, gpu=gpu, tp=tp)
     rec = recommend(cum, concurrency=concurrency, **costs, batches=recommendation_batches(b), measured_by_k=by_k, max_k=max_draft_len)
     dt_line = dynamic_tree_summary(report, rec, b)  # alpha --modes chain,dynamic-tree: the tree against the chain
+    # where speculation stops paying by context length, and the switch-off replayed (measure/switch_off.py)
+    rec.evidence["context_switch_off"] = context_switch_off(report, rec.max_draft_len, concurrency, costs)
     if write:
         write_recommendation_to_bundle(Path(bundle), rec, source=report_file or prompts_file, report=report, gate_traffic=gate_traffic)
     else:
@@ -385,6 +393,9 @@ def recommend_cmd(
         )
     if dt_line:
         click.echo(dt_line)
+    ctx = rec.evidence["context_switch_off"]
+    for line in ctx["lines"]:
+        click.echo(("wrote " if write and ctx["written"] and line.startswith("closest setting:") else "") + line)
     gate = rec.evidence.get("acceptance_gate")
     if gate:
-        click.echo(("wrote " if write and gate["written"] else "") + gate["line"])
+        click.echo(("wrote " if write and gate["written"] and not ctx["written"] else "") + gate["line"])

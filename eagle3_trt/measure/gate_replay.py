@@ -71,20 +71,29 @@ def sequences_at(report: dict, k: int) -> list[list[int]] | None:
     return out or None
 
 
+def replay_lanes(flats: np.ndarray, starts: np.ndarray, lengths: np.ndarray, concurrency: int, horizon: int, rng: np.random.Generator) -> np.ndarray:
+    """``concurrency`` lanes, each serving requests drawn with replacement back to back, over the
+    iterations every lane is still busy: ``flats`` [m, N] holds m per-iteration series of every
+    request back to back (request i at ``starts[i]:starts[i] + lengths[i]``); returns [m, concurrency, n].
+    ``replay_rates`` replays the accepted counts; measure/switch_off.py also the contexts and tokens."""
+    per_lane = max(1, -(-horizon // concurrency))
+    picks = rng.integers(0, len(starts), size=(concurrency, per_lane))
+    n = int(lengths[picks].sum(1).min())  # iterations every lane is still busy
+    lanes = np.empty((flats.shape[0], concurrency, n))
+    for i in range(concurrency):
+        ln = lengths[picks[i]]
+        # gather index of each iteration: its request's start + its offset within the request
+        first = np.repeat(starts[picks[i]] - np.concatenate([[0], np.cumsum(ln)[:-1]]), ln)
+        lanes[:, i] = flats[:, (first + np.arange(ln.sum()))[:n]]
+    return lanes
+
+
 def replay_rates(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray, k: int, concurrency: int, horizon: int, rng: np.random.Generator) -> np.ndarray:
     """One replay's per-iteration samples. ``flat`` holds every request's iterations back to back
     (-1 for its prefill, which drafts nothing, then its accepted counts per verification), request
     i at ``starts[i]:starts[i] + lengths[i]``; iterations where no row drafted are dropped, as
     TensorRT-LLM records nothing for them."""
-    per_lane = max(1, -(-horizon // concurrency))
-    picks = rng.integers(0, len(starts), size=(concurrency, per_lane))
-    n = int(lengths[picks].sum(1).min())  # iterations every lane is still busy
-    lanes = np.empty((concurrency, n))
-    for i in range(concurrency):
-        ln = lengths[picks[i]]
-        # gather index of each iteration: its request's start + its offset within the request
-        first = np.repeat(starts[picks[i]] - np.concatenate([[0], np.cumsum(ln)[:-1]]), ln)
-        lanes[i] = flat[(first + np.arange(ln.sum()))[:n]]
+    lanes = replay_lanes(flat[None], starts, lengths, concurrency, horizon, rng)[0]
     a = np.clip(lanes, 0, None).sum(0)
     d = (lanes >= 0).sum(0) * k
     keep = d > 0
@@ -95,11 +104,18 @@ def trips(rates: np.ndarray, window: int, threshold: float) -> bool:
     """Whether TensorRT-LLM's gate (window, threshold) switches off on this sample series: some
     window of ``window`` consecutive samples has a mean below ``threshold`` (the gate checks every
     sample from the window-th on, over the last ``window``; fewer samples never trip it)."""
+    return first_trip(rates, window, threshold) is not None
+
+
+def first_trip(rates: np.ndarray, window: int, threshold: float) -> int | None:
+    """Index of the sample that switches the gate off (the last of the first window whose mean is
+    below ``threshold``), None when none does (``trips``)."""
     if len(rates) < window:
-        return False
+        return None
     c = np.concatenate([[0.0], np.cumsum(rates)])
     # sums compared with threshold * window: no division, so a mean equal to the threshold stays "not below"
-    return bool(((c[window:] - c[:-window]) < threshold * window - 1e-9).any())
+    below = np.flatnonzero((c[window:] - c[:-window]) < threshold * window - 1e-9)
+    return int(below[0]) + window - 1 if len(below) else None
 
 
 def choose_gate(seqs: list[list[int]], k: int, threshold: float, concurrency: int, *, seed: int = 0) -> GateChoice:

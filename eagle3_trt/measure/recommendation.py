@@ -193,6 +193,9 @@ def schedule_and_gate(rec: Recommendation, report: dict, gate_traffic: dict | No
     choice = gate_choice(rec, report, gate_traffic)
     if choice is not None and choice.window is not None:
         knobs.update(acceptance_rate_window_size=choice.window, acceptance_rate_threshold=choice.threshold)
+    ctx = rec.evidence.get("context_switch_off") or {}
+    if ctx.get("written"):  # measure/switch_off.py: replayed on the measured traffic, the switch-off at long context's break-even saves time
+        knobs.update(acceptance_rate_window_size=ctx["window"], acceptance_rate_threshold=ctx["threshold"])
     return knobs
 
 
