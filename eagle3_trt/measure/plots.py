@@ -14,7 +14,9 @@ def plot_report(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt  # local: heavy, see above
 
     pairs = [report["pairs"]["bundle"]] + ([report["pairs"]["reference"]] if report["pairs"].get("reference") else [])
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.2))
+    ctx_rows = ((report.get("acceptance_by_context") or {}).get("by_context") or {}).get("rows") or []
+    fig, axes = plt.subplots(1, 4 if ctx_rows else 3, figsize=(20 if ctx_rows else 15, 4.2))
+    ax1, ax2, ax3 = axes[:3]
     colors = ["tab:blue", "tab:orange"]
     for p, col in zip(pairs, colors):
         o = p["overall"]
@@ -46,6 +48,23 @@ def plot_report(report: dict, path: Path) -> None:
     ax3.set_xticks(range(len(cats)), cats, rotation=30, ha="right", fontsize=8)
     ax3.set(ylabel="alpha", ylim=(0, 1), title="alpha by category")
     ax3.legend(fontsize=7)
+    if ctx_rows:
+        _plot_by_context(axes[3], report["acceptance_by_context"], pairs[0]["label"])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_by_context(ax, ctx: dict, label: str) -> None:
+    """AL per decode forward by tokens of context at the verification (measure/context_buckets.py),
+    each bar labelled with its alpha and forwards."""
+    rows = ctx["by_context"]["rows"]
+    x = range(len(rows))
+    ax.bar(x, [r["acceptance_length"] for r in rows], 0.6, color="tab:blue", label=label)
+    for i, r in enumerate(rows):
+        ax.text(i, r["acceptance_length"], f"alpha {r['alpha']:.2f}\n{r['forwards']} fwd", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(list(x), [r["bucket"] for r in rows], fontsize=8)
+    top = max(r["acceptance_length"] for r in rows)
+    ax.set(xlabel="tokens of context at the verification", ylabel="tokens per decode forward (AL)", ylim=(0, top * 1.25 + 0.1))
+    ax.set_title(f"acceptance by context (K={ctx['k']})")
+    ax.legend(fontsize=7, loc="lower left")
