@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from eagle3_trt import __version__
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import sha256_file
+from eagle3_trt.formats.validation import field_error
 from eagle3_trt.resources import checkout_root
 
 SCHEMA: Final = 2
@@ -196,6 +197,10 @@ class Manifest(_Strict):
     recommendation: Recommendation | None = None
     compile: CompileRecord | None = None
     lineage: Lineage | None = None
+    # a head in a registered method's own format (speculative/registry.py method_for_head, e.g. "peagle"): the
+    # method, and per engine how it is served (vLLM's --speculative-config) or why not; None: an EAGLE-3 head
+    method: str | None = None
+    served_by: dict[str, Any] | None = None
     inputs_fingerprint: str = Field(description="sha256 of the inputs and the build request: the builder's cache key")
     outputs: dict[str, FileDigest] = Field(default_factory=dict, description="every file of the bundle but manifest.json")
     fingerprint: str = Field("", description="sha256 of inputs_fingerprint and outputs: changes whenever a file does")
@@ -259,14 +264,6 @@ def content_fingerprint(inputs_fp: str, outputs: dict[str, FileDigest]) -> str:
     return fingerprint({"inputs": inputs_fp, "outputs": {k: v.sha256 for k, v in outputs.items()}})
 
 
-def _validation_error(where: Path, e: ValidationError, hint: str) -> UserError:
-    err = e.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-    if err["type"] == "extra_forbidden":
-        hint = f"not a field of schema {SCHEMA}; {REBUILD_HINT}"
-    return UserError(f"{where}:{loc}", err["msg"], hint)
-
-
 def read_manifest(bundle_dir: Path) -> Manifest:
     """The bundle's manifest.json, validated; every problem is a one-line UserError naming the file."""
     path = Path(bundle_dir) / MANIFEST_FILE
@@ -283,4 +280,4 @@ def read_manifest(bundle_dir: Path) -> Manifest:
     try:
         return Manifest.model_validate(raw)
     except ValidationError as e:
-        raise _validation_error(path, e, REBUILD_HINT) from None
+        raise field_error(path, e, REBUILD_HINT, unknown_hint=f"not a field of schema {SCHEMA}; {REBUILD_HINT}") from None
