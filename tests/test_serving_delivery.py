@@ -56,11 +56,14 @@ def serving(fp8_bundle):
 
 
 def test_one_thread_and_no_poll_after_the_final_response(serving):
+    from eagle3_trt.runtime.request_contract import ClientRequest
     from eagle3_trt.triton_serving.request_params import GenRequest
 
     sinks = [_RecordingSink() for _ in range(6)] + [_RecordingSink(cancel_after=2) for _ in range(2)]
     for i, s in enumerate(sinks):
-        serving.submit(GenRequest(prompt=f"Count to {i + 3}:", streaming=True, max_tokens=24, speculative=i % 2 == 0), s, "", time.monotonic_ns())
+        serving.submit(
+            GenRequest(prompt=f"Count to {i + 3}:", sampling=ClientRequest(max_tokens=24), streaming=True, speculative=i % 2 == 0), s, "", time.monotonic_ns()
+        )
     assert all(s.done.wait(120) for s in sinks)
     time.sleep(0.1)  # polls that would still come
     threads = {t for s in sinks for _, t in s.calls}

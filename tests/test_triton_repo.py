@@ -258,13 +258,13 @@ def test_request_limits_and_defaults():
     from eagle3_trt.triton_serving.request_params import RequestError, parse_request, resolve_max_tokens
 
     r = parse_request(_get({"text_input": [b"hi"], "speculative_decoding": [False], "sampling_param_stop": [b"x"]}))
-    assert (r.speculative, r.streaming, r.stop, r.exclude_input_from_output) == (False, False, ("x",), False)
+    assert (r.speculative, r.streaming, r.sampling.stop, r.exclude_input_from_output) == (False, False, ("x",), False)
     assert resolve_max_tokens(r, prompt_len=10, max_seq_len=512, default=64) == 64
     assert resolve_max_tokens(r, prompt_len=500, max_seq_len=512, default=64) == 12
     r = parse_request(
         _get({"text_input": [b"hi"], "sampling_param_max_tokens": np.array([2**31 - 1], np.int64), "sampling_param_top_k": np.array([2**31 - 1], np.int64)})
     )
-    assert (r.max_tokens, r.top_k) == (2**31 - 1, 2**31 - 1)  # the largest 32-bit values pass the range check
+    assert (r.sampling.max_tokens, r.sampling.top_k) == (2**31 - 1, 2**31 - 1)  # the largest 32-bit values pass the range check
     r = parse_request(_get({"text_input": [b"hi"], "sampling_param_max_tokens": [503]}))
     with pytest.raises(RequestError, match="max_seq_len 512 - prompt 10 tokens = 502"):
         resolve_max_tokens(r, prompt_len=10, max_seq_len=512, default=64)

@@ -21,6 +21,7 @@ require("tritonclient")
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.trtllm_names import DOCUMENTED_NESTED, DOCUMENTED_TOP_LEVEL
 from eagle3_trt.runtime.llm_api import SamplingParamError, SamplingParams
+from eagle3_trt.runtime.request_contract import ClientRequest
 from eagle3_trt.triton_serving.instances import MPI_JOB_VARS, assign_gpus, instance_environment, instance_index
 from eagle3_trt.triton_serving.job import LlmServing, derive_positions
 from eagle3_trt.triton_serving.package import UNARY_SUFFIX, package_bundle
@@ -199,9 +200,18 @@ def served(tmp_path_factory):
     sv.shutdown()
 
 
-def _run(sv, prompt, **kw):
+def _run(sv, prompt, streaming=False, speculative=True, **sampling):
     s = _Sink()
-    sv.submit(GenRequest(prompt=prompt, exclude_input_from_output=True, return_perf_metrics=True, return_stop_reason=True, **kw), s, "", time.monotonic_ns())
+    req = GenRequest(
+        prompt=prompt,
+        sampling=ClientRequest(**sampling),
+        streaming=streaming,
+        speculative=speculative,
+        exclude_input_from_output=True,
+        return_perf_metrics=True,
+        return_stop_reason=True,
+    )
+    sv.submit(req, s, "", time.monotonic_ns())
     assert s.done.wait(120)
     return s
 
@@ -271,7 +281,7 @@ def test_refused_sampling_value_names_the_request_field(served):
     sv, texts, _ = served
     before = sv.in_flight()
     with pytest.raises(RequestError) as e:
-        sv.submit(GenRequest(prompt=texts[0], presence_penalty=0.5), _Sink(), "", time.monotonic_ns())
+        sv.submit(GenRequest(prompt=texts[0], sampling=ClientRequest(presence_penalty=0.5)), _Sink(), "", time.monotonic_ns())
     assert e.value.field == "sampling_param_presence_penalty" and "not supported by the reference runtime" in e.value.message
     assert sv.in_flight() == before
 

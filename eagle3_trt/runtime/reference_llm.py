@@ -75,35 +75,32 @@ class RequestOutput:
         self._lock = threading.Lock()
         self._pending: collections.deque[_Update] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._event: asyncio.Event | None = None
         self._cond = threading.Condition(self._lock)
-        # Who is parked on an empty queue: the scheduler wakes a consumer only then, so a step's
-        # delivery costs the scheduler thread one deque append and at most one loop wake-up.
-        self._async_waiting = False
+        # The future an async consumer parked on an empty queue awaits (None: not parked). The
+        # scheduler wakes a consumer only then, and wakes every consumer of one event loop that a
+        # round's steps served with one call_soon_threadsafe at the round's end (``_wake``), as
+        # TensorRT-LLM hands an iteration's responses over together.
+        self._waiter: asyncio.Future[None] | None = None
         self._sync_waiters = 0
         try:
             self._loop = asyncio.get_running_loop()
-            self._event = asyncio.Event()
         except RuntimeError:  # called outside an event loop: only result() works
             pass
 
     # -- producer side (scheduler thread) -----------------------------------------------------
-    def _put(self, u: _Update) -> None:
+    def _put(self, u: _Update) -> asyncio.Future[None] | None:
+        """Queue one update; the parked consumer's future to wake, if any (the caller wakes it)."""
         with self._lock:
             self._pending.append(u)
-            wake, self._async_waiting = self._async_waiting, False
+            waiter, self._waiter = self._waiter, None
             if self._sync_waiters:
                 self._cond.notify_all()
-        if wake and self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._event.set)  # type: ignore[union-attr]
-            except RuntimeError:  # the consumer's loop is closed: nobody is listening
-                pass
+        return waiter
 
     # -- consumer side ------------------------------------------------------------------------
     def _apply(self, u: _Update) -> None:
         o = self.outputs[0]
-        o.token_ids = o.token_ids + u.new_token_ids
+        o.token_ids.extend(u.new_token_ids)  # in place, as TensorRT-LLM's GenerationResult extends it
         o.text = u.text
         o.finish_reason = u.finish_reason
         o.stop_reason = u.stop_reason
@@ -116,20 +113,19 @@ class RequestOutput:
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
-        assert self._event is not None, "generate_async was called outside an event loop"
+        assert self._loop is not None, "generate_async was called outside an event loop"
         while True:
             with self._lock:
                 u = self._pending.popleft() if self._pending else None
                 if u is None:
-                    self._event.clear()
-                    self._async_waiting = True
+                    waiter = self._waiter = self._loop.create_future()
             if u is not None:
                 self._apply(u)
                 if u.error is not None:
                     # TensorRT-LLM raises a failed request's error from the result iterator.
                     raise RuntimeError(u.error)
                 return self
-            await self._event.wait()
+            await waiter
 
     def result(self, timeout: float | None = None) -> RequestOutput:
         """Block until finished (for callers without an event loop)."""
@@ -154,6 +150,13 @@ class RequestOutput:
 
     def aborted(self) -> bool:
         return self._cancel.is_set()
+
+
+def _resolve(waiters: list[asyncio.Future[None]]) -> None:
+    """On the consumer's loop: resume each parked ``__anext__`` (one whose task was cancelled is done already)."""
+    for w in waiters:
+        if not w.done():
+            w.set_result(None)
 
 
 @dataclass
@@ -205,6 +208,7 @@ class ReferenceLLM:
         self._tok_lock = threading.Lock()  # HF fast tokenizers must not decode from two threads at once
         self._ids = itertools.count(1)
         self._inbox: queue.Queue[_Req | None] = queue.Queue()
+        self._to_wake: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []  # scheduler thread only
         self._thread = threading.Thread(target=self._loop, name="eagle3-reference-llm", daemon=True)
         self._thread.start()
 
@@ -265,6 +269,7 @@ class ReferenceLLM:
                 if item is None:
                     for r in active:
                         self._finish(r, "", "cancelled")
+                    self._wake()
                     return
                 active.append(item)
                 block = False
@@ -282,9 +287,30 @@ class ReferenceLLM:
                     done += 1
                 drafted.append(r.step_drafted)
                 accepted.append(r.step_accepted)
+            self._wake()
             lagging = done
             if ctl is not None:
                 ctl.after(drafted, accepted)
+
+    def _deliver(self, out: RequestOutput, u: _Update) -> None:
+        waiter = out._put(u)
+        if waiter is not None and out._loop is not None:
+            self._to_wake.append((out._loop, waiter))
+
+    def _wake(self) -> None:
+        """The round's end: one ``call_soon_threadsafe`` per event loop wakes every consumer parked on
+        a request the round served (one self-pipe write and one loop wake-up per round, not per request)."""
+        if not self._to_wake:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+        for loop, waiter in self._to_wake:
+            by_loop.setdefault(loop, []).append(waiter)
+        self._to_wake = []
+        for loop, waiters in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve, waiters)
+            except RuntimeError:  # the consumer's loop is closed: nobody is listening
+                pass
 
     def _close(self, r: _Req) -> None:
         try:
@@ -332,7 +358,7 @@ class ReferenceLLM:
             self._finish(r, self._flush(r), step.finish_reason or "stop")
             return True
         if r.out._streaming:
-            r.out._put(_Update(r.unsent, r.text, False, None, None, self._perf(r)))
+            self._deliver(r.out, _Update(r.unsent, r.text, False, None, None, self._perf(r)))
             r.unsent = []
         return False
 
@@ -374,5 +400,5 @@ class ReferenceLLM:
     def _finish(self, r: _Req, tail: str, reason: str, stop_reason: str | None = None, error: str | None = None) -> None:
         r.text += tail
         perf = self._perf(r)
-        r.out._put(_Update(r.unsent, r.text, True, None if error else reason, stop_reason, perf, error))
+        self._deliver(r.out, _Update(r.unsent, r.text, True, None if error else reason, stop_reason, perf, error))
         r.unsent = []

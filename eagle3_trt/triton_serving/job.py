@@ -30,6 +30,7 @@ from eagle3_trt.runtime.llm_api import SamplingParamError, ServingLlm, SpecStats
 from eagle3_trt.runtime.request_contract import ServedRequest
 from eagle3_trt.triton_serving.capture_setup import triton_capturer
 from eagle3_trt.triton_serving.draining import SHUTDOWN_MESSAGE, DrainWatch
+from eagle3_trt.triton_serving.event_loop import serving_event_loop
 from eagle3_trt.triton_serving.request_params import GenRequest, RequestError, served_request
 
 
@@ -46,8 +47,10 @@ class PerfSnapshot:
     speculation: bool
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Emission:
+    """One response. Built once per decoding step: slots and no frozen-field setters keep it cheap."""
+
     text: str
     n_tokens: int
     final: bool
@@ -120,7 +123,7 @@ class Job:
         self.cancelled = False
         # A stop string can only be cut once it is complete: hold back that much text, so that
         # nothing sent is later cut away (TensorRT-LLM truncates its text at the match).
-        self.hold = max((len(s) for s in req.stop), default=1) - 1
+        self.hold = max((len(s) for s in req.sampling.stop), default=1) - 1
 
     def _prefix(self) -> str:
         if self.req.exclude_input_from_output or self.sent_any:
@@ -244,7 +247,7 @@ class LlmServing:
         self._lock = threading.Lock()
         # HF fast tokenizers are not safe to use from two threads at once ("Already borrowed").
         self._tok_lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
+        self._loop = serving_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="eagle3-serving", daemon=True)
         self._thread.start()
         self._running = True

@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,20 +42,16 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class GenRequest:
+    """One Triton request: the prompt, the sampling fields the client sent (the request contract's
+    ``ClientRequest``, shared with Dynamo's front end) and what only this model's interface has."""
+
     prompt: str
+    sampling: ClientRequest = field(default_factory=ClientRequest)
     streaming: bool = False
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
     exclude_input_from_output: bool = False
     return_perf_metrics: bool = False
     return_stop_reason: bool = False
     speculative: bool = True
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
     stop_request: bool = False
 
 
@@ -149,19 +145,21 @@ def parse_request(get: Getter) -> GenRequest:
     stop = _stop_strings(get)
     return GenRequest(
         prompt=prompt,
+        sampling=ClientRequest(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            stop=stop,
+            frequency_penalty=_float(get, "sampling_param_frequency_penalty"),
+            presence_penalty=_float(get, "sampling_param_presence_penalty"),
+        ),
         streaming=_bool(get, "streaming", False),
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        seed=seed,
-        stop=stop,
         exclude_input_from_output=_bool(get, "sampling_param_exclude_input_from_output", False),
         return_perf_metrics=_bool(get, "sampling_param_return_perf_metrics", False),
         return_stop_reason=_bool(get, "return_stop_reason", False),
         speculative=_bool(get, "speculative_decoding", True),
-        frequency_penalty=_float(get, "sampling_param_frequency_penalty"),
-        presence_penalty=_float(get, "sampling_param_presence_penalty"),
         stop_request=stop_request,
     )
 
@@ -224,18 +222,8 @@ def _named(e: SamplingParamError) -> RequestError:
 def served_request(req: GenRequest, prompt_len: int, max_seq_len: int, default: int | None = None) -> ServedRequest:
     """The request contract (runtime/request_contract.py) for one Triton request; RequestError names the input.
     ``default``: the repository's ``default_max_tokens`` (None: the rest of the context, as on Dynamo)."""
-    client = ClientRequest(
-        max_tokens=req.max_tokens,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        seed=req.seed,
-        stop=req.stop,
-        frequency_penalty=req.frequency_penalty,
-        presence_penalty=req.presence_penalty,
-    )
     try:
-        return resolve_request(client, prompt_len=prompt_len, max_seq_len=max_seq_len, default_max_tokens=default)
+        return resolve_request(req.sampling, prompt_len=prompt_len, max_seq_len=max_seq_len, default_max_tokens=default)
     except SamplingParamError as e:
         raise _named(e) from None
 

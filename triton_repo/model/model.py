@@ -196,6 +196,29 @@ class _Metrics:
         self._thread.join(timeout=10)
 
 
+# pb_utils.Tensor and InferenceResponse, bound once in initialize (the stub adds them to pb_utils only
+# after importing this file): module globals spare two attribute lookups per response.
+_Tensor = _InferenceResponse = None
+
+
+def _counts(n: int) -> list:
+    arrays = []
+    for i in range(n):
+        a = np.array([i], dtype=np.int32)
+        a.flags.writeable = False
+        arrays.append(a)
+    return arrays
+
+
+# num_output_tokens of a step: one token (speculation off) or up to max_draft_len + 1, so a few
+# shared arrays serve every step; pb_utils.Tensor copies a CPU array into shared memory at send.
+_COUNTS = _counts(64)
+
+
+def _count(n: int):
+    return _COUNTS[n] if 0 <= n < len(_COUNTS) else np.array([n], dtype=np.int32)
+
+
 class _Sink:
     """One request's responses, sent inline through its decoupled response sender.
 
@@ -235,32 +258,40 @@ class _Sink:
         return self.dead or (not self.closed and bool(self.sender.is_cancelled()))
 
     def _send(self, e) -> None:
+        if e.perf is None and not e.final:
+            # A decoding step's response (the hot path): the two tensors upstream sends and nothing
+            # else to build; the count's array is shared (read-only: the send copies it out).
+            self.sender.send(
+                _InferenceResponse([_Tensor("text_output", np.array([e.text.encode()], self.text_dtype)), _Tensor("num_output_tokens", _count(e.n_tokens))]),
+                0,
+            )
+            return
         out = [
-            pb_utils.Tensor("text_output", np.array([e.text.encode("utf-8")], dtype=self.text_dtype)),
-            pb_utils.Tensor("num_output_tokens", np.array([e.n_tokens], dtype=np.int32)),
+            _Tensor("text_output", np.array([e.text.encode()], self.text_dtype)),
+            _Tensor("num_output_tokens", _count(e.n_tokens)),
         ]
         if e.final:
-            out.append(pb_utils.Tensor("finish_reason", np.array([e.finish_reason.encode()], dtype=np.object_)))
+            out.append(_Tensor("finish_reason", np.array([e.finish_reason.encode()], dtype=np.object_)))
             if e.stop_reason is not None:
-                out.append(pb_utils.Tensor("stop_reason", np.array([e.stop_reason.encode()], dtype=np.object_)))
+                out.append(_Tensor("stop_reason", np.array([e.stop_reason.encode()], dtype=np.object_)))
         p = e.perf
         if p is not None:
             out += [
-                pb_utils.Tensor("arrival_time_ns", np.array([p.arrival_ns], dtype=np.int64)),
-                pb_utils.Tensor("first_scheduled_time_ns", np.array([p.first_scheduled_ns], dtype=np.int64)),
-                pb_utils.Tensor("first_token_time_ns", np.array([p.first_token_ns], dtype=np.int64)),
-                pb_utils.Tensor("last_token_time_ns", np.array([p.last_token_ns], dtype=np.int64)),
-                pb_utils.Tensor("acceptance_rate", np.array([p.acceptance_rate], dtype=np.float32)),
-                pb_utils.Tensor("total_accepted_draft_tokens", np.array([p.accepted_tokens], dtype=np.int32)),
-                pb_utils.Tensor("total_draft_tokens", np.array([p.draft_tokens], dtype=np.int32)),
-                pb_utils.Tensor("acceptance_length", np.array([p.acceptance_length], dtype=np.float32)),
-                pb_utils.Tensor("speculative_decoding", np.array([p.speculation], dtype=np.bool_)),
+                _Tensor("arrival_time_ns", np.array([p.arrival_ns], dtype=np.int64)),
+                _Tensor("first_scheduled_time_ns", np.array([p.first_scheduled_ns], dtype=np.int64)),
+                _Tensor("first_token_time_ns", np.array([p.first_token_ns], dtype=np.int64)),
+                _Tensor("last_token_time_ns", np.array([p.last_token_ns], dtype=np.int64)),
+                _Tensor("acceptance_rate", np.array([p.acceptance_rate], dtype=np.float32)),
+                _Tensor("total_accepted_draft_tokens", np.array([p.accepted_tokens], dtype=np.int32)),
+                _Tensor("total_draft_tokens", np.array([p.draft_tokens], dtype=np.int32)),
+                _Tensor("acceptance_length", np.array([p.acceptance_length], dtype=np.float32)),
+                _Tensor("speculative_decoding", np.array([p.speculation], dtype=np.bool_)),
             ]
         if not e.final:
-            self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=0)
+            self.sender.send(_InferenceResponse(out), 0)
             return
         self.closed = True
-        self.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self.sender.send(_InferenceResponse(out), pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _fail(self, message: str, cancelled: bool, bad_request: bool = False, unavailable: bool = False) -> None:
         # INVALID_ARG is what makes Triton answer HTTP 400 (and gRPC INVALID_ARGUMENT) instead of 500;
@@ -281,6 +312,8 @@ def _request_parameters(request) -> dict:
 
 class TritonPythonModel:
     def initialize(self, args):
+        global _Tensor, _InferenceResponse
+        _Tensor, _InferenceResponse = pb_utils.Tensor, pb_utils.InferenceResponse
         self.model_name = args["model_name"]
         mdir = _model_dir(args)
         yaml_path = _model_yaml_path(args)
