@@ -16,12 +16,14 @@ from eagle3_trt.measure.bundle_costs import bundle_cost_inputs, recommendation_b
 from eagle3_trt.measure.context_buckets import context_tables
 from eagle3_trt.measure.cost_model import recommend
 from eagle3_trt.measure.diagnostics import diagnose
+from eagle3_trt.measure.method_choice import estimator_replays
 from eagle3_trt.measure.mode_compare import add_vs_chain
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
 from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
 from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
 from eagle3_trt.speculative.dynamic_tree.mode import DEFAULT_TOPK, DYNAMIC_TREE_MODE, dynamic_tree_entry, dynamic_tree_for_modes, refuse_combined_modes
+from eagle3_trt.speculative.registry import DEFAULT_METHOD
 from eagle3_trt.speculative.sa.automaton import SAConfig
 from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
 
@@ -113,11 +115,12 @@ def run_alpha(
     eng = engine_from_bundle(b, device=device, max_draft_len=k)
     load_s = time.perf_counter() - t0
     say(f"measuring {len(records)} prompts ({turns} turns, up to {max_tokens} tokens each)")
-    if isinstance(eng.method, DynamicTreeMethod) and method == "estimator":
-        # the bundle serves TensorRT-LLM's dynamic tree, which the estimator does not replay: measure it as served
+    served = getattr(eng.method, "name", DEFAULT_METHOD)
+    if not estimator_replays(served) and method == "estimator":
+        # a method the estimator does not replay (TensorRT-LLM's dynamic tree): measured as served
         if sweep:
-            raise UserError("--sweep", "the bundle serves a dynamic tree (use_dynamic_tree), which the estimator's K sweep does not replay", "drop --sweep")
-        say("the bundle serves a dynamic tree: measured by speculative generation")
+            raise UserError("--sweep", f"the bundle serves {served}, which the estimator's K sweep does not replay", "drop --sweep")
+        say(f"the bundle serves {served}: measured by speculative generation")
         prim = measure_pair(eng, label=b.label, sweep=(), method="generate")
     else:
         prim = measure_pair(eng, label=b.label, sweep=sweep)

@@ -11,6 +11,14 @@ from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.pipeline.gpus import get_gpu
 from eagle3_trt.pipeline.memory import kv_bytes_per_token
 from eagle3_trt.pipeline.model_size import count_target, moe_cost_inputs, parse_shape
+from eagle3_trt.speculative.registry import DEFAULT_METHOD, method_from_options
+
+
+def method_of(b: Bundle) -> str:
+    """The registry name of the method ``b`` serves (the chain when its options select none): its
+    cost hook prices the bundle's iterations (``cost_model.predict_from_tokens``)."""
+    m = method_from_options(b.options.speculative_config)
+    return m.name if m is not None else DEFAULT_METHOD
 
 
 def _weight_bytes(d: Path) -> int:
@@ -58,4 +66,6 @@ def bundle_cost_inputs(bundle: Bundle | Path, gpu: str | None = None, tp: int | 
         draft_kv_bytes_per_token=kv_bytes_per_token(ds.layers, ds.kv_heads, ds.head_dim, kv_dtype, tp=1),
         target_layers=int(tcfg["num_hidden_layers"]),
         hidden=int(tcfg["hidden_size"]),
+        method=method_of(b),  # the method the bundle serves: its cost hook prices each iteration
+        options=b.options.speculative_config,
     )

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from eagle3_trt.atomic import check_writable
 from eagle3_trt.errors import GateFailed, UserError
+from eagle3_trt.measure.against_command import AGAINST_HELP, alpha_against
 from eagle3_trt.measure.alpha_report import render_summary
 from eagle3_trt.measure.alpha_run import run_alpha
 from eagle3_trt.measure.bundle_costs import bundle_cost_inputs, recommendation_batches
@@ -69,6 +70,7 @@ PROMPTS_HELP = (
 @click.argument("bundle", type=click.Path(file_okay=False))
 @click.option("--prompts", "prompts_file", default=None, type=click.Path(dir_okay=False), help=PROMPTS_HELP + " (or --traffic)")
 @click.option("--traffic", "traffic_dir", default=None, type=click.Path(), help=TRAFFIC_HELP)
+@click.option("--against", "against", default=None, type=click.Path(file_okay=False), help=AGAINST_HELP)
 @click.option(
     "--tolerance",
     type=float,
@@ -155,8 +157,11 @@ def alpha_cmd(
     window: int | None = None,
     dynamic_tree_topk: int = DYNAMIC_TREE_DEFAULT_TOPK,
     max_total_draft_tokens: int | None = None,
+    against: str | None = None,
 ) -> None:
     """Measure acceptance (alpha) of BUNDLE's quantized pair on your prompts, per category, vs BF16."""
+    if against is not None:  # two bundles of one target side by side (measure/against_command.py)
+        return alpha_against(click.get_current_context(), bundle, against, prompts_file, traffic_dir)
     if traffic_dir is not None or prompts_file is None:
         if prompts_file is not None or traffic_dir is None:
             raise UserError(

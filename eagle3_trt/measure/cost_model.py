@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.gpus import get_gpu
-from eagle3_trt.speculative.eagle3 import cost as chain_cost
+from eagle3_trt.speculative.registry import DEFAULT_METHOD, step_cost
 
 # NVFP4: 4 bits + E4M3 scale per 16; MXFP4 (gpt-oss experts as shipped, --quant native): 4 bits + E8M0 scale per 32
 BYTES_PER_PARAM = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 4.5 / 8, "mxfp4": 4.25 / 8}
@@ -145,18 +145,60 @@ class Prediction:
         return asdict(self)
 
 
-def predict(cumulative: list[float], gpu, target: ModelCost, draft: ModelCost, tp: int, batch: int, k: int, params: CostParams = CostParams()) -> Prediction:
+def predict(
+    cumulative: list[float],
+    gpu,
+    target: ModelCost,
+    draft: ModelCost,
+    tp: int,
+    batch: int,
+    k: int,
+    params: CostParams = CostParams(),
+    *,
+    method: str = DEFAULT_METHOD,
+    options=None,
+) -> Prediction:
+    """The prediction at (batch, K) from a measured cumulative acceptance, for ``method`` (a registry
+    name: its iteration is priced by the method's own hook, ``predict_from_tokens``)."""
+    if k == 0:
+        return predict_from_tokens(1.0, gpu, target, draft, tp, batch, 0, params)
+    return predict_from_tokens(expected_tokens(cumulative, k), gpu, target, draft, tp, batch, k, params, method=method, options=options)
+
+
+def predict_from_tokens(
+    e: float,
+    gpu,
+    target: ModelCost,
+    draft: ModelCost,
+    tp: int,
+    batch: int,
+    k: int,
+    params: CostParams = CostParams(),
+    *,
+    method: str = DEFAULT_METHOD,
+    options=None,
+) -> Prediction:
+    """The prediction at (batch, K) when each iteration yields ``e`` tokens per sequence (E_K, or a
+    measured AL). One iteration's time is the method's hook (``registry.step_cost(method)``,
+    speculative/<method>/cost.py: the chain's K sequential draft forwards, P-EAGLE's one, the
+    dynamic tree's expansion; ``options``: the bundle's speculative_config, read by hooks that need
+    it) over this roofline's forward times."""
     ctx = params.context_len
     t_base, _ = forward_time_s(target, gpu, batch, batch * ctx, tp, params, params.target_step_overhead_us)
     if k == 0:
         return Prediction(0, batch, 1.0, 1.0, 0.0, t_base * 1e6, t_base * 1e6, 0.0, "memory")
-    e = expected_tokens(cumulative, k)
-    t_verify, bound = forward_time_s(target, gpu, batch * (k + 1), batch * ctx, tp, params, params.target_step_overhead_us)
-    # the chain's iteration (speculative/eagle3/cost.py): draft step 1 over the newly accepted tokens, steps 2..K over one
-    t_spec = chain_cost.iteration_seconds(
-        t_verify, lambda tokens: forward_time_s(draft, gpu, tokens, batch * ctx, tp, params, params.draft_step_overhead_us)[0], batch, e, k
-    )
-    return Prediction(k, batch, e * t_base / t_spec, e, alpha_at(cumulative, k), t_base * 1e6, t_spec * 1e6, t_spec / t_base - 1.0, bound)
+    bounds: list[str] = []
+
+    def target_s(tokens: float) -> float:
+        t, bound = forward_time_s(target, gpu, tokens, batch * ctx, tp, params, params.target_step_overhead_us)
+        bounds.append(bound)  # the verification forward's: memory- or compute-bound
+        return t
+
+    def draft_s(tokens: float) -> float:
+        return forward_time_s(draft, gpu, tokens, batch * ctx, tp, params, params.draft_step_overhead_us)[0]
+
+    t_spec = step_cost(method)(target_s, draft_s, batch, e, k, options)
+    return Prediction(k, batch, e * t_base / t_spec, e, (e - 1.0) / k, t_base * 1e6, t_spec * 1e6, t_spec / t_base - 1.0, bounds[0] if bounds else "memory")
 
 
 @dataclass
@@ -213,6 +255,26 @@ def model_cost(
     )
 
 
+def model_costs(c: dict) -> tuple:
+    """(gpu, tp, target ModelCost, draft ModelCost) from ``recommend``'s keyword inputs
+    (measure/bundle_costs.py ``bundle_cost_inputs``: whole-model figures, split over TP here)."""
+    gpu = get_gpu(c["gpu"]) if isinstance(c["gpu"], str) else c["gpu"]
+    tp = int(c.get("tp", 1))
+    tcost = model_cost(
+        c["target_bytes"],
+        c.get("target_format", "fp8"),
+        gpu,
+        tp,
+        kv_bytes_per_token=c.get("target_kv_bytes_per_token", 0.0),
+        layers=c.get("target_layers", 0),
+        hidden=c.get("hidden", 0),
+        params=c.get("target_params"),
+        moe=c.get("target_moe"),
+    )
+    dcost = model_cost(c["draft_bytes"], c.get("draft_format", "bf16"), gpu, tp, kv_bytes_per_token=c.get("draft_kv_bytes_per_token", 0.0))
+    return gpu, tp, tcost, dcost
+
+
 def _curve(c, where: str) -> list[float]:
     c = [float(x) for x in c]
     if not c:
@@ -267,6 +329,8 @@ def recommend(
     max_k: int | None = None,
     target_params: float | None = None,
     target_moe: dict | None = None,
+    method: str = DEFAULT_METHOD,
+    options=None,
 ) -> Recommendation:
     """Best K at ``concurrency`` and the largest batch size up to which that K still pays.
 
@@ -276,7 +340,9 @@ def recommend(
     measured K, each K predicted from its own measurement (``curves_by_k``); ``max_k`` caps K.
     ``gpu``: a ``build.gpus.GpuSpec`` or its name. Byte counts are whole-model (split over TP here);
     KV bytes per token are whole-model too. ``target_params`` (else bytes / bytes per parameter) and
-    ``target_moe`` (``model_cost``'s ``moe``) describe a MoE target.
+    ``target_moe`` (``model_cost``'s ``moe``) describe a MoE target. ``method``: the registry name of
+    the method the bundle serves (its cost hook prices each K: ``predict_from_tokens``), ``options``
+    its speculative_config.
     """
     if isinstance(gpu, str):
         gpu = get_gpu(gpu)
@@ -296,7 +362,9 @@ def recommend(
     )
     dcost = model_cost(draft_bytes, draft_format, gpu, tp, kv_bytes_per_token=draft_kv_bytes_per_token)
     batches = sorted(set(int(b) for b in batches) | {int(concurrency)})
-    ch = _Choice.make(curves, batches, concurrency, min_speedup, lambda b, k: predict(curves[k], gpu, tcost, dcost, tp, b, k, params))
+    ch = _Choice.make(
+        curves, batches, concurrency, min_speedup, lambda b, k: predict(curves[k], gpu, tcost, dcost, tp, b, k, params, method=method, options=options)
+    )
     target = {
         "bytes": target_bytes,
         "format": target_format,
@@ -304,7 +372,7 @@ def recommend(
         **({"moe": dict(target_moe)} if target_moe else {}),
     }
     draft = {"bytes": draft_bytes, "format": draft_format, "kv_bytes_per_token": draft_kv_bytes_per_token}
-    evidence = _cost_evidence(gpu, tcost, dcost, tp, target, draft, params) | ch.evidence(curves, concurrency, min_speedup)
+    evidence = _cost_evidence(gpu, tcost, dcost, tp, target, draft, params) | ch.evidence(curves, concurrency, min_speedup) | {"method": method}
     return Recommendation(ch.best_k, ch.max_concurrency, [p.to_dict() for p in ch.grid.values()], evidence, curves[ch.best_k])
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from functools import partial
 
 from eagle3_trt.measure.bundle_costs import bundle_cost_inputs, recommendation_batches
-from eagle3_trt.measure.cost_model import CostParams, Recommendation, forward_time_s, model_cost
+from eagle3_trt.measure.cost_model import CostParams, Recommendation, forward_time_s, model_costs
 from eagle3_trt.pipeline.bundle import Bundle
 from eagle3_trt.speculative.dynamic_tree import cost as dynamic_tree_cost
 from eagle3_trt.speculative.eagle3 import cost as chain_cost
@@ -40,26 +40,9 @@ def bundle_inputs(b: Bundle, rec: Recommendation) -> tuple[dict, list[int]]:
     return costs, list(recommendation_batches(b))
 
 
-def _costs(c: dict):
-    gpu, tp = c["gpu"], c["tp"]
-    tcost = model_cost(
-        c["target_bytes"],
-        c["target_format"],
-        gpu,
-        tp,
-        kv_bytes_per_token=c["target_kv_bytes_per_token"],
-        layers=c["target_layers"],
-        hidden=c["hidden"],
-        params=c.get("target_params"),
-        moe=c.get("target_moe"),
-    )
-    dcost = model_cost(c["draft_bytes"], c["draft_format"], gpu, tp, kv_bytes_per_token=c["draft_kv_bytes_per_token"])
-    return gpu, tp, tcost, dcost
-
-
 def mode_speedups(costs: dict, k: int, al: dict[str, float], tree: dict, batches: list[int], params: CostParams | None = None) -> dict:
     """{mode: {batch: predicted speedup}} for "chain", "sa" (costed as the chain) and "dynamic-tree"."""
-    gpu, tp, tcost, dcost = _costs(costs)
+    gpu, tp, tcost, dcost = model_costs(costs)
     params = params or CostParams()
     ctx = params.context_len
     topk, n = int(tree["dynamic_tree_max_topK"]), int(tree["max_total_draft_tokens"])

@@ -9,7 +9,7 @@ from eagle3_trt.core.stats import AggregateStats
 from eagle3_trt.errors import UserError
 from eagle3_trt.measure.acceptance import measure
 from eagle3_trt.measure.bundle_costs import bundle_cost_inputs
-from eagle3_trt.measure.cost_model import CostParams, Prediction, model_cost, predict
+from eagle3_trt.measure.cost_model import CostParams, Prediction, model_costs, predict
 from eagle3_trt.measure.gate_verdict import DEFAULT_GATE_THRESHOLD, alpha_shortfall
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.pipeline.gpus import GpuSpec
@@ -74,18 +74,7 @@ def _predicted_speedup(b: Bundle, ov: AggregateStats, concurrency: int) -> tuple
     """(the cost model's prediction at the bundle's K and ``concurrency``, the GPU, TP) for the measured acceptance."""
     k = b.k
     ci = bundle_cost_inputs(b)
-    gpu, tp = ci["gpu"], ci["tp"]
-    tcost = model_cost(
-        ci["target_bytes"],
-        ci["target_format"],
-        gpu,
-        tp,
-        kv_bytes_per_token=ci["target_kv_bytes_per_token"],
-        layers=ci["target_layers"],
-        hidden=ci["hidden"],
-        params=ci["target_params"],
-        moe=ci["target_moe"],
-    )
-    dcost = model_cost(ci["draft_bytes"], ci["draft_format"], gpu, tp, kv_bytes_per_token=ci["draft_kv_bytes_per_token"])
+    gpu, tp, tcost, dcost = model_costs(ci)
     cum = ov.cumulative_acceptance + [0.0] * (k - len(ov.cumulative_acceptance))
-    return predict(cum, gpu, tcost, dcost, tp, concurrency, k, CostParams()), gpu, tp
+    # priced by the bundle's method's own cost hook (speculative/<method>/cost.py)
+    return predict(cum, gpu, tcost, dcost, tp, concurrency, k, CostParams(), method=ci["method"], options=ci["options"]), gpu, tp

@@ -4,6 +4,7 @@ The names are the ones ``alpha --modes`` measures and reports use."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from eagle3_trt.core.method_api import SpeculationMethod
@@ -23,6 +24,15 @@ class RegisteredMethod(Protocol):
     def from_options(cls, spec: Any, at_bundle_k: bool) -> SpeculationMethod | None:
         """The method a bundle's ``speculative_config`` serves, or None when they do not select it.
         ``at_bundle_k``: the engine runs at the bundle's own K (not an ``--max-draft-len`` override)."""
+        ...
+
+    @staticmethod
+    def step_seconds(
+        target_forward_s: Callable[[float], float], draft_forward_s: Callable[[float], float], batch: int, expected_tokens: float, k: int, options: Any = None
+    ) -> float:
+        """The cost model's hook (speculative/<method>/cost.py): seconds of one speculative iteration of
+        ``batch`` sequences drafting ``k`` tokens, ``expected_tokens`` (E_K) accepted per sequence;
+        ``target_forward_s(tokens)`` / ``draft_forward_s(tokens)``: one forward over that many tokens."""
         ...
 
 
@@ -54,3 +64,9 @@ def method_from_options(spec: Any, *, at_bundle_k: bool = True) -> SpeculationMe
         names = " and ".join(n for n, _ in chosen)
         raise UserError("speculative_config", f"the options select two speculation methods ({names})", "keep one")
     return chosen[0][1] if chosen else None
+
+
+def step_cost(name: str) -> Callable[..., float]:
+    """The cost hook of the method registered under ``name`` (``RegisteredMethod.step_seconds``): what
+    measure/cost_model.py prices an iteration with, so no method's cost is hard-coded there."""
+    return method_class(name).step_seconds

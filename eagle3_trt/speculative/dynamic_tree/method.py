@@ -12,6 +12,7 @@ from eagle3_trt.core.sampling import SamplingParams
 from eagle3_trt.core.spec_sampling import SpecSamplingConfig
 from eagle3_trt.core.tree import DraftTree
 from eagle3_trt.errors import UserError
+from eagle3_trt.speculative.dynamic_tree import cost
 from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig, check_target
 from eagle3_trt.speculative.dynamic_tree.drafting import draft_dynamic_tree
 
@@ -22,6 +23,7 @@ class DynamicTreeMethod:
 
     config: DynamicTreeConfig
     name = "dynamic-tree"
+    step_seconds = staticmethod(cost.step_seconds)  # the cost model's hook (registry.step_cost)
 
     @classmethod
     def from_options(cls, spec: Any, at_bundle_k: bool) -> DynamicTreeMethod | None:

@@ -10,6 +10,7 @@ from eagle3_trt.core.sampling import SamplingParams
 from eagle3_trt.core.spec_sampling import SpecSamplingConfig
 from eagle3_trt.core.static_tree_run import StaticTreeRun
 from eagle3_trt.core.tree import DraftTree
+from eagle3_trt.speculative.eagle3 import cost
 
 
 class Eagle3Chain:
@@ -17,6 +18,7 @@ class Eagle3Chain:
     method, as an object for callers that pick methods by name (``alpha --modes chain``)."""
 
     name = "chain"
+    step_seconds = staticmethod(cost.step_seconds)  # the cost model's hook (registry.step_cost)
 
     @classmethod
     def from_options(cls, spec: Any, at_bundle_k: bool) -> Eagle3Chain | None:

@@ -15,6 +15,7 @@ wins then depends on its acceptance against EAGLE-3's: the comparison this toolk
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 
 def draft_seconds(draft_forward_s: Callable[[float], float], batch: int, expected_tokens: float, k: int) -> float:
@@ -31,3 +32,11 @@ def iteration_seconds(verify_s: float, draft_forward_s: Callable[[float], float]
 def speedup(base_s: float, verify_s: float, draft_forward_s: Callable[[float], float], batch: int, expected_tokens: float, k: int) -> float:
     """Predicted speedup over no speculation: E_K target-only steps per P-EAGLE iteration."""
     return expected_tokens * base_s / iteration_seconds(verify_s, draft_forward_s, batch, expected_tokens, k)
+
+
+def step_seconds(
+    target_forward_s: Callable[[float], float], draft_forward_s: Callable[[float], float], batch: int, expected_tokens: float, k: int, options: Any = None
+) -> float:
+    """The registry's cost hook (``registry.step_cost``; signature as speculative/eagle3/cost.py's): the
+    chain's verification of K + 1 tokens per sequence plus ONE draft forward for all K tokens."""
+    return iteration_seconds(target_forward_s(batch * (k + 1)), draft_forward_s, batch, expected_tokens, k)

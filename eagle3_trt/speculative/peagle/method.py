@@ -16,6 +16,7 @@ from eagle3_trt.core.sampling import SamplingParams
 from eagle3_trt.core.spec_sampling import SpecSamplingConfig
 from eagle3_trt.core.tree import DraftTree
 from eagle3_trt.errors import UserError
+from eagle3_trt.speculative.peagle import cost
 from eagle3_trt.speculative.peagle.draft import PEagleDraft, parallel_logits
 
 
@@ -24,6 +25,7 @@ class PEagleMethod:
     """Parallel drafting over a P-EAGLE head (``PEagleDraft``): K = the engine's ``max_draft_len``."""
 
     name = "peagle"
+    step_seconds = staticmethod(cost.step_seconds)  # the cost model's hook (registry.step_cost): one draft forward for K tokens
 
     @classmethod
     def from_options(cls, spec: Any, at_bundle_k: bool) -> PEagleMethod | None:

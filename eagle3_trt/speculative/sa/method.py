@@ -16,6 +16,7 @@ from eagle3_trt.core.spec_sampling import SpecSamplingConfig
 from eagle3_trt.core.static_tree_run import StaticTreeRun
 from eagle3_trt.core.tree import DraftTree
 from eagle3_trt.errors import UserError
+from eagle3_trt.speculative.sa import cost
 from eagle3_trt.speculative.sa.automaton import SAConfig, SAEnhancer, without_rejection_sampling
 
 
@@ -25,6 +26,7 @@ class SuffixAutomatonMethod:
 
     config: SAConfig
     name = "sa"
+    step_seconds = staticmethod(cost.step_seconds)  # the cost model's hook (registry.step_cost): the chain's
 
     @classmethod
     def from_options(cls, spec: Any, at_bundle_k: bool) -> SuffixAutomatonMethod | None:

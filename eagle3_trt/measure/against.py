@@ -1,0 +1,255 @@
+"""``eagle3-trt alpha BUNDLE --against OTHER``: two bundles of one target measured on the same prompts
+(or the same captured requests), compared turn by turn, and which to deploy.
+
+Works for any two bundles of the same target: EAGLE-3 FP8 against BF16, two K, two heads, EAGLE-3
+against P-EAGLE. The targets must be the same checkpoint (``sources.target.files`` of the two
+manifests: the BF16 source's file digests; a quantized target built from it is the same target),
+else the comparison is refused in one line: another target's acceptance says nothing about this one.
+
+Both bundles are measured alike (``alpha_run.run_alpha`` on the same records, the same turns and
+max_tokens; greedy, so the continuations are the target's own). Each turn is then paired by
+(record id, turn) and, per category (the prompt set's ``category``; ``uncategorized`` without one)
+and overall:
+
+- AL (tokens per target forward) and alpha (accepted / drafted) of each, and the paired difference
+  A - B with its 95% interval: core/paired_ci.py's percentile bootstrap, resampling prompts (a
+  conversation's turns move together), so prompt-to-prompt spread stays out of the difference;
+- the predicted speedup of each at ``--concurrency``: the cost model (measure/cost_model.py) prices
+  one iteration of each bundle's method through the method's hook at the K it was measured at,
+  S = AL * T_base / T_iter(AL); the difference's interval is the same bootstrap with S applied to
+  each side's resampled AL (``transform_a``/``transform_b``);
+- per concurrency, the method and K to deploy (measure/method_choice.py), speculation off where
+  neither pays.
+
+Which to deploy at ``--concurrency``: the per-concurrency choice there (each bundle at its best K),
+speculation off when neither reaches 1.0x; the line also gives the measured comparison at the K
+each bundle was measured at and whether its interval excludes 0 (a difference beyond noise) or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eagle3_trt.core.paired_ci import PairedDiff, paired_ratio_diff
+from eagle3_trt.errors import UserError
+from eagle3_trt.measure.alpha_run import run_alpha
+from eagle3_trt.measure.bundle_costs import method_of, recommendation_batches
+from eagle3_trt.measure.cost_model import CostParams, model_costs, predict_from_tokens
+from eagle3_trt.measure.method_choice import Candidate, candidate, choose, estimator_replays
+from eagle3_trt.pipeline.bundle import Bundle, open_bundle
+
+UNCATEGORIZED = "uncategorized"
+
+
+def check_same_target(a: Bundle, b: Bundle) -> None:
+    """One line when ``a`` and ``b`` were built from different target checkpoints (manifest
+    ``sources.target``: the file digests of the BF16 source; its path, for the message)."""
+    ta, tb = a.manifest.sources.target, b.manifest.sources.target
+    if {n: f.sha256 for n, f in ta.files.items()} != {n: f.sha256 for n, f in tb.files.items()}:
+        raise UserError(
+            str(b.path),
+            f"serves another target ({tb.path}) than {a.path} ({ta.path}): the target checkpoints' file digests differ (manifest.json sources.target.files)",
+            "compare two bundles built from the same target",
+        )
+
+
+def labels(a: Bundle, b: Bundle) -> tuple[str, str]:
+    """Short names for the two bundles: their folder names, else their paths."""
+    la, lb = Path(a.path).name, Path(b.path).name
+    return (la, lb) if la != lb else (str(a.path), str(b.path))
+
+
+@dataclass(frozen=True)
+class Side:
+    """One bundle as compared: label, method, the K it was measured at, and its cost inputs."""
+
+    label: str
+    method: str
+    k: int
+    cand: Candidate
+
+    def speedup(self, concurrency: int, params: CostParams) -> Callable[[float], float]:
+        """AL -> predicted speedup of this bundle's method at K and ``concurrency``."""
+        gpu, tp, tcost, dcost = model_costs(self.cand.costs)
+        return lambda al: predict_from_tokens(al, gpu, tcost, dcost, tp, concurrency, self.k, params, method=self.method, options=self.cand.options).speedup
+
+
+def _turns(measurement: dict) -> dict[tuple[str, str, int, int], dict]:
+    """Each measured turn by (record id, category, turn, occurrence): both bundles measure the same
+    records in the same order, and a prompt file may repeat an id (raw lines are numbered, chat
+    records carry their question_id), so repeats are told apart by their order."""
+    seen: dict[tuple[str, str, int], int] = {}
+    out = {}
+    for r in measurement["requests"]:
+        key = (str(r["id"]), str(r.get("category") or UNCATEGORIZED), int(r["turn"]))
+        seen[key] = seen.get(key, 0) + 1
+        out[(*key, seen[key])] = r
+    return out
+
+
+def _row(name: str, pairs: list[tuple[dict, dict]], a: Side, b: Side, concurrency: int, params: CostParams) -> dict:
+    """One category's figures: both sides' AL, alpha and predicted speedup, and the paired differences."""
+    groups = [(ra["id"], ra.get("category")) for ra, _ in pairs]  # resample prompts: a conversation's turns together
+
+    def diff(num: str, den: str, **kw: Any) -> PairedDiff:
+        return paired_ratio_diff(
+            [ra[num] for ra, _ in pairs], [ra[den] for ra, _ in pairs], [rb[num] for _, rb in pairs], [rb[den] for _, rb in pairs], groups=groups, **kw
+        )
+
+    al = diff("generated_tokens", "target_forwards")
+    alpha = diff("accepted_tokens", "draft_tokens")
+    sp = diff("generated_tokens", "target_forwards", transform_a=a.speedup(concurrency, params), transform_b=b.speedup(concurrency, params))
+    return {
+        "category": name,
+        "turns": len(pairs),
+        "prompts": al.n_groups,
+        "acceptance_length": al.to_dict(),
+        "alpha": alpha.to_dict(),
+        "predicted_speedup": sp.to_dict(),
+    }
+
+
+def compare(a: Bundle, b: Bundle, meas_a: dict, meas_b: dict, *, concurrency: int, params: CostParams | None = None, k_a: int, k_b: int) -> dict:
+    """The ``against`` section of the report from the two measurements (``report["pairs"]["bundle"]``
+    of each bundle's alpha run): per category rows, the per-concurrency method choice, the verdict."""
+    params = params or CostParams()
+    la, lb = labels(a, b)
+    ca, cb = candidate(la, a, meas_a), candidate(lb, b, meas_b)
+    sa, sb = Side(la, ca.method, k_a, ca), Side(lb, cb.method, k_b, cb)
+    ta, tb = _turns(meas_a), _turns(meas_b)
+    paired = [(ta[key], tb[key]) for key in ta if key in tb]
+    if not paired:
+        raise UserError("--against", f"{la} and {lb} measured no turn in common", "measure both on the same prompts")
+    cats: dict[str, list[tuple[dict, dict]]] = {}
+    for ra, rb in paired:
+        cats.setdefault(ra.get("category") or UNCATEGORIZED, []).append((ra, rb))
+    rows = [_row("overall", paired, sa, sb, concurrency, params)]
+    if len(cats) > 1 or UNCATEGORIZED not in cats:
+        rows += [_row(c, v, sa, sb, concurrency, params) for c, v in sorted(cats.items())]
+    batches = sorted(set(recommendation_batches(a)) | set(recommendation_batches(b)) | {concurrency})
+    table = choose([ca, cb], batches, params)
+    section = {
+        "bundles": {
+            "a": {"label": la, "path": str(a.path), "method": sa.method, "k": k_a, "fingerprint": a.manifest.fingerprint},
+            "b": {"label": lb, "path": str(b.path), "method": sb.method, "k": k_b, "fingerprint": b.manifest.fingerprint},
+        },
+        "concurrency": concurrency,
+        "gpu": ca.costs["gpu"].name,
+        "tp": ca.costs["tp"],
+        "paired_by": "prompt (record id; a conversation's turns resampled together)",
+        "unpaired_turns": {"a": len(ta) - len(paired), "b": len(tb) - len(paired)},
+        "rows": rows,
+        "per_concurrency": [c.to_dict() for c in table],
+        "other_measurement": {k: meas_b[k] for k in ("label", "overall", "by_category", "seconds") if k in meas_b},
+    }
+    section["deploy"] = verdict(section)
+    return section
+
+
+def verdict(section: dict) -> dict:
+    """Which bundle to deploy at the section's concurrency: the per-concurrency choice there (each
+    bundle at its best K from its measured acceptance; speculation off when neither reaches 1.0x),
+    with the measured comparison at the K each was measured at and whether its paired interval
+    excludes 0 (a difference beyond the prompts' noise) or not."""
+    bun, conc = section["bundles"], section["concurrency"]
+    row = next(c for c in section["per_concurrency"] if c["concurrency"] == conc)
+    ov = section["rows"][0]["predicted_speedup"]
+    lo, hi = ov["ci"]
+    beyond = lo > 0 or hi < 0
+    measured = (
+        f"measured at K={bun['a']['k']} / K={bun['b']['k']}: {bun['a']['label']} {ov['a']:.2f}x, {bun['b']['label']} {ov['b']:.2f}x, "
+        f"difference A-B {ov['diff']:+.2f} [{lo:+.2f}, {hi:+.2f}] (95%, " + ("beyond noise)" if beyond else "within noise: the interval includes 0)")
+    )
+    if row["deploy"] is None:
+        line = f"deploy at concurrency {conc}: neither, speculation off (no bundle at any measured K reaches 1.0x); {measured}"
+        return {"choice": None, "label": None, "k": None, "beyond_noise": beyond, "line": line}
+    side = "a" if row["deploy"] == bun["a"]["label"] else "b"
+    line = f"deploy at concurrency {conc}: {row['deploy']} ({row['method']}, K={row['k']}): predicted {row['predicted_speedup']:.2f}x; {measured}"
+    return {"choice": side, "label": row["deploy"], "k": row["k"], "beyond_noise": beyond, "line": line}
+
+
+def _ci(d: dict, fmt: str) -> str:
+    lo, hi = d["ci"]
+    return f"{d['diff']:+{fmt}} [{lo:+{fmt}}, {hi:+{fmt}}]"
+
+
+def summary_lines(section: dict) -> list[str]:
+    """The side-by-side table, the per-concurrency choice and the verdict, as printed."""
+    bun = section["bundles"]
+    a, b = bun["a"], bun["b"]
+    out = [
+        f"A = {a['label']} ({a['method']}, K={a['k']}), B = {b['label']} ({b['method']}, K={b['k']}): "
+        f"{section['rows'][0]['turns']} turns paired by prompt ({section['rows'][0]['prompts']} prompts)",
+        f"predicted speedup at concurrency {section['concurrency']} on {section['gpu']} (TP{section['tp']}); 95% paired bootstrap intervals over prompts",
+        "",
+        f"{'category':<16}{'turns':>6}  {'AL A':>5} {'AL B':>5}  {'AL A-B [95%]':<22}{'alpha A':>8} {'alpha B':>7}  {'alpha A-B [95%]':<24}"
+        f"{'speedup A':>9} {'speedup B':>9}  speedup A-B [95%]",
+    ]
+    for r in section["rows"]:
+        al, al_, sp = r["acceptance_length"], r["alpha"], r["predicted_speedup"]
+        out.append(
+            f"{r['category'][:16]:<16}{r['turns']:>6}  {al['a']:>5.2f} {al['b']:>5.2f}  {_ci(al, '.2f'):<22}{al_['a']:>8.3f} {al_['b']:>7.3f}  "
+            f"{_ci(al_, '.3f'):<24}{sp['a']:>8.2f}x {sp['b']:>8.2f}x  {_ci(sp, '.2f')}"
+        )
+    out += [
+        "",
+        "method and K per concurrency (predicted speedup; best K per bundle):",
+        f"{'concurrency':>11}  {'deploy':<28}{'K':>2} {'speedup':>8}   {a['label']:<22}{b['label']}",
+    ]
+    for c in section["per_concurrency"]:
+        by = c["by_bundle"]
+        deploy = f"{c['deploy']} ({c['method']})" if c["deploy"] else "off (no speculation)"
+        cols = [f"K={by[x['label']]['k']} {by[x['label']]['predicted_speedup']:.2f}x" for x in (a, b)]
+        out.append(f"{c['concurrency']:>11}  {deploy[:28]:<28}{c['k'] or '-':>2} {c['predicted_speedup']:>7.2f}x   {cols[0]:<22}{cols[1]}")
+    out += ["", section["deploy"]["line"]]
+    return out
+
+
+def run_against(
+    bundle: Path,
+    other: Path,
+    prompts_file: Path,
+    *,
+    max_draft_len: int | None,
+    concurrency: int,
+    progress: Callable[[str], None] | None = None,
+    **alpha_kwargs: Any,
+) -> dict:
+    """Measure ``bundle`` and ``other`` on ``prompts_file`` alike; ``bundle``'s alpha report with the
+    comparison in ``report["against"]``. ``alpha_kwargs``: run_alpha's measuring options."""
+    a, b = open_bundle(Path(bundle)), open_bundle(Path(other))
+    check_same_target(a, b)  # before any model is loaded
+    reports = []
+    for x in (a, b):
+        k = int(max_draft_len or x.k)
+        # every K up to the measured one, where the estimator replays the method (one continuation serves all)
+        sweep = tuple(range(1, k + 1)) if estimator_replays(method_of(x)) else ()
+        if progress is not None:
+            progress(f"measuring {x.path}")
+        reports.append(
+            run_alpha(
+                Path(x.path),
+                Path(prompts_file),
+                bf16=False,
+                diagnostics=False,
+                max_draft_len=k,
+                sweep=sweep,
+                concurrency=concurrency,
+                progress=progress,
+                **alpha_kwargs,
+            )
+        )
+    rep_a, rep_b = reports
+    rep_a["against"] = compare(
+        a,
+        b,
+        rep_a["pairs"]["bundle"],
+        rep_b["pairs"]["bundle"],
+        concurrency=concurrency,
+        k_a=int(rep_a["settings"]["max_draft_len"]),
+        k_b=int(rep_b["settings"]["max_draft_len"]),
+    )
+    return rep_a
