@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.measure.context_buckets import Step, bucket_labels, bucket_of, check_edges, context_tables, request_steps
+from eagle3_trt.measure.context_buckets import DEFAULT_EDGES, Step, bucket_labels, bucket_of, check_edges, context_tables, request_steps
 
 
 def test_steps_of_a_hand_worked_request():
@@ -43,6 +43,7 @@ def test_a_sequence_that_does_not_fit_the_rule_is_not_rebuilt():
 
 def test_buckets_and_labels():
     assert bucket_labels((512, 1024, 2048, 3072, 4096)) == ["0-512", "512-1k", "1k-2k", "2k-3k", "3k-4k", "4k+"]
+    assert bucket_labels(DEFAULT_EDGES)[-2:] == ["64k-128k", "128k+"]
     assert [bucket_of(c, (512, 1024)) for c in (0, 511, 512, 1023, 1024, 9999)] == [0, 0, 1, 1, 2, 2]
     with pytest.raises(UserError):
         check_edges((512, 512))

@@ -34,8 +34,9 @@ from rich.table import Table
 from eagle3_trt.core.stats import AggregateStats, RequestStats, aggregate
 from eagle3_trt.errors import UserError
 
-# bucket edges in tokens of context: 0-512, 512-1k, 1k-2k, 2k-3k, 3k-4k, 4k+
-DEFAULT_EDGES: tuple[int, ...] = (512, 1024, 2048, 3072, 4096)
+# bucket edges in tokens of context: 0-512, 512-1k, 1k-2k, 2k-3k, 3k-4k (the embedded pair's context),
+# then doubling to 128k+ (only buckets with verifications are reported)
+DEFAULT_EDGES: tuple[int, ...] = (512, 1024, 2048, 3072, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
 @dataclass(frozen=True)
