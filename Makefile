@@ -1,4 +1,5 @@
 # Thin front for the eagle3-trt CLI. Every target sets up .venv on first use.
+#   make tiny-pairs [PAIRS="tiny tiny-qwen3 tiny-gpt-oss"]: retrain the embedded pairs (models/tiny: ~25 min on 2 cores)
 #   make engine [MODEL=tiny|tiny-qwen3|tiny-gpt-oss|llama3.1-8b|llama3.3-70b|qwen3-8b|qwen3-32b|gpt-oss-20b|gpt-oss-120b] [TARGET=dir DRAFT=dir] [GPU=h100|h200|b200]
 #               [GPUS=n] [TP=n] [QUANT=fp8|nvfp4|bf16|native] [QUANTIZE_DRAFT=1] [DRY_RUN=1] [OUT=dir]
 #   make docs   the documentation site (mkdocs --strict, into .cache/site)
@@ -66,6 +67,18 @@ $(STAMP): pyproject.toml Makefile
 
 engine: $(STAMP)
 	$(BIN)/eagle3-trt engine $(ENGINE_ARGS)
+
+# Rebuild the embedded pairs from the Python standard library, seeded (eagle3_trt/testing/make_tiny_pair.py):
+# models/tiny in ~25 min on 2 cores (one torch thread; figures, seeds and the tolerance a rebuild is held to in
+# models/tiny/MODEL_CARD.md). PAIRS="tiny tiny-qwen3 tiny-gpt-oss" also remakes the small ones (~2 min each).
+PAIRS ?= tiny
+.PHONY: tiny-pairs
+tiny-pairs: $(STAMP)
+	@set -e; for p in $(PAIRS); do \
+	  case $$p in tiny) fam=llama;; tiny-qwen3) fam=qwen3;; tiny-gpt-oss) fam=gpt-oss;; \
+	    *) echo "tiny-pairs: unknown pair '$$p' (PAIRS: tiny, tiny-qwen3, tiny-gpt-oss)" >&2; exit 2;; esac; \
+	  OMP_NUM_THREADS=1 $(BIN)/python -m eagle3_trt.testing.make_tiny_pair --family $$fam -o models/$$p --overwrite; \
+	done
 
 # Installed packages may register global pytest plugins (ai-dynamo's drop test_triton_* files): autoloading
 # is off and the suite names its own plugins in pyproject's addopts; its guard fails the run on any lost test.

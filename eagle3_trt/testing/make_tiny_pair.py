@@ -35,6 +35,7 @@ import torch
 
 from eagle3_trt.atomic import staged_dir, write_text
 from eagle3_trt.formats.heldout import HELDOUT_FILE, HeldoutPrompts
+from eagle3_trt.speculative.registry import trainable_methods
 from eagle3_trt.testing.tiny_model_card import model_card
 from eagle3_trt.testing.tiny_recipe import RECIPES, Recipe, read_corpus
 from eagle3_trt.testing.tiny_training import (
@@ -54,7 +55,7 @@ def make(out: Path, r: Recipe | None = None, overwrite: bool = False, log=print)
     out = Path(out)
     if out.exists() and not overwrite:
         raise click.UsageError(f"{out} exists; pass --overwrite")
-    t0 = time.time()
+    t0, cpu0, load0 = time.time(), _cpu_s(), os.getloadavg()
     torch.set_num_threads(r.threads)
     os.environ.setdefault("RAYON_NUM_THREADS", str(r.threads))
     timings = {}
@@ -64,6 +65,8 @@ def make(out: Path, r: Recipe | None = None, overwrite: bool = False, log=print)
         work = pair / ".work"
         work.mkdir()
         train, held, missing = read_corpus()
+        if r.train_files:
+            train = dict(list(train.items())[: r.train_files])
         t = time.time()
         train_tokenizer(list(train.values()), r.vocab_size, work / "tokenizer")
         timings["tokenizer_s"] = round(time.time() - t, 1)
@@ -74,7 +77,7 @@ def make(out: Path, r: Recipe | None = None, overwrite: bool = False, log=print)
         log(f"target: {timings['target_s']} s, held-out loss {target_stats['heldout_loss']}")
         t = time.time()
         data = work / "draft_train.jsonl"
-        n_pieces = draft_jsonl(train, r.draft_pieces, r.draft_piece_chars, data)
+        n_pieces = draft_jsonl(train, r.draft_pieces, r.draft_piece_chars, data, r.draft_copy_pieces, r.seed)
         report = _train_draft(r, pair, work, data)
         timings["draft_s"] = round(time.time() - t, 1)
         log(f"draft: {timings['draft_s']} s, train-split acceptance {report['after']['acceptance_length']}")
@@ -82,10 +85,24 @@ def make(out: Path, r: Recipe | None = None, overwrite: bool = False, log=print)
         report["target"] = f"models/{out.name}/target"
         report["data"] = f"draft_train.jsonl: {n_pieces} pieces of the training files (see MODEL_CARD.md)"
         (pair / "draft" / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
+        if r.peagle_steps and "peagle" in trainable_methods():
+            # the P-EAGLE head (issue 29): same data, same target continuations (train-draft caches them)
+            t = time.time()
+            preport = _train_draft(r, pair, work, data, method="peagle")
+            preport["target"], preport["data"] = report["target"], report["data"]
+            (pair / "peagle" / "train_report.json").write_text(json.dumps(preport, indent=2) + "\n")
+            timings["peagle_s"] = round(time.time() - t, 1)
+            log(f"peagle: {timings['peagle_s']} s")
         t = time.time()
         acceptance = measure_committed(pair, r, held)
         timings["measure_s"] = round(time.time() - t, 1)
         timings["total_s"] = round(time.time() - t0, 1)
+        # wall time depends on what else runs on the machine; the process's CPU time (user + system,
+        # this process and its children) and the load average around the run say how loaded it was
+        timings["cpu_s"] = round(_cpu_s() - cpu0, 1)
+        timings["loadavg_start"] = [round(x, 2) for x in load0]
+        timings["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        timings["cores"] = os.cpu_count()
         facts = _facts(out.name, r, train, held, missing, n_pieces, target_stats, report, pair, acceptance, timings)
         (pair / "MODEL_CARD.md").write_text(model_card(facts))
         (pair / "tiny_pair.json").write_text(json.dumps(facts, indent=2) + "\n")
@@ -94,14 +111,23 @@ def make(out: Path, r: Recipe | None = None, overwrite: bool = False, log=print)
     return facts
 
 
-def _train_draft(r: Recipe, pair: Path, work: Path, data: Path) -> dict:
-    """The draft, trained by `train-draft`'s own code path on the recipe's settings."""
+def _cpu_s() -> float:
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _train_draft(r: Recipe, pair: Path, work: Path, data: Path, method: str = "chain") -> dict:
+    """A head trained by `train-draft`'s own code path on the recipe's settings: the EAGLE-3 draft
+    (method chain, into draft/), or the P-EAGLE head (method peagle, into peagle/, peagle_steps)."""
     return train_draft(
         TrainDraftOptions(
             target=pair / "target",
             data=data,
-            out=pair / "draft",
-            steps=r.draft_steps,
+            out=pair / ("draft" if method == "chain" else method),
+            method=method,
+            steps=r.draft_steps if method == "chain" else r.peagle_steps,
             max_draft_len=r.max_draft_len,
             draft_vocab=r.draft_vocab,
             device="cpu",
@@ -117,7 +143,7 @@ def _train_draft(r: Recipe, pair: Path, work: Path, data: Path) -> dict:
             quiet=not sys.stderr.isatty(),
             threads=r.threads,
             save_every=0,
-            work_dir=work / "draft.work",
+            work_dir=work / f"{method}.work",
         )
     )
 
@@ -154,9 +180,15 @@ def _facts(
 
 def _write_heldout_prompts(pair: Path, name: str, r: Recipe, held: dict) -> None:
     # what `make engine` measures a bundle of this pair on (convert/embedded.py heldout_prompts)
+    paste = (
+        f", taken in turn with {r.paste_prompts} paste-and-copy prompts made from the same files (testing/tiny_copy_data.py paste_prompts: "
+        "a block pasted twice, a block then '# again:', a block then '# changed:' and its first edited line)"
+        if r.paste_prompts
+        else ""
+    )
     about = (
         f"Held-out prompts for the embedded {name} pair: token ids of {r.eval_prompt_len}-token windows from Python "
-        f"standard-library modules neither model was trained on ({', '.join(held)}; PSF License). "
+        f"standard-library modules neither model was trained on ({', '.join(held)}; PSF License){paste}. "
         "`make engine` measures the built bundle's acceptance on them."
     )
     write_text(pair / HELDOUT_FILE, HeldoutPrompts(about=about, prompts=heldout_prompt_ids(pair, r, held)).model_dump_json() + "\n")
@@ -165,7 +197,9 @@ def _write_heldout_prompts(pair: Path, name: str, r: Recipe, held: dict) -> None
 def remeasure_pair(out: Path) -> dict:
     """Measure the committed pair again and rewrite its card; training facts are kept as recorded."""
     facts = json.loads((out / "tiny_pair.json").read_text())
-    r = Recipe(**facts["recipe"])
+    # a card written before a recipe field existed: that field as its family's recipe sets it now
+    family = {"llama": "llama", "qwen3": "qwen3", "gpt_oss": "gpt-oss"}[facts["recipe"].get("model_type", "llama")]
+    r = Recipe(**{**asdict(RECIPES[family]), **facts["recipe"]})
     torch.set_num_threads(r.threads)
     _, held, _ = read_corpus()
     facts["acceptance_heldout"] = measure_committed(out, r, held)

@@ -5,6 +5,78 @@ from __future__ import annotations
 from eagle3_trt.formats.families import family_of
 
 
+def _copy_sections(f: dict) -> tuple[str, str]:
+    """(the held-out acceptance by prompt set and the copy check; the copy training text), for a
+    pair trained with copy documents (testing/tiny_copy_data.py); empty for the others."""
+    r, acc = f["recipe"], f["acceptance_heldout"]
+    if "by_set" not in acc:
+        return "", ""
+    sets = "\n".join(
+        f"| {name} | {a['prompts']} | {a['acceptance_length']:.2f} | {' / '.join(f'{x:.2f}' for x in a['per_step'])} |" for name, a in acc["by_set"].items()
+    )
+    cc = acc.get("copy_check", {})
+    s, lg = cc.get("short", {}), cc.get("long", {})
+    ci = acc.get("interval_95")
+    tol = (
+        f"\n\n**Tolerance.** A rebuild (`make tiny-pairs`) reproduces the shipped pair when its K={r['max_draft_len']} acceptance length "
+        f"on these prompts falls within {ci['low']:.2f}-{ci['high']:.2f}: the 95% interval of the shipped figure, bootstrapped over the "
+        f"{ci['prompts']} held-out prompts ({ci['resamples']} resamples). On the same Python, torch and CPU the run is deterministic "
+        "(one torch thread, fixed seeds); elsewhere float rounding changes the weights slightly, which moves the figure by "
+        "less than the spread between prompts that this interval measures."
+        if ci
+        else ""
+    )
+    measured = f"""
+By prompt set (K={r["max_draft_len"]}; `heldout_prompts.json` holds both, taken in turn, and `make engine` gates on its first 8):
+
+| set | prompts | acceptance length | per-step acceptance |
+|---|---|---|---|
+{sets}
+
+*code*: {r["eval_prompt_len"]}-token windows of the held-out files. *paste*: paste-and-copy prompts made from
+the held-out files (`tiny_copy_data.paste_prompts`: a block pasted twice, a block then `# again:`, a block
+then `# changed:` and its first edited line), ending where the copy starts.
+
+**The target copies.** Greedy continuations that repeat the block exactly: {s.get("copied", 0)} of {s.get("prompts", 0)} held-out
+pasted/again prompts (up to {s.get("prompt_tokens_max", 0)} tokens), and {lg.get("copied", 0)} of {lg.get("prompts", 0)} long prompts of
+{lg.get("prompt_tokens_max", 0)} tokens whose block is {lg.get("prompt_tokens_max", 0) - 300}+ tokens back (`tiny_training.copy_check`).{tol}
+"""
+    t = f["target"]
+    training = f"""
+Copy training (`eagle3_trt/testing/tiny_copy_data.py`, seed {r["seed"]}): {r["copy_fraction"]:.0%} of the short windows' text
+is copy documents synthesised from the training files: a block of lines pasted 2-4 times, a block then
+`# again:` and the block verbatim, or a block then `# changed:` and the block with one or two identifiers
+renamed throughout (a number changed, a line dropped), each followed by the lines that came after it.
+Every {r["long_every"]}th step is one long document of {r["target_long_seq"]} tokens instead ({t.get("long_steps", 0)} steps over
+{t.get("long_windows", 0)} documents): segments of several files, later ones copying a block from thousands of tokens
+back, so attention works across the whole {r["max_position_embeddings"]}-token context. The head is trained at {r["draft_seq"]}
+tokens only (as heads usually are, at a shorter context than the target's), so acceptance is expected to fall with context.
+
+"""
+    return measured, training
+
+
+def _run_time(f: dict) -> str:
+    t, r = f["timings"], f["recipe"]
+    if "cpu_s" not in t:  # as cards were written before the CPU time was recorded
+        return (
+            f"{t['total_s'] / 60:.1f} min in all on a shared 2-core CPU, {r['threads']} torch thread: tokenizer {t['tokenizer_s']} s,\n"
+            f"target {t['target_s']} s, draft {t['draft_s']} s (target continuations, hidden states, training, evaluation),\n"
+            f"held-out measurement {t['measure_s']} s."
+        )
+    parts = f"tokenizer {t['tokenizer_s']} s, target {t['target_s']} s, draft {t['draft_s']} s (target continuations, hidden states, training, evaluation)"
+    if "peagle_s" in t:
+        parts += f", P-EAGLE head {t['peagle_s']} s"
+    head = f"{t['total_s'] / 60:.1f} min wall in all on a shared {t['cores']}-core CPU, {r['threads']} torch thread: {parts}, held-out measurement {t['measure_s']} s."
+    return (
+        head
+        + f"""
+Process CPU time (user + system, `getrusage`): {t["cpu_s"] / 60:.1f} min. The machine was shared while it ran (load
+average {t["loadavg_start"][0]:.2f} at the start, {t["loadavg_end"][0]:.2f} at the end, 1-minute figures): with one torch thread the run
+needs one core, so its CPU time is what it takes on an idle 2-core machine, and the wall time above is an upper bound."""
+    )
+
+
 def model_card(f: dict) -> str:
     r = f["recipe"]
     acc = f["acceptance_heldout"]
@@ -15,8 +87,12 @@ def model_card(f: dict) -> str:
         for key, a in acc.items()
         if key.startswith("K=")
     )
+    copy_measured, copy_training = _copy_sections(f)
+    copy_pieces = (
+        f": {r['draft_pieces']} of ~{r['draft_piece_chars']} characters" if r.get("draft_copy_pieces") else f" of ~{r['draft_piece_chars']} characters"
+    )
+    copy_docs = f" and {r['draft_copy_pieces']} copy documents (seed {r['seed'] + 1})" if r.get("draft_copy_pieces") else ""
     greedy_line = "Output equals the target's plain greedy decoding (checked on the first 4 prompts)." if acc.get("matches_greedy_first_4_prompts") else ""
-    t = f["timings"]
     mb = 1 << 20
     files = "weights (target experts MXFP4 as shipped, dequantized exactly; the rest bf16)" if r.get("target_format") == "mxfp4" else "bf16 weights"
     family = family_of(r.get("model_type", "llama"))
@@ -34,6 +110,8 @@ def model_card(f: dict) -> str:
         )
     raw_note = (
         " (training on the raw text instead gave 2.03 at K=3 in an earlier run)"
+        if family.name == "llama" and not copy_training
+        else ""
         if family.name == "llama"
         else f". This target is trained only briefly (held-out loss {f['target']['heldout_loss']} nats/token): its greedy "
         "output repeats a few frequent tokens, which is why a head trained for a minute predicts most of it"
@@ -58,7 +136,7 @@ checked against an independent re-derivation in `tests/test_engine_cross_check.p
 | drafts per pass | acceptance length | per-step acceptance | verification passes | tokens |
 |---|---|---|---|---|
 {rows}
-
+{copy_measured}
 ## Architecture
 
 | | target (`target/`) | draft (`draft/`) |
@@ -81,7 +159,7 @@ PSF License), CPython {f["python"]} when these weights were made. Fixed sorted f
 ({f["corpus"]["train_chars"]:,} characters, {f["target"]["train_tokens_in_corpus"]:,} tokens).
 Held out from both models: {", ".join(f["corpus"]["heldout_files"])}
 ({f["target"]["heldout_tokens"]:,} tokens). Missing on this Python: {", ".join(f["corpus"]["missing_files"]) or "none"}.
-The draft's data: {f["corpus"]["draft_pieces"]} pieces of ~{r["draft_piece_chars"]} characters spread evenly over the training files;
+{copy_training}The draft's data: {f["corpus"]["draft_pieces"]} pieces{copy_pieces} spread evenly over the training files{copy_docs};
 with `--generate` the target continued the first {r["eval_prompt_len"]} tokens of each by {r["draft_gen_tokens"]} greedy tokens, so the
 head learned the target's own output{raw_note}.
 
@@ -97,14 +175,12 @@ head learned the target's own output{raw_note}.
 
 ## Run time
 
-{t["total_s"] / 60:.1f} min in all on a shared 2-core CPU, {r["threads"]} torch thread: tokenizer {t["tokenizer_s"]} s,
-target {t["target_s"]} s, draft {t["draft_s"]} s (target continuations, hidden states, training, evaluation),
-held-out measurement {t["measure_s"]} s.
+{_run_time(f)}
 torch {f["torch"]}.
 
 ## Reproduce
 
-    python -m eagle3_trt.testing.make_tiny_pair{"" if family.name == "llama" else " --family " + family.name} -o models/{f.get("name", "tiny")} --overwrite
+    {"make tiny-pairs" if family.name == "llama" else "python -m eagle3_trt.testing.make_tiny_pair --family " + family.name + " -o models/" + f.get("name", "tiny") + " --overwrite"}
 
 Seeds, file list and step counts are fixed; another Python version's standard library differs
 slightly, so the committed weights are the reference. All figures above are in `tiny_pair.json`.

@@ -171,8 +171,16 @@ class Recipe:
     num_key_value_heads: int = 1
     head_dim: int = 64
     intermediate_size: int = 576
-    max_position_embeddings: int = 1024
-    rope_theta: float = 10000.0
+    # 4,096 positions (issue 29: acceptance by context length needs a context to fall over); theta 1e5
+    # (Llama-3 uses 5e5 for 8k): the lowest RoPE frequency still turns well under once over 4k tokens
+    max_position_embeddings: int = 4096
+    rope_theta: float = 100000.0
+    # copy training (testing/tiny_copy_data.py): the share of the short windows' text that is copy
+    # documents, and long documents seen as one target_long_seq window every long_every steps
+    copy_fraction: float = 0.5
+    long_docs: int = 64
+    long_every: int = 15
+    target_long_seq: int = 4096
     # mixture of experts and sliding-window layers (gpt-oss; 0 = dense, full attention everywhere)
     num_local_experts: int = 0
     num_experts_per_tok: int = 0
@@ -182,7 +190,7 @@ class Recipe:
     # how the target is shipped: "bf16", or "mxfp4" (experts in gpt-oss's MXFP4 layout, convert/mxfp4.py)
     target_format: str = "bf16"
     # target pre-training
-    target_steps: int = 550
+    target_steps: int = 600
     target_batch: int = 8
     target_seq: int = 256
     target_lr: float = 3e-3
@@ -194,18 +202,29 @@ class Recipe:
     draft_lr: float = 1e-3
     draft_pieces: int = 600  # text records for the head, spread over the training files
     draft_piece_chars: int = 800
-    draft_gen_tokens: int = 192  # train-draft --generate: the target continues each piece's first 64 tokens
+    draft_copy_pieces: int = 300  # copy documents (tiny_copy_data) among the head's records
+    draft_gen_tokens: int = 160  # train-draft --generate: the target continues each piece's first eval_prompt_len tokens
     max_draft_len: int = 3
+    # P-EAGLE head (train-draft --method peagle into <pair>/peagle/; 0 = none): make_tiny_pair's hook
+    peagle_steps: int = 0
     # held-out measurement
     eval_prompts: int = 32
-    eval_prompt_len: int = 64
+    paste_prompts: int = 24  # held-out paste-and-copy prompts (tiny_copy_data.paste_prompts) beside the code windows
+    eval_prompt_len: int = 96
     eval_tokens: int = 64
     threads: int = 1
+    # only the first N training files (sorted; 0 = all): the short recipe tests/test_tiny_recipe_learns.py runs
+    train_files: int = 0
 
 
 # tiny-qwen3: a Qwen3 with the family's quirks (q/k norms; 4 heads x head_dim 48 = 192 over a hidden
 # size of 128; tied embeddings, as Qwen3-0.6B/1.7B/4B have), trained in < 2 min on one core (one torch thread: two threads on a shared 2-core box ran 10-50x slower).
 QWEN3_RECIPE = Recipe(
+    copy_fraction=0.0,
+    long_docs=0,
+    long_every=0,
+    draft_copy_pieces=0,
+    paste_prompts=0,
     model_type="qwen3",
     tie_word_embeddings=True,
     vocab_size=1024,
@@ -239,6 +258,11 @@ QWEN3_RECIPE = Recipe(
 # experts in MXFP4 (attention, router, embedding and lm_head in BF16). The head is trained against the
 # MXFP4 target as the runtime loads it (experts dequantized exactly), i.e. the checkpoint TensorRT-LLM serves.
 GPT_OSS_RECIPE = Recipe(
+    copy_fraction=0.0,
+    long_docs=0,
+    long_every=0,
+    draft_copy_pieces=0,
+    paste_prompts=0,
     model_type="gpt_oss",
     vocab_size=1024,
     hidden_size=128,
