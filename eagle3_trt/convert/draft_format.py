@@ -25,6 +25,7 @@ from eagle3_trt.errors import UserError
 from eagle3_trt.formats import draft_producers, rope_params
 from eagle3_trt.formats.checkpoint_io import load_tensors, read_json
 from eagle3_trt.formats.draft_config import DraftConfig, detect_format, draft_config, expected_shapes
+from eagle3_trt.speculative.registry import method_class, method_for_head
 
 # The config half (DraftConfig, the layouts' config parsing, expected_shapes, trtllm_config) is
 # eagle3_trt.formats.draft_config; this module loads the tensors and normalizes their names.
@@ -36,6 +37,9 @@ class DraftCheckpoint:
     config: DraftConfig
     tensors: dict[str, Any]
     raw_config: dict
+    # a registered method's own head format (speculative.registry.method_for_head, e.g. "peagle"), read by
+    # that method's ``head`` hooks; None: an EAGLE-3 head in one of the three layouts above
+    method: str | None = None
 
     @property
     def has_d2t(self) -> bool:
@@ -74,6 +78,10 @@ def _layer_names(tensors: dict[str, Any], num_layers: int) -> dict[str, Any]:
 def load_draft(path: Path) -> DraftCheckpoint:
     path = Path(path)
     raw = read_json(path / "config.json")
+    method = method_for_head(raw)
+    if method is not None:  # its home reads and checks it: tensors under the draft core's names plus its own
+        head = method.head.load(path)  # type: ignore[attr-defined]  # method_for_head returns classes with head hooks
+        return DraftCheckpoint(path=path, config=head.config, tensors=head.tensors, raw_config=raw, method=method.name)
     draft_producers.refuse_other_method(raw, path / "config.json")  # before reading weights another method may lay out differently
     tensors = load_tensors(path)
     fmt = detect_format(raw, set(tensors), path / "config.json")
@@ -98,6 +106,11 @@ def _check_layer_count(tensors: dict[str, Any], num_layers: int, where: Path) ->
             f"{num_layers} draft decoder layers, but the checkpoint holds {held}",
             "set num_hidden_layers to the number of layers the head was trained with",
         )
+
+
+def head_hooks(ckpt: DraftCheckpoint) -> Any:
+    """The ``head`` hooks of the method whose own format the checkpoint is (None: an EAGLE-3 head)."""
+    return None if ckpt.method is None else getattr(method_class(ckpt.method), "head", None)
 
 
 def served_tensors(ckpt: DraftCheckpoint) -> dict[str, Any]:
@@ -126,4 +139,4 @@ def for_max_seq_len(ckpt: DraftCheckpoint, max_seq_len: int) -> DraftCheckpoint:
     new = config_for_max_seq_len(ckpt.config, max_seq_len)
     if new is ckpt.config:
         return ckpt
-    return DraftCheckpoint(path=ckpt.path, config=new, tensors=ckpt.tensors, raw_config=ckpt.raw_config)
+    return DraftCheckpoint(path=ckpt.path, config=new, tensors=ckpt.tensors, raw_config=ckpt.raw_config, method=ckpt.method)

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from transformers import AutoTokenizer
 
 from eagle3_trt.convert.dequantize import load_checkpoint_dequantized
-from eagle3_trt.convert.draft_format import DraftCheckpoint, load_draft
+from eagle3_trt.convert.draft_format import DraftCheckpoint, head_hooks, load_draft
 from eagle3_trt.convert.target import read_target
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SpeculativeEngine
@@ -27,6 +27,7 @@ from eagle3_trt.formats.checkpoint_io import iter_tensors, read_json, weight_fil
 from eagle3_trt.formats.families import default_aux_layers_of
 from eagle3_trt.formats.generation import eos_token_ids, pad_token_id
 from eagle3_trt.formats.hf_config import max_positions_of
+from eagle3_trt.speculative.registry import method_class
 
 
 def load_target(path: Path, *, device: Any = "cpu", dtype: torch.dtype = torch.float32, aux_layer_ids: Any = None) -> TargetModel:
@@ -99,13 +100,16 @@ def load_engine(
     target = TargetModel.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=tuple(aux), quant=quant)
     if kv_cache_fp8(tdir):
         target.kv_scales = read_kv_scales(tdir)
-    _dcfg, dsd, dquant = load_checkpoint_dequantized(ddir, dtype=dtype)
-    dense = {k2: v for k2, v in dsd.items() if not k2.endswith((".input_scale", ".weight_scale", ".weight_scale_2", ".k_scale", ".v_scale"))}
-    # A packed NVFP4 fc.weight halves in_features in the raw file; count aux layers on the dense one.
-    n_aux = dense["fc.weight"].shape[1] // meta.config.target_hidden_size
-    ckpt = DraftCheckpoint(path=ddir, config=replace(meta.config, num_aux_layers=n_aux), tensors=dense, raw_config=meta.raw_config)
-    draft, embed = _build_draft(ckpt, dtype, device)
-    draft.fake_quant_handles = install_activation_fake_quant(draft, input_scales_of(dquant, dsd), quant_algo_of(dquant))
+    if meta.method is not None:  # a method's own head (P-EAGLE), shipped unquantized in its own format
+        draft, embed = _build_draft(meta, dtype, device)
+    else:
+        _dcfg, dsd, dquant = load_checkpoint_dequantized(ddir, dtype=dtype)
+        dense = {k2: v for k2, v in dsd.items() if not k2.endswith((".input_scale", ".weight_scale", ".weight_scale_2", ".k_scale", ".v_scale"))}
+        # A packed NVFP4 fc.weight halves in_features in the raw file; count aux layers on the dense one.
+        n_aux = dense["fc.weight"].shape[1] // meta.config.target_hidden_size
+        ckpt = DraftCheckpoint(path=ddir, config=replace(meta.config, num_aux_layers=n_aux), tensors=dense, raw_config=meta.raw_config)
+        draft, embed = _build_draft(ckpt, dtype, device)
+        draft.fake_quant_handles = install_activation_fake_quant(draft, input_scales_of(dquant, dsd), quant_algo_of(dquant))
     tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None and Path(tokenizer_dir).is_dir() else tdir
     return SpeculativeEngine(
         target,
@@ -116,6 +120,7 @@ def load_engine(
         max_seq_len=int(max_seq_len or max_positions_of(cfg)),
         draft_embed=embed,
         pad_token_id=pad_token_id(tdir),
+        method=_method_of(meta),
     )
 
 
@@ -143,6 +148,7 @@ def engine_for_checkpoint(
         max_seq_len=info.max_position_embeddings,
         draft_embed=embed,
         pad_token_id=pad_token_id(target_dir),
+        method=_method_of(ckpt),
     )
 
 
@@ -154,9 +160,20 @@ def _default_dtype(device: Any, dtype: torch.dtype | None) -> torch.dtype:
 
 def _build_draft(ckpt: DraftCheckpoint, dtype: torch.dtype, device: Any) -> tuple[Eagle3Draft, torch.nn.Embedding | None]:
     """The draft and the embedding table it reads: its own exactly when TensorRT-LLM gives it one
-    (target_hidden_size != hidden_size, ``DraftConfig.own_embedding``), else None (the target's)."""
+    (target_hidden_size != hidden_size, ``DraftConfig.own_embedding``), else None (the target's).
+    A method's own head (``ckpt.method``) is built by that method's ``head`` hooks (P-EAGLE: its own embedding)."""
+    hooks = head_hooks(ckpt)
+    if hooks is not None:
+        built: tuple[Eagle3Draft, torch.nn.Embedding | None] = hooks.build(ckpt, dtype, device)
+        return built
     draft = Eagle3Draft.from_checkpoint(ckpt, dtype=dtype, device=device)
     return draft, getattr(draft, "embed_tokens", None)
+
+
+def _method_of(ckpt: DraftCheckpoint) -> Any:
+    """The method a method's own head drafts with (None: an EAGLE-3 head, the engine's chain); a
+    bundle's options may still pick another (runtime/loader.py)."""
+    return None if ckpt.method is None else method_class(ckpt.method)()
 
 
 def _load_tokenizer(path: Path) -> Any:

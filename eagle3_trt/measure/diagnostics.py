@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from eagle3_trt.measure.acceptance import Measurement
-from eagle3_trt.measure.estimator import teacher_forced_drafts
+from eagle3_trt.measure.estimator import method_feed, teacher_forced_drafts
 
 # Step-1 agreement below this: the draft rarely predicts the target's next token, and alpha is
 # low whatever else is right (healthy EAGLE-3 heads agree 60-80% on their traffic).
@@ -71,7 +71,7 @@ def draft_run(engine, seqs: list[list[int]], prompt_lens: list[int], k: int = 1)
             allowed = torch.tril(torch.ones(N, N, dtype=torch.bool))[None]
             _, aux = engine.target.forward(ids, torch.arange(N)[None], allowed, None, logits_at=torch.zeros(1, 1, dtype=torch.long))
             captured.clear()
-            steps = teacher_forced_drafts(engine.draft, engine._draft_embed, aux, ids.to(engine.device), k, d2t_ids=d2t_ids)
+            steps = teacher_forced_drafts(engine.draft, engine._draft_embed, aux, ids.to(engine.device), k, feed=method_feed(engine), d2t_ids=d2t_ids)
             lo = max(n0 - 1, 0)
             for st, lg in enumerate(steps, 1):
                 lg = lg[0, lo : N - 1 - st].float().cpu()

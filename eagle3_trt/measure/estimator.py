@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -55,7 +56,10 @@ def teacher_forced_drafts(
     never influences valid positions because all attention is causal in the origin).
     Origin p pairs the state of position p with token p+1 (p = 0..N-2). Step s at origin p
     predicts token p+s+1. ``feed``: "draft" feeds step s the draft's own step s-1 prediction
-    (what the runtime does), "truth" feeds the true token p+s (training-time test).
+    (what the runtime does), "truth" feeds the true token p+s (training-time test), or a method's
+    callable ``(step s-1 logits, its hidden) -> (step s tokens, hidden)`` (``method_feed``: P-EAGLE's
+    mask slots, whose attention pattern is exactly this one: the context up to the origin plus the
+    slots of the same origin).
     Steps 2..k run only for origins >= ``start`` (step 1 always runs over all origins: it is the
     context every later step attends to); the returned tensors of steps >= 2 cover origins
     start..N-2.
@@ -79,7 +83,9 @@ def teacher_forced_drafts(
     hidden = h[:, start:]
     prev = logits[:, start:]
     for s in range(2, k + 1):
-        if feed == "draft":
+        if callable(feed):  # a method's own later draft slots (method_feed)
+            inp_tok, hidden = feed(prev, hidden)
+        elif feed == "draft":
             inp_tok = d2t_ids[prev.argmax(-1)]
         else:
             shifted = tokens[:, start + s :]
@@ -88,6 +94,14 @@ def teacher_forced_drafts(
         hidden, prev, kv = draft(embed_fn(inp_tok), hidden, pos[:, start:] + (s - 1), past=kv, mask=mask)
         outs.append(prev)
     return outs
+
+
+def method_feed(engine) -> Any:
+    """What the engine's method feeds draft steps >= 2 (``teacher_forced_drafts``' ``feed``): its
+    class's ``teacher_forced_feed(draft)`` hook when it has one (P-EAGLE: mask slots), else "draft"
+    (the chain feeds back its own prediction)."""
+    hook = getattr(getattr(engine, "method", None), "teacher_forced_feed", None)
+    return hook(engine.draft) if hook is not None else "draft"
 
 
 def _draft_step1(draft, embed_fn, aux, tokens, d2t_ids, with_logits: bool = True):
@@ -120,7 +134,9 @@ def _teacher_forced_drafts_rows(draft, embed_fn, aux, tokens, k, feed, d2t_ids, 
     ctx = torch.arange(P, device=dev)[None, None, :] <= org[:, :, None]  # [B, Q, P]
     diag = torch.eye(Q, dtype=torch.bool, device=dev)[None].expand(B, -1, -1)
     for s in range(2, k + 1):
-        if feed == "draft":
+        if callable(feed):  # a method's own later draft slots (method_feed)
+            inp_tok, hidden = feed(prev, hidden)
+        elif feed == "draft":
             inp_tok = d2t_ids[prev.argmax(-1)]
         else:
             inp_tok = tokens.gather(1, (org + s).clamp(max=N - 1))
@@ -404,6 +420,7 @@ def estimate(
     stop = frozenset(engine.eos_token_ids)
     dev = engine.device
     d2t_ids = engine._d2t_ids
+    feed = method_feed(engine)
     for i in range(0, len(order), batch_size):
         idx = order[i : i + batch_size]
         res, auxs = greedy_continuations(engine, [prompts[j] for j in idx], max_tokens, tick)
@@ -429,7 +446,7 @@ def estimate(
             starts = [max(len(prompts[idx[b]]) - 1, 0) for b in grp]
             span = max(max(len(seqs[b]) - 1 - st for b, st in zip(grp, starts)), 1)
             logits = teacher_forced_drafts(
-                engine.draft, engine._draft_embed, aux, ids.to(dev), k_max, feed="draft", d2t_ids=d2t_ids, starts=torch.tensor(starts), span=span
+                engine.draft, engine._draft_embed, aux, ids.to(dev), k_max, feed=feed, d2t_ids=d2t_ids, starts=torch.tensor(starts), span=span
             )
             steps = [d2t_ids[lg.argmax(-1)].cpu() for lg in logits]
             for r, b in enumerate(grp):

@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from eagle3_trt.convert import export, quantize
-from eagle3_trt.convert.draft_format import config_for_max_seq_len
+from eagle3_trt.convert.draft_format import config_for_max_seq_len, head_hooks
 from eagle3_trt.convert.embedded import heldout_prompts
 from eagle3_trt.convert.load import load_engine
 from eagle3_trt.convert.prompts import load_prompts
@@ -174,7 +174,10 @@ def _quantize_and_export_draft(
     draft, model, batches: list, report, tmp: Path, draft_quant: str, device: str, timings: dict, progress: Progress, token_ids: dict
 ) -> None:
     s = time.perf_counter()
-    if draft_quant != "bf16":
+    hooks = head_hooks(draft)
+    if hooks is not None:  # a method's own head (P-EAGLE): shipped as its serving engine reads it, unquantized (builder refuses --quantize-draft)
+        hooks.export(draft, tmp / "draft")
+    elif draft_quant != "bf16":
         dm = Eagle3Draft.from_checkpoint(draft, dtype=torch.bfloat16, device=device)
         tick = progress(f"calibrate + quantize draft ({draft_quant})", len(batches))
         quantize.quantize_draft(dm, model, batches, report.aux_layer_ids, draft_quant, on_step=tick)

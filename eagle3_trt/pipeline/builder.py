@@ -23,7 +23,7 @@ from pathlib import Path
 from eagle3_trt import __version__
 from eagle3_trt.atomic import remove_stale_staging, staged_dir, write_json
 from eagle3_trt.convert import behaviour, quantize
-from eagle3_trt.convert.draft_format import for_max_seq_len, load_draft
+from eagle3_trt.convert.draft_format import DraftCheckpoint, for_max_seq_len, head_hooks, load_draft
 from eagle3_trt.convert.embedded import embedded_pair
 from eagle3_trt.convert.target import TargetInfo, read_target
 from eagle3_trt.convert.validate import ValidationReport, check_target_family, check_target_tokenizer, validate_pair
@@ -154,8 +154,10 @@ def make_plan(req: EngineRequest, target_dir: Path, draft_dir: Path, gpu: gpus.G
     )
 
 
-def llm_options(req: EngineRequest, kv: str, k: int, aux: tuple[int, ...], aux_default: bool, plan) -> LlmApiOptions:
+def llm_options(req: EngineRequest, kv: str, k: int, aux: tuple[int, ...], aux_default: bool, plan, draft: DraftCheckpoint | None = None) -> LlmApiOptions:
     batches = list(plan.cuda_graph_batch_sizes)
+    hooks = head_hooks(draft) if draft is not None else None
+    method_options = dict(hooks.speculative_options) if hooks is not None else {}  # a method's own head: the key selecting it
     return LlmApiOptions(
         model="target",
         tokenizer="target",
@@ -178,6 +180,7 @@ def llm_options(req: EngineRequest, kv: str, k: int, aux: tuple[int, ...], aux_d
             # without it TensorRT-LLM's one-model EAGLE-3 serves temperature > 0 greedily (core/spec_sampling.py);
             # with it the target samples each position and the output follows the target's distribution
             allow_advanced_sampling=True,
+            **method_options,
         ),
     )
 
@@ -283,7 +286,12 @@ def _validate(req: EngineRequest, st: _Settings):
         report = _validate_config_only(st.target, st.draft_dir, preset.max_seq_len)
     else:
         draft = load_draft(st.draft_dir)
+        hooks = head_hooks(draft)
+        if hooks is not None and st.draft_quant != "bf16":
+            raise UserError("--quantize-draft", f"a {hooks.label} head is shipped unquantized, in the format its serving engine reads", "drop --quantize-draft")
         report = validate_pair(st.target, draft, preset.max_seq_len, quant=st.quant)
+        if hooks is not None and st.k > hooks.trained_k(draft):
+            report.warn(f"K={st.k} but the {hooks.label} head was trained for K={hooks.trained_k(draft)}: drafts past it come from positions it never learned")
         draft = for_max_seq_len(draft, preset.max_seq_len)  # the draft's rope table covers the bundle's contexts
     return plan, draft, report
 
@@ -356,7 +364,7 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
             calib = calib.model_copy(update=info)
             # recorded, and shown by the summary and `gate`: a short file is used as it is, never silently
             calib = calib.model_copy(update={"shortfall": fmt.calibration_shortfall(calib)})
-        opts = llm_options(req, st.kv, st.k, report.aux_layer_ids, report.aux_layers_are_default, plan)
+        opts = llm_options(req, st.kv, st.k, report.aux_layer_ids, report.aux_layers_are_default, plan, draft)
         bundle_write.write_options(tmp, opts)
         write_json(tmp / fmt.VALIDATION_FILE, report.to_dict())
         acceptance = None
@@ -365,14 +373,24 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
             acceptance = measure_embedded_acceptance(tmp, st.target_dir.parent, st.k, tuple(report.aux_layer_ids))
             tick()
         timings["total_s"] = time.perf_counter() - t0
-        bundle_write.seal(tmp, _manifest(req, st, plan, report, digests, calib, timings, acceptance, inputs_fp))
+        bundle_write.seal(tmp, _manifest(req, st, plan, report, digests, calib, timings, acceptance, inputs_fp, draft))
     return BuildResult(st.dest, False, fmt.open_bundle(st.dest), report.warnings, reason)
 
 
 def _manifest(
-    req: EngineRequest, st: _Settings, plan, report, digests, calib: fmt.Calibration, timings: dict[str, float], acceptance, inputs_fp: str
+    req: EngineRequest,
+    st: _Settings,
+    plan,
+    report,
+    digests,
+    calib: fmt.Calibration,
+    timings: dict[str, float],
+    acceptance,
+    inputs_fp: str,
+    draft: DraftCheckpoint | None = None,
 ) -> fmt.Manifest:
     preset = req.preset
+    hooks = head_hooks(draft) if draft is not None else None
     return fmt.Manifest(
         kind=fmt.KIND + (" (dry run: configs only, no weights)" if req.dry_run else ""),
         created_unix=int(time.time()),
@@ -393,6 +411,8 @@ def _manifest(
         git_sha=fmt.git_sha(),
         timings={k_: round(v, 3) for k_, v in timings.items()},
         acceptance=acceptance,
+        method=draft.method if hooks is not None and draft is not None else None,
+        served_by=hooks.serving("draft", st.k) if hooks is not None else None,
         inputs_fingerprint=inputs_fp,
     )
 

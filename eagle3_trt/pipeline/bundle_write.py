@@ -27,7 +27,7 @@ from eagle3_trt.formats.checkpoint_io import read_json, sha256_file
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle, read_options, verify
 from eagle3_trt.pipeline.dynamo_launch import dynamo_launch_files
 from eagle3_trt.pipeline.llm_options import LlmApiOptions
-from eagle3_trt.pipeline.other_engines import LAUNCH_DIR, launcher_files
+from eagle3_trt.pipeline.other_engines import LAUNCH_DIR, launcher_files, trtllm_refusal
 
 _OPTIONS_HEADER = "# TensorRT-LLM LLM-API options (EAGLE-3 one-model). Paths are relative to this bundle.\n"
 
@@ -48,7 +48,9 @@ def write_launchers(bundle_dir: Path, opts: LlmApiOptions, quant: Quant) -> Path
     """Render launch/ from the options and formats (replacing any previous one atomically)."""
     draft_cfg = Path(bundle_dir) / opts.speculative_config.speculative_model / "config.json"
     draft_positions = read_json(draft_cfg).get("max_position_embeddings") if draft_cfg.is_file() else None
-    files = {**launcher_files(opts, target_format=quant.target, draft_format=quant.draft, draft_max_positions=draft_positions), **dynamo_launch_files(opts)}
+    files = launcher_files(opts, target_format=quant.target, draft_format=quant.draft, draft_max_positions=draft_positions)
+    if trtllm_refusal(opts) is None:  # Dynamo's files launch the TensorRT-LLM backend: none for a method it cannot serve
+        files.update(dynamo_launch_files(opts))
     with staged_dir(Path(bundle_dir) / LAUNCH_DIR) as tmp:
         for name, text in files.items():
             write_text(tmp / name, text, EXEC_MODE if name.endswith(".sh") else FILE_MODE)

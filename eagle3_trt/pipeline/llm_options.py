@@ -39,6 +39,10 @@ class Eagle3Options(_Strict):
     use_dynamic_tree: bool | None = Field(None, description="draft a tree built per step from the draft's probabilities (None: off)")
     dynamic_tree_max_topK: int | None = Field(None, ge=1, description="dynamic tree: nodes expanded per draft layer")
     max_total_draft_tokens: int | None = Field(None, ge=1, description="dynamic tree: nodes verified per step, in [max_draft_len, topK * max_draft_len]")
+    # vLLM's SpeculativeConfig key (vllm/config/speculative.py) selecting a method that drafts all K tokens in one
+    # forward (speculative/registry.py: a P-EAGLE head's bundle); no TensorRT-LLM release has it, so compile,
+    # Triton and the trtllm-serve launcher refuse a bundle that sets it (the method's head hooks say why)
+    parallel_drafting: bool | None = Field(None, description="vLLM parallel drafting (a P-EAGLE head); None: off")
 
     @model_validator(mode="after")
     def _dynamic_tree(self) -> Eagle3Options:

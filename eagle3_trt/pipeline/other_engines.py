@@ -16,6 +16,14 @@ Sources of the option names:
   ``--speculative-num-steps``, ``--speculative-eagle-topk``, ``--speculative-num-draft-tokens``).
 - trtllm-serve: ``tensorrt_llm/commands/serve.py`` (``--extra_llm_api_options`` YAML).
 
+Methods with their own head format (speculative/registry.py ``method_for_head``; P-EAGLE): the bundle's
+options select the method (``parallel_drafting``) and the method's ``head.serving`` table says which
+engine serves it and how: ``launch/`` then holds only those engines' scripts (P-EAGLE: ``vllm.sh`` with
+``"parallel_drafting": true``, vllm-project/vllm ``vllm/config/speculative.py`` @
+f19b16d95e4395790661f4835e4436bc3dd5d9c7 ``SpeculativeConfig.parallel_drafting``, "only compatible with
+EAGLE and draft model methods", so ``method`` stays ``eagle3``), and its README says why the others are
+left out.
+
 Paths. Every script passes absolute paths, found at launch from the script's own location. For
 trtllm-serve that matters beyond convenience: under ``trtllm-llmapi-launch`` (several nodes) only
 rank 0 runs the command; the other ranks run ``python3 -m tensorrt_llm.llmapi.mgmn_worker_node``
@@ -39,6 +47,7 @@ bundle's max_seq_len and the draft's max_position_embeddings.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -52,6 +61,7 @@ from eagle3_trt.pipeline.llm_options import LlmApiOptions
 from eagle3_trt.speculative.dynamic_tree.release import drop_dynamic_tree_for_launch
 from eagle3_trt.speculative.eagle3.release import variant_for_release
 from eagle3_trt.speculative.eagle3.sampling_release import sampling_for_release
+from eagle3_trt.speculative.registry import method_from_options
 from eagle3_trt.speculative.sa.release import drop_sa_for_launch
 
 LAUNCH_DIR = "launch"
@@ -95,6 +105,7 @@ VLLM_SPECULATIVE_KEYS = frozenset(
         "max_model_len",
         "revision",
         "code_revision",
+        "parallel_drafting",
     }
 )
 VLLM_KV_DTYPES = frozenset({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"})
@@ -163,6 +174,9 @@ class BundleFacts:
     quant: dict
     max_concurrency: int | None
     draft_max_positions: int | None = None  # the draft config's max_position_embeddings
+    # a method with its own head (P-EAGLE): its head hooks' serving table (engine -> vLLM config, or served false + why)
+    serving: dict | None = None
+    method: str | None = None
 
     @property
     def context_len(self) -> int | None:
@@ -199,7 +213,24 @@ def bundle_facts(opts: LlmApiOptions, *, target_format: str, draft_format: str, 
         quant={"target": target_format, "draft": draft_format, "kv_cache": kv},
         max_concurrency=mc,
         draft_max_positions=draft_max_positions,
+        **_method_serving(opts),
     )
+
+
+def _method_serving(opts: LlmApiOptions) -> dict:
+    """The serving table of the method the options select when it has its own head format, else nothing."""
+    method = method_from_options(opts.speculative_config)
+    hooks = getattr(type(method), "head", None)
+    if hooks is None or method is None:
+        return {}
+    return {"serving": hooks.serving(f"{BUNDLE_VAR}/draft", opts.speculative_config.max_draft_len), "method": method.name}
+
+
+def trtllm_refusal(opts: LlmApiOptions) -> str | None:
+    """Why TensorRT-LLM cannot serve the bundle's method (None: it can): compile, Triton and Dynamo ask here."""
+    method = method_from_options(opts.speculative_config)
+    hooks = getattr(type(method), "head", None)
+    return None if hooks is None else str(hooks.trtllm_refusal)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,6 +242,8 @@ BUNDLE_VAR = "$BUNDLE"
 def vllm_args(f: BundleFacts) -> tuple[list[str], dict]:
     """``vllm serve`` arguments after the model path, and the --speculative-config dict."""
     spec = {"method": "eagle3", "model": f"{BUNDLE_VAR}/draft", "num_speculative_tokens": f.max_draft_len}
+    if f.serving is not None:  # the method's own vLLM config (P-EAGLE: parallel_drafting)
+        spec = dict(f.serving["vllm"])
     args = [
         "--tokenizer",
         f"{BUNDLE_VAR}/tokenizer",
@@ -327,12 +360,13 @@ def vllm_script(f: BundleFacts) -> str:
     check_options("vllm", args, spec)
     # JSON is built by the shell so $BUNDLE expands; the draft path is the only string in it.
     spec_line = f'SPEC="$(printf \'{{"method": "eagle3", "model": "%s", "num_speculative_tokens": %d}}\' "$BUNDLE/draft" {f.max_draft_len})"\n'
+    title = "vLLM OpenAI server with EAGLE-3 speculative decoding (--speculative-config method eagle3)"
+    if f.serving is not None:
+        fixed = json.dumps({**spec, "model": "%s"})  # the draft path is the only string the shell fills in
+        spec_line = f'SPEC="$(printf \'{fixed}\' "$BUNDLE/draft")"\n'
+        title = f"vLLM OpenAI server with {f.method} speculative decoding (--speculative-config {json.dumps({k: v for k, v in spec.items() if k != 'model'})})"
     body = _shell_args(args).replace(shlex.quote("__SPEC_JSON__"), '"$SPEC"').replace("__SPEC_JSON__", '"$SPEC"')
-    return (
-        _HEADER.format(title="vLLM OpenAI server with EAGLE-3 speculative decoding (--speculative-config method eagle3)", port=8000)
-        + spec_line
-        + f'exec vllm serve "$BUNDLE/target" \\\n  {body} \\\n  --host "$HOST" --port "$PORT" "$@"\n'
-    )
+    return _HEADER.format(title=title, port=8000) + spec_line + f'exec vllm serve "$BUNDLE/target" \\\n  {body} \\\n  --host "$HOST" --port "$PORT" "$@"\n'
 
 
 def sglang_script(f: BundleFacts) -> str:
@@ -482,6 +516,8 @@ def launcher_files(opts: LlmApiOptions, *, target_format: str, draft_format: str
     """File name -> text of every file in ``launch/`` (scripts are written executable).
     ``draft_max_positions``: the draft config's max_position_embeddings (caps vLLM's and SGLang's context)."""
     f = bundle_facts(opts, target_format=target_format, draft_format=draft_format, draft_max_positions=draft_max_positions)
+    if f.serving is not None:  # a method with its own head: only the engines that serve it
+        return {"vllm.sh": vllm_script(f), "README.md": method_launch_readme(f)}
     return {
         "vllm.sh": vllm_script(f),
         "sglang.sh": sglang_script(f),
@@ -489,3 +525,27 @@ def launcher_files(opts: LlmApiOptions, *, target_format: str, draft_format: str
         **trtllm_serve_yamls(opts),
         "README.md": launch_readme(f),
     }
+
+
+def method_launch_readme(f: BundleFacts) -> str:
+    """launch/README.md of a bundle whose head is a method's own (P-EAGLE): what serves it, what does not and why."""
+    assert f.serving is not None
+    spec = json.dumps({**f.serving["vllm"], "model": "draft"})
+    why = "\n".join(f"- {name}: not served: {entry['why']}" for name, entry in f.serving.items() if isinstance(entry, dict) and entry.get("served") is False)
+    return f"""# Launching this bundle
+
+Quantized target (`target/`, {f.quant.get("target", "?")}) and a {f.method} head (`draft/`, in the format its
+serving engine reads), K = {f.max_draft_len} draft tokens from one draft forward, tensor parallel size
+{f.tensor_parallel_size}, KV cache {f.kv_cache}. The script binds 127.0.0.1 unless HOST is set, passes extra
+arguments through, and hands the engine absolute paths found from its own location.
+
+| script | engine | speculative options |
+|---|---|---|
+| `vllm.sh` | `vllm serve` | `--speculative-config {spec}` |
+
+Not launched from this bundle:
+{why}
+
+`eagle3-trt compile` and `package-triton` refuse this bundle in one line for the same reason; `eagle3-trt alpha`
+measures it with the reference runtime (the method's drafting exactly as vLLM's proposer runs it).
+"""

@@ -55,6 +55,24 @@ def method_class(name: str) -> type[RegisteredMethod]:
         raise UserError("method", f"unknown speculation method {name!r}", f"use one of {', '.join(METHODS)}") from None
 
 
+def method_for_head(raw: dict[str, Any]) -> type[RegisteredMethod] | None:
+    """The method whose own head format a draft's config.json is (its class's ``head`` hooks claim it),
+    or None: an EAGLE-3 head, served by the chain and the methods built on it (convert/draft_format.py
+    reads it). A method with its own head format (P-EAGLE) sets ``head`` on its class; the loader,
+    validation, bundle build and launchers then handle it through those hooks, not by name."""
+    for cls in METHODS.values():
+        head = getattr(cls, "head", None)
+        if head is not None and head.claims(raw):
+            return cls
+    return None
+
+
+def trainable_methods() -> dict[str, Any]:
+    """``train-draft --method`` choices: the default chain (an EAGLE-3 head, train/'s TTT) and every
+    method whose class has ``training`` hooks (its own objective, speculative/<method>/training.py)."""
+    return {DEFAULT_METHOD: None, **{name: t for name, cls in METHODS.items() if (t := getattr(cls, "training", None)) is not None}}
+
+
 def method_from_options(spec: Any, *, at_bundle_k: bool = True) -> SpeculationMethod | None:
     """The method a bundle's ``speculative_config`` selects (None: the engine's own EAGLE-3 chain or
     static tree). Every non-default method is asked; options that select two are refused (the

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.speculative.registry import DEFAULT_METHOD, trainable_methods
 from eagle3_trt.train.distributed import from_env
 from eagle3_trt.train.from_cache import train_draft_from_cache
 from eagle3_trt.train.traffic_command import TRAFFIC_ONLY, train_from_traffic_cmd
@@ -122,6 +123,15 @@ def _aux(value: str | None) -> tuple[int, ...] | None:
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="With --hidden-states: a cache to measure held-out teacher-forced accuracy on.",
 )
+@click.option(
+    "--method",
+    default=DEFAULT_METHOD,
+    show_default=True,
+    type=click.Choice(sorted(trainable_methods())),
+    help="What to train (speculative/registry.py's methods that train a head): chain = an EAGLE-3 head (TTT); "
+    "peagle = a P-EAGLE head (parallel drafting, speculators' objective), written in speculators' layout for vLLM.",
+)
+@click.option("--mask-token-id", default=None, type=int, help="With --method peagle: the mask slots' token id [default: as speculators picks it].")
 @click.option("--save-every", default=200, show_default=True, type=int, help="Checkpoint every N steps (what --resume continues from).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
 @click.option("--keep-work", is_flag=True, help="Keep <output>.work/ (hidden-state cache, checkpoints) after success.")
@@ -162,6 +172,10 @@ def train_draft_cmd(aux_layers: str | None, as_json: bool, traffic: Path | None,
             raise UserError(
                 "--output" if name == "out" else f"--{name}", "is required", "train-draft --target DIR --data FILE -o OUT, or --traffic DIR --from BUNDLE"
             )
+    if options["method"] != DEFAULT_METHOD and options["hidden_states"] is not None:
+        raise UserError("--method", f"{options['method']} trains from the target's own forward, not from --hidden-states", "drop --hidden-states")
+    if options["mask_token_id"] is not None and options["method"] == DEFAULT_METHOD:
+        raise UserError("--mask-token-id", "only applies to a method with mask slots (--method peagle)", "leave it out")
     opts = TrainDraftOptions(**options, aux_layers=_aux(aux_layers), quiet=as_json)
     if opts.hidden_states is not None:
         report = train_draft_from_cache(opts)

@@ -57,9 +57,11 @@ def measure_acceptance(
     max_draft_len: int,
     stop_ids: tuple[int, ...] = (),
     on_prompt: Callable[[int], None] | None = None,
+    engine_kwargs: dict | None = None,
 ) -> AcceptanceReport:
-    """Greedy speculative decoding of each prompt (one request at a time, as a single user sees it)."""
-    engine = SpeculativeEngine(target, draft, None, max_draft_len=max_draft_len, eos_token_ids=stop_ids)
+    """Greedy speculative decoding of each prompt (one request at a time, as a single user sees it).
+    ``engine_kwargs``: what a method's head drafts with (its ``training.engine_kwargs``: method, embedding)."""
+    engine = SpeculativeEngine(target, draft, None, max_draft_len=max_draft_len, eos_token_ids=stop_ids, **(engine_kwargs or {}))
     params = SamplingParams(max_tokens=max_new_tokens)
     stats = []
     on_cpu = draft.fc.weight.device.type == "cpu"

@@ -73,6 +73,20 @@ def export_draft(
     return out_dir
 
 
+def export_files(out_dir: Path, config: dict, tensors: dict[str, torch.Tensor], extra_files: dict[str, str] | None = None, overwrite: bool = False) -> Path:
+    """Write a head a method laid out itself (config.json, model.safetensors; e.g. P-EAGLE in speculators'
+    layout: speculative/peagle/export.py) atomically, like ``export_draft``."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise UserError(out_dir, "output directory exists", "pass --overwrite or choose another -o")
+    with staged_dir(out_dir) as tmp:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+    return out_dir
+
+
 def save_draft(draft: Eagle3Draft, src_dir: Path, out_dir: Path) -> Path:
     """Write a draft trained in place (e.g. by ``trainer.distill_draft``) with the config (and
     bos/eos ids) of the checkpoint it was loaded from, in the SafeAILab layout (replacing ``out_dir``)."""

@@ -24,13 +24,14 @@ from eagle3_trt.convert.target import TargetInfo, read_target
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import read_json
-from eagle3_trt.formats.draft_config import expected_shapes
+from eagle3_trt.formats.draft_config import expected_shapes, target_token_ids
+from eagle3_trt.speculative.registry import DEFAULT_METHOD, METHODS, trainable_methods
 from eagle3_trt.train import data as data_mod
 from eagle3_trt.train import distributed
 from eagle3_trt.train.distributed import Dist
 from eagle3_trt.train.draft_vocab import DraftVocab, build_draft_vocab, count_tokens, coverage
 from eagle3_trt.train.evaluate import greedy_generate, measure_acceptance, torch_threads
-from eagle3_trt.train.export import draft_config_for, export_draft
+from eagle3_trt.train.export import draft_config_for, export_draft, export_files
 from eagle3_trt.train.hidden_states import cache_key, check_aux_layers, collect, target_tokenizer
 from eagle3_trt.train.progress_bars import Bars
 from eagle3_trt.train.trainer import TargetHead, Trainer, TrainSettings, new_draft, teacher_forced_accuracy
@@ -69,6 +70,8 @@ class TrainDraftOptions:
     hidden_states: Path | None = None  # train from this cache (train/from_cache.py) instead of running the target
     heldout_hidden_states: Path | None = None
     extra_files: dict[str, str] = field(default_factory=dict)
+    method: str = DEFAULT_METHOD  # speculative/registry.trainable_methods(): chain (EAGLE-3) or a method with training hooks
+    mask_token_id: int | None = None  # a method with mask slots (P-EAGLE): their token id (None: as speculators picks it)
 
     @property
     def work(self) -> Path:
@@ -153,6 +156,9 @@ def _train_draft(o: TrainDraftOptions) -> dict:
         else:
             cfg = draft_config_for(info, target_cfg, prep.vocab.size, aux, o.intermediate_size)
             draft = new_draft(cfg, prep.vocab, head, o.seed)
+        training = trainable_methods()[o.method]  # None: an EAGLE-3 head (TTT); else the method's hooks
+        if training is not None:
+            draft = training.make_head(draft, head.embed, o.seed, o.mask_token_id, target_tokenizer(Path(o.target)))
         d = distributed.decide(d, o.parallel, sum(p.numel() for p in draft.parameters()), device)
         prompts = data_mod.eval_prompts(prep.held_w, o.eval_samples, o.eval_prompt_len, o.seed)
 
@@ -180,7 +186,12 @@ def _train_draft(o: TrainDraftOptions) -> dict:
     report["processes"] = d.world
     report["parallel"] = d.mode
     files = {"train_report.json": json.dumps(report, indent=2) + "\n", **o.extra_files}
-    export_draft(draft, cfg, prep.vocab, Path(o.out), target_cfg, files, overwrite=o.overwrite)
+    if training is None:
+        export_draft(draft, cfg, prep.vocab, Path(o.out), target_cfg, files, overwrite=o.overwrite)
+    else:  # the method's own layout (P-EAGLE: speculators', which vLLM serves)
+        maps = (None, None) if prep.vocab.full else (prep.vocab.d2t(), prep.vocab.t2d())
+        config, tensors = training.files(draft, cfg, *maps, target_token_ids(target_cfg), o.max_draft_len, str(o.target))
+        export_files(Path(o.out), config, tensors, files, overwrite=o.overwrite)
     if not o.keep_work:
         shutil.rmtree(o.work, ignore_errors=True)
     return report
@@ -199,6 +210,10 @@ def _check_request(o: TrainDraftOptions, info: TargetInfo) -> tuple[DraftCheckpo
         raise UserError("--steps", f"{o.steps} is not a positive number of steps")
     if o.max_draft_len < 1:
         raise UserError("--max-draft-len", f"{o.max_draft_len} must be at least 1")
+    if o.method not in trainable_methods():
+        raise UserError("--method", f"{o.method!r} does not train a head", f"use one of {', '.join(sorted(trainable_methods()))}")
+    if o.method != DEFAULT_METHOD and o.parallel == "fsdp":
+        raise UserError("--parallel", f"fsdp with --method {o.method}: the sharded head is gathered as an EAGLE-3 head", "use --parallel ddp")
     if Path(o.out).exists() and not o.overwrite:
         raise UserError(o.out, "output directory exists", "pass --overwrite or choose another -o")
     return init, aux
@@ -331,8 +346,11 @@ def _acceptance(label: str, draft: Eagle3Draft, prep: _Prepared, head: TargetHea
     adv = bars.task(f"acceptance ({label})", len(prompts))
     draft.eval()
     d = draft.to(device, dtype)
-    rep = measure_acceptance(prep.target, d, prompts, o.eval_tokens, o.max_draft_len, prep.stop_ids, on_prompt=lambda i: adv(1))
-    tf = teacher_forced_accuracy(d, head, prep.vocab, prep.caches["heldout"], o.max_draft_len, o.batch_size, device, dtype)
+    training = trainable_methods()[o.method]
+    kwargs = METHODS[o.method].engine_kwargs(d) if training is not None else None  # type: ignore[attr-defined]  # a method with training hooks has them
+    rep = measure_acceptance(prep.target, d, prompts, o.eval_tokens, o.max_draft_len, prep.stop_ids, on_prompt=lambda i: adv(1), engine_kwargs=kwargs)
+    unroll = training.unroll if training is not None else None
+    tf = teacher_forced_accuracy(d, head, prep.vocab, prep.caches["heldout"], o.max_draft_len, o.batch_size, device, dtype, unroll)
     draft.to(torch.float32)
     return {**rep.to_dict(), "teacher_forced_accuracy": [round(x, 4) for x in tf]}
 
@@ -350,8 +368,10 @@ def _train(
         save_every=o.save_every,
     )
     vocab = prep.vocab
-    run_key = _run_key(prep.caches["train"].meta.key, asdict(settings), str(o.init), vocab.target_ids.tolist()[:64], vocab.size)
-    trainer = Trainer(draft, head, vocab, prep.caches["train"], settings, o.work / "ckpt", device, run_key, d)
+    run_key = _run_key(prep.caches["train"].meta.key, asdict(settings), str(o.init), vocab.target_ids.tolist()[:64], vocab.size, o.method, o.mask_token_id)
+    training = trainable_methods()[o.method]
+    unroll = training.unroll if training is not None else None
+    trainer = Trainer(draft, head, vocab, prep.caches["train"], settings, o.work / "ckpt", device, run_key, d, unroll)
     resumed_from = 0
     if o.resume and trainer.resume():
         resumed_from = trainer.step

@@ -121,6 +121,13 @@ def ttt_unroll(draft: Eagle3Draft, embeds: torch.Tensor, aux: torch.Tensor, max_
     return out
 
 
+# A method's training pass (speculative/<method>/training.py, e.g. P-EAGLE's parallel groups):
+# (draft, next_ids [B,S] = token t+1 at t, the target's embedding table, aux [B,S,A*T], K) -> the
+# logits of steps 1..K in ttt_unroll's layout, so the loss and accuracies below apply unchanged.
+# None: the EAGLE-3 TTT unroll over the target's embeddings.
+Unroll = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, int], list[torch.Tensor]]
+
+
 @dataclass
 class StepStats:
     loss: torch.Tensor  # mean over this batch's valid positions
@@ -137,6 +144,7 @@ def ttt_forward(
     max_draft_len: int,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
+    unroll: Unroll | None = None,
 ) -> list[StepStats]:
     """Loss and teacher-forced top-1 agreement with the target's greedy token, per draft step."""
     ids = batch["input_ids"].to(device)
@@ -161,9 +169,12 @@ def ttt_forward(
         label_g = greedy.roll(-1, dims=1)
         valid = real & real.roll(-1, dims=1) & (label_g >= 0)
         valid[:, -1] = False
-    embeds = F.embedding(ids.roll(-1, dims=1), head.embed).to(dtype)
+    if unroll is None:
+        steps = ttt_unroll(draft, F.embedding(ids.roll(-1, dims=1), head.embed).to(dtype), aux, max_draft_len)
+    else:
+        steps = unroll(draft, ids.roll(-1, dims=1), head.embed, aux, max_draft_len)
     out: list[StepStats] = []
-    for k, logits in enumerate(ttt_unroll(draft, embeds, aux, max_draft_len), start=1):
+    for k, logits in enumerate(steps, start=1):
         m = valid.clone()
         m[:, : k - 1] = False  # no chain of k steps starts before position 0
         n = int(m.sum())
@@ -181,13 +192,13 @@ class TTTLoss(torch.nn.Module):
     """One training step's forward as a module (the draft its only parameters), so DDP and FSDP
     see one forward per backward: the TTT unroll calls the draft K times and its ``fuse`` once."""
 
-    def __init__(self, draft: Eagle3Draft, head: TargetHead, vocab: DraftVocab, max_draft_len: int, device: str):
+    def __init__(self, draft: Eagle3Draft, head: TargetHead, vocab: DraftVocab, max_draft_len: int, device: str, unroll: Unroll | None = None):
         super().__init__()
         self.draft = draft
-        self._head, self._vocab, self._k, self._device = head, vocab, max_draft_len, device
+        self._head, self._vocab, self._k, self._device, self._unroll = head, vocab, max_draft_len, device, unroll
 
     def forward(self, batch: dict) -> list[StepStats]:
-        return ttt_forward(self.draft, self._head, self._vocab, batch, self._k, self._device)
+        return ttt_forward(self.draft, self._head, self._vocab, batch, self._k, self._device, unroll=self._unroll)
 
 
 def new_draft(config, vocab: DraftVocab, head: TargetHead, seed: int) -> Eagle3Draft:
@@ -218,6 +229,7 @@ class Trainer:
         device: str = "cpu",
         run_key: str = "",
         dist: Dist | None = None,
+        unroll: Unroll | None = None,
     ):
         self.dist = dist or Dist()
         self.draft = draft.to(device).float().train()
@@ -228,7 +240,7 @@ class Trainer:
         self.ckpt_dir = Path(ckpt_dir)
         self.device = device
         self.run_key = run_key
-        self.step_module = distributed.wrap(TTTLoss(self.draft, self.head, vocab, settings.max_draft_len, device), self.dist, device)
+        self.step_module = distributed.wrap(TTTLoss(self.draft, self.head, vocab, settings.max_draft_len, device, unroll), self.dist, device)
         # under FSDP the parameters are now shards (DTensors): the optimizer holds the shards
         self.params = {n.removeprefix("draft."): p for n, p in TTTLoss.named_parameters(self._inner()) if p.requires_grad}
         self.opt = torch.optim.AdamW(self.params.values(), lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.95))
@@ -347,6 +359,7 @@ def teacher_forced_accuracy(
     batch_size: int = 8,
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
+    unroll: Unroll | None = None,
 ) -> list[float]:
     """Per-step top-1 agreement with the target's greedy token over a whole cache (no grad)."""
     was = draft.training
@@ -354,7 +367,7 @@ def teacher_forced_accuracy(
     correct = [0] * max_draft_len
     count = [0] * max_draft_len
     for batch in cache.iter_all(batch_size):
-        for i, st in enumerate(ttt_forward(draft, head, vocab, batch, max_draft_len, device, dtype)):
+        for i, st in enumerate(ttt_forward(draft, head, vocab, batch, max_draft_len, device, dtype, unroll)):
             correct[i] += st.correct
             count[i] += st.count
     draft.train(was)

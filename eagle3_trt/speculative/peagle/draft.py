@@ -91,3 +91,16 @@ def parallel_logits(
     _, logits, _ = draft(embed(ids), hidden, pos, past=past, mask=mask)  # through __call__: the head's hooks (fake quant) run
     assert logits is not None
     return logits
+
+
+def mask_feed(draft: PEagleDraft) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """Inputs of every draft slot after the first, for a teacher-forced pass over many origins at once
+    (measure/estimator.py): the mask token and the mask slot's hidden state, whatever the slot before
+    predicted (the draft's one forward sees no draft token: vLLM's ``copy_and_expand_eagle_inputs_kernel``)."""
+
+    def feed(prev_logits: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, Q = prev_logits.shape[:2]
+        ids = torch.full((B, Q), draft.mask_token_id, dtype=torch.long, device=prev_logits.device)
+        return ids, draft.mask_state().to(hidden.dtype).expand(B, Q, -1)
+
+    return feed

@@ -4,9 +4,9 @@ inputs as the EAGLE-3 chain does, then drafts the other K-1 tokens from the mask
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -17,7 +17,9 @@ from eagle3_trt.core.spec_sampling import SpecSamplingConfig
 from eagle3_trt.core.tree import DraftTree
 from eagle3_trt.errors import UserError
 from eagle3_trt.speculative.peagle import cost
-from eagle3_trt.speculative.peagle.draft import PEagleDraft, parallel_logits
+from eagle3_trt.speculative.peagle.draft import PEagleDraft, mask_feed, parallel_logits
+from eagle3_trt.speculative.peagle.head import PEagleHead
+from eagle3_trt.speculative.peagle.training import PEagleTraining
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,19 @@ class PEagleMethod:
 
     name = "peagle"
     step_seconds = staticmethod(cost.step_seconds)  # the cost model's hook (registry.step_cost): one draft forward for K tokens
+    head: ClassVar[type[PEagleHead]] = PEagleHead  # its head format (speculative.registry.method_for_head)
+    training: ClassVar[type[PEagleTraining]] = PEagleTraining  # train-draft --method peagle
+
+    @staticmethod
+    def engine_kwargs(draft: Any) -> dict[str, Any]:
+        """What the decoding loop drafts a P-EAGLE head with: this method and the head's own embedding."""
+        return {"method": PEagleMethod(), "draft_embed": draft.embed_tokens}
+
+    @staticmethod
+    def teacher_forced_feed(draft: Any) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """The estimator's hook (measure/estimator.py ``method_feed``): draft steps >= 2 are mask slots
+        (``mask_token_id``, ``mask_hidden`` through fc), not the previous step's output."""
+        return mask_feed(draft)
 
     @classmethod
     def from_options(cls, spec: Any, at_bundle_k: bool) -> PEagleMethod | None:
