@@ -13,8 +13,12 @@ What TensorRT-LLM can do about it (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_a
 PR #10860); ``acceptance_rate_window_size`` / ``acceptance_rate_threshold`` switch speculation off for
 good, for the whole server, once the rolling acceptance rate over the last N speculating iterations
 falls below the threshold (1.3.0rc0+, PR #12905; 1.2's ``acceptance_window`` /
-``acceptance_length_threshold`` gated an acceptance length on the two-model path only). None of them
-reads a request's context length: there is no per-request or per-position switch (``NO_CONTEXT_SETTING``).
+``acceptance_length_threshold`` gated the rolling acceptance length over the last N completed
+requests, on the two-model path only: an earlier stored llm_args.py, search index id 1090804222). The per-iteration
+decision, ``Drafter.should_use_spec_decode`` (tensorrt_llm/_torch/speculative/drafter.py, read through
+the search index), looks at ``max_concurrency``, the number of requests and ``max_num_tokens`` only. None
+of them reads a request's context length: there is no per-request or per-position switch
+(``NO_CONTEXT_SETTING``).
 
 The closest setting is the acceptance-rate switch-off, and whether it helps is measured, not assumed
 (``replay_switch_off``): the measured requests are replayed through TensorRT-LLM's rule the way
