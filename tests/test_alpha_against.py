@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_trt.cli import main
+from eagle3_trt.formats.alpha_report import read_alpha_report
 from eagle3_trt.measure.bundle_costs import bundle_cost_inputs
 from eagle3_trt.measure.cost_model import model_costs, predict_from_tokens
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
@@ -81,6 +82,8 @@ def test_against_prints_both_columns_intervals_and_a_verdict(bundles, prompts, t
         assert set(c["by_bundle"]) == {"tiny-fp8", "tiny-bf16-k4"}
     assert re.search(r"^deploy at concurrency 4: ", text, re.M) and sec["deploy"]["line"] in text
     assert (out / "against.txt").read_text().splitlines()[-1] == sec["deploy"]["line"]
+    # the section is part of the typed report: read back by the one reader
+    assert read_alpha_report(out / "report.json").against.deploy.line == sec["deploy"]["line"]
 
 
 def test_against_refuses_another_target_in_one_line(bundles, prompts, tmp_path, capsys):

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.acceptance_by_context import AcceptanceByContext
+from eagle3_trt.formats.against_report import AgainstComparison
 from eagle3_trt.formats.validation import field_error
 
 SCHEMA: Final = 1
@@ -254,7 +255,7 @@ class AlphaReport(_Strict):
     modes: dict[str, ModeEntry] | None = None
     # sections being added (issue 28): typed by their authors (replace dict[str, Any] with the section's model)
     acceptance_by_context: AcceptanceByContext | None = None  # measure/context_buckets.py: AL and alpha per context-length bucket
-    against: dict[str, Any] | None = None  # measure/against.py: alpha BUNDLE --against OTHER, side by side
+    against: AgainstComparison | None = None  # measure/against.py: alpha BUNDLE --against OTHER, side by side
     # new sections: one optional field here (module docstring)
 
     def curves(self) -> tuple[list[float], dict[int, list[float]]]:

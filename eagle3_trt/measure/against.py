@@ -35,6 +35,8 @@ from typing import Any
 
 from eagle3_trt.core.paired_ci import PairedDiff, paired_ratio_diff
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.against_report import AgainstComparison, OtherFigures
+from eagle3_trt.formats.alpha_report import report_json
 from eagle3_trt.measure.alpha_run import run_alpha
 from eagle3_trt.measure.bundle_costs import method_of, recommendation_batches
 from eagle3_trt.measure.cost_model import CostParams, model_costs, predict_from_tokens
@@ -143,10 +145,19 @@ def compare(a: Bundle, b: Bundle, meas_a: dict, meas_b: dict, *, concurrency: in
         "unpaired_turns": {"a": len(ta) - len(paired), "b": len(tb) - len(paired)},
         "rows": rows,
         "per_concurrency": [c.to_dict() for c in table],
-        "other_measurement": {k: meas_b[k] for k in ("label", "overall", "by_category", "seconds") if k in meas_b},
+        "other_measurement": {
+            "label": meas_b["label"],
+            "overall": _figures(meas_b["overall"]),
+            "by_category": {c: _figures(f) for c, f in meas_b["by_category"].items()},
+            "seconds": meas_b["seconds"],
+        },
     }
     section["deploy"] = verdict(section)
-    return section
+    return AgainstComparison.model_validate(section)
+
+
+def _figures(f: dict) -> dict:
+    return {k: f[k] for k in OtherFigures.model_fields}
 
 
 def verdict(section: dict) -> dict:
@@ -176,8 +187,9 @@ def _ci(d: dict, fmt: str) -> str:
     return f"{d['diff']:+{fmt}} [{lo:+{fmt}}, {hi:+{fmt}}]"
 
 
-def summary_lines(section: dict) -> list[str]:
+def summary_lines(comparison: AgainstComparison) -> list[str]:
     """The side-by-side table, the per-concurrency choice and the verdict, as printed."""
+    section = comparison.model_dump()
     bun = section["bundles"]
     a, b = bun["a"], bun["b"]
     out = [
@@ -217,9 +229,9 @@ def run_against(
     concurrency: int,
     progress: Callable[[str], None] | None = None,
     **alpha_kwargs: Any,
-) -> dict:
-    """Measure ``bundle`` and ``other`` on ``prompts_file`` alike; ``bundle``'s alpha report with the
-    comparison in ``report["against"]``. ``alpha_kwargs``: run_alpha's measuring options."""
+) -> tuple[Any, AgainstComparison]:
+    """Measure ``bundle`` and ``other`` on ``prompts_file`` alike; (``bundle``'s alpha report with the
+    comparison in its ``against`` section, the comparison). ``alpha_kwargs``: run_alpha's measuring options."""
     a, b = open_bundle(Path(bundle)), open_bundle(Path(other))
     check_same_target(a, b)  # before any model is loaded
     reports = []
@@ -243,13 +255,19 @@ def run_against(
             )
         )
     rep_a, rep_b = reports
-    rep_a["against"] = compare(
+    # run_alpha's report: a dict, or formats.alpha_report.AlphaReport (read through its JSON form either way)
+    ja, jb = (r if isinstance(r, dict) else report_json(r) for r in (rep_a, rep_b))
+    section = compare(
         a,
         b,
-        rep_a["pairs"]["bundle"],
-        rep_b["pairs"]["bundle"],
+        ja["pairs"]["bundle"],
+        jb["pairs"]["bundle"],
         concurrency=concurrency,
-        k_a=int(rep_a["settings"]["max_draft_len"]),
-        k_b=int(rep_b["settings"]["max_draft_len"]),
+        k_a=int(ja["settings"]["max_draft_len"]),
+        k_b=int(jb["settings"]["max_draft_len"]),
     )
-    return rep_a
+    if isinstance(rep_a, dict):
+        rep_a["against"] = section.model_dump()
+    else:
+        rep_a.against = section
+    return rep_a, section

@@ -54,7 +54,7 @@ def alpha_against(ctx: click.Context, bundle: str, other: str, prompts_file: str
     dest = Path(p["out"]) if p["out"] else default_out(bundle, other)
     check_writable(dest)
     with Bars() as bars:
-        report = run_against(
+        report, section = run_against(
             Path(bundle),
             Path(other),
             Path(prompts_file),
@@ -70,7 +70,7 @@ def alpha_against(ctx: click.Context, bundle: str, other: str, prompts_file: str
             batch_size=p["batch_size"],
             chat_template=p["chat_template"],
         )
-    lines = summary_lines(report["against"])
+    lines = summary_lines(section)
     write_report(report, dest)
     write_text(dest / "against.txt", "\n".join(lines) + "\n")
     if p["as_json"]:
