@@ -114,7 +114,7 @@ def _row(name: str, pairs: list[tuple[dict, dict]], a: Side, b: Side, concurrenc
     }
 
 
-def compare(a: Bundle, b: Bundle, meas_a: dict, meas_b: dict, *, concurrency: int, params: CostParams | None = None, k_a: int, k_b: int) -> dict:
+def compare(a: Bundle, b: Bundle, meas_a: dict, meas_b: dict, *, concurrency: int, params: CostParams | None = None, k_a: int, k_b: int) -> AgainstComparison:
     """The ``against`` section of the report from the two measurements (``report["pairs"]["bundle"]``
     of each bundle's alpha run): per category rows, the per-concurrency method choice, the verdict."""
     params = params or CostParams()

@@ -26,14 +26,10 @@ class RegisteredMethod(Protocol):
         ``at_bundle_k``: the engine runs at the bundle's own K (not an ``--max-draft-len`` override)."""
         ...
 
-    @staticmethod
-    def step_seconds(
-        target_forward_s: Callable[[float], float], draft_forward_s: Callable[[float], float], batch: int, expected_tokens: float, k: int, options: Any = None
-    ) -> float:
-        """The cost model's hook (speculative/<method>/cost.py): seconds of one speculative iteration of
-        ``batch`` sequences drafting ``k`` tokens, ``expected_tokens`` (E_K) accepted per sequence;
-        ``target_forward_s(tokens)`` / ``draft_forward_s(tokens)``: one forward over that many tokens."""
-        ...
+    # the cost model's hook (speculative/<method>/cost.py ``step_seconds``): seconds of one speculative
+    # iteration, called as (target_forward_s, draft_forward_s, batch, expected_tokens, k, options) where
+    # ``target_forward_s(tokens)`` / ``draft_forward_s(tokens)`` time one forward over that many tokens
+    step_seconds: Callable[..., float]
 
 
 # name -> method class. Adding a method: one line here (its home: speculative/<method>/).
