@@ -21,6 +21,7 @@ from eagle3_trt.measure.cost_model import model_costs, predict_from_tokens
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.pipeline.presets import load_preset
+from eagle3_trt.testing.served_traffic import served_records, write_traffic
 from eagle3_trt.testing.tiny_pair import make_pair
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,3 +104,29 @@ def test_against_refuses_options_it_does_not_read(bundles, prompts, capsys):
     fp8, bf16 = bundles
     assert main(["alpha", str(fp8), "--against", str(bf16), "--prompts", str(prompts), "--modes", "sa"]) == 2
     assert "--modes" in capsys.readouterr().err
+
+
+def test_against_on_captured_traffic(bundles, tmp_path, capsys):
+    """Captured requests (served by the FP8 bundle; 8 greedy in two categories, 2 sampled): both bundles
+    measure the greedy ones on the token ids served, paired by request id; the sampled ones are left out."""
+    fp8, bf16 = bundles
+    held = json.loads((ROOT / "models/tiny/heldout_prompts.json").read_text())["prompts"]
+    prompts = [p[:24] for p in held[:8]]
+    greedy = served_records(fp8, prompts, max_tokens=12, categories=["prose" if n % 2 else "code" for n in range(8)], start_unix=1_000_000.0)
+    sampled = served_records(fp8, [p[24:40] for p in held[:2]], max_tokens=8, temperature=0.8, seed=3, prefix="sampled", start_unix=1_000_100.0)
+    traffic = write_traffic(tmp_path / "traffic", greedy + sampled)
+    out = tmp_path / "cmp"
+    rc = main(["alpha", str(fp8), "--against", str(bf16), "--traffic", str(traffic), "--concurrency", "2", "-o", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    sec = json.loads((out / "against.json").read_text())
+    assert [r["category"] for r in sec["rows"]] == ["overall", "code", "prose"]
+    assert sec["rows"][0]["turns"] == 8 and sec["paired_by"].startswith("captured request")
+    assert sec["deploy"]["line"] in text and "A = tiny-fp8 (chain, K=3), B = tiny-bf16-k4 (chain, K=4)" in text
+    # the FP8 bundle's own offline figures on the traffic it served are the served ones (greedy: exact)
+    served_tokens = sum(r.acceptance.completion_tokens for r in greedy)
+    served_forwards = sum(r.acceptance.target_forwards for r in greedy)
+    assert sec["rows"][0]["acceptance_length"]["a"] == pytest.approx(served_tokens / served_forwards)
+    # an option the traffic form does not read is refused in one line
+    assert main(["alpha", str(fp8), "--against", str(bf16), "--traffic", str(traffic), "--turns", "first"]) == 2
+    assert "--turns" in capsys.readouterr().err

@@ -28,7 +28,7 @@ each bundle was measured at and whether its interval excludes 0 (a difference be
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,9 +92,9 @@ def _turns(measurement: dict) -> dict[tuple[str, str, int, int], dict]:
     return out
 
 
-def _row(name: str, pairs: list[tuple[dict, dict]], a: Side, b: Side, concurrency: int, params: CostParams) -> dict:
+def _row(name: str, pairs: list[tuple[dict, dict]], a: Side, b: Side, concurrency: int, params: CostParams, group_of: Callable[[dict], Hashable]) -> dict:
     """One category's figures: both sides' AL, alpha and predicted speedup, and the paired differences."""
-    groups = [(ra["id"], ra.get("category")) for ra, _ in pairs]  # resample prompts: a conversation's turns together
+    groups = [group_of(ra) for ra, _ in pairs]  # resampled together: a conversation's turns, a prompt's requests
 
     def diff(num: str, den: str, **kw: Any) -> PairedDiff:
         return paired_ratio_diff(
@@ -114,9 +114,22 @@ def _row(name: str, pairs: list[tuple[dict, dict]], a: Side, b: Side, concurrenc
     }
 
 
-def compare(a: Bundle, b: Bundle, meas_a: dict, meas_b: dict, *, concurrency: int, params: CostParams | None = None, k_a: int, k_b: int) -> AgainstComparison:
+def compare(
+    a: Bundle,
+    b: Bundle,
+    meas_a: dict,
+    meas_b: dict,
+    *,
+    concurrency: int,
+    k_a: int,
+    k_b: int,
+    params: CostParams | None = None,
+    group_of: Callable[[dict], Hashable] | None = None,
+    paired_by: str = "prompt (record id; a conversation's turns resampled together)",
+) -> AgainstComparison:
     """The ``against`` section of the report from the two measurements (``report["pairs"]["bundle"]``
-    of each bundle's alpha run): per category rows, the per-concurrency method choice, the verdict."""
+    of each bundle's alpha run): per category rows, the per-concurrency method choice, the verdict.
+    ``group_of(turn)``: the unit the bootstrap resamples (default: the prompt record)."""
     params = params or CostParams()
     la, lb = labels(a, b)
     ca, cb = candidate(la, a, meas_a), candidate(lb, b, meas_b)
@@ -128,9 +141,10 @@ def compare(a: Bundle, b: Bundle, meas_a: dict, meas_b: dict, *, concurrency: in
     cats: dict[str, list[tuple[dict, dict]]] = {}
     for ra, rb in paired:
         cats.setdefault(ra.get("category") or UNCATEGORIZED, []).append((ra, rb))
-    rows = [_row("overall", paired, sa, sb, concurrency, params)]
+    group_of = group_of or (lambda r: (r["id"], r.get("category")))  # a prompt record: its turns together
+    rows = [_row("overall", paired, sa, sb, concurrency, params, group_of)]
     if len(cats) > 1 or UNCATEGORIZED not in cats:
-        rows += [_row(c, v, sa, sb, concurrency, params) for c, v in sorted(cats.items())]
+        rows += [_row(c, v, sa, sb, concurrency, params, group_of) for c, v in sorted(cats.items())]
     batches = sorted(set(recommendation_batches(a)) | set(recommendation_batches(b)) | {concurrency})
     table = choose([ca, cb], batches, params)
     section = {
@@ -141,7 +155,7 @@ def compare(a: Bundle, b: Bundle, meas_a: dict, meas_b: dict, *, concurrency: in
         "concurrency": concurrency,
         "gpu": ca.costs["gpu"].name,
         "tp": ca.costs["tp"],
-        "paired_by": "prompt (record id; a conversation's turns resampled together)",
+        "paired_by": paired_by,
         "unpaired_turns": {"a": len(ta) - len(paired), "b": len(tb) - len(paired)},
         "rows": rows,
         "per_concurrency": [c.to_dict() for c in table],

@@ -9,17 +9,21 @@ from pathlib import Path
 import click
 
 from eagle3_trt.atomic import check_writable
-from eagle3_trt.atomic.writers import write_text
+from eagle3_trt.atomic.writers import staged_dir, write_json, write_text
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.alpha_report import report_json
 from eagle3_trt.measure.against import run_against, summary_lines
+from eagle3_trt.measure.against_traffic import run_against_traffic
 from eagle3_trt.measure.report_files import write_report
 from eagle3_trt.measure.traffic_commands import refuse_other_options
 from eagle3_trt.progress import Bars
 
 AGAINST_HELP = (
-    "OTHER: a second bundle of the same target, measured on the same prompts; prints AL, alpha and the predicted "
+    "OTHER: a second bundle of the same target, measured on the same prompts (or captured --traffic); prints AL, alpha and the predicted "
     "speedup of both per category with paired 95% intervals, the method and K per concurrency, and which to deploy"
 )
+# the alpha options the --against --traffic form reads
+AGAINST_TRAFFIC_OPTIONS = ("against", "traffic_dir", "max_draft_len", "device", "batch_size", "concurrency", "out", "as_json")
 # the alpha options the --against form reads (any other given on the command line is refused in one line)
 AGAINST_OPTIONS = (
     "against",
@@ -45,13 +49,35 @@ def default_out(bundle: str, other: str) -> Path:
 def alpha_against(ctx: click.Context, bundle: str, other: str, prompts_file: str | None, traffic_dir: str | None) -> None:
     """``alpha BUNDLE --against OTHER --prompts FILE``: OUT/report.json (BUNDLE's alpha report with the
     comparison under ``against``), summary.txt, alpha.png and against.txt (the lines printed)."""
-    refuse_other_options(ctx, AGAINST_OPTIONS, "--against")
-    if traffic_dir is not None:
-        raise UserError("--traffic", "does not go with --against yet", "capture the requests' prompts into a prompt file and pass --prompts FILE")
-    if prompts_file is None:
-        raise UserError("--prompts", "missing", "pass --prompts FILE: both bundles are measured on it")
     p = ctx.params
+    if (prompts_file is None) == (traffic_dir is None):
+        raise UserError(
+            "--prompts" if traffic_dir is None else "--traffic",
+            "missing" if traffic_dir is None else "does not go with --prompts",
+            "pass --prompts FILE or --traffic DIR: both bundles are measured on it",
+        )
     dest = Path(p["out"]) if p["out"] else default_out(bundle, other)
+    if traffic_dir is not None:
+        refuse_other_options(ctx, AGAINST_TRAFFIC_OPTIONS, "--against --traffic")
+        check_writable(dest)
+        with Bars() as bars:
+            section = run_against_traffic(
+                Path(bundle),
+                Path(other),
+                Path(traffic_dir),
+                max_draft_len=p["max_draft_len"],
+                concurrency=p["concurrency"],
+                device=p["device"],
+                batch_size=p["batch_size"],
+                progress=bars.say,
+            )
+        lines = summary_lines(section)
+        with staged_dir(dest) as tmp:  # the comparison alone: an alpha --traffic report has no against section
+            write_json(tmp / "against.json", section.model_dump())
+            write_text(tmp / "against.txt", "\n".join(lines) + "\n")
+        _show(lines, section.model_dump(), p["as_json"], f"{dest}/against.json, {dest}/against.txt")
+        return
+    refuse_other_options(ctx, AGAINST_OPTIONS, "--against")
     check_writable(dest)
     with Bars() as bars:
         report, section = run_against(
@@ -73,9 +99,13 @@ def alpha_against(ctx: click.Context, bundle: str, other: str, prompts_file: str
     lines = summary_lines(section)
     write_report(report, dest)
     write_text(dest / "against.txt", "\n".join(lines) + "\n")
-    if p["as_json"]:
-        click.echo(json.dumps(report, indent=1))
+    _show(lines, report if isinstance(report, dict) else report_json(report), p["as_json"], f"{dest}/report.json (section against), {dest}/against.txt")
+
+
+def _show(lines: list[str], data: dict, as_json: bool, written: str) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
         return
     for line in lines:
         click.echo(line)
-    click.echo(f"report: {dest}/report.json (section against), {dest}/against.txt")
+    click.echo(f"report: {written}")
