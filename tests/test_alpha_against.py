@@ -85,6 +85,10 @@ def test_against_prints_both_columns_intervals_and_a_verdict(bundles, prompts, t
     assert (out / "against.txt").read_text().splitlines()[-1] == sec["deploy"]["line"]
     # the section is part of the typed report: read back by the one reader
     assert read_alpha_report(out / "report.json").against.deploy.line == sec["deploy"]["line"]
+    # recommend on that report picks method and K per concurrency over both bundles again: the same table
+    assert main(["recommend", str(fp8), "--report", str(out / "report.json"), "--concurrency", "4", "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["evidence"]["method_choice"] == sec["per_concurrency"]
 
 
 def test_against_refuses_another_target_in_one_line(bundles, prompts, tmp_path, capsys):

@@ -98,6 +98,8 @@ class OtherMeasurement(_Strict):
     overall: OtherFigures
     by_category: dict[str, OtherFigures]
     seconds: float
+    # K -> cumulative acceptance measured at K (its sweep): recommend --report rebuilds the method choice from it
+    sweep: dict[int, list[float]] = Field(default_factory=dict)
 
 
 class UnpairedTurns(_Strict):

@@ -164,6 +164,7 @@ def compare(
             "overall": _figures(meas_b["overall"]),
             "by_category": {c: _figures(f) for c, f in meas_b["by_category"].items()},
             "seconds": meas_b["seconds"],
+            "sweep": {int(k): v["cumulative_acceptance"] for k, v in (meas_b.get("sweep") or {}).items()},
         },
     }
     section["deploy"] = verdict(section)
@@ -201,6 +202,50 @@ def _ci(d: dict, fmt: str) -> str:
     return f"{d['diff']:+{fmt}} [{lo:+{fmt}}, {hi:+{fmt}}]"
 
 
+def choice_lines(per_concurrency: list[dict], labels: list[str]) -> list[str]:
+    """The per-concurrency table (``Choice.to_dict`` rows): the bundle, method and K to deploy, or off."""
+    out = [
+        "method and K per concurrency (predicted speedup; best K per bundle):",
+        f"{'concurrency':>11}  {'deploy':<28}{'K':>2} {'speedup':>8}   " + "".join(f"{lab:<22}" for lab in labels).rstrip(),
+    ]
+    for c in per_concurrency:
+        by = c["by_bundle"]
+        deploy = f"{c['deploy']} ({c['method']})" if c["deploy"] else "off (no speculation)"
+        cols = "".join(f"{'K=' + str(by[lab]['k']) + ' ' + format(by[lab]['predicted_speedup'], '.2f') + 'x':<22}" for lab in labels).rstrip()
+        out.append(f"{c['concurrency']:>11}  {deploy[:28]:<28}{c['k'] or '-':>2} {c['predicted_speedup']:>7.2f}x   {cols}")
+    return out
+
+
+def method_choice_from_report(report: Any, gpu: str | None, tp: int | None, batches: list[int]) -> tuple[list[dict], list[str]] | None:
+    """``recommend --report`` on an ``alpha --against`` report: the method and K per concurrency over
+    both bundles again, at ``gpu`` / ``tp`` (each bundle's own when None): (the rows, their lines);
+    None when the report has no against section."""
+    j = report if isinstance(report, dict) else report_json(report)
+    sec = j.get("against")
+    if not sec:
+        return None
+    paths = [sec["bundles"][s]["path"] for s in ("a", "b")]
+    for p in paths:
+        if not Path(p).is_dir():
+            raise UserError(
+                p, "the bundle the alpha --against report compared is not here", "run recommend where both bundles are, or measure alpha --against again"
+            )
+    a, b = open_bundle(Path(paths[0])), open_bundle(Path(paths[1]))
+    other = sec["other_measurement"]
+    cands = [
+        candidate(sec["bundles"]["a"]["label"], a, j["pairs"]["bundle"], gpu=gpu, tp=tp),
+        candidate(
+            sec["bundles"]["b"]["label"],
+            b,
+            {"overall": other["overall"], "sweep": {k: {"cumulative_acceptance": v} for k, v in other["sweep"].items()}},
+            gpu=gpu,
+            tp=tp,
+        ),
+    ]
+    rows = [c.to_dict() for c in choose(cands, batches)]
+    return rows, choice_lines(rows, [c.label for c in cands])
+
+
 def summary_lines(comparison: AgainstComparison) -> list[str]:
     """The side-by-side table, the per-concurrency choice and the verdict, as printed."""
     section = comparison.model_dump()
@@ -220,16 +265,7 @@ def summary_lines(comparison: AgainstComparison) -> list[str]:
             f"{r['category'][:16]:<16}{r['turns']:>6}  {al['a']:>5.2f} {al['b']:>5.2f}  {_ci(al, '.2f'):<22}{al_['a']:>8.3f} {al_['b']:>7.3f}  "
             f"{_ci(al_, '.3f'):<24}{sp['a']:>8.2f}x {sp['b']:>8.2f}x  {_ci(sp, '.2f')}"
         )
-    out += [
-        "",
-        "method and K per concurrency (predicted speedup; best K per bundle):",
-        f"{'concurrency':>11}  {'deploy':<28}{'K':>2} {'speedup':>8}   {a['label']:<22}{b['label']}",
-    ]
-    for c in section["per_concurrency"]:
-        by = c["by_bundle"]
-        deploy = f"{c['deploy']} ({c['method']})" if c["deploy"] else "off (no speculation)"
-        cols = [f"K={by[x['label']]['k']} {by[x['label']]['predicted_speedup']:.2f}x" for x in (a, b)]
-        out.append(f"{c['concurrency']:>11}  {deploy[:28]:<28}{c['k'] or '-':>2} {c['predicted_speedup']:>7.2f}x   {cols[0]:<22}{cols[1]}")
+    out += ["", *choice_lines(section["per_concurrency"], [a["label"], b["label"]])]
     out += ["", section["deploy"]["line"]]
     return out
 

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from eagle3_trt.atomic import check_writable
 from eagle3_trt.errors import GateFailed, UserError
+from eagle3_trt.measure.against import method_choice_from_report
 from eagle3_trt.measure.against_command import AGAINST_HELP, alpha_against
 from eagle3_trt.measure.alpha_report import render_summary
 from eagle3_trt.measure.alpha_run import run_alpha
@@ -376,6 +377,10 @@ def recommend_cmd(
     costs = bundle_cost_inputs(b, gpu=gpu, tp=tp)
     rec = recommend(cum, concurrency=concurrency, **costs, batches=recommendation_batches(b), measured_by_k=by_k, max_k=max_draft_len)
     dt_line = dynamic_tree_summary(report, rec, b)  # alpha --modes chain,dynamic-tree: the tree against the chain
+    # an alpha --against report: the method and K per concurrency over both bundles (measure/against.py)
+    methods = method_choice_from_report(report, gpu, tp, sorted(set(recommendation_batches(b)) | {concurrency}))
+    if methods is not None:
+        rec.evidence["method_choice"] = methods[0]
     # where speculation stops paying by context length, and the switch-off replayed (measure/switch_off.py)
     rec.evidence["context_switch_off"] = context_switch_off(report, rec.max_draft_len, concurrency, costs)
     if write:
@@ -393,6 +398,8 @@ def recommend_cmd(
         )
     if dt_line:
         click.echo(dt_line)
+    for line in methods[1] if methods is not None else []:
+        click.echo(line)
     ctx = rec.evidence["context_switch_off"]
     for line in ctx["lines"]:
         click.echo(("wrote " if write and ctx["written"] and line.startswith("closest setting:") else "") + line)
