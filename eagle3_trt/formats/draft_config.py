@@ -227,13 +227,22 @@ def draft_config(raw: dict[str, Any], cfg_path: Path, fmt: str, tensors: dict[st
     )
 
 
+def layer_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """A draft config.json's decoder-layer config: speculators' layouts (EAGLE-3, P-EAGLE) nest it under
+    ``transformer_layer_config`` (with the vocabulary and target width beside it); others are flat."""
+    layer_cfg = raw.get("transformer_layer_config")
+    if not isinstance(layer_cfg, dict):
+        return raw
+    return {**layer_cfg, **{k: raw[k] for k in ("draft_vocab_size", "target_hidden_size") if k in raw}}
+
+
 def _speculators_layout(raw: dict[str, Any], cfg_path: Path) -> tuple[dict[str, Any], Any, dict[str, Any], dict[str, bool]]:
     """(layer config, aux ids in TensorRT-LLM's numbering, extra, flags) of a speculators eagle3 config."""
     layer_cfg = raw.get("transformer_layer_config")
     if not isinstance(layer_cfg, dict):
         raise UserError(f"{cfg_path}:transformer_layer_config", "missing or not an object", "a speculators eagle3 config nests the Llama layer config there")
     draft_producers.speculators_refusals(raw, layer_cfg, cfg_path)
-    base = {**layer_cfg, **{k: raw[k] for k in ("draft_vocab_size", "target_hidden_size") if k in raw}}
+    base = layer_config(raw)
     aux = raw.get("eagle_aux_hidden_state_layer_ids")
     if aux is not None:
         if min(aux) < 1:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import read_json
+from eagle3_trt.formats.draft_config import layer_config
 from eagle3_trt.measure.cost_model import DEFAULT_BATCHES
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.pipeline.gpus import get_gpu
@@ -42,7 +43,7 @@ def bundle_cost_inputs(bundle: Bundle | Path, gpu: str | None = None, tp: int | 
     gpu_name = gpu or b.target_gpu.name
     tp = b.tensor_parallel_size if tp is None else tp
     tcfg = read_json(b.target_dir / "config.json")
-    dcfg = read_json(b.draft_dir / "config.json")
+    dcfg = layer_config(read_json(b.draft_dir / "config.json"))  # a P-EAGLE head ships in speculators' nested layout
     kv_dtype = "fp8" if b.kv_cache == "fp8" else "bf16"
     # whole-model bytes (tp=1): the cost model splits them over TP itself
     ts = parse_shape(tcfg, str(b.target_dir / "config.json"))
