@@ -50,12 +50,8 @@ def alpha_against(ctx: click.Context, bundle: str, other: str, prompts_file: str
     """``alpha BUNDLE --against OTHER --prompts FILE``: OUT/report.json (BUNDLE's alpha report with the
     comparison under ``against``), summary.txt, alpha.png and against.txt (the lines printed)."""
     p = ctx.params
-    if (prompts_file is None) == (traffic_dir is None):
-        raise UserError(
-            "--prompts" if traffic_dir is None else "--traffic",
-            "missing" if traffic_dir is None else "does not go with --prompts",
-            "pass --prompts FILE or --traffic DIR: both bundles are measured on it",
-        )
+    if prompts_file is not None and traffic_dir is not None:
+        raise UserError("--traffic", "does not go with --prompts", "pass --prompts FILE or --traffic DIR: both bundles are measured on it")
     dest = Path(p["out"]) if p["out"] else default_out(bundle, other)
     if traffic_dir is not None:
         refuse_other_options(ctx, AGAINST_TRAFFIC_OPTIONS, "--against --traffic")
@@ -77,6 +73,8 @@ def alpha_against(ctx: click.Context, bundle: str, other: str, prompts_file: str
             write_text(tmp / "against.txt", "\n".join(lines) + "\n")
         _show(lines, section.model_dump(), p["as_json"], f"{dest}/against.json, {dest}/against.txt")
         return
+    if prompts_file is None:
+        raise UserError("--prompts", "missing", "pass --prompts FILE or --traffic DIR: both bundles are measured on it")
     refuse_other_options(ctx, AGAINST_OPTIONS, "--against")
     check_writable(dest)
     with Bars() as bars:
