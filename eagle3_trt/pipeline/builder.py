@@ -40,6 +40,7 @@ from eagle3_trt.pipeline.llm_options import CudaGraphOptions, Eagle3Options, KvC
 from eagle3_trt.pipeline.planner import make_plan as plan_deployment
 from eagle3_trt.pipeline.presets import Preset, resolve_source
 from eagle3_trt.resources import data_dir
+from eagle3_trt.speculative.registry import method_for_head
 
 ENGINES_DIR = "engines"
 # Planner fields the bundle stores elsewhere (K, formats and max_seq_len in the options and the
@@ -283,6 +284,9 @@ def _validate(req: EngineRequest, st: _Settings):
     plan = make_plan(req, st.target_dir, st.draft_dir, st.gpu, st.quant, st.kv, st.k)
     draft = None
     if req.dry_run:
+        method = method_for_head(read_json(st.draft_dir / "config.json"))
+        if method is not None:  # a dry run writes the configs of a TensorRT-LLM bundle (formats.draft_config)
+            raise UserError("--dry-run", f"the draft is a {method.name} head, whose bundle ships it in its own format", "build it without --dry-run")
         report = _validate_config_only(st.target, st.draft_dir, preset.max_seq_len)
     else:
         draft = load_draft(st.draft_dir)

@@ -31,6 +31,7 @@ from eagle3_trt.pipeline.bundle import MANIFEST_FILE, OPTIONS_FILE, Bundle, Comp
 from eagle3_trt.pipeline.bundle_write import update
 from eagle3_trt.pipeline.gpu_checks import DetectedGpu, check_formats, detect_gpus
 from eagle3_trt.pipeline.gpus import get_gpu
+from eagle3_trt.pipeline.other_engines import refuse_on_trtllm
 
 SMOKE_PROMPT = "What is the capital of France? Answer in one sentence."
 
@@ -91,6 +92,7 @@ def preflight(
     ``for_release`` (checks only): the options as that TensorRT-LLM release would load them
     (trtllm_versions.spec_for_release: keys it lacks left out with a note, or refused)."""
     b = open_bundle(Path(bundle))
+    refuse_on_trtllm(b.path, b.options, "compile")  # a method no TensorRT-LLM release serves (P-EAGLE)
     pf = Preflight(b, None, None, None, ["manifest"])
     pf.gpu = choose_gpu(target_gpu, detected, b)
     if pf.gpu is not None:

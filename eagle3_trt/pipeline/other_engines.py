@@ -226,6 +226,14 @@ def _method_serving(opts: LlmApiOptions) -> dict:
     return {"serving": hooks.serving(f"{BUNDLE_VAR}/draft", opts.speculative_config.max_draft_len), "method": method.name}
 
 
+def refuse_on_trtllm(bundle_dir: object, opts: LlmApiOptions, what: str) -> None:
+    """One-line UserError when ``what`` (compile, Triton) would run the bundle's method on TensorRT-LLM and no
+    release serves it (P-EAGLE), naming the options field that selects the method."""
+    why = trtllm_refusal(opts)
+    if why is not None:
+        raise UserError(f"{bundle_dir}/{adapter.OPTIONS_FILE}:speculative_config", f"{what}: {why}", "serve this bundle with its launch/vllm.sh (vLLM)")
+
+
 def trtllm_refusal(opts: LlmApiOptions) -> str | None:
     """Why TensorRT-LLM cannot serve the bundle's method (None: it can): compile, Triton and Dynamo ask here."""
     method = method_from_options(opts.speculative_config)

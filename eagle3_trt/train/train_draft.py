@@ -185,6 +185,7 @@ def _train_draft(o: TrainDraftOptions) -> dict:
     )
     report["processes"] = d.world
     report["parallel"] = d.mode
+    report["method"] = o.method
     files = {"train_report.json": json.dumps(report, indent=2) + "\n", **o.extra_files}
     if training is None:
         export_draft(draft, cfg, prep.vocab, Path(o.out), target_cfg, files, overwrite=o.overwrite)
@@ -212,6 +213,9 @@ def _check_request(o: TrainDraftOptions, info: TargetInfo) -> tuple[DraftCheckpo
         raise UserError("--max-draft-len", f"{o.max_draft_len} must be at least 1")
     if o.method not in trainable_methods():
         raise UserError("--method", f"{o.method!r} does not train a head", f"use one of {', '.join(sorted(trainable_methods()))}")
+    training = trainable_methods()[o.method]
+    if training is not None:
+        training.check(o.mask_token_id, info.vocab_size)
     if o.method != DEFAULT_METHOD and o.parallel == "fsdp":
         raise UserError("--parallel", f"fsdp with --method {o.method}: the sharded head is gathered as an EAGLE-3 head", "use --parallel ddp")
     if Path(o.out).exists() and not o.overwrite:

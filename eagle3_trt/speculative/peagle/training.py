@@ -114,6 +114,12 @@ class PEagleTraining:
         return parallel_unroll(draft, next_ids, aux, k)  # its own embed_tokens, not the target's
 
     @staticmethod
+    def check(mask_token_id: int | None, vocab_size: int) -> None:
+        """The request's method options, refused before any work (the explicit mask token must be a target id)."""
+        if mask_token_id is not None and not 0 <= mask_token_id < vocab_size:
+            raise UserError("--mask-token-id", f"{mask_token_id} is outside the target's vocabulary ({vocab_size} ids)", "pass a target token id")
+
+    @staticmethod
     def make_head(eagle3: torch.nn.Module, target_embed: torch.Tensor, seed: int, mask_token_id: int | None, tokenizer: Any) -> PEagleDraft:
         """The head to train, from the EAGLE-3 head train-draft starts (fresh or --init)."""
         mask_id = resolve_mask_token_id(mask_token_id, tokenizer, int(target_embed.shape[0]))
