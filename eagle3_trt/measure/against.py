@@ -204,15 +204,17 @@ def _ci(d: dict, fmt: str) -> str:
 
 def choice_lines(per_concurrency: list[dict], labels: list[str]) -> list[str]:
     """The per-concurrency table (``Choice.to_dict`` rows): the bundle, method and K to deploy, or off."""
+    deploys = [f"{c['deploy']} ({c['method']})" if c["deploy"] else "off (no speculation)" for c in per_concurrency]
+    w = max(len(d) for d in [*deploys, "deploy"]) + 2
+    cw = [max(len(lab), 12) + 2 for lab in labels]
     out = [
         "method and K per concurrency (predicted speedup; best K per bundle):",
-        f"{'concurrency':>11}  {'deploy':<28}{'K':>2} {'speedup':>8}   " + "".join(f"{lab:<22}" for lab in labels).rstrip(),
+        f"{'concurrency':>11}  {'deploy':<{w}}{'K':>2} {'speedup':>8}   " + "".join(f"{lab:<{n}}" for lab, n in zip(labels, cw)).rstrip(),
     ]
-    for c in per_concurrency:
+    for c, deploy in zip(per_concurrency, deploys):
         by = c["by_bundle"]
-        deploy = f"{c['deploy']} ({c['method']})" if c["deploy"] else "off (no speculation)"
-        cols = "".join(f"{'K=' + str(by[lab]['k']) + ' ' + format(by[lab]['predicted_speedup'], '.2f') + 'x':<22}" for lab in labels).rstrip()
-        out.append(f"{c['concurrency']:>11}  {deploy[:28]:<28}{c['k'] or '-':>2} {c['predicted_speedup']:>7.2f}x   {cols}")
+        cols = "".join(f"{'K=' + str(by[lab]['k']) + ' ' + format(by[lab]['predicted_speedup'], '.2f') + 'x':<{n}}" for lab, n in zip(labels, cw)).rstrip()
+        out.append(f"{c['concurrency']:>11}  {deploy:<{w}}{c['k'] or '-':>2} {c['predicted_speedup']:>7.2f}x   {cols}")
     return out
 
 
