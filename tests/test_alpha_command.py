@@ -20,6 +20,7 @@ from eagle3_trt.cli import main
 from eagle3_trt.convert.load import load_engine
 from eagle3_trt.convert.prompts import load_prompt_records
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.alpha_report import report_json
 from eagle3_trt.measure.acceptance import encode_chat
 from eagle3_trt.measure.alpha_run import run_alpha
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
@@ -103,8 +104,8 @@ def test_alpha_report_side_by_side(bundle, prompts_file, tmp_path, capsys):
 @pytest.mark.needs("shared")
 def test_estimator_and_generation_agree_multi_turn(bundle, prompts_file):
     kw = dict(bf16=False, max_tokens=16, limit=3, turns="all", diagnostics=False)
-    est = run_alpha(bundle, prompts_file, method="estimator", **kw)["pairs"]["bundle"]
-    gen = run_alpha(bundle, prompts_file, method="generate", **kw)["pairs"]["bundle"]
+    est = report_json(run_alpha(bundle, prompts_file, method="estimator", **kw))["pairs"]["bundle"]
+    gen = report_json(run_alpha(bundle, prompts_file, method="generate", **kw))["pairs"]["bundle"]
     assert len(est["requests"]) == 6  # 3 records x 2 turns; turn 2 sees the target's own turn-1 reply
     assert est["requests"] == gen["requests"]
     assert est["overall"]["accepted_per_position"] == gen["overall"]["accepted_per_position"]
@@ -139,9 +140,9 @@ def test_alpha_sweep_measures_each_draft_length(bundle, prompts_file, tmp_path, 
     assert sorted(sw, key=int) == ["1", "2", "3", "4"]  # the bundle's K=3 is always measured
     kw = dict(bf16=False, max_tokens=16, limit=4, turns="first", diagnostics=False)
     for k in (1, 4):  # each swept K equals running speculative generation at that K
-        gen = run_alpha(bundle, prompts_file, max_draft_len=k, method="generate", **kw)["pairs"]["bundle"]["overall"]
-        assert sw[str(k)]["acceptance_length"] == pytest.approx(gen["acceptance_length"])
-        assert sw[str(k)]["alpha"] == pytest.approx(gen["alpha"])
+        gen = run_alpha(bundle, prompts_file, max_draft_len=k, method="generate", **kw).pairs.bundle.overall
+        assert sw[str(k)]["acceptance_length"] == pytest.approx(gen.acceptance_length)
+        assert sw[str(k)]["alpha"] == pytest.approx(gen.alpha)
     assert sw["1"]["predicted_acceptance_length"] == pytest.approx(1 + sw["1"]["alpha"], abs=0.15)
     for bad in ("0-2", "x", "3-1", "1-", "1,5-3"):
         assert main(["alpha", str(bundle), "--prompts", str(prompts_file), "--sweep", bad]) == 2
@@ -240,15 +241,15 @@ def test_raw_completion_prompts_are_measured_without_the_chat_template(bundle, p
     raw = tmp_path / "code.jsonl"
     raw.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     kw = dict(bf16=False, max_tokens=12, turns="first", diagnostics=False)
-    prim = run_alpha(bundle, raw, **kw)["pairs"]["bundle"]
-    assert prim["raw_prompts"] == len(texts)
+    prim = run_alpha(bundle, raw, **kw).pairs.bundle
+    assert prim.raw_prompts == len(texts)
     # as a /v1/completions request is encoded: no template, BOS as the tokenizer adds it by default
     want = [len(tok(t)["input_ids"]) for t in texts]
-    assert [r["prompt_tokens"] for r in prim["requests"]] == want
+    assert [r.prompt_tokens for r in prim.requests] == want
     assert want != [len(encode_chat(tok, [{"role": "user", "content": t}])) for t in texts]
     # --chat-template sends the same records as user turns
-    chat = run_alpha(bundle, raw, chat_template=True, **kw)["pairs"]["bundle"]
-    assert chat["raw_prompts"] == 0 and [r["prompt_tokens"] for r in chat["requests"]] != want
+    chat = run_alpha(bundle, raw, chat_template=True, **kw).pairs.bundle
+    assert chat.raw_prompts == 0 and [r.prompt_tokens for r in chat.requests] != want
     # plain-text lines are user turns by default and raw with --no-chat-template (CLI, summary says so)
     lines = tmp_path / "code.txt"
     lines.write_text("import os\nclass Stack:\n")

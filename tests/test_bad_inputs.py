@@ -466,6 +466,16 @@ def _report(c: Ctx, body: dict) -> None:
     (c.w / "report.json").write_text(json.dumps(body))
 
 
+def _alpha_report_json(cumulative: list[float]) -> dict:
+    """A well-formed alpha report.json measuring ``cumulative`` acceptance (formats/alpha_report.py)."""
+    from eagle3_trt.formats.alpha_report import report_json
+    from eagle3_trt.testing.alpha_reports import alpha_report
+
+    rep = alpha_report()
+    rep.pairs.bundle.overall.cumulative_acceptance = cumulative
+    return report_json(rep)
+
+
 def _packaged_then_edited(c: Ctx) -> None:
     """A repository `package` wrote, whose model.yaml the user then edited (the README invites it)."""
     from eagle3_trt.triton_serving.package import package_bundle
@@ -1375,7 +1385,7 @@ CASES: list[Case] = [
         ("recommend", "{b}", "--report", "{w}/report.json"),
         2,
         r"dry: no weight files in target/ or draft/",
-        make=lambda c: _report(c, {"pairs": {"bundle": {"overall": {"cumulative_acceptance": [0.8, 0.6, 0.4]}}}}),
+        make=lambda c: _report(c, _alpha_report_json([0.8, 0.6, 0.4])),
     ),
     Case("package-bad-name", ("package", "{b}", "-o", "{out}", "--name", "no spaces!"), 2, r"--name: 'no spaces!' is not a valid Triton model name"),
     Case("package-zero-instances", ("package", "{b}", "-o", "{out}", "--instances", "0"), 2, r"--instances: must be >= 1"),

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.alpha_report import AlphaReport, report_json
 from eagle3_trt.measure.alpha_run import run_alpha
 from eagle3_trt.measure.bundle_costs import bundle_cost_inputs, recommendation_batches
 from eagle3_trt.measure.cost_model import Recommendation, recommend
@@ -29,19 +30,20 @@ from eagle3_trt.pipeline.trtllm_versions import SPEC_KEYS_BY_RELEASE, spec_for_r
 from eagle3_trt.runtime.loader import engine_from_bundle
 from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
 from eagle3_trt.speculative.dynamic_tree.rules import DynamicTreeConfig
+from eagle3_trt.testing.alpha_reports import alpha_report
 
 ROOT = Path(__file__).resolve().parents[1]
 TREE = {"use_dynamic_tree": True, "dynamic_tree_max_topK": 8, "max_total_draft_tokens": 24, "max_draft_len": 3}
 
 
-def _report(chain_al: float, tree_al: float, k: int = 3, tree: dict = TREE) -> dict:
+def _report(chain_al: float, tree_al: float, k: int = 3, tree: dict = TREE) -> AlphaReport:
     def mode(al: float, verified: float) -> dict:
         return {"overall": {"acceptance_length": al, "tokens_verified_per_forward": verified, "requests": 8}}
 
-    return {
-        "settings": {"max_draft_len": k, "prompts": "synthetic"},
-        "modes": {"chain": mode(chain_al, k + 1), "dynamic-tree": {**mode(tree_al, 1 + tree["max_total_draft_tokens"]), "dynamic_tree": tree}},
-    }
+    return alpha_report(
+        settings={"max_draft_len": k, "prompts": "synthetic"},
+        modes={"chain": mode(chain_al, k + 1), "dynamic-tree": {**mode(tree_al, 1 + tree["max_total_draft_tokens"]), "dynamic_tree": tree}},
+    )
 
 
 # an 8B-class dense target in FP8 with a BF16 EAGLE-3 head on one H100
@@ -84,7 +86,7 @@ def test_tree_wins_at_low_concurrency_and_loses_when_compute_bound():
 
 
 def test_no_choice_without_both_modes_or_at_another_k():
-    assert dynamic_tree_choice({"modes": {"chain": {}}}, _rec(1), COSTS, BATCHES)[1] is None
+    assert dynamic_tree_choice(alpha_report(modes={"chain": {}}), _rec(1), COSTS, BATCHES)[1] is None
     rep = _report(2.2, 3.0, k=3, tree={**TREE, "max_draft_len": 4})
     fields, ev = dynamic_tree_choice(rep, _rec(1), COSTS, BATCHES)
     assert ev is not None and not ev["written"] and "not measured at the same K" in ev["reason"] and fields["use_dynamic_tree"] is None
@@ -160,6 +162,7 @@ def test_alpha_modes_chain_and_dynamic_tree(bundle, tmp_path):
         dynamic_tree_topk=3,
         max_total_draft_tokens=5,
     )
+    rep = report_json(rep)  # as report.json holds it
     m = rep["modes"]
     k = rep["settings"]["max_draft_len"]
     assert m["dynamic-tree"]["dynamic_tree"] == {"use_dynamic_tree": True, "dynamic_tree_max_topK": 3, "max_total_draft_tokens": 5, "max_draft_len": k}

@@ -79,17 +79,17 @@ def test_no_gate_when_acceptance_is_at_or_below_break_even_or_too_close():
 
 
 def test_sequences_come_from_the_report_at_any_measured_k():
-    report = {
-        "settings": {"max_draft_len": 3},
-        "pairs": {
-            "bundle": {"requests": [{"accepted_seq": [1, 2], "accepted_seq_by_k": {"5": [4, 0]}}, {"accepted_seq": [0], "accepted_seq_by_k": {"5": [5]}}]}
-        },
-    }
+    from eagle3_trt.testing.alpha_reports import alpha_report, traffic_report
+
+    report = alpha_report(
+        settings={"max_draft_len": 3},
+        requests=[{"accepted_seq": [1, 2], "accepted_seq_by_k": {"5": [4, 0]}}, {"accepted_seq": [0], "accepted_seq_by_k": {"5": [5]}}],
+    )
     assert sequences_at(report, 3) == [[1, 2], [0]]
     assert sequences_at(report, 5) == [[4, 0], [5]]
     assert sequences_at(report, 4) is None
-    assert sequences_at({"pairs": {"bundle": {"requests": [{"alpha": 0.5}]}}}, 3) is None  # a report from before the sequences
-    traffic = {"kind": "eagle3-trt alpha --traffic report", "requests": [{"request_id": "a", "accepted_seq_by_k": {"2": [2, 0, 1]}}]}
+    assert sequences_at(alpha_report(requests=[{"alpha": 0.5}]), 3) is None  # a report from before the sequences
+    traffic = traffic_report(requests=[{"request_id": "a", "accepted_seq_by_k": {"2": [2, 0, 1]}}])
     assert sequences_at(traffic, 2) == [[2, 0, 1]] and sequences_at(traffic, 3) is None
 
 

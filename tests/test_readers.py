@@ -22,7 +22,6 @@ JSON_PARSERS = {
     "formats/bundle_manifest.py": "manifest.json: the bundle's typed reader (pydantic, extra=forbid)",
     "triton_serving/server.py": "server.json: ServerHandle.load",
     "dynamo_serving/launcher.py": "the Dynamo deployment record: Deployment.load",
-    "measure/report_files.py": "report.json: read_report",
     "formats/alpha_report.py": "report.json: read_report (the alpha report's schema, pydantic, extra=forbid)",
     "formats/checkpoint_io.py": "Hugging Face config files: the strict JSON reader",
     "formats/tree_choices.py": "a --tree argument",

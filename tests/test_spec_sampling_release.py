@@ -102,13 +102,18 @@ def test_recommend_writes_the_measured_flags(dry, tmp_path):
     from eagle3_trt.pipeline.llm_options import Eagle3Options
 
     spec = Eagle3Options(max_draft_len=3)
-    measured = {"settings": {"temperature": 0.7, "spec_sampling": {"allow_advanced_sampling": True, "use_rejection_sampling": True}}}
+    from eagle3_trt.testing.alpha_reports import alpha_report
+
+    flags = {"allow_advanced_sampling": True, "use_rejection_sampling": True, "advanced_sampling_mode": "full", "served": "rejection"}
+    measured = alpha_report(settings={"temperature": 0.7, "spec_sampling": flags})
     fields, ev = sampling_choice(measured, spec)
     assert fields == {"allow_advanced_sampling": True, "use_rejection_sampling": True, "advanced_sampling_mode": "full"}
     assert ev["served_at_temperature_above_0"] == "rejection" and "warning" not in ev
-    fields, ev = sampling_choice({"settings": {"decoding": "greedy"}}, spec)
+    fields, ev = sampling_choice(alpha_report(settings={"decoding": "greedy"}), spec)
     assert fields == {"allow_advanced_sampling": True, "use_rejection_sampling": False, "advanced_sampling_mode": "full"}
-    off = {"settings": {"temperature": 0.7, "spec_sampling": {"allow_advanced_sampling": False}}}
+    off = alpha_report(
+        settings={"temperature": 0.7, "spec_sampling": {**flags, "allow_advanced_sampling": False, "use_rejection_sampling": False, "served": "greedy"}}
+    )
     fields, ev = sampling_choice(off, spec)
     assert fields["allow_advanced_sampling"] is False and "greedily" in ev["warning"]
 

@@ -21,6 +21,7 @@ from eagle3_trt.convert.load import load_engine
 from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.spec_sampling import REJECTION_SAMPLING, SpecSamplingConfig
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.alpha_report import read_alpha_report
 from eagle3_trt.measure.recommendation import sa_choice
 from eagle3_trt.pipeline.trtllm_versions import spec_for_release
 from eagle3_trt.speculative.sa.automaton import SAConfig, SAEnhancer, SuffixAutomaton, without_rejection_sampling
@@ -206,7 +207,7 @@ def test_alpha_modes_and_recommend_write(bundle, tmp_path):
         assert set(m[mode]["by_category"]) == {"repeat"}
         assert m[mode]["overall"]["tokens_verified_per_forward"] > 1
     # +0.13 AL over 4 turns clears both margins, but its paired 95% interval reaches 0: noise, not written
-    threshold, ev = sa_choice(rep)
+    threshold, ev = sa_choice(read_alpha_report(tmp_path / "rep" / "report.json"))
     assert threshold is None and ev is not None and not ev["written"] and ev["gain_ci95"][0] <= 0 < ev["gain_ci95"][1]
 
     r = _cli("recommend", str(bundle), "--report", str(tmp_path / "rep" / "report.json"), "--write", cwd=ROOT)

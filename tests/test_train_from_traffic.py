@@ -48,7 +48,7 @@ def _alpha_al(bundle: Path, prompts_file: Path) -> float:
     from eagle3_trt.measure.alpha_run import run_alpha
 
     rep = run_alpha(bundle, prompts_file, max_tokens=MAX_TOKENS, diagnostics=False, bf16=False)  # the bundle as built only
-    return float(rep["pairs"]["bundle"]["overall"]["acceptance_length"])
+    return rep.pairs.bundle.overall.acceptance_length
 
 
 def test_retrained_bundle_names_parent_trains_on_no_heldout_prompt_and_accepts_more(served, tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Measuring alpha of a bundle (and of a reference pair) into the alpha report dict: what ``eagle3-trt alpha`` runs."""
+"""Measuring alpha of a bundle (and of a reference pair) into the alpha report (formats/alpha_report.AlphaReport): what ``eagle3-trt alpha`` runs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 from eagle3_trt.convert.prompts import load_prompt_records, use_chat_template
 from eagle3_trt.core.stats import AggregateStats
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.acceptance_by_context import AcceptanceByContext
+from eagle3_trt.formats.alpha_report import KIND, SCHEMA, AlphaReport, CostRecommendation
 from eagle3_trt.measure.acceptance import Measurement, measure
 from eagle3_trt.measure.alpha_report import compare
 from eagle3_trt.measure.bundle_costs import bundle_cost_inputs, recommendation_batches
@@ -59,8 +61,8 @@ def run_alpha(
     temperature: float = 0.0,
     dynamic_tree_topk: int = DEFAULT_TOPK,
     max_total_draft_tokens: int | None = None,
-) -> dict:
-    """Measure the bundle (as built) and optionally a reference pair; returns the report dict.
+) -> AlphaReport:
+    """Measure the bundle (as built) and optionally a reference pair; returns the report.
 
     ``modes``: also measure these speculation modes ("chain": the neural chain; "sa": the chain with
     TensorRT-LLM's suffix-automaton enhancer at ``sa_threshold``) into report["modes"].
@@ -136,12 +138,12 @@ def run_alpha(
         settings["spec_sampling"] = {**asdict(flags), "served": flags.served}
     report = _report(b, settings, prim, ref, ref_note, diag, load_s)
     if sampling_warning:
-        report["sampling_warning"] = sampling_warning
+        report.sampling_warning = sampling_warning
     _add_recommendation(report, b, prim, concurrency)
     # AL and alpha per context and prompt-length bucket, from each request's verifications (measure/context_buckets.py)
-    report["acceptance_by_context"] = context_tables([r.to_dict() for r in prim.results], k, max_tokens, max_seq_len)
+    report.acceptance_by_context = AcceptanceByContext.model_validate(context_tables([r.to_dict() for r in prim.results], k, max_tokens, max_seq_len))
     if by_mode:
-        report["modes"] = by_mode
+        report.modes = by_mode  # validated into formats/alpha_report.ModeEntry on assignment
     return report
 
 
@@ -279,10 +281,11 @@ def _settings(
     }
 
 
-def _report(b: Bundle, settings: dict, prim: Measurement, ref: Measurement | None, ref_note: str | None, diag: list[dict], load_s: float) -> dict:
+def _report(b: Bundle, settings: dict, prim: Measurement, ref: Measurement | None, ref_note: str | None, diag: list[dict], load_s: float) -> AlphaReport:
+    """The report's typed model (formats/alpha_report.py), built from the measurements' records."""
     report: dict = {
-        "schema": 1,
-        "kind": "eagle3-trt alpha report",
+        "schema": SCHEMA,
+        "kind": KIND,
         "bundle": str(b.path),
         "settings": settings,
         "pairs": {"bundle": prim.to_dict()},
@@ -296,10 +299,10 @@ def _report(b: Bundle, settings: dict, prim: Measurement, ref: Measurement | Non
         report["reference_note"] = ref_note
     if b.quant.target_native == "mxfp4":
         report["numerics_note"] = MXFP4_NUMERICS_NOTE
-    return report
+    return AlphaReport.model_validate(report)
 
 
-def _add_recommendation(report: dict, b: Bundle, prim: Measurement, concurrency: int) -> None:
+def _add_recommendation(report: AlphaReport, b: Bundle, prim: Measurement, concurrency: int) -> None:
     """K and max_concurrency from the measurement, or the one-line reason there is none."""
     ov = prim.overall()
     if not ov.draft_tokens:
@@ -312,6 +315,6 @@ def _add_recommendation(report: dict, b: Bundle, prim: Measurement, concurrency:
             batches=recommendation_batches(b),
             measured_by_k={kk: v["cumulative_acceptance"] for kk, v in prim.sweep().items()},
         )
-        report["recommendation"] = rec.to_dict()
+        report.recommendation = CostRecommendation.model_validate(rec.to_dict())
     except UserError as e:
-        report["recommendation_error"] = e.line()
+        report.recommendation_error = e.line()

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from eagle3_trt.atomic import check_writable
 from eagle3_trt.errors import GateFailed, UserError
+from eagle3_trt.formats.alpha_report import AlphaReport, report_json
 from eagle3_trt.measure.against import method_choice_from_report
 from eagle3_trt.measure.against_command import AGAINST_HELP, alpha_against
 from eagle3_trt.measure.alpha_report import render_summary
@@ -47,7 +48,7 @@ def parse_sweep(text: str | None) -> tuple[int, ...]:
     return tuple(sorted(ks))
 
 
-def _print_summary(report: dict) -> None:
+def _print_summary(report: AlphaReport) -> None:
     render_summary(report, Console(highlight=False))
 
 
@@ -211,7 +212,7 @@ def alpha_cmd(
         )
     write_report(report, dest)
     if as_json:
-        click.echo(json.dumps(report, indent=1))
+        click.echo(json.dumps(report_json(report), indent=1))
     else:
         _print_summary(report)
         click.echo(f"report: {dest}/report.json, {dest}/summary.txt, {dest}/alpha.png")
@@ -391,10 +392,10 @@ def recommend_cmd(
         click.echo(json.dumps(rec.to_dict(), indent=1))
         return
     print_recommendation(rec)
-    settings, measured = report.get("settings", {}), report.get("pairs", {}).get("bundle", {}).get("requests") or []
-    if settings.get("prompts"):  # what every figure above was measured on
+    settings, measured = report.settings, report.pairs.bundle.requests
+    if settings.prompts:  # what every figure above was measured on
         click.echo(
-            f"acceptance measured on {settings['prompts']}: {len(measured)} requests ({settings.get('turns', 'all')} turns), {settings.get('decoding', 'greedy')}, K={settings.get('max_draft_len')} and sweep {settings.get('sweep') or '-'}"
+            f"acceptance measured on {settings.prompts}: {len(measured)} requests ({settings.turns} turns), {settings.decoding}, K={settings.max_draft_len} and sweep {settings.sweep or '-'}"
         )
     if dt_line:
         click.echo(dt_line)

@@ -33,6 +33,8 @@ from rich.table import Table
 
 from eagle3_trt.core.stats import AggregateStats, RequestStats, aggregate
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.acceptance_by_context import AcceptanceByContext
+from eagle3_trt.formats.alpha_report import AlphaReport
 
 # bucket edges in tokens of context: 0-512, 512-1k, 1k-2k, 2k-3k, 3k-4k (the embedded pair's context),
 # then doubling to 128k+ (only buckets with verifications are reported)
@@ -177,28 +179,29 @@ def context_tables(requests: Sequence[dict], k: int, max_tokens: int, max_seq_le
     }
 
 
-def context_table_rich(ctx: dict, title: str) -> Table:
+def context_table_rich(ctx: AcceptanceByContext, title: str) -> Table:
     """One table of ``context_tables``'s result (``title``: "by_context" or "by_prompt_length")."""
     what = {"by_context": "tokens of context at the verification", "by_prompt_length": "prompt length"}[title]
-    t = Table(title=f"acceptance by {what} (K={ctx['k']}; AL = tokens per decode forward, the prefill excluded)")
+    t = Table(title=f"acceptance by {what} (K={ctx.k}; AL = tokens per decode forward, the prefill excluded)")
     for c in ("bucket", "mean context", "requests", "forwards", "AL", "alpha"):
         t.add_column(c, justify="left" if c == "bucket" else "right")
-    for r in ctx[title]["rows"]:
-        t.add_row(r["bucket"], f"{r['mean_context']:.0f}", str(r["requests"]), str(r["forwards"]), f"{r['acceptance_length']:.2f}", f"{r['alpha']:.3f}")
+    table = ctx.by_context if title == "by_context" else ctx.by_prompt_length
+    for r in table.rows:
+        t.add_row(r.bucket, f"{r.mean_context:.0f}", str(r.requests), str(r.forwards), f"{r.acceptance_length:.2f}", f"{r.alpha:.3f}")
     return t
 
 
-def render_context_tables(report: dict, con: Console) -> None:
+def render_context_tables(report: AlphaReport, con: Console) -> None:
     """The two tables of an alpha report's ``acceptance_by_context`` (nothing when it has none), and
     the requests whose verifications could not be placed."""
-    ctx = report.get("acceptance_by_context")
-    if not ctx:
+    ctx = report.acceptance_by_context
+    if ctx is None:
         return
     con.print(context_table_rich(ctx, "by_context"))
     con.print(context_table_rich(ctx, "by_prompt_length"))
-    n = len(ctx["by_context"].get("unmatched") or [])
+    n = len(ctx.by_context.unmatched)
     if n:
-        con.print(f"note: {n} requests' verifications do not follow the chain's draft-length rule at K={ctx['k']} (left out of these tables)", highlight=False)
+        con.print(f"note: {n} requests' verifications do not follow the chain's draft-length rule at K={ctx.k} (left out of these tables)", highlight=False)
 
 
 def accepted_at(request: dict, k: int, run_k: int | None) -> list[int] | None:

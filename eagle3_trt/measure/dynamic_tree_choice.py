@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from eagle3_trt.formats.alpha_report import AlphaReport
 from eagle3_trt.measure.bundle_costs import bundle_cost_inputs, recommendation_batches
 from eagle3_trt.measure.cost_model import CostParams, Recommendation, forward_time_s, model_costs
 from eagle3_trt.pipeline.bundle import Bundle
@@ -64,35 +65,35 @@ def mode_speedups(costs: dict, k: int, al: dict[str, float], tree: dict, batches
     return out
 
 
-def dynamic_tree_choice(report: dict, rec: Recommendation, costs: dict, batch_sizes: list[int]) -> tuple[dict, dict | None]:
+def dynamic_tree_choice(report: AlphaReport, rec: Recommendation, costs: dict, batch_sizes: list[int]) -> tuple[dict, dict | None]:
     """(speculative_config fields: the three dynamic-tree keys, all None unless the tree wins, plus
     ``max_draft_len`` (the tree's depth, which may differ from the chain K ``rec`` chose) and
     ``draft_len_schedule`` when it wins; the evidence, None when the report did not measure both
     chain and dynamic-tree)."""
     cleared: dict = dict.fromkeys(DT_KEYS)
-    modes = report.get("modes") or {}
+    modes = report.modes or {}
     chain, dyn = modes.get("chain"), modes.get("dynamic-tree")
-    if not chain or not dyn or "dynamic_tree" not in dyn:
+    if chain is None or dyn is None or dyn.dynamic_tree is None:
         return cleared, None
-    tree, conc = dyn["dynamic_tree"], int(rec.evidence.get("chosen_at_concurrency", 1))
+    tree, conc = dyn.dynamic_tree.model_dump(), int(rec.evidence.get("chosen_at_concurrency", 1))  # the record, in TensorRT-LLM's names
     k = int(tree["max_draft_len"])  # the tree's depth; the chain mode was measured at the same K
     ev: dict = {
-        "prompts": report.get("settings", {}).get("prompts"),
-        "turns": dyn["overall"]["requests"],
+        "prompts": report.settings.prompts,
+        "turns": dyn.overall.requests,
         "dynamic_tree": tree,
-        "chain_acceptance_length": round(chain["overall"]["acceptance_length"], 4),
-        "dynamic_tree_acceptance_length": round(dyn["overall"]["acceptance_length"], 4),
-        "dynamic_tree_tokens_verified_per_forward": round(dyn["overall"]["tokens_verified_per_forward"], 4),
+        "chain_acceptance_length": round(chain.overall.acceptance_length, 4),
+        "dynamic_tree_acceptance_length": round(dyn.overall.acceptance_length, 4),
+        "dynamic_tree_tokens_verified_per_forward": round(dyn.overall.tokens_verified_per_forward, 4),
         "concurrency": conc,
         "rule": f"written when the predicted speedup at the concurrency beats the chain's (and sa's) by >= {DT_MIN_GAIN_REL:.0%}",
         "written": False,
     }
-    if report.get("settings", {}).get("max_draft_len") != k:
+    if report.settings.max_draft_len != k:
         ev["reason"] = f"the chain and the tree (max_draft_len {k}) were not measured at the same K"
         return cleared, ev
-    al = {"chain": float(chain["overall"]["acceptance_length"]), "dynamic-tree": float(dyn["overall"]["acceptance_length"])}
+    al = {"chain": chain.overall.acceptance_length, "dynamic-tree": dyn.overall.acceptance_length}
     if "sa" in modes:
-        al["sa"] = float(modes["sa"]["overall"]["acceptance_length"])
+        al["sa"] = modes["sa"].overall.acceptance_length
     batches = sorted(set(batch_sizes) | {conc})
     s = mode_speedups(costs, k, al, tree, batches)
     ev["predicted_speedup_by_batch"] = {m: {str(bs): round(v, 4) for bs, v in by.items()} for m, by in s.items()}
@@ -122,7 +123,7 @@ def dynamic_tree_choice(report: dict, rec: Recommendation, costs: dict, batch_si
     return {**fields, "max_draft_len": k, "draft_len_schedule": {mc: k}}, ev
 
 
-def dynamic_tree_summary(report: dict, rec: Recommendation, b: Bundle) -> str | None:
+def dynamic_tree_summary(report: AlphaReport, rec: Recommendation, b: Bundle) -> str | None:
     """``recommend``'s line on the dynamic tree (its evidence goes into ``rec.evidence``); None when
     the report did not measure both chain and dynamic-tree."""
     _, ev = dynamic_tree_choice(report, rec, *bundle_inputs(b, rec))

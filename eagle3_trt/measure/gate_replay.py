@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from eagle3_trt.formats.alpha_report import AlphaReport, TrafficAlphaReport
+
 WINDOWS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)  # candidate window sizes, in iterations
 REPLAYS = 400
 HORIZON_REQUESTS = 1000  # requests served per replay: the switch-off probability is stated over this many
@@ -50,24 +52,27 @@ class GateChoice:
         )
 
 
-def sequences_at(report: dict, k: int) -> list[list[int]] | None:
+def sequences_at(report: AlphaReport | TrafficAlphaReport, k: int) -> list[list[int]] | None:
     """Each measured request's accepted draft tokens per verification at K, None when the report
     does not hold them (measured before they were recorded, or not at K). An alpha report: its
     requests at the run's own K or its --sweep; an ``alpha --traffic`` report: the captured greedy
     requests, at every K it replayed."""
-    if report.get("kind") == "eagle3-trt alpha --traffic report":
-        reqs, run_k = report.get("requests") or [], None
-    else:
-        reqs = (report.get("pairs", {}).get("bundle", {}) or {}).get("requests") or []
-        run_k = report.get("settings", {}).get("max_draft_len")
     out = []
-    for r in reqs:
-        seq = (r.get("accepted_seq_by_k") or {}).get(str(k))
-        if seq is None and run_k == k:
-            seq = r.get("accepted_seq")
+    if isinstance(report, TrafficAlphaReport):
+        for t in report.requests:
+            seq = t.accepted_seq_by_k.get(k)
+            if seq is None:
+                return None
+            out.append(list(seq))
+        return out or None
+    run_k = report.settings.max_draft_len
+    for r in report.pairs.bundle.requests:
+        seq = r.accepted_seq_by_k.get(k)
+        if seq is None and run_k == k and "accepted_seq" in r.model_fields_set:  # absent in reports from before the sequences
+            seq = r.accepted_seq
         if seq is None:
             return None
-        out.append([int(a) for a in seq])
+        out.append(list(seq))
     return out or None
 
 

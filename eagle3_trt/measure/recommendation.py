@@ -8,12 +8,12 @@ from rich.console import Console
 from rich.table import Table
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.alpha_report import AlphaReport, TrafficAlphaReport, read_alpha_report, read_traffic_report
 from eagle3_trt.measure.alpha_run import run_alpha
 from eagle3_trt.measure.cost_model import Recommendation, acceptance_gate, draft_len_schedule
 from eagle3_trt.measure.dynamic_tree_choice import DT_KEYS, dynamic_tree_choice
 from eagle3_trt.measure.dynamic_tree_choice import bundle_inputs as dt_inputs
 from eagle3_trt.measure.gate_replay import GateChoice, choose_gate, sequences_at
-from eagle3_trt.measure.report_files import read_report, report_curves
 from eagle3_trt.measure.sampling_choice import sampling_choice
 from eagle3_trt.pipeline import bundle as bundle_format
 from eagle3_trt.pipeline import bundle_write
@@ -33,12 +33,12 @@ def acceptance_curves(
     max_tokens: int,
     device: str | None,
     chat_template: bool | None,
-) -> tuple[list[float], dict[int, list[float]], dict]:
+) -> tuple[list[float], dict[int, list[float]], AlphaReport]:
     """(cumulative acceptance, {K: curve measured at K}, the alpha report they come from) from an
     alpha report, else measured on the prompts."""
     if report_file:
-        rep = read_report(Path(report_file))
-        return (*report_curves(rep, report_file), rep)
+        rep = read_alpha_report(Path(report_file))
+        return (*rep.curves(), rep)
     if prompts_file:
         k = max_draft_len or open_bundle(Path(bundle)).k
         # every K up to the largest measured directly (one continuation serves all)
@@ -55,27 +55,24 @@ def acceptance_curves(
             sweep=tuple(range(1, k + 1)),
             chat_template=chat_template,
         )
-        return (*report_curves(rep, prompts_file), rep)
+        return (*rep.curves(), rep)
     raise UserError("recommend", "needs --report or --prompts", "measure acceptance first with `eagle3-trt alpha`")
 
 
-def acceptance_at(report: dict, k: int, source: str | None, old: bundle_format.Acceptance | None) -> bundle_format.Acceptance | None:
+def acceptance_at(report: AlphaReport | None, k: int, source: str | None, old: bundle_format.Acceptance | None) -> bundle_format.Acceptance | None:
     """The manifest's acceptance record once K is ``k``: the alpha report's measurement at ``k`` (its
     sweep, or its own run at that K), else the old record with ``measured_on`` saying which K it
     measured, so no K in the manifest reads as the options' K without saying so."""
-    prim = report.get("pairs", {}).get("bundle", {})
-    entry = (prim.get("sweep") or {}).get(str(k))
-    if entry is None and report.get("settings", {}).get("max_draft_len") == k:
-        entry = dict(prim.get("overall", {}), turns=prim.get("overall", {}).get("requests"))
-    counts = ("alpha", "acceptance_length", "turns", "generated_tokens", "target_forwards")
-    if isinstance(entry, dict) and all(isinstance(entry.get(c), int | float) for c in counts):
+    figures = _figures_at(report, k) if report is not None else None
+    if figures is not None:
+        alpha, al, turns, generated, forwards = figures
         return bundle_format.Acceptance(
-            alpha=round(float(entry["alpha"]), 4),
-            acceptance_length=round(float(entry["acceptance_length"]), 4),
+            alpha=round(float(alpha), 4),
+            acceptance_length=round(float(al), 4),
             max_draft_len=k,
-            prompts=int(entry["turns"]),
-            generated_tokens=int(entry["generated_tokens"]),
-            target_forwards=int(entry["target_forwards"]),
+            prompts=turns,
+            generated_tokens=generated,
+            target_forwards=forwards,
             measured_on=f"{source or 'alpha'} (alpha measurement at K={k}, taken by recommend --write), greedy, reference runtime on this bundle",
         )
     if old is None or old.max_draft_len == k:
@@ -84,39 +81,56 @@ def acceptance_at(report: dict, k: int, source: str | None, old: bundle_format.A
     return old if old.measured_on.startswith("measured at K=") else old.model_copy(update={"measured_on": note + old.measured_on})
 
 
+def _figures_at(report: AlphaReport, k: int) -> tuple[float, float, int, int, int] | None:
+    """(alpha, AL, turns, generated tokens, target forwards) the report measured at K = ``k`` (its
+    sweep, else its own run at that K); None without them (a sweep from before its counts were recorded)."""
+    prim = report.pairs.bundle
+    at_k = (prim.sweep or {}).get(k)
+    if at_k is not None:
+        if at_k.turns is None or at_k.generated_tokens is None or at_k.target_forwards is None:
+            return None
+        return at_k.alpha, at_k.acceptance_length, at_k.turns, at_k.generated_tokens, at_k.target_forwards
+    if report.settings.max_draft_len == k:
+        o = prim.overall
+        return o.alpha, o.acceptance_length, o.requests, o.generated_tokens, o.target_forwards
+    return None
+
+
 # SA must beat the chain by more than run-to-run noise in acceptance length: both margins
 SA_MIN_GAIN_REL = 0.03
 SA_MIN_GAIN_ABS = 0.05
 
 
-def sa_choice(report: dict) -> tuple[int | None, dict | None]:
+def sa_choice(report: AlphaReport | None) -> tuple[int | None, dict | None]:
     """(sa_config threshold to write, the measurement it comes from) from an alpha report measured
     with ``--modes chain,sa``: a threshold only when SA's overall acceptance length beats the chain's
     by >= 3% and >= 0.05 and the gain's paired 95% interval lies above 0; (None, None) without both
     modes measured."""
-    modes = report.get("modes") or {}
+    modes = (report.modes if report is not None else None) or {}
     chain, sa = modes.get("chain"), modes.get("sa")
-    if not chain or not sa or "sa_config" not in sa:
+    if report is None or chain is None or sa is None or sa.sa_config is None:
         return None, None
-    al_c, al_s = chain["overall"]["acceptance_length"], sa["overall"]["acceptance_length"]
+    al_c, al_s = chain.overall.acceptance_length, sa.overall.acceptance_length
     # the paired 95% interval of the gain over the same turns (measure/mode_compare.py), where the report has one
-    ci = (sa.get("vs_chain") or {}).get("ci")
+    ci = sa.vs_chain.ci if sa.vs_chain is not None else None
     beyond_noise = ci is None or ci[0] > 0
     wins = al_c > 0 and al_s - al_c >= SA_MIN_GAIN_ABS and (al_s - al_c) / al_c >= SA_MIN_GAIN_REL and beyond_noise
     ev = {
         "chain_acceptance_length": round(al_c, 4),
         "sa_acceptance_length": round(al_s, 4),
         "gain_ci95": [round(x, 4) for x in ci] if ci is not None else None,
-        "threshold": sa["sa_config"]["threshold"],
-        "turns": sa["overall"]["requests"],
-        "prompts": report.get("settings", {}).get("prompts"),
+        "threshold": sa.sa_config.threshold,
+        "turns": sa.overall.requests,
+        "prompts": report.settings.prompts,
         "rule": f"sa_config written when AL gain >= {SA_MIN_GAIN_REL:.0%} and >= {SA_MIN_GAIN_ABS} and its paired 95% interval excludes 0",
         "written": wins,
     }
-    return (int(sa["sa_config"]["threshold"]) if wins else None), ev
+    return (sa.sa_config.threshold if wins else None), ev
 
 
-def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report: dict | None = None, gate_traffic: dict | None = None) -> Bundle:
+def write_recommendation_to_bundle(
+    bundle: Path, rec, source: str | None, report: AlphaReport | None = None, gate_traffic: TrafficAlphaReport | None = None
+) -> Bundle:
     """K, the draft_len_schedule and the acceptance gate (``schedule_and_gate``) into
     llm_api_options.yaml (TensorRT-LLM's names), the same and the evidence into
     manifest.json, and the acceptance record at the new K (``acceptance_at``, from ``report``): one
@@ -136,16 +150,16 @@ def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report
         )
     # the dynamic tree (measure/dynamic_tree_choice.py): its keys when it beats the chain, else removed;
     # when it wins, K is its depth and the schedule only switches speculation off (the chain's gate does not apply)
-    dt_fields, dt_evidence = dynamic_tree_choice(report or {}, rec, *dt_inputs(b, rec)) if report and "modes" in report else (dict.fromkeys(DT_KEYS), None)
+    dt_fields, dt_evidence = dynamic_tree_choice(report, rec, *dt_inputs(b, rec)) if report is not None and report.modes else (dict.fromkeys(DT_KEYS), None)
     k = int(dt_fields.pop("max_draft_len", rec.max_draft_len))
-    acceptance = acceptance_at(report or {}, k, source, b.manifest.acceptance)
+    acceptance = acceptance_at(report, k, source, b.manifest.acceptance)
     spec_knobs = (
-        {"draft_len_schedule": dt_fields.pop("draft_len_schedule")} if dt_fields["use_dynamic_tree"] else schedule_and_gate(rec, report or {}, gate_traffic)
+        {"draft_len_schedule": dt_fields.pop("draft_len_schedule")} if dt_fields["use_dynamic_tree"] else schedule_and_gate(rec, report, gate_traffic)
     )
     base = b.options.model_copy(update={"speculative_config": b.options.speculative_config.model_copy(update=dict.fromkeys(DT_KEYS))})
     opts = recommended_options(base, k, **spec_knobs)
-    sa_threshold, sa_evidence = sa_choice(report or {})
-    measured_k = (report or {}).get("settings", {}).get("max_draft_len")
+    sa_threshold, sa_evidence = sa_choice(report)
+    measured_k = report.settings.max_draft_len if report is not None else None
     if sa_threshold is not None and sa_evidence is not None and measured_k is not None and int(measured_k) != k:
         # SA's gain holds at the K it was measured with; at another K its K tokens and the chain's differ
         note = f"SA measured at K={measured_k}, K={k} recommended: measure alpha --modes chain,sa --max-draft-len {k}"
@@ -159,7 +173,7 @@ def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report
     elif opts.speculative_config.sa_config is not None and b.manifest.recommendation is not None:
         sa_evidence = b.manifest.recommendation.evidence.get("sa")  # not measured this time: the enhancer stays, with its evidence
     # the speculative sampling flags temperature > 0 requests are served with (measure/sampling_choice.py)
-    sampling_fields, sampling_evidence = sampling_choice(report or {}, opts.speculative_config)
+    sampling_fields, sampling_evidence = sampling_choice(report, opts.speculative_config)
     opts = opts.model_copy(update={"speculative_config": opts.speculative_config.model_copy(update=sampling_fields)})
     rec.evidence["spec_sampling"] = sampling_evidence
     if dt_fields["use_dynamic_tree"]:
@@ -180,7 +194,7 @@ def write_recommendation_to_bundle(bundle: Path, rec, source: str | None, report
     return bundle_write.update(b.path, options=opts, record=evidence, acceptance=acceptance)
 
 
-def schedule_and_gate(rec: Recommendation, report: dict, gate_traffic: dict | None = None) -> dict:
+def schedule_and_gate(rec: Recommendation, report: AlphaReport | None, gate_traffic: TrafficAlphaReport | None = None) -> dict:
     """The speculative_config knobs ``recommend --write`` sets beside K, in TensorRT-LLM's names
     (tensorrt_llm/llmapi/llm_args.py ``Eagle3DecodingConfig``): ``draft_len_schedule`` (best K per
     batch size, non-increasing, up to max_concurrency: ``cost_model.draft_len_schedule``; it
@@ -199,7 +213,7 @@ def schedule_and_gate(rec: Recommendation, report: dict, gate_traffic: dict | No
     return knobs
 
 
-def gate_choice(rec: Recommendation, report: dict, gate_traffic: dict | None = None) -> GateChoice | None:
+def gate_choice(rec: Recommendation, report: AlphaReport | None, gate_traffic: TrafficAlphaReport | None = None) -> GateChoice | None:
     """The acceptance gate for the chosen K (measure/gate_replay.py): threshold = break-even
     acceptance at K and the expected concurrency (``cost_model.acceptance_gate``), window = the
     smallest whose replay of the measured requests switches speculation off with probability at
@@ -212,7 +226,7 @@ def gate_choice(rec: Recommendation, report: dict, gate_traffic: dict | None = N
     threshold, how = acceptance_gate(rec)
     conc = int(rec.evidence.get("chosen_at_concurrency", 1))
     src = gate_traffic if gate_traffic is not None else report
-    seqs = sequences_at(src, k)
+    seqs = sequences_at(src, k) if src is not None else None
     if seqs is None:
         reason = (
             f"the alpha --traffic report holds no per-verification acceptance at K={k} (run alpha --traffic --sweep {k} with this version)"
@@ -223,9 +237,9 @@ def gate_choice(rec: Recommendation, report: dict, gate_traffic: dict | None = N
     else:
         choice = choose_gate(seqs, k, threshold, conc)
     measured_on = (
-        f"captured traffic {src.get('traffic')} (alpha --traffic, greedy requests)"
+        f"captured traffic {gate_traffic.traffic} (alpha --traffic, greedy requests)"
         if gate_traffic is not None
-        else f"{report.get('settings', {}).get('prompts')}"
+        else f"{report.settings.prompts if report is not None else None}"
     )
     rec.evidence["acceptance_gate"] = {
         **how,
@@ -237,16 +251,14 @@ def gate_choice(rec: Recommendation, report: dict, gate_traffic: dict | None = N
     return choice
 
 
-def read_gate_traffic(path: Path, b: Bundle) -> dict:
+def read_gate_traffic(path: Path, b: Bundle) -> TrafficAlphaReport:
     """An ``alpha --traffic`` report of traffic ``b`` itself served, for ``recommend --gate-traffic``; a
     one-line UserError for anything else (another file, or another bundle's traffic)."""
-    rep = read_report(path)
-    if rep.get("kind") != "eagle3-trt alpha --traffic report":
-        raise UserError(path, "is not an alpha --traffic report", "pass the report.json written by `eagle3-trt alpha BUNDLE --traffic DIR`")
-    if rep.get("bundle_fingerprint") != b.manifest.fingerprint:
+    rep = read_traffic_report(path)
+    if rep.bundle_fingerprint != b.manifest.fingerprint:
         raise UserError(
             path,
-            f"measures bundle {str(rep.get('bundle_fingerprint'))[:12]}, not {b.path} ({b.manifest.fingerprint[:12]}): its acceptance is another head's",
+            f"measures bundle {rep.bundle_fingerprint[:12]}, not {b.path} ({b.manifest.fingerprint[:12]}): its acceptance is another head's",
             "run alpha --traffic with this bundle",
         )
     return rep

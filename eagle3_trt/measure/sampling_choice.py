@@ -14,20 +14,20 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3_trt.core.spec_sampling import SpecSamplingConfig
+from eagle3_trt.formats.alpha_report import AlphaReport
 from eagle3_trt.pipeline.llm_options import Eagle3Options
 
 
-def sampling_choice(report: dict, spec: Eagle3Options) -> tuple[dict[str, Any], dict[str, Any]]:
+def sampling_choice(report: AlphaReport | None, spec: Eagle3Options) -> tuple[dict[str, Any], dict[str, Any]]:
     """(speculative_config fields to write, evidence for the manifest)."""
-    settings = report.get("settings", {}) or {}
-    measured = settings.get("spec_sampling")
-    if measured:
+    measured = report.settings.spec_sampling if report is not None else None
+    if report is not None and measured is not None:
         flags = SpecSamplingConfig(
-            use_rejection_sampling=bool(measured.get("use_rejection_sampling")),
-            allow_advanced_sampling=bool(measured.get("allow_advanced_sampling")),
-            advanced_sampling_mode=measured.get("advanced_sampling_mode", "full"),
+            use_rejection_sampling=measured.use_rejection_sampling,
+            allow_advanced_sampling=measured.allow_advanced_sampling,
+            advanced_sampling_mode=measured.advanced_sampling_mode,  # type: ignore[arg-type]  # SpecSamplingConfig checks the name
         )
-        why = f"the flags alpha measured temperature {settings.get('temperature')} with"
+        why = f"the flags alpha measured temperature {report.settings.temperature} with"
     else:
         flags = SpecSamplingConfig(use_rejection_sampling=bool(spec.use_rejection_sampling), allow_advanced_sampling=True, advanced_sampling_mode="full")
         why = "measured greedily (the flags do not change greedy acceptance): flags that serve temperature > 0 as the target samples"

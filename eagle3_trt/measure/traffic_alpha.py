@@ -30,6 +30,7 @@ from pathlib import Path
 from eagle3_trt.core.paired_ci import paired_ratio_diff
 from eagle3_trt.core.stats import aggregate
 from eagle3_trt.errors import UserError
+from eagle3_trt.formats.alpha_report import OfflineVsServed, TrafficAlphaReport
 from eagle3_trt.formats.traffic import ServedAcceptance, TrafficRecord, iter_traffic
 from eagle3_trt.measure.traffic_measure import TrafficItem, measure_items, prepare, prompt_groups
 from eagle3_trt.pipeline.bundle import open_bundle
@@ -99,8 +100,8 @@ def run_alpha_traffic(
     tolerance: float = AL_TOLERANCE,
     window: int | None = None,
     progress: Callable[[str], None] | None = None,
-) -> dict:
-    """Measure BUNDLE on the traffic it served and compare with the server's figures; the report dict."""
+) -> TrafficAlphaReport:
+    """Measure BUNDLE on the traffic it served and compare with the server's figures; the report (formats/alpha_report.py)."""
     say = progress or (lambda m: None)
     if tolerance < 0:
         raise UserError("--tolerance", f"{tolerance} is negative", "a tolerance in tokens per forward, e.g. 0.02")
@@ -160,7 +161,7 @@ def run_alpha_traffic(
         ],
         "seconds": time.perf_counter() - t0,
     }
-    return report
+    return TrafficAlphaReport.model_validate(report)
 
 
 def _per_k(items: Sequence[TrafficItem], ks: Sequence[int]) -> dict:
@@ -216,43 +217,41 @@ def _when(t: float) -> str:
     return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def comparison_line(c: dict) -> str:
+def comparison_line(c: OfflineVsServed) -> str:
     """The one line of the live check (what the tests read)."""
-    flag = f"BEYOND SAMPLING NOISE (tolerance {c['tolerance']:g})" if c["beyond_sampling_noise"] else f"within sampling noise (tolerance {c['tolerance']:g})"
+    flag = f"BEYOND SAMPLING NOISE (tolerance {c.tolerance:g})" if c.beyond_sampling_noise else f"within sampling noise (tolerance {c.tolerance:g})"
     return (
-        f"offline vs served: AL {c['offline_acceptance_length']:.4f} vs {c['served_acceptance_length']:.4f}, "
-        f"diff {c['diff']:+.4f}, {round(c['level'] * 100)}% CI [{c['ci'][0]:+.4f}, {c['ci'][1]:+.4f}] ({c['n']} requests from {c['prompts']} distinct prompts): {flag}"
+        f"offline vs served: AL {c.offline_acceptance_length:.4f} vs {c.served_acceptance_length:.4f}, "
+        f"diff {c.diff:+.4f}, {round(c.level * 100)}% CI [{c.ci[0]:+.4f}, {c.ci[1]:+.4f}] ({c.n} requests from {c.prompts} distinct prompts): {flag}"
     )
 
 
-def summary_lines(rep: dict) -> list[str]:
-    sk = rep["skipped"]
-    other = sum(sk["other_bundles"].values())
+def summary_lines(rep: TrafficAlphaReport) -> list[str]:
+    sk = rep.skipped
+    other = sum(sk.other_bundles.values())
     lines = [
-        f"traffic {rep['traffic']}: {rep['records']} records; {rep['compared']} served by this bundle (fingerprint {rep['bundle_fingerprint'][:12]}) measured"
-        + (f"; skipped: {other} served by other bundles ({', '.join(f'{f} {n}' for f, n in sk['other_bundles'].items())})" if other else "")
-        + (f"; {len(sk['unmeasurable'])} not measurable (first: {sk['unmeasurable'][0]})" if sk["unmeasurable"] else ""),
+        f"traffic {rep.traffic}: {rep.records} records; {rep.compared} served by this bundle (fingerprint {rep.bundle_fingerprint[:12]}) measured"
+        + (f"; skipped: {other} served by other bundles ({', '.join(f'{f} {n}' for f, n in sk.other_bundles.items())})" if other else "")
+        + (f"; {len(sk.unmeasurable)} not measurable (first: {sk.unmeasurable[0]})" if sk.unmeasurable else ""),
     ]
-    g = rep["comparison"]["greedy"]
-    if rep["per_k"]:
-        per_k = "; ".join(f"K={k} alpha {v['alpha']:.3f} AL {v['acceptance_length']:.3f}" for k, v in rep["per_k"].items())
-        lines.append(f"offline per K ({g['requests']} greedy requests, {rep['prompts']['chat']} chat / {rep['prompts']['raw']} raw as served): {per_k}")
-    o = rep["offline"]
-    lines.append(
-        f"offline at K={rep['max_draft_len']} (all {o['requests']} requests): alpha {o['alpha']:.3f}, AL {o['acceptance_length']:.3f}; served alpha {rep['served']['alpha']:.3f}"
-    )
-    lines.append(comparison_line(rep["comparison"]))
-    if g["requests"]:
+    g = rep.comparison.greedy
+    if rep.per_k:
+        per_k = "; ".join(f"K={k} alpha {v.alpha:.3f} AL {v.acceptance_length:.3f}" for k, v in rep.per_k.items())
+        lines.append(f"offline per K ({g.requests} greedy requests, {rep.prompts.chat} chat / {rep.prompts.raw} raw as served): {per_k}")
+    o = rep.offline
+    lines.append(f"offline at K={rep.max_draft_len} (all {o.requests} requests): alpha {o.alpha:.3f}, AL {o.acceptance_length:.3f}; served alpha {rep.served.alpha:.3f}")
+    lines.append(comparison_line(rep.comparison))
+    if g.requests:
         lines.append(
-            f"greedy requests: {g['identical']} of {g['requests']} identical to the server's (tokens, target forwards, output)"
-            + (f"; differ: {', '.join(g['differ'])}" if g["differ"] else "")
+            f"greedy requests: {g.identical} of {g.requests} identical to the server's (tokens, target forwards, output)"
+            + (f"; differ: {', '.join(g.differ)}" if g.differ else "")
         )
-    d = rep["drift"]
-    lines.append(f"drift: served AL per {d['window']} requests (all bundles in the traffic):")
+    d = rep.drift
+    lines.append(f"drift: served AL per {d.window} requests (all bundles in the traffic):")
     lines += [
-        f"  {_when(w['start_unix'])} .. {_when(w['end_unix'])}  AL {w['acceptance_length']:.3f}  alpha {w['alpha']:.3f}  ({w['requests']} requests; {', '.join(w['bundles'])})"
-        for w in d["windows"]
+        f"  {_when(w.start_unix)} .. {_when(w.end_unix)}  AL {w.acceptance_length:.3f}  alpha {w.alpha:.3f}  ({w.requests} requests; {', '.join(w.bundles)})"
+        for w in d.windows
     ]
-    if d["by_category"]:
-        lines.append("served AL by category: " + ", ".join(f"{c} {v['acceptance_length']:.3f} ({v['requests']})" for c, v in d["by_category"].items()))
+    if d.by_category:
+        lines.append("served AL by category: " + ", ".join(f"{c} {v.acceptance_length:.3f} ({v.requests})" for c, v in d.by_category.items()))
     return lines

@@ -20,6 +20,7 @@ from click.core import ParameterSource
 
 from eagle3_trt.atomic import check_writable, write_json
 from eagle3_trt.errors import GateFailed, UserError
+from eagle3_trt.formats.alpha_report import REPORT_FILE, report_json
 from eagle3_trt.measure.traffic_alpha import run_alpha_traffic, summary_lines
 from eagle3_trt.measure.traffic_gate import run_traffic_gate, verdict_line
 from eagle3_trt.pipeline.bundle import open_bundle
@@ -77,14 +78,14 @@ def alpha_traffic(
         window=window,
         progress=lambda m: click.echo(m, err=True),
     )
-    write_json(dest / "report.json", rep)
+    write_json(dest / REPORT_FILE, report_json(rep))
     if as_json:
-        click.echo(json.dumps(rep, indent=1))
+        click.echo(json.dumps(report_json(rep), indent=1))
     else:
         for line in summary_lines(rep):
             click.echo(line)
-        click.echo(f"report: {dest}/report.json")
-    if rep["comparison"]["beyond_sampling_noise"]:
+        click.echo(f"report: {dest}/{REPORT_FILE}")
+    if rep.comparison.beyond_sampling_noise:
         raise GateFailed("")  # the comparison line said it
 
 
