@@ -102,3 +102,12 @@ def test_alpha_measures_peagle_estimator_equals_generation(bundle, tmp_path):
     for key in ("accepted_tokens", "draft_tokens", "target_forwards", "accepted_per_position"):
         assert est[key] == gen[key], key
     assert est["accepted_per_position"][1] > 0  # the trained mask slots (draft token 2) are accepted too
+
+
+def test_a_draft_alone_runs_with_the_embedded_target_into_its_own_dir(tmp_path):
+    from eagle3_trt.pipeline.builder import default_bundle_dir, resolve_pair
+
+    target, draft = resolve_pair(EngineRequest(preset=load_preset("tiny"), draft=str(HEAD)))
+    assert target.resolve() == (TINY / "target").resolve() and draft.resolve() == HEAD.resolve()
+    assert default_bundle_dir("tiny", "fp8", "h100", tmp_path, method="peagle") == tmp_path / "engines" / "tiny-peagle-fp8-h100"
+    assert default_bundle_dir("tiny", "fp8", "h100", tmp_path) == tmp_path / "engines" / "tiny-fp8-h100"

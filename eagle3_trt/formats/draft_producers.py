@@ -69,7 +69,11 @@ Other methods
   speculators' ``speculators_model_type`` peagle is P-EAGLE, read by its own home
   (``eagle3_trt/speculative/peagle``) and served by vLLM; the EAGLE-3 path (a TensorRT-LLM bundle) refuses
   it, naming why. dflash, dflash2, dspark, xpress, mtp and SpecForge's P-EAGLE/DFlash/DSpark/Domino
-  architectures are other drafting methods: refused in one line naming it.
+  architectures are other drafting methods: refused in one line naming it (DFlash and DSpark are block
+  drafters: one forward over a block of mask positions conditioned on target hidden states, with their own
+  layer layout; MTP reuses the target's own next-token layers): ``validate``, ``engine`` and
+  ``train-draft --init`` all read heads through ``convert.draft_format.load_draft``, which asks the method
+  registry first (speculative/registry.py ``method_for_head``) and refuses the rest here.
 """
 
 from __future__ import annotations
@@ -95,7 +99,12 @@ SPECFORGE_METHODS = {
     "DSparkDraftModel": "DSpark",
     "DominoDraftModel": "Domino",
 }
-LATER_ISSUE = "eagle3-trt builds EAGLE-3 heads only; support for this method comes in its own issue"
+# what the toolkit reads: EAGLE-3 heads and the methods registered with their own head format (P-EAGLE); a
+# block drafter such as DFlash needs its own home (docs/architecture.md "Adding a speculation method")
+LATER_ISSUE = (
+    "eagle3-trt reads EAGLE-3 and P-EAGLE heads; another method needs its own home in eagle3_trt/speculative/ "
+    "and one registry line (docs/architecture.md: Adding a speculation method)"
+)
 
 
 # P-EAGLE heads are read by their own home (eagle3_trt/speculative/peagle: vLLM's parallel drafting); on

@@ -38,7 +38,7 @@ from eagle3_trt.pipeline import bundle_write, gpus
 from eagle3_trt.pipeline.build_checkpoints import Progress, measure_embedded_acceptance, quantize_and_export, write_config_only
 from eagle3_trt.pipeline.llm_options import CudaGraphOptions, Eagle3Options, KvCacheOptions, LlmApiOptions, MoeOptions
 from eagle3_trt.pipeline.planner import make_plan as plan_deployment
-from eagle3_trt.pipeline.presets import Preset, resolve_source
+from eagle3_trt.pipeline.presets import Preset, override_dir, resolve_source
 from eagle3_trt.resources import data_dir
 from eagle3_trt.speculative.registry import method_for_head
 
@@ -107,8 +107,10 @@ def resolve_quant(req: EngineRequest, gpu: gpus.GpuSpec, target: TargetInfo | No
     return quant
 
 
-def default_bundle_dir(preset: str, quant: str, gpu: str, root: Path | None = None) -> Path:
-    return (root or Path.cwd()) / ENGINES_DIR / f"{preset}-{quant}-{gpu}"
+def default_bundle_dir(preset: str, quant: str, gpu: str, root: Path | None = None, method: str | None = None) -> Path:
+    """engines/<preset>-<quant>-<gpu>; a head of a method with its own format (P-EAGLE) adds the method's
+    name, so its bundle never replaces the preset's EAGLE-3 bundle: engines/tiny-peagle-fp8-h100."""
+    return (root or Path.cwd()) / ENGINES_DIR / "-".join([preset, *([method] if method else []), quant, gpu])
 
 
 def resolve_pair(req: EngineRequest) -> tuple[Path, Path]:
@@ -119,8 +121,15 @@ def resolve_pair(req: EngineRequest) -> tuple[Path, Path]:
             return cfg_dir / "target", cfg_dir / "draft"
     if p.target.embedded and not (req.target or req.draft):
         return embedded_pair(p.target.embedded)
+    if p.target.embedded and req.draft and not req.target:
+        # a head of its own for the embedded target (models/tiny/draft-peagle): the embedded target with it
+        return embedded_pair(p.target.embedded)[0], override_dir(req.draft, "draft")
     if bool(req.target) != bool(req.draft) and p.target.embedded:
-        raise UserError("TARGET/DRAFT", "the embedded preset needs both or neither overridden", "pass TARGET=... and DRAFT=... together")
+        raise UserError(
+            "TARGET/DRAFT",
+            "the embedded preset needs both or neither overridden",
+            "pass TARGET=... and DRAFT=... together (a DRAFT alone runs with the embedded target)",
+        )
     target = resolve_source(p.target, req.target, "target")
     draft = resolve_source(p.draft, req.draft, "draft")
     assert target is not None and draft is not None  # embedded sources without overrides returned above
@@ -271,8 +280,15 @@ def _resolve(req: EngineRequest) -> _Settings:
         calib_file=Path(req.calib_file) if req.calib_file else quantize.DEFAULT_CALIB_FILE,
         n_calib=req.calib_samples or preset.calibration.num_samples,
         calib_len=req.calib_max_length or preset.calibration.max_length,
-        dest=Path(req.out) if req.out else default_bundle_dir(preset.name, quant, gpu.name),
+        dest=Path(req.out) if req.out else default_bundle_dir(preset.name, quant, gpu.name, method=_head_method(draft_dir)),
     )
+
+
+def _head_method(draft_dir: Path) -> str | None:
+    """The registered method whose own head format the draft is (None: an EAGLE-3 head, or no config to read)."""
+    cfg = draft_dir / "config.json"
+    method = method_for_head(read_json(cfg)) if cfg.is_file() else None
+    return method.name if method is not None else None
 
 
 def _validate(req: EngineRequest, st: _Settings):
