@@ -25,6 +25,7 @@ from eagle3_trt.errors import UserError
 from eagle3_trt.formats import draft_producers, rope_params
 from eagle3_trt.formats.checkpoint_io import load_tensors, read_json
 from eagle3_trt.formats.draft_config import DraftConfig, detect_format, draft_config, expected_shapes
+from eagle3_trt.formats.draft_layer_names import trtllm_layer_names
 from eagle3_trt.speculative.registry import method_class, method_for_head
 
 # The config half (DraftConfig, the layouts' config parsing, expected_shapes, trtllm_config) is
@@ -46,33 +47,10 @@ class DraftCheckpoint:
         return "d2t" in self.tensors
 
 
-_LAYER = re.compile(r"^layers\.(\d+)\.(.*)$")
-
-
 def _rename(name: str, fmt: str) -> str:
     if fmt == "modelopt" and name.startswith("eagle_module."):
         return _rename(name[len("eagle_module.") :], fmt)
     return name
-
-
-def _layer_names(tensors: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """``layers.{i}.*`` (speculators, ModelOpt) to TensorRT-LLM's names, as its ``Eagle3ForCausalLM.load_weights``
-    renames them: ``midlayer.*`` for one layer, ``midlayer.{i}.*`` for several. A later layer's
-    ``input_layernorm`` (a plain decoder layer in speculators) is the norm TensorRT-LLM's regular layer
-    calls ``hidden_norm``, in the same place (draft_producers: Extra layers)."""
-    out = {}
-    for k, v in tensors.items():
-        m = _LAYER.match(k)
-        if m is not None:
-            i, rest = int(m.group(1)), m.group(2)
-            if num_layers == 1 and i == 0:
-                k = "midlayer." + rest
-            elif num_layers > 1:
-                if i >= 1 and rest == "input_layernorm.weight":
-                    rest = "hidden_norm.weight"
-                k = f"midlayer.{i}.{rest}"
-        out[k] = v
-    return out
 
 
 def load_draft(path: Path) -> DraftCheckpoint:
@@ -87,7 +65,7 @@ def load_draft(path: Path) -> DraftCheckpoint:
     fmt = detect_format(raw, set(tensors), path / "config.json")
     norm = {_rename(k, fmt): v for k, v in tensors.items()}
     cfg = draft_config(raw, path / "config.json", fmt, norm)
-    norm = _layer_names(norm, cfg.num_hidden_layers)
+    norm = trtllm_layer_names(norm, cfg.num_hidden_layers)  # layers.{i}.* -> midlayer.* (formats/draft_layer_names.py)
     _check_layer_count(norm, cfg.num_hidden_layers, path / "config.json")
     return DraftCheckpoint(path=path, config=cfg, tensors=norm, raw_config=raw)
 

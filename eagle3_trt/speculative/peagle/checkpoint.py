@@ -4,7 +4,6 @@ unknown), plus P-EAGLE's own two (``mask_hidden`` [1, 1, A*T], ``embed_tokens`` 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,11 +11,11 @@ from typing import Any
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import load_tensors, read_json
 from eagle3_trt.formats.draft_config import DraftConfig, draft_config, expected_shapes
+from eagle3_trt.formats.draft_layer_names import trtllm_layer_names
 from eagle3_trt.speculative.peagle.head_config import PEagleHeadConfig, eagle3_view, read_head_config
 
 # tensors speculators saves that the draft does not compute with (verifier_* are excluded from its saves)
 _NOT_SERVED = ("t2d", "verifier_lm_head.weight", "verifier_norm.weight")
-_LAYER = re.compile(r"^layers\.(\d+)\.(.*)$")
 
 
 @dataclass
@@ -47,25 +46,9 @@ def load_peagle(path: Path) -> PEagleCheckpoint:
     head = read_head_config(raw, cfg_path)
     tensors = load_tensors(path)
     cfg = draft_config(eagle3_view(raw), cfg_path, "speculators", tensors)
-    tensors = _core_names(tensors, cfg.num_hidden_layers)
+    tensors = trtllm_layer_names(tensors, cfg.num_hidden_layers)  # the draft core's names, as for EAGLE-3 heads
     _check_shapes(tensors, cfg, path)
     return PEagleCheckpoint(path=path, config=cfg, head=head, tensors=tensors, raw_config=raw)
-
-
-def _core_names(tensors: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """speculators' ``layers.{i}.*`` under the draft core's names: ``midlayer.*`` for one layer,
-    ``midlayer.{i}.*`` for several, a later layer's ``input_layernorm`` being the core's ``hidden_norm``
-    (the rule convert.draft_format applies to EAGLE-3 heads; formats.draft_producers: Extra layers)."""
-    out = {}
-    for k, v in tensors.items():
-        m = _LAYER.match(k)
-        if m is not None:
-            i, rest = int(m.group(1)), m.group(2)
-            if i >= 1 and rest == "input_layernorm.weight":
-                rest = "hidden_norm.weight"
-            k = f"midlayer.{rest}" if num_layers == 1 else f"midlayer.{i}.{rest}"
-        out[k] = v
-    return out
 
 
 def _check_shapes(tensors: dict[str, Any], cfg: DraftConfig, path: Path) -> None:
