@@ -27,7 +27,7 @@ _NOT_LAYER_KEYS = ("architectures", "draft_vocab_size", "target_hidden_size", "e
 
 def speculators_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The draft core's names (``midlayer[.i].*``) as speculators saves them (``layers.{i}.*``):
-    the inverse of ``checkpoint._core_names``."""
+    the inverse of ``formats.draft_layer_names.trtllm_layer_names``."""
     out = {}
     for k, v in tensors.items():
         m = _MID.match(k)
