@@ -46,6 +46,7 @@ RUN_IDS = {
     "activate",
     "tiny-engine",
     "tiny-alpha",
+    "tiny-against",
     "triton-quickstart",
     "triton-generate",
     "triton-curl",
@@ -239,6 +240,26 @@ def test_alpha_sweep_recommend_and_gate_on_the_example_prompts(work, tiny_engine
     # the gate at 0.55 passes (exit 0 was required by run_block) on the measured alpha; the other half of the
     # comment, exit 3 below the gate, is tests/test_alpha_command.py's (a threshold above alpha: 18 s more here)
     assert float(_figure(r"alpha ([\d.]+) \(threshold 0\.55\)", gate.stdout)) >= 0.55 and "gate passed" in gate.stdout
+
+
+@pytest.mark.needs("make_venv")
+def test_alpha_against_p_eagle_prints_both_bundles_and_which_to_deploy(work, tiny_engine):
+    """The README's comparison of the tiny EAGLE-3 bundle with the tiny P-EAGLE head (measure/against.py):
+    both columns per category with the paired intervals, and the figures and the choice the README states."""
+    models = Path(work.cwd) / "models"
+    if not models.exists():
+        models.symlink_to(ROOT / "models")  # a clone has models/ beside examples/
+    _, cmp = work.run_block(block("tiny-against"))
+    out = cmp.stdout
+    assert "A = tiny-fp8-h100 (chain, K=3), B = tiny-peagle-fp8-h100 (peagle, K=3)" in out, out[-3000:]
+    rows = {m[0]: m[1:] for m in re.findall(r"^(\w+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+[+-][\d.]+ \[([+-][\d.]+), ([+-][\d.]+)\]", out, re.M)}
+    assert sorted(rows) == ["edit", "overall", "repeat"], out[-3000:]
+    said_a, said_b = stated(r"overall AL ([\d.]+) \(EAGLE-3\) against ([\d.]+) \(P-EAGLE\)")
+    _, al_a, al_b, lo, hi = rows["overall"]
+    assert abs(float(al_a) - float(said_a)) <= 0.15 and abs(float(al_b) - float(said_b)) <= 0.15, (al_a, al_b, said_a, said_b)
+    assert float(lo) > 0  # "the paired interval of the difference above 0"
+    (said_deploy,) = stated(r"deploy at concurrency 1: (\S+) \(peagle, K=3\): predicted")
+    assert _figure(r"deploy at concurrency 1: (\S+) \(", out) == said_deploy
 
 
 # --- Triton -------------------------------------------------------------------------------------
