@@ -115,10 +115,13 @@ class RequestOutput:
             raise StopAsyncIteration
         assert self._loop is not None, "generate_async was called outside an event loop"
         while True:
+            # The future is made before taking the lock: the scheduler's _put takes the same lock, and
+            # a GIL switch while the consumer holds it would make the scheduler's thread wait for it.
+            waiter = self._loop.create_future()
             with self._lock:
                 u = self._pending.popleft() if self._pending else None
                 if u is None:
-                    waiter = self._waiter = self._loop.create_future()
+                    self._waiter = waiter
             if u is not None:
                 self._apply(u)
                 if u.error is not None:

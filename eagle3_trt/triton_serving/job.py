@@ -30,7 +30,6 @@ from eagle3_trt.runtime.llm_api import SamplingParamError, ServingLlm, SpecStats
 from eagle3_trt.runtime.request_contract import ServedRequest
 from eagle3_trt.triton_serving.capture_setup import triton_capturer
 from eagle3_trt.triton_serving.draining import SHUTDOWN_MESSAGE, DrainWatch
-from eagle3_trt.triton_serving.event_loop import serving_event_loop
 from eagle3_trt.triton_serving.request_params import GenRequest, RequestError, served_request
 
 
@@ -247,7 +246,7 @@ class LlmServing:
         self._lock = threading.Lock()
         # HF fast tokenizers are not safe to use from two threads at once ("Already borrowed").
         self._tok_lock = threading.Lock()
-        self._loop = serving_event_loop()
+        self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="eagle3-serving", daemon=True)
         self._thread.start()
         self._running = True
