@@ -41,6 +41,8 @@ def test_shipped_head_validates_with_its_behaviour(capsys):
     assert checks["method"].startswith("P-EAGLE head: mask_token_id")
     assert {"shapes", "aux_layers", "vocab_map", "behaviour"} <= set(checks)
     assert rep["behaviour"]["draft_agreement"] > 0.2  # far above chance (1/1024)
+    assert all(a > 0.1 for a in rep["behaviour"]["later_slot_agreement"])  # the trained mask slots, 2 and 3
+    assert not rep["warnings"]
 
 
 def test_bad_heads_refused_naming_the_field(tmp_path, capsys):

@@ -49,13 +49,14 @@ from __future__ import annotations
 import gc
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from eagle3_trt.convert.draft_format import DraftCheckpoint
+from eagle3_trt.convert.draft_format import DraftCheckpoint, head_hooks
 from eagle3_trt.convert.load import engine_for_checkpoint
 from eagle3_trt.convert.prompts import load_prompts
 from eagle3_trt.convert.quantize import calibration_batches
@@ -117,8 +118,10 @@ class Behaviour:
     loss: TargetLoss
     agreement: DraftAgreement
     prompts_file: str
+    # a method head drafting later slots from its own inputs (P-EAGLE's mask slots): their agreement, slot 2..K
+    later_slots: tuple[float, ...] = ()
 
-    def record(self) -> dict[str, float | int | str]:
+    def record(self) -> dict[str, float | int | str | list[float]]:
         """The figures as the bundle's validation record stores them."""
         return {
             "prompts_file": self.prompts_file,
@@ -132,6 +135,7 @@ class Behaviour:
             "agreement_over_chance": round(self.agreement.over_chance, 2),
             "agreement_positions": self.agreement.positions,
             "agreement_prompts": self.agreement.prompts,
+            **({"later_slot_agreement": [round(a, 4) for a in self.later_slots]} if self.later_slots else {}),
         }
 
 
@@ -157,6 +161,30 @@ def _does_not_fit(target_dir: Path, device: str) -> str | None:
         f"the target needs ~{need / 2**30:.1f} GiB on one {device} and {free / 2**30:.1f} GiB are free: the checks run the reference runtime on "
         "one device (run `eagle3-trt validate --deep` on a machine that holds it)"
     )
+
+
+# a method head's later draft slots over a window (its head hooks' ``slot_logits``): (draft, next_ids, aux, K) ->
+# draft logits of slots 1..K in train-draft's TTT layout (slot k at t is labelled with the target's argmax at t+1)
+SlotLogits = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, int], list[torch.Tensor]]
+
+
+@torch.no_grad()
+def later_slot_agreement(engine: SpeculativeEngine, batches: list[torch.Tensor], slots: SlotLogits, k: int, prompts: int = AGREEMENT_PROMPTS) -> list[float]:
+    """Teacher-forced top-1 agreement of draft slots 2..k with the target's argmax, on the target's own hidden
+    states (slot k at position t belongs to the group anchored at t-k+1, so t >= k-1)."""
+    target, draft = engine.target, engine.draft
+    assert draft is not None
+    agree, count = [0] * (k - 1), [0] * (k - 1)
+    for ids in [b for b in batches if b.shape[1] >= k + 2][:prompts]:
+        aux, h = target.teacher_forced(ids)
+        want = target.hf.lm_head(h).float()[0].argmax(-1)  # [n]: the target's next token after each position
+        steps = slots(draft, ids[:, 1:], aux[:, :-1].to(draft.fc.weight.dtype), k)
+        for s in range(2, k + 1):
+            guess = draft.to_target_ids(steps[s - 1][0].argmax(-1)).to(want.device)  # [n-1]: position t predicts want[t+1]
+            t = torch.arange(s - 1, guess.shape[0] - 1, device=want.device)
+            agree[s - 2] += int((guess[t] == want[t + 1]).sum())
+            count[s - 2] += int(t.numel())
+    return [a / c if c else 0.0 for a, c in zip(agree, count)]
 
 
 @torch.no_grad()
@@ -219,12 +247,14 @@ def check_behaviour(
             raise UserError(target_dir, "no tokenizer.json or tokenizer.model", "behaviour checks encode the calibration prompts with the target's tokenizer")
         batches = calibration_batches(engine.tokenizer, prompts, min(max_length, MAX_TOKENS))
         loss, agreement = measure(engine, batches)
+        hooks = head_hooks(draft)
+        later = tuple(later_slot_agreement(engine, batches, hooks.slot_logits, hooks.trained_k(draft))) if hooks is not None else ()
     finally:
         del engine
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    result = Behaviour(loss=loss, agreement=agreement, prompts_file=str(prompts_file))
+    result = Behaviour(loss=loss, agreement=agreement, prompts_file=str(prompts_file), later_slots=later)
     if loss.ratio > MAX_LOSS_RATIO:
         raise UserError(
             target_dir / "tokenizer.json",
@@ -240,10 +270,16 @@ def check_behaviour(
             f"refused below {MIN_AGREEMENT_OVER_CHANCE:g}x chance): was this head trained for this target?",
             "use the EAGLE-3 head trained for this exact target checkpoint (same weights, same aux layers)",
         )
+    later_line = ""
+    if later:
+        later_line = f"; later draft slots (the head's own inputs) {' / '.join(f'{a:.3f}' for a in later)}"
+        weak = [i + 2 for i, a in enumerate(later) if a * agreement.draft_vocab < MIN_AGREEMENT_OVER_CHANCE]
+        if weak:  # served and measured as it is (slot 1 is the refusal's evidence); said, since those slots will rarely be accepted
+            rep.warn(f"draft slot(s) {weak} agree with the target below {MIN_AGREEMENT_OVER_CHANCE:g}x chance: was the head trained for them (mask_hidden)?")
     rep.ok(
         "behaviour",
         f"target loss {loss.nats:.2f} nats = {loss.ratio:.2f} of log V ({loss.log_vocab:.2f}) on {loss.tokens} tokens; "
-        f"draft top-1 agreement {agreement.agreement:.3f} = {agreement.over_chance:.0f}x chance on {agreement.positions} positions",
+        f"draft top-1 agreement {agreement.agreement:.3f} = {agreement.over_chance:.0f}x chance on {agreement.positions} positions" + later_line,
     )
     rep.behaviour = result.record()
     return result

@@ -111,6 +111,7 @@ class Behaviour(_Strict):
     agreement_over_chance: float | None = None
     agreement_positions: int | None = None
     agreement_prompts: int | None = None
+    later_slot_agreement: list[float] | None = Field(None, description="a method head's draft slots 2..K (P-EAGLE's mask slots), teacher-forced")
 
 
 class Validation(_Strict):

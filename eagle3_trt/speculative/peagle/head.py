@@ -17,6 +17,7 @@ from eagle3_trt.speculative.peagle import serving
 from eagle3_trt.speculative.peagle.checkpoint import PEagleCheckpoint, is_peagle, load_peagle
 from eagle3_trt.speculative.peagle.draft import PEagleDraft
 from eagle3_trt.speculative.peagle.export import speculators_names
+from eagle3_trt.speculative.peagle.training import parallel_unroll
 
 
 class PEagleHead:
@@ -67,6 +68,12 @@ class PEagleHead:
         """The draft and the embedding table it reads (its own, trained)."""
         draft = PEagleDraft.from_peagle_checkpoint(ckpt, int(ckpt.raw_config["mask_token_id"]), dtype=dtype, device=device)
         return draft, draft.embed_tokens
+
+    @staticmethod
+    def slot_logits(draft: Any, next_ids: torch.Tensor, aux: torch.Tensor, k: int) -> list[torch.Tensor]:
+        """Slots 1..k over a window in one forward (convert/behaviour.py's later-slot agreement): the training
+        pass, which tests/test_peagle_training.py holds equal to vLLM's one forward per group."""
+        return parallel_unroll(draft, next_ids, aux, k)
 
     @staticmethod
     def export(ckpt: Any, out_dir: Path) -> None:
