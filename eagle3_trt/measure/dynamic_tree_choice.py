@@ -2,8 +2,10 @@
 the cost model at the bundle's expected concurrency from an alpha report measured with
 ``--modes chain,dynamic-tree``.
 
-Both modes are costed with the cost model's per-forward roofline (``cost_model.forward_time_s``)
-and predicted as S = AL * T_base / T_iter, AL the measured tokens per target forward of the mode:
+Both modes are costed with the cost model's per-forward roofline (``cost_model.forward_time_s``),
+each through its registered cost hook (speculative/<method>/cost.py ``step_seconds``, via
+``cost_model.predict_from_tokens``), and predicted as S = AL * T_base / T_iter, AL the measured tokens
+per target forward of the mode:
 
 - chain (as ``cost_model.predict``): T_iter = target forward over b * (K + 1) tokens + draft step 1
   over the b * AL newly accepted tokens + (K - 1) draft forwards over b tokens;
@@ -22,14 +24,12 @@ acceptance-rate gate, derived for the chain, is left out. Otherwise the three ke
 
 from __future__ import annotations
 
-from functools import partial
+from types import SimpleNamespace
 
 from eagle3_trt.formats.alpha_report import AlphaReport
 from eagle3_trt.measure.bundle_costs import bundle_cost_inputs, recommendation_batches
-from eagle3_trt.measure.cost_model import CostParams, Recommendation, forward_time_s, model_costs
+from eagle3_trt.measure.cost_model import CostParams, Recommendation, model_costs, predict_from_tokens
 from eagle3_trt.pipeline.bundle import Bundle
-from eagle3_trt.speculative.dynamic_tree import cost as dynamic_tree_cost
-from eagle3_trt.speculative.eagle3 import cost as chain_cost
 
 DT_MIN_GAIN_REL = 0.03  # predicted speedup gain over the chain beyond run-to-run noise in AL
 DT_KEYS = ("use_dynamic_tree", "dynamic_tree_max_topK", "max_total_draft_tokens")
@@ -42,27 +42,14 @@ def bundle_inputs(b: Bundle, rec: Recommendation) -> tuple[dict, list[int]]:
 
 
 def mode_speedups(costs: dict, k: int, al: dict[str, float], tree: dict, batches: list[int], params: CostParams | None = None) -> dict:
-    """{mode: {batch: predicted speedup}} for "chain", "sa" (costed as the chain) and "dynamic-tree"."""
+    """{mode: {batch: predicted speedup}} for "chain", "sa" and "dynamic-tree", each mode's iteration priced
+    by its registered cost hook (``cost_model.predict_from_tokens``; the tree's shape from ``tree``)."""
     gpu, tp, tcost, dcost = model_costs(costs)
     params = params or CostParams()
-    ctx = params.context_len
-    topk, n = int(tree["dynamic_tree_max_topK"]), int(tree["max_total_draft_tokens"])
-
-    def t(m, tokens: float, batch: int, overhead: float) -> float:
-        return forward_time_s(m, gpu, tokens, batch * ctx, tp, params, overhead)[0]
-
-    out: dict[str, dict[int, float]] = {}
-    for mode, e in al.items():
-        out[mode] = {}
-        for bs in batches:
-            base = t(tcost, bs, bs, params.target_step_overhead_us)
-            draft_s = partial(t, dcost, batch=bs, overhead=params.draft_step_overhead_us)
-            if mode == "dynamic-tree":  # each method's cost hook, in its home
-                it = dynamic_tree_cost.iteration_seconds(t(tcost, bs * (n + 1), bs, params.target_step_overhead_us), draft_s, bs, k, topk)
-            else:
-                it = chain_cost.iteration_seconds(t(tcost, bs * (k + 1), bs, params.target_step_overhead_us), draft_s, bs, e, k)
-            out[mode][bs] = e * base / it
-    return out
+    shape = SimpleNamespace(dynamic_tree_max_topK=tree["dynamic_tree_max_topK"], max_total_draft_tokens=tree["max_total_draft_tokens"], max_draft_len=k)
+    return {
+        mode: {bs: predict_from_tokens(e, gpu, tcost, dcost, tp, bs, k, params, method=mode, options=shape).speedup for bs in batches} for mode, e in al.items()
+    }
 
 
 def dynamic_tree_choice(report: AlphaReport, rec: Recommendation, costs: dict, batch_sizes: list[int]) -> tuple[dict, dict | None]:
