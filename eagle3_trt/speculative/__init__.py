@@ -14,6 +14,7 @@ Layout (learned from TensorRT-LLM's ``tensorrt_llm/_torch/speculative/``: ``inte
             sampling_release.py  the speculative sampling flags by release
             cost.py          cost-model hook: one iteration's time
         sa/                  TensorRT-LLM's suffix-automaton draft enhancer (sa_config)
+            cost.py          cost-model hook: the chain's (the automaton runs no forward)
             automaton.py     reference algorithm (SuffixAutomaton, SAEnhancer, SAConfig), sources cited
             method.py        SuffixAutomatonMethod
             options.py       SAEnhancerOptions (the bundle's sa_config schema)
@@ -28,6 +29,7 @@ Layout (learned from TensorRT-LLM's ``tensorrt_llm/_torch/speculative/``: ``inte
             mode.py          measurement hook: ``alpha --modes dynamic-tree``
             cost.py          cost-model hook: one iteration's time
         peagle/              P-EAGLE (parallel drafting), the first method added in this home
+            cost.py          cost-model hook: one draft forward for all K tokens
 
 A method's home holds everything about it: its method class, implementing
 ``core.method_api.SpeculationMethod`` (``start`` -> a ``MethodRun`` with ``draft`` /
@@ -40,13 +42,17 @@ mypy-strict). ``from_options(spec, at_bundle_k)`` builds the method from a bundl
 ``registry.method_from_options``. Beside it: its options schema, its release table (which
 TensorRT-LLM / vLLM release takes which key), its reference algorithm (pure tensor code, exactly as
 the serving engine runs it, source file and commit cited) and its hooks for measurement, the cost
-model and recommendation.
+model and recommendation. The cost hook is the class's ``step_seconds`` (its home's ``cost.py``: one
+iteration's time from the roofline's forward times); measure/cost_model.py prices every method through
+``registry.step_cost(name)``, so ``recommend`` and ``alpha --against`` choose among methods and K
+without naming any (measure/method_choice.py).
 
 A method package's ``__init__`` imports nothing: pipeline/ reads the rules, options and release
 tables without torch; import the class from ``<method>.method``.
 
 Adding a method (e.g. P-EAGLE in ``speculative/peagle/``): create the folder with a method class
-(``name = "peagle"``, ``from_options``, ``served_sampling``, ``start`` returning a ``MethodRun``),
+(``name = "peagle"``, ``from_options``, ``served_sampling``, ``start`` returning a ``MethodRun``,
+``step_seconds`` from its ``cost.py``),
 add ONE line to ``registry.METHODS``, and add its tests (tests/test_speculative_registry.py checks
 every registered method's name and interface).
 
