@@ -96,6 +96,13 @@ def test_train_draft_method_peagle_writes_a_speculators_head(data, tmp_path, cap
     assert torch.equal(theirs.embed_tokens.weight.detach().to(torch.bfloat16), ckpt.tensors["embed_tokens.weight"])
     assert main(["validate", "--target", str(TINY / "target"), "--draft", str(out)]) == 0
     assert "P-EAGLE head: mask_token_id" in capsys.readouterr().out
+    # fine-tuning a P-EAGLE head keeps its own tensors (not re-initialised as from an EAGLE-3 head)
+    again = tmp_path / "again"
+    args2 = ["--target", str(TINY / "target"), "--data", str(data), "-o", str(again), "--init", str(out), "--lr", "1e-6"]
+    assert main(["train-draft", "--method", "peagle", *args2, *small]) == 0
+    capsys.readouterr()
+    tuned = load_peagle(again)
+    assert (tuned.tensors["mask_hidden"].float() - ckpt.tensors["mask_hidden"].float()).abs().max() < 0.05
 
 
 def test_train_draft_method_refusals(data, tmp_path, capsys):
@@ -104,6 +111,7 @@ def test_train_draft_method_refusals(data, tmp_path, capsys):
         (["--mask-token-id", "3"], "--mask-token-id"),  # the default method (chain) has no mask slots
         (["--method", "peagle", "--mask-token-id", "99999", "--steps", "1", "--seq-len", "32", "--eval-samples", "1"], "--mask-token-id"),
         (["--method", "dflash"], "--method"),
+        (["--init", str(TINY / "draft-peagle")], "is a peagle head; this trains chain heads"),  # EAGLE-3 training would drop its mask slots
     ]
     for extra, field in cases:
         rc = main([*base, *extra])

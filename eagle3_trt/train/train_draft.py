@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from eagle3_trt.atomic import make_dirs
-from eagle3_trt.convert.draft_format import DraftCheckpoint, load_draft
+from eagle3_trt.convert.draft_format import DraftCheckpoint, head_hooks, load_draft
 from eagle3_trt.convert.load import load_target
 from eagle3_trt.convert.target import TargetInfo, read_target
 from eagle3_trt.core.draft import Eagle3Draft
@@ -88,11 +88,14 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def check_init_fits(ckpt: DraftCheckpoint, info: TargetInfo, aux: tuple[int, ...]) -> None:
-    """One clear error when a --init head cannot serve this target."""
+def check_init_fits(ckpt: DraftCheckpoint, info: TargetInfo, aux: tuple[int, ...], method: str = DEFAULT_METHOD) -> None:
+    """One clear error when a --init head cannot serve this target, or is another method's head than the one
+    trained (an EAGLE-3 head starts any method; a method's own head, e.g. P-EAGLE, only its own)."""
     c = ckpt.config
     where = str(ckpt.path)
     hint = "pass a head trained for this target, or leave out --init to train a fresh one"
+    if ckpt.method is not None and ckpt.method != method:
+        raise UserError(where, f"is a {ckpt.method} head; this trains {method} heads", f"pass --method {ckpt.method}, or an EAGLE-3 head to start from")
     if any(k.endswith(("weight_scale", "input_scale")) for k in ckpt.tensors) or "quantization_config" in ckpt.raw_config:
         raise UserError(where, "is a quantized head (FP8/NVFP4 scales present)", "fine-tune the BF16 head it was made from, then quantize again")
     problems = []
@@ -150,14 +153,16 @@ def _train_draft(o: TrainDraftOptions) -> dict:
     with Bars(o.quiet or not d.main) as bars:
         prep = _prepare(o, info, init, aux, records, device, dtype, timings, bars, d)
         head = _target_head(prep.target, device, dtype)
+        hooks = head_hooks(init) if init is not None else None
         if init is not None:
             cfg = replace(init.config, aux_layer_ids=aux)  # record the layers it was trained on
-            draft = Eagle3Draft.from_checkpoint(init, dtype=torch.float32, device="cpu")
+            # a method's own head (check_init_fits: this method's) is fine-tuned whole, its own tensors included
+            draft = hooks.build(init, torch.float32, "cpu")[0] if hooks is not None else Eagle3Draft.from_checkpoint(init, dtype=torch.float32, device="cpu")
         else:
             cfg = draft_config_for(info, target_cfg, prep.vocab.size, aux, o.intermediate_size)
             draft = new_draft(cfg, prep.vocab, head, o.seed)
         training = trainable_methods()[o.method]  # None: an EAGLE-3 head (TTT); else the method's hooks
-        if training is not None:
+        if training is not None and hooks is None:  # started from an EAGLE-3 head (fresh or --init)
             draft = training.make_head(draft, head.embed, o.seed, o.mask_token_id, target_tokenizer(Path(o.target)))
         d = distributed.decide(d, o.parallel, sum(p.numel() for p in draft.parameters()), device)
         prompts = data_mod.eval_prompts(prep.held_w, o.eval_samples, o.eval_prompt_len, o.seed)
@@ -206,7 +211,7 @@ def _check_request(o: TrainDraftOptions, info: TargetInfo) -> tuple[DraftCheckpo
         aux_req = tuple(init.config.aux_layer_ids)
     aux = check_aux_layers(info, aux_req)
     if init is not None:
-        check_init_fits(init, info, aux)
+        check_init_fits(init, info, aux, o.method)
     if o.steps < 1:
         raise UserError("--steps", f"{o.steps} is not a positive number of steps")
     if o.max_draft_len < 1:
