@@ -134,3 +134,27 @@ def test_against_on_captured_traffic(bundles, tmp_path, capsys):
     # an option the traffic form does not read is refused in one line
     assert main(["alpha", str(fp8), "--against", str(bf16), "--traffic", str(traffic), "--turns", "first"]) == 2
     assert "--turns" in capsys.readouterr().err
+
+
+def test_against_p_eagle_prices_each_side_with_its_own_hook(bundles, prompts, tmp_path, capsys):
+    """EAGLE-3 against the shipped tiny P-EAGLE head (models/tiny/draft-peagle): each side's predicted
+    speedup is its own method's (P-EAGLE: one draft forward for K tokens), not the chain's at the same AL."""
+    fp8, _ = bundles
+    pe = build_bundle(
+        EngineRequest(
+            preset=load_preset("tiny"), draft=str(ROOT / "models/tiny/draft-peagle"), target_gpu="h100", calib_samples=4, out=str(tmp_path / "tiny-peagle")
+        )
+    ).bundle
+    out = tmp_path / "rep"
+    rc = main(["alpha", str(fp8), "--against", str(pe), "--prompts", str(prompts), "--max-tokens", "16", "-o", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "B = tiny-peagle (peagle, K=3)" in text
+    sec = json.loads((out / "report.json").read_text())["against"]
+    al_b = sec["rows"][0]["acceptance_length"]["b"]
+    gpu, tp, tcost, dcost = model_costs(bundle_cost_inputs(open_bundle(pe)))
+    as_peagle = predict_from_tokens(al_b, gpu, tcost, dcost, tp, 1, 3, method="peagle")
+    as_chain = predict_from_tokens(al_b, gpu, tcost, dcost, tp, 1, 3, method="chain")
+    assert sec["rows"][0]["predicted_speedup"]["b"] == pytest.approx(as_peagle.speedup)
+    assert as_peagle.t_spec_us < as_chain.t_spec_us  # two draft forwards fewer per iteration
+    assert {c["method"] for c in sec["per_concurrency"] if c["deploy"] == "tiny-peagle"} <= {"peagle"}
