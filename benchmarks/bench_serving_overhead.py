@@ -8,7 +8,10 @@ worker), and a "direct" process that opens the same runtime with ``runtime.facto
 TensorRT-LLM's ``LLM``) and streams from ``generate_async`` in an asyncio loop, as a Python
 program using the LLM API would. What the comparison measures is therefore the serving layer:
 Triton's process, the Python model (``model.py`` over ``triton_serving/job.py``) and the client
-(or Dynamo's frontend, its request plane and the worker's ``engine.py``).
+(or Dynamo's frontend, its request plane and the worker's ``engine.py``). Every side gets the same
+executor from ``open_llm``: the engine in a worker process under the opener (TensorRT-LLM's split for
+one GPU, ``GenerationExecutor.create`` in tensorrt_llm/executor/executor.py @ed53795b; see
+``ReferenceLLM``), so the ratio compares like with like, and each side's CPU counts that worker.
 
 Every server process and the direct process run in their own session: with the kernel's
 autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) each session gets an equal
@@ -298,7 +301,7 @@ def main() -> int:
         for c in levels:
             triton = ClientSide(lambda: LLMClient(server.grpc_url, timeout_s=600), c)
             sides_open.append(triton)
-            sides = {"direct": Metered(direct, [direct.proc.pid]), "triton": Metered(triton, _proc_tree(server.pid))}
+            sides = {"direct": Metered(direct, _proc_tree(direct.proc.pid)), "triton": Metered(triton, _proc_tree(server.pid))}
             texts = {"direct": chat, "triton": chat}
             if dep is not None:
                 from eagle3_trt.clients.openai_client import OpenAIClient

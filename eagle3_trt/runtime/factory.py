@@ -6,7 +6,8 @@ whether speculation can be switched off per request. The Triton model, the Dynam
 the clients call only this; which class implements a runtime (and when TensorRT-LLM is
 imported) is decided here alone.
 
-* ``reference``: ``reference_llm.ReferenceLLM``, the toolkit's PyTorch engine (CPU or one GPU).
+* ``reference``: ``reference_llm.ReferenceLLM``, the toolkit's PyTorch engine (CPU or one GPU), in a
+  worker process as TensorRT-LLM's executor runs one GPU's model (every caller gets the same split).
 * ``trtllm``: ``tensorrt_llm.LLM`` built from the bundle's ``LLM()`` kwargs (or the ones a Triton
   repository's model.yaml holds). TensorRT-LLM is imported on the call, not before: the caller sets
   ``CUDA_VISIBLE_DEVICES`` and the MPI environment first (``triton_serving/instances.py``).
@@ -28,7 +29,7 @@ RUNTIMES: tuple[str, ...] = get_args(RuntimeName)
 
 # The options each runtime takes; anything else is refused by name rather than ignored.
 _OPTIONS = {
-    "reference": frozenset({"device", "torch_threads", "speculation"}),
+    "reference": frozenset({"device", "torch_threads", "speculation", "single_process"}),
     "trtllm": frozenset({"speculation", "llm_kwargs", "llm_extra"}),
 }
 
@@ -60,7 +61,8 @@ def open_llm(bundle: Bundle | Path | str, runtime: RuntimeName | str = "referenc
     """An LLM-API object serving ``bundle`` on ``runtime``.
 
     reference: ``device`` ("auto" | "cpu" | "cuda"), ``torch_threads``, ``speculation`` (False: the
-    target alone). trtllm: ``speculation``, ``llm_kwargs`` (``LLM()`` kwargs to use instead of the
+    target alone), ``single_process`` (None: TensorRT-LLM's rule, the engine in a worker process unless
+    ``TLLM_WORKER_USE_SINGLE_PROCESS=1``; see ``ReferenceLLM``). trtllm: ``speculation``, ``llm_kwargs`` (``LLM()`` kwargs to use instead of the
     bundle's, e.g. a model.yaml's), ``llm_extra`` (merged over them, e.g. ``gpus_per_node``).
     An unknown runtime or option is a UserError.
     """
@@ -72,7 +74,13 @@ def open_llm(bundle: Bundle | Path | str, runtime: RuntimeName | str = "referenc
     b = bundle if isinstance(bundle, Bundle) else open_bundle(Path(bundle))
     speculation = bool(opts.get("speculation", True))
     if runtime == "reference":
-        return ReferenceLLM(b.path, device=opts.get("device", "auto"), torch_threads=opts.get("torch_threads"), speculation=speculation)
+        return ReferenceLLM(
+            b.path,
+            device=opts.get("device", "auto"),
+            torch_threads=opts.get("torch_threads"),
+            speculation=speculation,
+            single_process=opts.get("single_process"),
+        )
     given = opts.get("llm_kwargs")  # pragma: no cover - below needs TensorRT-LLM and a GPU
     kwargs = copy.deepcopy(given) if given is not None else serving_llm_kwargs(b.path, b.options).kwargs
     kwargs.update(opts.get("llm_extra") or {})
