@@ -70,7 +70,8 @@ def test_stops_paying_after_the_bucket_where_acceptance_collapses_and_says_no_se
 def test_pays_everywhere_gives_one_line_and_nothing_to_write():
     ev = context_switch_off(_report([_request(i, 200 + 300 * i, 3) for i in range(10)]), K, 8, COSTS)
     assert ev["stops_paying_at"] is None and not ev["written"]
-    assert len(ev["lines"]) == 1 and "pays in every measured context bucket" in ev["lines"][0]
+    assert "pays in every measured context bucket" in ev["lines"][0] and ev["lines"][2] == NO_CONTEXT_SETTING
+    assert not any(line.startswith("closest setting") for line in ev["lines"])  # nothing to switch off
 
 
 def test_switch_off_is_written_when_the_replay_shows_it_saves_time():

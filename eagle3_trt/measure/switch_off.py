@@ -192,7 +192,8 @@ def context_switch_off(report: dict | AlphaReport, k: int, concurrency: int, cos
     rows = context_table(per_request, edges).to_dict()["rows"]  # the table alpha prints, at the chosen K
     verdicts = bucket_verdicts(rows, k, concurrency, costs, params)
     first_bad, stop_line = stops_paying(verdicts, edges)
-    lines = [f"acceptance by context at K={k}, concurrency {concurrency}: {stop_line}"]
+    per_bucket = "; ".join(f"{v.bucket} AL {v.acceptance_length:.2f} vs break-even {v.break_even_al:.2f}: {v.speedup:.2f}x" for v in verdicts)
+    lines = [f"acceptance by context at K={k}, concurrency {concurrency}: {stop_line}", f"  by context (predicted speedup): {per_bucket}", NO_CONTEXT_SETTING]
     ev: dict = {
         **base,
         "buckets": [{**asdict(v), "pays": v.pays} for v in verdicts],
@@ -202,7 +203,6 @@ def context_switch_off(report: dict | AlphaReport, k: int, concurrency: int, cos
     }
     if first_bad is None:
         return ev
-    lines.append(NO_CONTEXT_SETTING)  # said where there is something to act on
     # the closest setting: the acceptance-rate switch-off at the break-even acceptance of the first non-paying bucket
     v = verdicts[first_bad]
     threshold = round(min(1.0, max(0.0, (v.break_even_al - 1.0) / k)), 4)
