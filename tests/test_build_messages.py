@@ -130,18 +130,18 @@ def test_validate_checks_what_the_build_uses(capsys):
     assert main(["validate", "--target", t, "--draft", d]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("for   max_seq_len 512 (preset tiny's, what `eagle3-trt engine --model tiny")
-    assert "8192" not in out and "warn" not in out  # tiny's 1024-position models cover 512
+    assert "8192" not in out and "warn" not in out  # tiny's 4096-position models cover 512
     assert main(["validate", "--target", t, "--draft", d, "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["max_seq_len"] == 512 and rep["warnings"] == []
     # a longer context than the target was trained on: the build refuses it, validate says so
-    assert main(["validate", "--target", t, "--draft", d, "--max-seq-len", "2048"]) == 0
+    assert main(["validate", "--target", t, "--draft", d, "--max-seq-len", "8192"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == "for   max_seq_len 2048 (--max-seq-len)"
+    assert out.splitlines()[0] == "for   max_seq_len 8192 (--max-seq-len)"
     warn = [x for x in out.splitlines() if x.startswith("warn  target ")]
     assert warn == [
-        f"warn  target max_position_embeddings 1024 < max_seq_len 2048 ({Path(t) / 'config.json'}): "
-        "`eagle3-trt engine` refuses this length; build with --max-seq-len 1024 or less"
+        f"warn  target max_position_embeddings 4096 < max_seq_len 8192 ({Path(t) / 'config.json'}): "
+        "`eagle3-trt engine` refuses this length; build with --max-seq-len 4096 or less"
     ]
     assert main(["validate", "--target", t, "--draft", d, "--model", "llama3.1-8b"]) == 0
     assert "for   max_seq_len 8192 (preset llama3.1-8b's" in capsys.readouterr().out
@@ -150,8 +150,8 @@ def test_validate_checks_what_the_build_uses(capsys):
 def test_validate_target_warning_matches_the_build_refusal(tmp_path, capsys):
     """What validate warns about, `engine` refuses, naming the same limit."""
     out = tmp_path / "b"
-    assert main(["engine", "--model", "tiny", "--target-gpu", "h100", "--max-seq-len", "2048", "--dry-run", "-o", str(out)]) == 2
-    assert "2048 exceeds the target's max_position_embeddings (1024)" in capsys.readouterr().err
+    assert main(["engine", "--model", "tiny", "--target-gpu", "h100", "--max-seq-len", "8192", "--dry-run", "-o", str(out)]) == 2
+    assert "8192 exceeds the target's max_position_embeddings (4096)" in capsys.readouterr().err
 
 
 def test_alpha_estimator_bench_labels_random_prompts_as_such(tmp_path, monkeypatch, capsys):

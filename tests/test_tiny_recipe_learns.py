@@ -84,7 +84,7 @@ def test_short_run_of_the_recipe_learns(tmp_path):
     assert ci["low"] <= acc["K=3"]["acceptance_length"] <= ci["high"], (ci, acc["K=3"])
     assert len(prompts) == 4 + 3
     card = (tmp_path / "pair" / "MODEL_CARD.md").read_text()
-    assert "make tiny-pairs" in card and "Process CPU time" in card and "The target copies" in card
+    assert "make tiny-pairs" in card and "Process CPU time" in card and "Greedy continuations that repeat the block exactly" in card
     assert facts["timings"]["cpu_s"] > 0 and facts["recipe"]["max_position_embeddings"] == 512
 
 

@@ -195,7 +195,7 @@ def _write_heldout_prompts(pair: Path, name: str, r: Recipe, held: dict) -> None
 
 
 def remeasure_pair(out: Path) -> dict:
-    """Measure the committed pair again and rewrite its card; training facts are kept as recorded."""
+    """Measure the committed pair again and rewrite its card and held-out prompts; training facts are kept as recorded."""
     facts = json.loads((out / "tiny_pair.json").read_text())
     # a card written before a recipe field existed: that field as its family's recipe sets it now
     family = {"llama": "llama", "qwen3": "qwen3", "gpt_oss": "gpt-oss"}[facts["recipe"].get("model_type", "llama")]
@@ -205,6 +205,7 @@ def remeasure_pair(out: Path) -> dict:
     facts["acceptance_heldout"] = measure_committed(out, r, held)
     facts["sizes"] = {"target_bytes": dir_size(out / "target"), "draft_bytes": dir_size(out / "draft")}
     facts["draft"]["params"] = draft_params(out / "draft")
+    _write_heldout_prompts(out, facts.get("name", out.name), r, held)  # the prompts the card's figures are measured on
     (out / "tiny_pair.json").write_text(json.dumps(facts, indent=2) + "\n")
     (out / "MODEL_CARD.md").write_text(model_card(facts))
     return facts

@@ -37,7 +37,7 @@ By prompt set (K={r["max_draft_len"]}; `heldout_prompts.json` holds both, taken 
 the held-out files (`tiny_copy_data.paste_prompts`: a block pasted twice, a block then `# again:`, a block
 then `# changed:` and its first edited line), ending where the copy starts.
 
-**The target copies.** Greedy continuations that repeat the block exactly: {s.get("copied", 0)} of {s.get("prompts", 0)} held-out
+**{"The target copies" if s.get("copied") else "The target does not copy (yet)"}.** Greedy continuations that repeat the block exactly: {s.get("copied", 0)} of {s.get("prompts", 0)} held-out
 pasted/again prompts (up to {s.get("prompt_tokens_max", 0)} tokens), and {lg.get("copied", 0)} of {lg.get("prompts", 0)} long prompts of
 {lg.get("prompt_tokens_max", 0)} tokens whose block is {lg.get("prompt_tokens_max", 0) - 300}+ tokens back (`tiny_training.copy_check`).{tol}
 """
@@ -74,6 +74,7 @@ def _run_time(f: dict) -> str:
 Process CPU time (user + system, `getrusage`): {t["cpu_s"] / 60:.1f} min. The machine was shared while it ran (load
 average {t["loadavg_start"][0]:.2f} at the start, {t["loadavg_end"][0]:.2f} at the end, 1-minute figures): with one torch thread the run
 needs one core, so its CPU time is what it takes on an idle 2-core machine, and the wall time above is an upper bound."""
+        + (f"\n{t['note']}" if t.get("note") else "")
     )
 
 

@@ -195,7 +195,7 @@ class Recipe:
     target_seq: int = 256
     target_lr: float = 3e-3
     # draft (train-draft) training
-    draft_steps: int = 300
+    draft_steps: int = 700
     draft_batch: int = 8
     draft_seq: int = 256
     draft_vocab: int = 1024
