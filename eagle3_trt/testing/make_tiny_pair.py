@@ -90,7 +90,7 @@ def make(out: Path, r: Recipe | None = None, overwrite: bool = False, log=print)
             t = time.time()
             preport = _train_draft(r, pair, work, data, method="peagle")
             preport["target"], preport["data"] = report["target"], report["data"]
-            (pair / "peagle" / "train_report.json").write_text(json.dumps(preport, indent=2) + "\n")
+            (pair / "draft-peagle" / "train_report.json").write_text(json.dumps(preport, indent=2) + "\n")
             timings["peagle_s"] = round(time.time() - t, 1)
             log(f"peagle: {timings['peagle_s']} s")
         t = time.time()
@@ -120,12 +120,12 @@ def _cpu_s() -> float:
 
 def _train_draft(r: Recipe, pair: Path, work: Path, data: Path, method: str = "chain") -> dict:
     """A head trained by `train-draft`'s own code path on the recipe's settings: the EAGLE-3 draft
-    (method chain, into draft/), or the P-EAGLE head (method peagle, into peagle/, peagle_steps)."""
+    (method chain, into draft/), or the P-EAGLE head (method peagle, into draft-peagle/, peagle_steps)."""
     return train_draft(
         TrainDraftOptions(
             target=pair / "target",
             data=data,
-            out=pair / ("draft" if method == "chain" else method),
+            out=pair / ("draft" if method == "chain" else f"draft-{method}"),
             method=method,
             steps=r.draft_steps if method == "chain" else r.peagle_steps,
             max_draft_len=r.max_draft_len,

@@ -205,7 +205,7 @@ class Recipe:
     draft_copy_pieces: int = 300  # copy documents (tiny_copy_data) among the head's records
     draft_gen_tokens: int = 160  # train-draft --generate: the target continues each piece's first eval_prompt_len tokens
     max_draft_len: int = 3
-    # P-EAGLE head (train-draft --method peagle into <pair>/peagle/; 0 = none): make_tiny_pair's hook
+    # P-EAGLE head (train-draft --method peagle into <pair>/draft-peagle/; 0 = none): make_tiny_pair's hook
     peagle_steps: int = 0
     # held-out measurement
     eval_prompts: int = 32
