@@ -29,6 +29,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import click
 import torch
@@ -58,7 +59,7 @@ def make(out: Path, r: Recipe | None = None, overwrite: bool = False, log=print)
     t0, cpu0, load0 = time.time(), _cpu_s(), os.getloadavg()
     torch.set_num_threads(r.threads)
     os.environ.setdefault("RAYON_NUM_THREADS", str(r.threads))
-    timings = {}
+    timings: dict[str, Any] = {}
     with staged_dir(out) as pair:
         # Scratch files (tokenizer, draft data and work dir) live inside the staging directory, so an
         # interrupted or killed run leaves nothing beside `out` that the next run does not remove.
