@@ -76,7 +76,7 @@ def init_from_eagle3(draft: torch.nn.Module, target_embed: torch.Tensor, mask_to
     """A P-EAGLE head started from an EAGLE-3 head's layers (``Eagle3Draft``), as speculators starts one:
     ``embed_tokens`` from the target's embedding (``load_verifier_weights``), ``mask_hidden`` random
     normal (``PEagleDraftModel.__init__``: ``torch.randn(1, 1, num_aux * hidden_size)``)."""
-    out = PEagleDraft(draft.config, mask_token_id).float()  # type: ignore[arg-type]
+    out = PEagleDraft(draft.config, mask_token_id).float()
     missing, unexpected = out.load_state_dict(draft.state_dict(), strict=False)
     assert not unexpected and set(missing) <= {"embed_tokens.weight", "mask_hidden"}, (missing, unexpected)
     g = torch.Generator().manual_seed(seed)
