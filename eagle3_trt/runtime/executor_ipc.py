@@ -40,7 +40,7 @@ from eagle3_trt.convert.load import _load_tokenizer
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.runtime.llm_api import SamplingParams
-from eagle3_trt.runtime.reference_llm import RequestOutput, Waker
+from eagle3_trt.runtime.request_output import RequestOutput, Waker
 
 WORKER_MODULE = "eagle3_trt.runtime.executor_worker"
 

@@ -2,7 +2,7 @@
 
 ``python -m eagle3_trt.runtime.executor_worker FD CONFIG_JSON`` (started by ``executor_ipc.WorkerClient``,
 the role of TensorRT-LLM's worker process under ``GenerationExecutorProxy``, tensorrt_llm/executor/executor.py
-@ed53795b). The main thread runs ``reference_llm.Scheduler.run``; a reader thread admits requests,
+@ed53795b). The main thread runs ``scheduler.Scheduler.run``; a reader thread admits requests,
 sets abort flags, answers ``speculation_state`` and, on ``shutdown`` or EOF (the parent closed the
 socket or died), ends the loop, so the process never outlives its parent. Every update of one
 scheduler round leaves in one JSON message (wire format: ``executor_ipc.py``).
@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_trt.runtime.executor_ipc import dumps, error_to_wire, loads, sampling_from_wire
-from eagle3_trt.runtime.reference_llm import PerfRaw, Scheduler, Sink
+from eagle3_trt.runtime.request_output import PerfRaw, Sink
+from eagle3_trt.runtime.scheduler import Scheduler
 
 
 class PipeSink(Sink):
