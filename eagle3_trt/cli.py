@@ -43,7 +43,7 @@ supported EAGLE-3): quantized target + draft checkpoints, llm_api_options.yaml, 
 # command that silently disappears from the CLI.
 LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "plan": (
-        "eagle3_trt.pipeline.commands",
+        "eagle3_trt.pipeline.plan_command",
         "plan_cmd",
         "Plan MODEL (a registry preset) or --preset-file on --gpus N x --gpu from config files alone: memory, TP layout, KV cache, batch sizes, "
         "and the steps `make engine` will run.",

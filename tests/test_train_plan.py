@@ -10,8 +10,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from eagle3_trt.cli import main
-from eagle3_trt.pipeline.commands import plan_cmd
 from eagle3_trt.pipeline.model_size import read_config
+from eagle3_trt.pipeline.plan_command import plan_cmd
 from eagle3_trt.testing.readme_blocks import doc_pages
 
 ROOT = Path(__file__).resolve().parents[1]

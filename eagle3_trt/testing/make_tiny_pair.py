@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import shutil
 import sys
 import time
@@ -113,8 +114,6 @@ def make(out: Path, r: Recipe | None = None, overwrite: bool = False, log=print)
 
 
 def _cpu_s() -> float:
-    import resource
-
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
