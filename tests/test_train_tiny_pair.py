@@ -31,6 +31,8 @@ def test_layout_and_size_budget():
     assert torch.equal(ids, torch.nonzero(ck.tensors["t2d"]).flatten())
     tok = json.loads((PAIR / "target" / "tokenizer_config.json").read_text())
     assert "<|start_header_id|>" in tok["chat_template"] and tok["eos_token"] == "<|eot_id|>"
+    # the tokenizer's limit is the target's (transformers warns on prompts past it)
+    assert tok["model_max_length"] == info.max_position_embeddings == 4096, tok["model_max_length"]
 
 
 def test_card_states_the_recorded_figure():

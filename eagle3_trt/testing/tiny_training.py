@@ -16,6 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
+from eagle3_trt.atomic import write_json
 from eagle3_trt.convert import mxfp4
 from eagle3_trt.convert.draft_format import load_draft
 from eagle3_trt.convert.load import load_target
@@ -152,8 +153,10 @@ def train_target(r: Recipe, tok_dir: Path, train_texts: list[str], held_texts: l
     model.save_pretrained(out, safe_serialization=True)
     if r.target_format == "mxfp4":
         ship_mxfp4(out)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy2(tok_dir / f, out / f)
+    shutil.copy2(tok_dir / "tokenizer.json", out / "tokenizer.json")
+    # the tokenizer's length limit follows the target's positions (transformers warns past it on long prompts)
+    tok_cfg = json.loads((tok_dir / "tokenizer_config.json").read_text()) | {"model_max_length": r.max_position_embeddings}
+    write_json(out / "tokenizer_config.json", tok_cfg)
     return {
         "train_tokens_in_corpus": int(stream.numel()),
         "long_windows": len(long),
