@@ -64,7 +64,15 @@ def _winning(report: dict) -> dict:
     chain = rep["modes"]["chain"]
     sa = rep["modes"]["sa"]
     sa["overall"] = dict(chain["overall"], acceptance_length=chain["overall"]["acceptance_length"] + 0.4)
-    sa["vs_chain"] = {"a": sa["overall"]["acceptance_length"], "b": chain["overall"]["acceptance_length"], "diff": 0.4, "ci": [0.2, 0.6], "level": 0.95, "n": 2, "n_groups": 2}
+    sa["vs_chain"] = {
+        "a": sa["overall"]["acceptance_length"],
+        "b": chain["overall"]["acceptance_length"],
+        "diff": 0.4,
+        "ci": [0.2, 0.6],
+        "level": 0.95,
+        "n": 2,
+        "n_groups": 2,
+    }
     sa["sa_config"] = {"threshold": 6, "enable_global_pool": False}
     return rep
 

@@ -153,9 +153,7 @@ def write_recommendation_to_bundle(
     dt_fields, dt_evidence = dynamic_tree_choice(report, rec, *dt_inputs(b, rec)) if report is not None and report.modes else (dict.fromkeys(DT_KEYS), None)
     k = int(dt_fields.pop("max_draft_len", rec.max_draft_len))
     acceptance = acceptance_at(report, k, source, b.manifest.acceptance)
-    spec_knobs = (
-        {"draft_len_schedule": dt_fields.pop("draft_len_schedule")} if dt_fields["use_dynamic_tree"] else schedule_and_gate(rec, report, gate_traffic)
-    )
+    spec_knobs = {"draft_len_schedule": dt_fields.pop("draft_len_schedule")} if dt_fields["use_dynamic_tree"] else schedule_and_gate(rec, report, gate_traffic)
     base = b.options.model_copy(update={"speculative_config": b.options.speculative_config.model_copy(update=dict.fromkeys(DT_KEYS))})
     opts = recommended_options(base, k, **spec_knobs)
     sa_threshold, sa_evidence = sa_choice(report)

@@ -239,7 +239,9 @@ def summary_lines(rep: TrafficAlphaReport) -> list[str]:
         per_k = "; ".join(f"K={k} alpha {v.alpha:.3f} AL {v.acceptance_length:.3f}" for k, v in rep.per_k.items())
         lines.append(f"offline per K ({g.requests} greedy requests, {rep.prompts.chat} chat / {rep.prompts.raw} raw as served): {per_k}")
     o = rep.offline
-    lines.append(f"offline at K={rep.max_draft_len} (all {o.requests} requests): alpha {o.alpha:.3f}, AL {o.acceptance_length:.3f}; served alpha {rep.served.alpha:.3f}")
+    lines.append(
+        f"offline at K={rep.max_draft_len} (all {o.requests} requests): alpha {o.alpha:.3f}, AL {o.acceptance_length:.3f}; served alpha {rep.served.alpha:.3f}"
+    )
     lines.append(comparison_line(rep.comparison))
     if g.requests:
         lines.append(
