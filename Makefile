@@ -110,8 +110,8 @@ docs-serve: $(STAMP)
 .PHONY: lint
 lint: $(STAMP)
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check --no-cache .
+	$(BIN)/ruff format --check --no-cache .
 	$(BIN)/python -m mypy
 
 bench: $(STAMP)
