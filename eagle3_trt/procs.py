@@ -80,6 +80,14 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+def parent_pid(pid: int) -> int | None:
+    """``pid``'s parent (from /proc), or None when it has exited."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def cmdline_contains(token: str) -> list[int]:
     """Live processes whose command line contains ``token`` (a unique name given at start)."""
     out = []

@@ -154,3 +154,72 @@ def test_shutdown_leaves_no_child_and_the_env_switch_keeps_the_thread(fp8_bundle
         assert t.worker_pid is None and _children() - before == set()
     finally:
         t.shutdown()
+
+
+_SIGTERM_SCRIPT = r"""
+import asyncio, signal, sys
+from eagle3_trt.runtime.factory import open_llm
+
+got = []
+signal.signal(signal.SIGTERM, lambda *a: got.append(1))  # a server draining on SIGTERM (Dynamo's worker)
+llm = open_llm(sys.argv[1], "reference", device="cpu", torch_threads=1)
+print("worker", llm.worker_pid, flush=True)
+
+async def main():
+    n = 0
+    async for out in llm.generate_async(llm.tokenizer.encode("The ocean is"), llm.sampling_params_cls(max_tokens=48, top_k=1), streaming=True):
+        if n == 0:
+            print("streaming", flush=True)
+            while not got:  # the group's SIGTERM arrives mid-request
+                await asyncio.sleep(0.05)
+        n += 1
+    return out.outputs[0]
+
+c = asyncio.run(main())
+print("finished", c.finish_reason, len(c.token_ids), flush=True)
+sys.stdin.readline()  # then killed with SIGKILL: the worker must follow by itself
+"""
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an exited child init has not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_to_the_group_lets_the_parent_drain_and_the_worker_follows_a_killed_parent(fp8_bundle):
+    """`eagle3-trt deploy --dynamo` SIGTERMs a replaced worker's process group and lets it drain: the
+    executor worker (in that group) must not die with it and fail the requests in flight. And when
+    its parent is SIGKILLed (an orphaned Triton stub ended by `stop`), it exits by itself on EOF."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", _SIGTERM_SCRIPT, str(fp8_bundle)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    worker = 0
+    try:
+        worker = int(p.stdout.readline().split()[1])
+        assert p.stdout.readline().strip() == "streaming"
+        assert os.getpgid(worker) == p.pid  # the worker is in the group the signal reaches
+        os.killpg(p.pid, signal.SIGTERM)
+        line = p.stdout.readline().split()
+        assert line[:2] == ["finished", "length"] and int(line[2]) == 48, line
+        assert _running(worker)
+        p.kill()
+        p.wait(10)
+        deadline = time.monotonic() + 15
+        while _running(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(worker), "the worker outlived its killed parent"
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+        if worker and _running(worker):
+            os.kill(worker, signal.SIGKILL)

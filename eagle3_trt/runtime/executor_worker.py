@@ -4,7 +4,8 @@
 the role of TensorRT-LLM's worker process under ``GenerationExecutorProxy``, tensorrt_llm/executor/executor.py
 @ed53795b). The main thread runs ``scheduler.Scheduler.run``; a reader thread admits requests,
 sets abort flags, answers ``speculation_state`` and, on ``shutdown`` or EOF (the parent closed the
-socket or died), ends the loop, so the process never outlives its parent. Every update of one
+socket or died), ends the loop, so the process never outlives its parent. SIGINT and SIGTERM are
+ignored: the parent's drain decides when the work in flight ends, not a signal to its process group. Every update of one
 scheduler round leaves in one JSON message (wire format: ``executor_ipc.py``).
 """
 
@@ -85,7 +86,12 @@ def _read(conn: Connection, sched: Scheduler, sink: PipeSink) -> None:
 
 
 def main(argv: list[str]) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this process stops
+    # The parent decides when this process stops: a signal sent to the parent's process group (Ctrl-C,
+    # `eagle3-trt deploy --dynamo` SIGTERMing a worker it replaces) reaches this process too, and
+    # dying with it would fail the requests the parent is still draining. It ends on ``shutdown``
+    # or on EOF (the parent exited or was killed); SIGKILL still ends it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     conn = Connection(int(argv[1]))
     cfg = json.loads(argv[2])
     sink = PipeSink(conn)

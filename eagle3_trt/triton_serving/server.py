@@ -47,7 +47,7 @@ from pathlib import Path
 
 from eagle3_trt.atomic import FILE_MODE, make_dirs, staged_dir, write_json
 from eagle3_trt.errors import UserError
-from eagle3_trt.procs import HOST, cmdline_contains, describe, group_members, holders_of, pid_alive, port_is_free, terminate
+from eagle3_trt.procs import HOST, cmdline_contains, describe, group_members, holders_of, parent_pid, pid_alive, port_is_free, terminate
 from eagle3_trt.runtime.capture import CaptureConfig, capture_env
 from eagle3_trt.triton_serving.draining import SHM_DIR, marker_path, write_marker
 from eagle3_trt.triton_serving.package import check_repository, package_import_root
@@ -461,7 +461,19 @@ def stop_server(
         time.sleep(0.1)
     rest = _leftovers(handle, shm_dir)
     names = {p: describe(p) for p in rest}  # while they still run
-    ended, alive = terminate(rest, grace_s) if rest else ({}, [])
+    # A stub's reference runtime runs in a worker process of its own (runtime/executor_worker.py),
+    # in the stub's process group. It ignores SIGTERM and exits when its stub's socket reaches EOF:
+    # it is ended with its stub, and only killed (named as its stub's) if it outlives it.
+    workers = {p: parent_pid(p) for p in rest if p in cmdline_contains(EXECUTOR_WORKER)}
+    for p, parent in workers.items():
+        names[p] = f"pid {p} (reference runtime worker of {names[parent]})" if parent in names else f"pid {p} (reference runtime worker)"
+    ended, alive = terminate([p for p in rest if p not in workers], grace_s) if rest else ({}, [])
+    deadline = time.monotonic() + grace_s
+    while any(pid_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    w_ended, w_alive = terminate(list(workers), grace_s)
+    ended.update(w_ended)
+    alive += w_alive
     killed_leftovers = tuple(f"{names[p]} by {sig}" for p, sig in sorted(ended.items()))
     left = tuple(names[p] for p in alive)
     if _valid_prefix(handle.shm_prefix):
@@ -470,6 +482,10 @@ def stop_server(
     if not left:  # keep the record while anything of it runs: a second `stop` finds it again
         _forget(Path(handle.state_dir))
     return StopResult(pid, was_alive, killed, removed, killed_leftovers, left, idle_s)
+
+
+# executor_ipc.WORKER_MODULE, the reference runtime's worker process (not imported here: it loads torch)
+EXECUTOR_WORKER = "eagle3_trt.runtime.executor_worker"
 
 
 def _valid_prefix(prefix: str) -> bool:
