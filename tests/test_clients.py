@@ -178,6 +178,10 @@ def test_gate_verdicts_and_switch_off_point():
     assert low.verdict == "fail" and "alpha 0.300 < threshold 0.55" in low.recommendation
     worse = evaluate_gate([_arm(1, True, 0.030, 0.9), _arm(1, False, 0.020)])
     assert worse.verdict == "fail" and worse.switch_off_above is None
+    # Speculation on, yet nothing drafted (a tripped acceptance gate): the reason names it.
+    none = evaluate_gate([_arm(1, True, 0.010), _arm(1, False, 0.020)])
+    assert none.alpha is None and none.verdict == "fail" and "acceptance_rate_threshold" in none.recommendation
+    assert "acceptance_rate_threshold" not in low.recommendation
 
 
 def test_concurrency_parsing():

@@ -325,13 +325,21 @@ class TestTritonBlocks:
         assert 0 < int(n_tokens) <= 16 and float(ttft) > 0 and int(drafts) == 0  # speculative=False: no draft tokens
 
     def test_triton_bench_report_and_gate_on_the_tiny_bundle(self, work, triton):
+        # docs/benchmarks.md: the acceptance gate `recommend --write` wrote switches speculation off for the
+        # whole server, for good, once it trips, and the `"…"` requests of the blocks above trip it on the
+        # tiny bundle ("restart the server before benchmarking"): the bench runs on a fresh server.
+        cmds = commands(block("triton-quickstart").text)
+        work.run(cmds[-1])
+        work.run(cmds[1])  # serve repos/eagle3 (the class's fixture stops it)
         work.run_block(block("triton-bench"))
         out = Path(work.cwd) / "reports" / "bench"
         for f in ("bench.json", "summary.md", "latency_cdf.png", "itl_vs_concurrency.png", "throughput_vs_concurrency.png", "acceptance_by_position.png"):
             assert (out / f).is_file(), f
         gate = json.loads((out / "bench.json").read_text())["gate"]
-        # README: "the alpha half of the gate passes ... alpha 0.8 to 1.0 from the metrics endpoint"
-        assert gate["alpha_source"] == "metrics endpoint" and gate["alpha_ok"] and 0.8 <= gate["alpha"] <= 1.0, gate
+        # docs/benchmarks.md: "alpha about 0.54 to 0.58 from the metrics endpoint" against the 0.55 threshold
+        # (so the alpha half may go either way: it must agree with the figure)
+        assert gate["alpha_source"] == "metrics endpoint" and 0.45 <= gate["alpha"] <= 0.7, gate
+        assert gate["alpha_ok"] == (gate["alpha"] >= gate["alpha_threshold"]), gate
         # "the verdict is pass when speculation's P99 ITL is not worse at any level" (CPU timings: either way)
         levels = gate["per_concurrency"]
         assert [c["concurrency"] for c in levels] == [1, 4]

@@ -35,7 +35,11 @@ def evaluate_gate(arms: list[ArmResult], alpha_threshold: float = DEFAULT_ALPHA_
         if not r["itl_ok"]:
             break
         switch = r["concurrency"]
-    verdict, rec = _verdict(alpha, alpha_threshold, alpha_ok, rows, switch)
+    # Requests served with speculation on that drafted nothing at all: TensorRT-LLM's acceptance gate
+    # (acceptance_rate_threshold) switches speculation off for the whole server for good once it trips,
+    # and the requests still say speculative_decoding=true.
+    drafted_nothing = alpha is None and any(a.speculative and a.requests > a.errors and not a.speculation_switched_off for a in arms)
+    verdict, rec = _verdict(alpha, alpha_threshold, alpha_ok, rows, switch, drafted_nothing)
     return Gate(alpha, source, alpha_threshold, alpha_ok, itl_tolerance, rows, switch, verdict, rec)
 
 
@@ -78,7 +82,9 @@ def _itl_rows(arms: list[ArmResult], itl_tolerance: float) -> list[dict[str, Any
     return rows
 
 
-def _verdict(alpha: float | None, alpha_threshold: float, alpha_ok: bool, rows: list[dict[str, Any]], switch: int | None) -> tuple[str, str]:
+def _verdict(
+    alpha: float | None, alpha_threshold: float, alpha_ok: bool, rows: list[dict[str, Any]], switch: int | None, drafted_nothing: bool = False
+) -> tuple[str, str]:
     """(verdict, recommendation) from alpha and the judged rows (``switch``: the last level before ITL got worse)."""
     judged = [r for r in rows if r["itl_ok"] is not None]
     not_judged = [r["concurrency"] for r in rows if r["itl_ok"] is None]
@@ -99,6 +105,11 @@ def _verdict(alpha: float | None, alpha_threshold: float, alpha_ok: bool, rows: 
         )
     why = []
     if (short := alpha_shortfall(alpha, alpha_threshold)) is not None:
+        if drafted_nothing:
+            short += (
+                ": the server drafted no tokens for requests it served with speculation on (its acceptance gate,"
+                " acceptance_rate_threshold, may have switched speculation off for good: restart it)"
+            )
         why.append(short)
     if switch is None and judged:
         why.append(f"P99 ITL with speculation is worse already at concurrency {judged[0]['concurrency']}")
