@@ -19,6 +19,9 @@ PKG = Path(__file__).resolve().parents[1] / "eagle3_trt"
 # Where json.loads may appear in production code, and what it parses. Each project-written file has
 # its typed reader here; the rest parse other people's files or wire data.
 JSON_PARSERS = {
+    # the executor's IPC messages (JSON over a socketpair between ReferenceLLM and its worker process), not files
+    "runtime/executor_ipc.py": "the worker process's messages",
+    "runtime/executor_worker.py": "the parent's messages",
     "formats/bundle_manifest.py": "manifest.json: the bundle's typed reader (pydantic, extra=forbid)",
     "triton_serving/server.py": "server.json: ServerHandle.load",
     "dynamo_serving/launcher.py": "the Dynamo deployment record: Deployment.load",

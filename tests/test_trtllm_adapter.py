@@ -12,7 +12,7 @@ import yaml
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline import bundle as fmt
-from eagle3_trt.pipeline import bundle_write, llm_options
+from eagle3_trt.pipeline import bundle_write, llm_options, other_engines
 from eagle3_trt.pipeline import trtllm_adapter as ad
 from eagle3_trt.pipeline import trtllm_names as tn
 from eagle3_trt.pipeline import trtllm_versions as tv
@@ -167,8 +167,13 @@ def test_documented_table_covers_every_option_the_bundle_schema_writes():
         ("kv_cache_config", llm_options.KvCacheOptions),
         ("cuda_graph_config", llm_options.CudaGraphOptions),
     ):
-        names = set(cls.model_fields)
+        names = set(cls.model_fields) - tn.NOT_TRTLLM_NESTED.get(key, frozenset())
         assert names <= tn.DOCUMENTED_NESTED[key], (key, names - tn.DOCUMENTED_NESTED[key])
+    # the fields that are not TensorRT-LLM's select a method every TensorRT-LLM path refuses
+    assert set(tn.NOT_TRTLLM_NESTED) == {"speculative_config"}
+    for name in tn.NOT_TRTLLM_NESTED["speculative_config"]:
+        opts = llm_options.LlmApiOptions(speculative_config=llm_options.Eagle3Options(max_draft_len=3, **{name: True}))
+        assert other_engines.trtllm_refusal(opts) is not None, name
 
 
 def test_serve_yaml_is_version_agnostic_and_bundle_relative(bundle):

@@ -161,6 +161,11 @@ DOCUMENTED_NESTED: dict[str, frozenset[str]] = {
     ),
     "cuda_graph_config": frozenset(["batch_sizes", "max_batch_size", "enable_padding"]),
 }
+# Option fields the bundle schema holds that are NOT TensorRT-LLM's: set only in bundles of a method no
+# TensorRT-LLM release serves, which compile, Triton and Dynamo refuse before any kwargs are written
+# (other_engines.trtllm_refusal); the name check above would refuse them too. parallel_drafting: vLLM's
+# P-EAGLE switch (vllm/config/speculative.py).
+NOT_TRTLLM_NESTED: dict[str, frozenset[str]] = {"speculative_config": frozenset(["parallel_drafting"])}
 # Where the installed classes live (tensorrt_llm.llmapi exports all four).
 _INSTALLED_CLASSES = {
     None: "TorchLlmArgs",
