@@ -85,7 +85,7 @@ tiny-pairs: $(STAMP)
 # Two pytest-xdist workers, one test file each at a time (module fixtures start servers once): the suite
 # waits on servers and subprocesses much of the time, so two workers on 2 cores take ~40% off its wall time.
 # PYTEST_XDIST= runs it in one process.
-PYTEST_XDIST ?= -p xdist.plugin -n 2 --dist loadfile
+PYTEST_XDIST ?= -p xdist.plugin -n 2 --dist loadfile --durations=25
 test: lint $(DYNAMO_STAMP)
 	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/python -m pytest -q $(PYTEST_XDIST) $(PYTEST_ARGS)
 

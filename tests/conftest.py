@@ -95,3 +95,25 @@ def _alpha_on_heldout(bundle: Path, pair: Path, out: Path, n: int = 3, max_token
     prompts.write_text("".join(json.dumps({"text": tok.decode(p[:32])}) + "\n" for p in held[:n]))
     assert main(["alpha", str(bundle), "--prompts", str(prompts), "--max-tokens", str(max_tokens), "-o", str(out / "rep")]) == 0
     return json.loads((out / "rep" / "report.json").read_text())
+
+
+# Files that take minutes (real servers, deploys, every benchmark, the README's blocks), run first: under
+# make test's xdist (--dist loadfile) a worker takes whole files in collection order, so a long file
+# reached last would leave the other worker idle at the end.
+SLOW_FIRST = (
+    "test_readme_commands.py",
+    "test_traffic_alpha_gate.py",
+    "test_benchmarks_smoke.py",
+    "test_deploy_dynamo.py",
+    "test_bad_inputs.py",
+    "test_request_contract.py",
+    "test_train_torchrun.py",
+    "test_deploy_triton.py",
+    "test_capture_dynamo.py",
+    "test_dynamo_serving.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: file order otherwise kept

@@ -25,7 +25,23 @@ from eagle3_trt.pipeline.presets import load_preset
 from eagle3_trt.testing.behaviour_cases import copy_embedded
 from eagle3_trt.testing.served_traffic import served_records, write_traffic
 
-HELD = json.loads((Path(__file__).resolve().parents[1] / "models" / "tiny" / "heldout_prompts.json").read_text())["prompts"]
+_ALL_HELD = json.loads((Path(__file__).resolve().parents[1] / "models" / "tiny" / "heldout_prompts.json").read_text())["prompts"]
+
+
+def _distinct_windows(prompts: list[list[int]], n: int) -> list[list[int]]:
+    """The first ``n`` held-out prompts whose 24-token windows no earlier one has (paste prompts share openings)."""
+    seen: set[tuple[int, ...]] = set()
+    out = []
+    for p in prompts:
+        w = {tuple(p[a : a + 24]) for a in (0, 24, 48)}
+        if len(w) == 3 and not w & seen:
+            seen |= w
+            out.append(p)
+    return out[:n]
+
+
+# 32 of the embedded pair's held-out prompts (code windows and paste prompts): 64 greedy requests, each a distinct prompt
+HELD = _distinct_windows(_ALL_HELD, 32)
 
 
 def _bundle(tmp: Path, damage: float | None) -> Path:
@@ -49,7 +65,7 @@ def new_bundle(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def old_bundle(tmp_path_factory) -> Path:
-    return _bundle(tmp_path_factory.mktemp("old"), 0.5)
+    return _bundle(tmp_path_factory.mktemp("old"), 0.3)
 
 
 @pytest.fixture(scope="module")
@@ -166,8 +182,9 @@ def test_a_request_cut_at_a_stop_string_is_compared_exactly(old_bundle, served, 
     """The server stops at a stop string mid-step (ReferenceLLM trims the step's later tokens): measured up
     to the served length, the same forwards produce the same tokens."""
     text = served[0].output_text
-    stop = text[len(text) // 2 : len(text) // 2 + 2]
-    assert stop.strip()
+    # two characters from the middle on that are not blank and first occur there, so the server stops there
+    at = next(i for i in range(len(text) // 2, len(text) - 1) if text[i : i + 2].strip() and text.find(text[i : i + 2]) == i)
+    stop = text[at : at + 2]
     cut = served_records(old_bundle, [served[0].prompt_ids], max_tokens=16, stop=stop, prefix="cut")
     assert cut[0].finish_reason == "stop" and len(cut[0].output_ids) < 16
     d = write_traffic(tmp_path / "traffic", cut + served[1:4])
@@ -188,7 +205,8 @@ def test_recommend_replays_the_captured_requests_for_the_acceptance_gate(old_bun
     for k in ("1", "2", "3"):  # the sequences add up to the per-K figures printed
         acc = sum(sum(r["accepted_seq_by_k"][k]) for r in rep["requests"])
         drafted = sum(len(r["accepted_seq_by_k"][k]) for r in rep["requests"]) * int(k)
-        assert acc / drafted == pytest.approx(rep["per_k"][k]["alpha"], abs=0.02)  # the last verifications may draft fewer than K
+        # the last verifications may draft fewer than K (16-token requests: up to 3 %)
+        assert acc / drafted == pytest.approx(rep["per_k"][k]["alpha"], abs=0.03)
     code = Path(__file__).resolve().parents[1] / "examples" / "code.jsonl"
     argv = ["recommend", str(old_bundle), "--prompts", str(code), "--limit", "4", "--max-tokens", "16", "--device", "cpu"]
     rc, out, err = _cli([*argv, "--gate-traffic", str(tmp_path / "rep" / "report.json")], capsys)
