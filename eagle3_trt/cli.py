@@ -173,7 +173,7 @@ def presets_cmd() -> None:
 
 @cli.command("validate")
 @click.option("--target", "target_dir", required=True, type=click.Path(file_okay=False), help="target HF checkpoint dir")
-@click.option("--draft", "draft_dir", required=True, type=click.Path(file_okay=False), help="draft head: EAGLE-3 (SafeAILab/ModelOpt/speculators) or P-EAGLE")
+@click.option("--draft", "draft_dir", required=True, type=click.Path(file_okay=False), help="draft head: EAGLE-3 (SafeAILab/ModelOpt/speculators) or other")
 @click.option("--model", "model", default=None, help="the preset a build of this pair would use (its max_seq_len is checked)  [default: tiny, as for engine]")
 @click.option("--preset-file", default=None, type=click.Path(dir_okay=False), help="a preset YAML file of your own (instead of --model)")
 @click.option("--max-seq-len", type=click.IntRange(min=1), default=None, help="tokens per sequence to check for (default: the preset's, what the build uses)")
@@ -188,7 +188,7 @@ def presets_cmd() -> None:
 def validate_cmd(
     target_dir: str, draft_dir: str, model: str | None, preset_file: str | None, max_seq_len: int | None, as_json: bool, deep: bool, calib_file: str | None
 ) -> None:
-    """Check that a target and a draft head (EAGLE-3 or P-EAGLE) belong together (no quantization)."""
+    """Check that a target and a draft head (EAGLE-3, or a registered method's own format) belong together (no quantization)."""
     from eagle3_trt.convert.draft_format import load_draft
     from eagle3_trt.convert.target import read_target
     from eagle3_trt.convert.validate import validate_pair
@@ -238,7 +238,7 @@ def _validate_max_seq_len(model: str | None, preset_file: str | None, max_seq_le
     help="a preset YAML file of your own (instead of --model; same fields as build/presets/*.yaml)",
 )
 @click.option("--target", "target", default=None, help="local target checkpoint dir (overrides the preset)")
-@click.option("--draft", "draft", default=None, help="local draft head dir, EAGLE-3 or P-EAGLE (overrides the preset; alone: with the embedded target)")
+@click.option("--draft", "draft", default=None, help="local draft head dir, EAGLE-3 or other (overrides the preset; alone: with the embedded target)")
 @click.option("--target-gpu", default=None, help="GPU the bundle is for: h100, h200, b200, ... (default: detected GPU, else the preset's)")
 @click.option("--gpus", type=int, default=None, help="GPUs to plan for (default: the preset's)")
 @click.option("--tp", type=int, default=None, help="tensor-parallel size (default: the planner's choice)")

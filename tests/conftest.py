@@ -16,6 +16,42 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 os.environ.setdefault("EAGLE3_TRT_SKIP_BEHAVIOUR_CHECKS", "1")
 
 
+# Where the reference runtime's engine runs (issue 32). ReferenceLLM starts a worker interpreter by default
+# (python -m eagle3_trt.runtime.executor_worker, as TensorRT-LLM's GenerationExecutorProxy does): it imports
+# torch and loads the bundle again, ~4.6 CPU-seconds per ReferenceLLM, and every Triton stub and Dynamo worker
+# opens one. TLLM_WORKER_USE_SINGLE_PROCESS=1 (TensorRT-LLM's own switch) runs the same Scheduler on a thread
+# of the caller instead: same engine, same tokens (test_executor_process.py checks the two agree). The
+# files below test the worker, the servers' handling of their processes, or the served path exactly as
+# production runs it, and always get the worker; every other file runs single-process, servers included (the
+# variable reaches the CLI's servers through the environment). An explicit TLLM_WORKER_USE_SINGLE_PROCESS
+# in the environment (`TLLM_WORKER_USE_SINGLE_PROCESS=0 make test`) applies to those other files instead.
+REAL_EXECUTOR_WORKER = {
+    "test_executor_process.py": "the worker process itself: separate pid, same tokens as the thread, errors, shutdown",
+    "test_serving_delivery.py": "issue 32's hand-offs from the worker's dispatcher thread to the serving loop",
+    "test_serving_wakeups.py": "issue 32's wake-ups per round, as the dispatcher delivers them",
+    "test_triton_server.py": "the served path end to end, stubs with their workers as production runs them",
+    "test_dynamo_serving.py": "the served path end to end, Dynamo workers with their executor workers",
+    "test_triton_stop.py": "stop under load: drains, kills and finds the stubs' workers (process trees)",
+    "test_dynamo_stop.py": "stop-dynamo under load: nothing of the deployment left, process groups included",
+    "test_deploy_triton.py": "deploy/rollback drains versions whose stubs run workers",
+    "test_deploy_dynamo.py": "deploy-dynamo drains and stops workers' process groups (c2d0f3f: SIGTERM killed the worker)",
+    "test_readme_commands.py": "the README's commands as a user types them, in the user's default environment",
+    "test_benchmarks_smoke.py": "the benchmarks as a user runs them (they measure the served path with its worker)",
+}
+assert all((Path(__file__).parent / f).is_file() for f in REAL_EXECUTOR_WORKER), "a renamed file left REAL_EXECUTOR_WORKER"
+_SINGLE_PROCESS_ENV = "TLLM_WORKER_USE_SINGLE_PROCESS"  # eagle3_trt.runtime.reference_llm.SINGLE_PROCESS_ENV
+_SINGLE_PROCESS_OUTER = os.environ.get(_SINGLE_PROCESS_ENV)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture of the test is set up (module-scoped servers start in their file's first test)."""
+    if item.path.name in REAL_EXECUTOR_WORKER:
+        os.environ.pop(_SINGLE_PROCESS_ENV, None)
+    else:
+        os.environ[_SINGLE_PROCESS_ENV] = _SINGLE_PROCESS_OUTER if _SINGLE_PROCESS_OUTER is not None else "1"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_torch_thread():
     """OpenMP spin-waiting on a shared 2-core machine makes tiny models up to ~50x slower."""

@@ -33,7 +33,8 @@ def _expected(bundle: Path) -> dict[str, tuple]:
     from eagle3_trt.runtime.factory import open_llm
     from eagle3_trt.runtime.llm_api import SamplingParams, spec_stats
 
-    llm = open_llm(bundle, "reference", device="cpu", torch_threads=1)
+    # the oracle runs the engine on a thread (test_executor_process.py: the worker streams the same tokens)
+    llm = open_llm(bundle, "reference", device="cpu", torch_threads=1, single_process=True)
     try:
         out = {}
         for p in PROMPTS:

@@ -58,7 +58,8 @@ def dep(fp8_bundle, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def direct(fp8_bundle):
-    llm = open_llm(fp8_bundle, "reference", device="cpu", torch_threads=1)
+    # the oracle runs the engine on a thread (test_executor_process.py: the worker streams the same tokens)
+    llm = open_llm(fp8_bundle, "reference", device="cpu", torch_threads=1, single_process=True)
     yield llm
     llm.shutdown()
 

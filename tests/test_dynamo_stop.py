@@ -112,7 +112,8 @@ def test_stop_under_load_never_reports_a_cut_off_answer_as_finished(fp8_bundle, 
         got = {k: f.result(timeout=TIMEOUT) for k, f in futs.items()}
 
     # The oracle, run only for what claims a natural end (a greedy run of LONG tokens costs seconds).
-    direct = open_llm(fp8_bundle, "reference", device="cpu", torch_threads=1)
+    # the oracle runs the engine on a thread (test_executor_process.py: the worker streams the same tokens)
+    direct = open_llm(fp8_bundle, "reference", device="cpu", torch_threads=1, single_process=True)
     try:
         natural: dict[object, int] = {}
 

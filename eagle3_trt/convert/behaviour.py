@@ -118,7 +118,7 @@ class Behaviour:
     loss: TargetLoss
     agreement: DraftAgreement
     prompts_file: str
-    # a method head drafting later slots from its own inputs (P-EAGLE's mask slots): their agreement, slot 2..K
+    # a method head drafting later slots from its own inputs (e.g. mask slots): their agreement, slot 2..K
     later_slots: tuple[float, ...] = ()
 
     def record(self) -> dict[str, float | int | str | list[float]]:

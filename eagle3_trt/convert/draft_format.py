@@ -38,7 +38,7 @@ class DraftCheckpoint:
     config: DraftConfig
     tensors: dict[str, Any]
     raw_config: dict
-    # a registered method's own head format (speculative.registry.method_for_head, e.g. "peagle"), read by
+    # a registered method's own head format (speculative.registry.method_for_head: its registry name), read by
     # that method's ``head`` hooks; None: an EAGLE-3 head in one of the three layouts above
     method: str | None = None
 

@@ -100,7 +100,7 @@ def load_engine(
     target = TargetModel.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=tuple(aux), quant=quant)
     if kv_cache_fp8(tdir):
         target.kv_scales = read_kv_scales(tdir)
-    if meta.method is not None:  # a method's own head (P-EAGLE), shipped unquantized in its own format
+    if meta.method is not None:  # a method's own head (registry.method_for_head), shipped unquantized in its own format
         draft, embed = _build_draft(meta, dtype, device)
     else:
         _dcfg, dsd, dquant = load_checkpoint_dequantized(ddir, dtype=dtype)
@@ -161,7 +161,7 @@ def _default_dtype(device: Any, dtype: torch.dtype | None) -> torch.dtype:
 def _build_draft(ckpt: DraftCheckpoint, dtype: torch.dtype, device: Any) -> tuple[Eagle3Draft, torch.nn.Embedding | None]:
     """The draft and the embedding table it reads: its own exactly when TensorRT-LLM gives it one
     (target_hidden_size != hidden_size, ``DraftConfig.own_embedding``), else None (the target's).
-    A method's own head (``ckpt.method``) is built by that method's ``head`` hooks (P-EAGLE: its own embedding)."""
+    A method's own head (``ckpt.method``) is built by that method's ``head`` hooks (with the embedding that method gives it)."""
     hooks = head_hooks(ckpt)
     if hooks is not None:
         built: tuple[Eagle3Draft, torch.nn.Embedding | None] = hooks.build(ckpt, dtype, device)

@@ -21,7 +21,7 @@ __all__ = ["ValidationReport", "check_target_family", "check_target_tokenizer", 
 
 
 def validate_pair(target: TargetInfo, draft: DraftCheckpoint, max_seq_len: int, quant: str | None = None) -> ValidationReport:
-    """Every check, on an EAGLE-3 head or on a registered method's own head (P-EAGLE): such a head is an
+    """Every check, on an EAGLE-3 head or on a registered method's own head (registry.method_for_head): such a head is an
     EAGLE-3 draft core plus the method's tensors, so the EAGLE-3 checks run on its core (``eagle3_core``)
     and the method's hooks check the rest against the target (a ``method`` line in the report)."""
     rep = ValidationReport()

@@ -111,7 +111,7 @@ class Behaviour(_Strict):
     agreement_over_chance: float | None = None
     agreement_positions: int | None = None
     agreement_prompts: int | None = None
-    later_slot_agreement: list[float] | None = Field(None, description="a method head's draft slots 2..K (P-EAGLE's mask slots), teacher-forced")
+    later_slot_agreement: list[float] | None = Field(None, description="a method head's draft slots 2..K (e.g. mask slots), teacher-forced")
 
 
 class Validation(_Strict):
@@ -198,7 +198,7 @@ class Manifest(_Strict):
     recommendation: Recommendation | None = None
     compile: CompileRecord | None = None
     lineage: Lineage | None = None
-    # a head in a registered method's own format (speculative/registry.py method_for_head, e.g. "peagle"): the
+    # a head in a registered method's own format (speculative/registry.py method_for_head; its registry name): the
     # method, and per engine how it is served (vLLM's --speculative-config) or why not; None: an EAGLE-3 head
     method: str | None = None
     served_by: dict[str, Any] | None = None

@@ -228,7 +228,7 @@ def draft_config(raw: dict[str, Any], cfg_path: Path, fmt: str, tensors: dict[st
 
 
 def layer_config(raw: dict[str, Any]) -> dict[str, Any]:
-    """A draft config.json's decoder-layer config: speculators' layouts (EAGLE-3, P-EAGLE) nest it under
+    """A draft config.json's decoder-layer config: speculators' layouts (EAGLE-3 and its other methods) nest it under
     ``transformer_layer_config`` (with the vocabulary and target width beside it); others are flat."""
     layer_cfg = raw.get("transformer_layer_config")
     if not isinstance(layer_cfg, dict):

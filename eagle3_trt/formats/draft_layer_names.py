@@ -1,7 +1,7 @@
 """The draft decoder layers' tensor names: speculators' and ModelOpt's ``layers.{i}.*`` under TensorRT-LLM's.
 
 One rule for every head that stores its layers as ``layers.{i}.*`` (EAGLE-3 heads from speculators and
-ModelOpt: convert/draft_format.py; speculators' P-EAGLE heads: speculative/peagle/checkpoint.py), as
+ModelOpt: convert/draft_format.py; a method's own head format: its home's reader), as
 TensorRT-LLM's ``Eagle3ForCausalLM.load_weights`` renames them: ``midlayer.*`` for a one-layer head,
 ``midlayer.{i}.*`` for several. A later
 layer's ``input_layernorm`` (a plain decoder layer in speculators) is the norm TensorRT-LLM's regular

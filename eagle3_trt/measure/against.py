@@ -2,7 +2,7 @@
 (or the same captured requests), compared turn by turn, and which to deploy.
 
 Works for any two bundles of the same target: EAGLE-3 FP8 against BF16, two K, two heads, EAGLE-3
-against P-EAGLE. The targets must be the same checkpoint (``sources.target.files`` of the two
+against another registered method. The targets must be the same checkpoint (``sources.target.files`` of the two
 manifests: the BF16 source's file digests; a quantized target built from it is the same target),
 else the comparison is refused in one line: another target's acceptance says nothing about this one.
 

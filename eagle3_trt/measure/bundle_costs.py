@@ -43,7 +43,7 @@ def bundle_cost_inputs(bundle: Bundle | Path, gpu: str | None = None, tp: int | 
     gpu_name = gpu or b.target_gpu.name
     tp = b.tensor_parallel_size if tp is None else tp
     tcfg = read_json(b.target_dir / "config.json")
-    dcfg = layer_config(read_json(b.draft_dir / "config.json"))  # a P-EAGLE head ships in speculators' nested layout
+    dcfg = layer_config(read_json(b.draft_dir / "config.json"))  # a method's own head may nest it (speculators' layout)
     kv_dtype = "fp8" if b.kv_cache == "fp8" else "bf16"
     # whole-model bytes (tp=1): the cost model splits them over TP itself
     ts = parse_shape(tcfg, str(b.target_dir / "config.json"))

@@ -180,7 +180,7 @@ def predict_from_tokens(
 ) -> Prediction:
     """The prediction at (batch, K) when each iteration yields ``e`` tokens per sequence (E_K, or a
     measured AL). One iteration's time is the method's hook (``registry.step_cost(method)``,
-    speculative/<method>/cost.py: the chain's K sequential draft forwards, P-EAGLE's one, the
+    speculative/<method>/cost.py: the chain's K sequential draft forwards, a parallel drafter's one, the
     dynamic tree's expansion; ``options``: the bundle's speculative_config, read by hooks that need
     it) over this roofline's forward times."""
     ctx = params.context_len

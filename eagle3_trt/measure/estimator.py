@@ -57,8 +57,8 @@ def teacher_forced_drafts(
     Origin p pairs the state of position p with token p+1 (p = 0..N-2). Step s at origin p
     predicts token p+s+1. ``feed``: "draft" feeds step s the draft's own step s-1 prediction
     (what the runtime does), "truth" feeds the true token p+s (training-time test), or a method's
-    callable ``(step s-1 logits, its hidden) -> (step s tokens, hidden)`` (``method_feed``: P-EAGLE's
-    mask slots, whose attention pattern is exactly this one: the context up to the origin plus the
+    callable ``(step s-1 logits, its hidden) -> (step s tokens, hidden)`` (``method_feed``: e.g. a
+    method's mask slots, whose attention pattern is exactly this one: the context up to the origin plus the
     slots of the same origin).
     Steps 2..k run only for origins >= ``start`` (step 1 always runs over all origins: it is the
     context every later step attends to); the returned tensors of steps >= 2 cover origins
@@ -98,7 +98,7 @@ def teacher_forced_drafts(
 
 def method_feed(engine) -> Any:
     """What the engine's method feeds draft steps >= 2 (``teacher_forced_drafts``' ``feed``): its
-    class's ``teacher_forced_feed(draft)`` hook when it has one (P-EAGLE: mask slots), else "draft"
+    class's ``teacher_forced_feed(draft)`` hook when it has one (e.g. mask slots), else "draft"
     (the chain feeds back its own prediction)."""
     hook = getattr(getattr(engine, "method", None), "teacher_forced_feed", None)
     return hook(engine.draft) if hook is not None else "draft"

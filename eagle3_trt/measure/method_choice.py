@@ -2,11 +2,11 @@
 several bundles of one target (``alpha BUNDLE --against OTHER``; ``recommend`` for one bundle).
 
 Each bundle serves one method (the registry's ``method_from_options`` on its speculative_config:
-the EAGLE-3 chain, P-EAGLE, the dynamic tree, the suffix-automaton enhancer). Its measured
+every method registered in speculative/registry.py ``METHODS``). Its measured
 cumulative acceptance gives E_K for every K up to the K it was measured at (``cost_model.curves_by_k``);
 the cost model prices one iteration of that method through the method's own hook
-(``speculative/<method>/cost.py`` ``step_seconds``: the chain K sequential draft forwards, P-EAGLE one
-draft forward for all K tokens, the dynamic tree its layer-wise expansion) at each batch size. At
+(``speculative/<method>/cost.py`` ``step_seconds``: the chain K sequential draft forwards, a parallel
+drafter one draft forward for all K tokens, the dynamic tree its layer-wise expansion) at each batch size. At
 each concurrency the (bundle, K) with the highest predicted speedup wins; when none reaches 1.0,
 speculation off is the choice.
 """
@@ -26,7 +26,7 @@ from eagle3_trt.speculative.registry import method_class
 def estimator_replays(method: str) -> bool:
     """Whether the alpha estimator (measure/estimator.py) replays ``method`` (a registry name): the
     chain and the suffix-automaton enhancer (the estimator walks the chain, replaying SA), and any
-    method whose class hands it its later draft slots (``teacher_forced_feed``: P-EAGLE's mask
+    method whose class hands it its later draft slots (``teacher_forced_feed``: e.g. mask
     slots); any other (the dynamic tree) is measured by running speculative generation."""
     return method in ("chain", "sa") or getattr(method_class(method), "teacher_forced_feed", None) is not None
 

@@ -175,7 +175,7 @@ def _quantize_and_export_draft(
 ) -> None:
     s = time.perf_counter()
     hooks = head_hooks(draft)
-    if hooks is not None:  # a method's own head (P-EAGLE): shipped as its serving engine reads it, unquantized (builder refuses --quantize-draft)
+    if hooks is not None:  # a method's own head (its ``head`` hooks): shipped as its serving engine reads it, unquantized (builder refuses --quantize-draft)
         hooks.export(draft, tmp / "draft")
     elif draft_quant != "bf16":
         dm = Eagle3Draft.from_checkpoint(draft, dtype=torch.bfloat16, device=device)

@@ -108,8 +108,8 @@ def resolve_quant(req: EngineRequest, gpu: gpus.GpuSpec, target: TargetInfo | No
 
 
 def default_bundle_dir(preset: str, quant: str, gpu: str, root: Path | None = None, method: str | None = None) -> Path:
-    """engines/<preset>-<quant>-<gpu>; a head of a method with its own format (P-EAGLE) adds the method's
-    name, so its bundle never replaces the preset's EAGLE-3 bundle: engines/tiny-peagle-fp8-h100."""
+    """engines/<preset>-<quant>-<gpu>; a head of a method with its own format adds the method's registry
+    name, so its bundle never replaces the preset's EAGLE-3 bundle: engines/<preset>-<method>-<quant>-<gpu>."""
     return (root or Path.cwd()) / ENGINES_DIR / "-".join([preset, *([method] if method else []), quant, gpu])
 
 
@@ -122,7 +122,7 @@ def resolve_pair(req: EngineRequest) -> tuple[Path, Path]:
     if p.target.embedded and not (req.target or req.draft):
         return embedded_pair(p.target.embedded)
     if p.target.embedded and req.draft and not req.target:
-        # a head of its own for the embedded target (models/tiny/draft-peagle): the embedded target with it
+        # a head of its own for the embedded target (e.g. another method's head under models/tiny/): the embedded target with it
         return embedded_pair(p.target.embedded)[0], override_dir(req.draft, "draft")
     if bool(req.target) != bool(req.draft) and p.target.embedded:
         raise UserError(

@@ -92,7 +92,7 @@ def preflight(
     ``for_release`` (checks only): the options as that TensorRT-LLM release would load them
     (trtllm_versions.spec_for_release: keys it lacks left out with a note, or refused)."""
     b = open_bundle(Path(bundle))
-    refuse_on_trtllm(b.path, b.options, "compile")  # a method no TensorRT-LLM release serves (P-EAGLE)
+    refuse_on_trtllm(b.path, b.options, "compile")  # a method no TensorRT-LLM release serves (its head hooks say why)
     pf = Preflight(b, None, None, None, ["manifest"])
     pf.gpu = choose_gpu(target_gpu, detected, b)
     if pf.gpu is not None:

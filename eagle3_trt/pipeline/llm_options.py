@@ -40,8 +40,10 @@ class Eagle3Options(_Strict):
     dynamic_tree_max_topK: int | None = Field(None, ge=1, description="dynamic tree: nodes expanded per draft layer")
     max_total_draft_tokens: int | None = Field(None, ge=1, description="dynamic tree: nodes verified per step, in [max_draft_len, topK * max_draft_len]")
     # vLLM's SpeculativeConfig key (vllm/config/speculative.py) selecting a method that drafts all K tokens in one
-    # forward (speculative/registry.py: a P-EAGLE head's bundle); no TensorRT-LLM release has it, so compile,
-    # Triton and the trtllm-serve launcher refuse a bundle that sets it (the method's head hooks say why)
+    # forward: the key a registered method's head hooks write into its bundle (``head.speculative_options``;
+    # the method's home, speculative/registry.py METHODS, says which). No TensorRT-LLM release has it
+    # (VLLM_ONLY_FIELDS below), so compile, Triton and the launchers refuse a bundle that sets it (the
+    # method's head hooks say why).
     parallel_drafting: bool | None = Field(None, description="vLLM parallel drafting (a P-EAGLE head); None: off")
 
     @model_validator(mode="after")
@@ -108,6 +110,11 @@ class Eagle3Options(_Strict):
         if self.eagle3_layers_to_capture is not None and len(set(self.eagle3_layers_to_capture)) != len(self.eagle3_layers_to_capture):
             raise ValueError("eagle3_layers_to_capture must be distinct")
         return self
+
+
+# speculative_config fields that are vLLM's, not TensorRT-LLM's: written only into bundles of a method no
+# TensorRT-LLM release serves (pipeline/trtllm_names.NOT_TRTLLM_NESTED, other_engines.VLLM_SPECULATIVE_KEYS)
+VLLM_ONLY_FIELDS = frozenset({"parallel_drafting"})
 
 
 class KvCacheOptions(_Strict):

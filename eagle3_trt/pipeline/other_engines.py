@@ -16,13 +16,11 @@ Sources of the option names:
   ``--speculative-num-steps``, ``--speculative-eagle-topk``, ``--speculative-num-draft-tokens``).
 - trtllm-serve: ``tensorrt_llm/commands/serve.py`` (``--extra_llm_api_options`` YAML).
 
-Methods with their own head format (speculative/registry.py ``method_for_head``; P-EAGLE): the bundle's
-options select the method (``parallel_drafting``) and the method's ``head.serving`` table says which
-engine serves it and how: ``launch/`` then holds only those engines' scripts (P-EAGLE: ``vllm.sh`` with
-``"parallel_drafting": true``, vllm-project/vllm ``vllm/config/speculative.py`` @
-f19b16d95e4395790661f4835e4436bc3dd5d9c7 ``SpeculativeConfig.parallel_drafting``, "only compatible with
-EAGLE and draft model methods", so ``method`` stays ``eagle3``), and its README says why the others are
-left out.
+Methods with their own head format (speculative/registry.py ``method_for_head``): the bundle's options
+select the method (``registry.method_from_options``: the key its ``head.speculative_options`` wrote) and
+the method's ``head.serving`` table says which engine serves it and how (each home's serving module
+cites the engine's source): ``launch/`` then holds only those engines' scripts, and its README says why
+the others are left out.
 
 Paths. Every script passes absolute paths, found at launch from the script's own location. For
 trtllm-serve that matters beyond convenience: under ``trtllm-llmapi-launch`` (several nodes) only
@@ -57,7 +55,7 @@ import yaml
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline import trtllm_adapter as adapter
 from eagle3_trt.pipeline import trtllm_versions as versions
-from eagle3_trt.pipeline.llm_options import LlmApiOptions
+from eagle3_trt.pipeline.llm_options import VLLM_ONLY_FIELDS, LlmApiOptions
 from eagle3_trt.speculative.dynamic_tree.release import drop_dynamic_tree_for_launch
 from eagle3_trt.speculative.eagle3.release import variant_for_release
 from eagle3_trt.speculative.eagle3.sampling_release import sampling_for_release
@@ -95,18 +93,22 @@ VLLM_SERVE_OPTIONS = frozenset(
         "--generation-config",
     }
 )
-VLLM_SPECULATIVE_KEYS = frozenset(
-    {
-        "method",
-        "model",
-        "num_speculative_tokens",
-        "draft_tensor_parallel_size",
-        "quantization",
-        "max_model_len",
-        "revision",
-        "code_revision",
-        "parallel_drafting",
-    }
+# vLLM's SpeculativeConfig keys, and the bundle options' vLLM-only speculative keys (llm_options.VLLM_ONLY_FIELDS,
+# also vllm/config/speculative.py's), which a method's serving hook may write into vLLM's config
+VLLM_SPECULATIVE_KEYS = (
+    frozenset(
+        {
+            "method",
+            "model",
+            "num_speculative_tokens",
+            "draft_tensor_parallel_size",
+            "quantization",
+            "max_model_len",
+            "revision",
+            "code_revision",
+        }
+    )
+    | VLLM_ONLY_FIELDS
 )
 VLLM_KV_DTYPES = frozenset({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"})
 
@@ -174,7 +176,7 @@ class BundleFacts:
     quant: dict
     max_concurrency: int | None
     draft_max_positions: int | None = None  # the draft config's max_position_embeddings
-    # a method with its own head (P-EAGLE): its head hooks' serving table (engine -> vLLM config, or served false + why)
+    # a method with its own head: its head hooks' serving table (engine -> vLLM config, or served false + why)
     serving: dict | None = None
     method: str | None = None
 
@@ -228,7 +230,7 @@ def _method_serving(opts: LlmApiOptions) -> dict:
 
 def refuse_on_trtllm(bundle_dir: object, opts: LlmApiOptions, what: str) -> None:
     """One-line UserError when ``what`` (compile, Triton) would run the bundle's method on TensorRT-LLM and no
-    release serves it (P-EAGLE), naming the options field that selects the method."""
+    release serves it (its head hooks' ``trtllm_refusal``), naming the options field that selects the method."""
     why = trtllm_refusal(opts)
     if why is not None:
         raise UserError(f"{bundle_dir}/{adapter.OPTIONS_FILE}:speculative_config", f"{what}: {why}", "serve this bundle with its launch/vllm.sh (vLLM)")
@@ -250,7 +252,7 @@ BUNDLE_VAR = "$BUNDLE"
 def vllm_args(f: BundleFacts) -> tuple[list[str], dict]:
     """``vllm serve`` arguments after the model path, and the --speculative-config dict."""
     spec = {"method": "eagle3", "model": f"{BUNDLE_VAR}/draft", "num_speculative_tokens": f.max_draft_len}
-    if f.serving is not None:  # the method's own vLLM config (P-EAGLE: parallel_drafting)
+    if f.serving is not None:  # the method's own vLLM config (its head hooks' serving table)
         spec = dict(f.serving["vllm"])
     args = [
         "--tokenizer",
@@ -536,7 +538,7 @@ def launcher_files(opts: LlmApiOptions, *, target_format: str, draft_format: str
 
 
 def method_launch_readme(f: BundleFacts) -> str:
-    """launch/README.md of a bundle whose head is a method's own (P-EAGLE): what serves it, what does not and why."""
+    """launch/README.md of a bundle whose head is a method's own: what serves it, what does not and why."""
     assert f.serving is not None
     spec = json.dumps({**f.serving["vllm"], "model": "draft"})
     why = "\n".join(f"- {name}: not served: {entry['why']}" for name, entry in f.serving.items() if isinstance(entry, dict) and entry.get("served") is False)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.pipeline.llm_options import VLLM_ONLY_FIELDS
 from eagle3_trt.pipeline.trtllm_versions import installed_version
 
 # The name the messages use for the bundle's options file (build/bundle.py owns the file).
@@ -163,9 +164,9 @@ DOCUMENTED_NESTED: dict[str, frozenset[str]] = {
 }
 # Option fields the bundle schema holds that are NOT TensorRT-LLM's: set only in bundles of a method no
 # TensorRT-LLM release serves, which compile, Triton and Dynamo refuse before any kwargs are written
-# (other_engines.trtllm_refusal); the name check above would refuse them too. parallel_drafting: vLLM's
-# P-EAGLE switch (vllm/config/speculative.py).
-NOT_TRTLLM_NESTED: dict[str, frozenset[str]] = {"speculative_config": frozenset(["parallel_drafting"])}
+# (other_engines.trtllm_refusal); the name check above would refuse them too. The options schema lists
+# them (llm_options.VLLM_ONLY_FIELDS: vLLM's keys, vllm/config/speculative.py).
+NOT_TRTLLM_NESTED: dict[str, frozenset[str]] = {"speculative_config": VLLM_ONLY_FIELDS}
 # Where the installed classes live (tensorrt_llm.llmapi exports all four).
 _INSTALLED_CLASSES = {
     None: "TorchLlmArgs",

@@ -28,8 +28,8 @@ Layout (learned from TensorRT-LLM's ``tensorrt_llm/_torch/speculative/``: ``inte
             release.py       use_dynamic_tree by release
             mode.py          measurement hook: ``alpha --modes dynamic-tree``
             cost.py          cost-model hook: one iteration's time
-        peagle/              P-EAGLE (parallel drafting), the first method added in this home
-            cost.py          cost-model hook: one draft forward for all K tokens
+        <method>/            every further method: its own folder, its ``__init__`` says what it holds
+                             and which engine serves it (registry.METHODS lists them all)
 
 A method's home holds everything about it: its method class, implementing
 ``core.method_api.SpeculationMethod`` (``start`` -> a ``MethodRun`` with ``draft`` /
@@ -50,8 +50,8 @@ without naming any (measure/method_choice.py).
 A method package's ``__init__`` imports nothing: pipeline/ reads the rules, options and release
 tables without torch; import the class from ``<method>.method``.
 
-Adding a method (e.g. P-EAGLE in ``speculative/peagle/``): create the folder with a method class
-(``name = "peagle"``, ``from_options``, ``served_sampling``, ``start`` returning a ``MethodRun``,
+Adding a method (``speculative/<method>/``): create the folder with a method class
+(``name = "<method>"``, ``from_options``, ``served_sampling``, ``start`` returning a ``MethodRun``,
 ``step_seconds`` from its ``cost.py``),
 add ONE line to ``registry.METHODS``, and add its tests (tests/test_speculative_registry.py checks
 every registered method's name and interface).

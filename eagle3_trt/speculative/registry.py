@@ -11,7 +11,7 @@ from eagle3_trt.core.method_api import SpeculationMethod
 from eagle3_trt.errors import UserError
 from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
 from eagle3_trt.speculative.eagle3.method import Eagle3Chain
-from eagle3_trt.speculative.peagle import PEagleMethod
+from eagle3_trt.speculative.peagle.method import PEagleMethod
 from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
 
 
@@ -54,7 +54,7 @@ def method_class(name: str) -> type[RegisteredMethod]:
 def method_for_head(raw: dict[str, Any]) -> type[RegisteredMethod] | None:
     """The method whose own head format a draft's config.json is (its class's ``head`` hooks claim it),
     or None: an EAGLE-3 head, served by the chain and the methods built on it (convert/draft_format.py
-    reads it). A method with its own head format (P-EAGLE) sets ``head`` on its class; the loader,
+    reads it). A method with its own head format sets ``head`` on its class; the loader,
     validation, bundle build and launchers then handle it through those hooks, not by name."""
     for cls in METHODS.values():
         head = getattr(cls, "head", None)

@@ -1,5 +1,5 @@
-"""The decoder-layer config the peer-corpus tests give speculators' draft classes (EAGLE-3 and
-P-EAGLE heads on the tiny target's sizes): one place, so both corpora build the same layer."""
+"""The decoder-layer config the peer-corpus tests give speculators' draft classes (EAGLE-3 heads
+and the other methods' heads speculators builds, on the tiny target's sizes): one place, so both corpora build the same layer."""
 
 from __future__ import annotations
 

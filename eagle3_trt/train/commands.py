@@ -15,6 +15,9 @@ from eagle3_trt.train.from_cache import train_draft_from_cache
 from eagle3_trt.train.traffic_command import TRAFFIC_ONLY, train_from_traffic_cmd
 from eagle3_trt.train.train_draft import TrainDraftOptions, summary_lines, train_draft
 
+# the registered methods whose heads draft from mask slots (their training hooks say so): --mask-token-id applies to them
+MASK_SLOT_METHODS = [name for name, t in trainable_methods().items() if getattr(t, "mask_slots", False)]
+
 
 def _aux(value: str | None) -> tuple[int, ...] | None:
     if not value:
@@ -128,10 +131,16 @@ def _aux(value: str | None) -> tuple[int, ...] | None:
     default=DEFAULT_METHOD,
     show_default=True,
     type=click.Choice(sorted(trainable_methods())),
-    help="What to train (speculative/registry.py's methods that train a head): chain = an EAGLE-3 head (TTT); "
-    "peagle = a P-EAGLE head (parallel drafting, speculators' objective), written in speculators' layout for vLLM.",
+    help="What to train (speculative/registry.py's methods that train a head): "
+    + "; ".join(f"{name} = {getattr(t, 'summary', name) if t is not None else 'an EAGLE-3 head (TTT)'}" for name, t in trainable_methods().items())
+    + ".",
 )
-@click.option("--mask-token-id", default=None, type=int, help="With --method peagle: the mask slots' token id [default: as speculators picks it].")
+@click.option(
+    "--mask-token-id",
+    default=None,
+    type=int,
+    help=f"With --method {' or '.join(MASK_SLOT_METHODS) or '(none registered)'}: the mask slots' token id [default: as the method's trainer picks it].",
+)
 @click.option("--save-every", default=200, show_default=True, type=int, help="Checkpoint every N steps (what --resume continues from).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
 @click.option("--keep-work", is_flag=True, help="Keep <output>.work/ (hidden-state cache, checkpoints) after success.")
@@ -174,8 +183,8 @@ def train_draft_cmd(aux_layers: str | None, as_json: bool, traffic: Path | None,
             )
     if options["method"] != DEFAULT_METHOD and options["hidden_states"] is not None:
         raise UserError("--method", f"{options['method']} trains from the target's own forward, not from --hidden-states", "drop --hidden-states")
-    if options["mask_token_id"] is not None and options["method"] == DEFAULT_METHOD:
-        raise UserError("--mask-token-id", "only applies to a method with mask slots (--method peagle)", "leave it out")
+    if options["mask_token_id"] is not None and options["method"] not in MASK_SLOT_METHODS:
+        raise UserError("--mask-token-id", f"only applies to a method with mask slots (--method {' or '.join(MASK_SLOT_METHODS)})", "leave it out")
     opts = TrainDraftOptions(**options, aux_layers=_aux(aux_layers), quiet=as_json)
     if opts.hidden_states is not None:
         report = train_draft_from_cache(opts)

@@ -74,8 +74,8 @@ def export_draft(
 
 
 def export_files(out_dir: Path, config: dict, tensors: dict[str, torch.Tensor], extra_files: dict[str, str] | None = None, overwrite: bool = False) -> Path:
-    """Write a head a method laid out itself (config.json, model.safetensors; e.g. P-EAGLE in speculators'
-    layout: speculative/peagle/export.py) atomically, like ``export_draft``."""
+    """Write a head a method laid out itself (config.json, model.safetensors, as its
+    training hook's ``files`` returns them) atomically, like ``export_draft``."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise UserError(out_dir, "output directory exists", "pass --overwrite or choose another -o")

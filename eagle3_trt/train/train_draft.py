@@ -71,7 +71,7 @@ class TrainDraftOptions:
     heldout_hidden_states: Path | None = None
     extra_files: dict[str, str] = field(default_factory=dict)
     method: str = DEFAULT_METHOD  # speculative/registry.trainable_methods(): chain (EAGLE-3) or a method with training hooks
-    mask_token_id: int | None = None  # a method with mask slots (P-EAGLE): their token id (None: as speculators picks it)
+    mask_token_id: int | None = None  # a method whose head has mask slots: their token id (None: its training hook's default)
 
     @property
     def work(self) -> Path:
@@ -90,7 +90,7 @@ def resolve_device(device: str) -> str:
 
 def check_init_fits(ckpt: DraftCheckpoint, info: TargetInfo, aux: tuple[int, ...], method: str = DEFAULT_METHOD) -> None:
     """One clear error when a --init head cannot serve this target, or is another method's head than the one
-    trained (an EAGLE-3 head starts any method; a method's own head, e.g. P-EAGLE, only its own)."""
+    trained (an EAGLE-3 head starts any method; a method's own head only its own)."""
     c = ckpt.config
     where = str(ckpt.path)
     hint = "pass a head trained for this target, or leave out --init to train a fresh one"
@@ -194,7 +194,7 @@ def _train_draft(o: TrainDraftOptions) -> dict:
     files = {"train_report.json": json.dumps(report, indent=2) + "\n", **o.extra_files}
     if training is None:
         export_draft(draft, cfg, prep.vocab, Path(o.out), target_cfg, files, overwrite=o.overwrite)
-    else:  # the method's own layout (P-EAGLE: speculators', which vLLM serves)
+    else:  # the method's own layout (its training hook's ``files``: what its serving engine reads)
         maps = (None, None) if prep.vocab.full else (prep.vocab.d2t(), prep.vocab.t2d())
         config, tensors = training.files(draft, cfg, *maps, target_token_ids(target_cfg), o.max_draft_len, str(o.target))
         export_files(Path(o.out), config, tensors, files, overwrite=o.overwrite)

@@ -121,7 +121,7 @@ def ttt_unroll(draft: Eagle3Draft, embeds: torch.Tensor, aux: torch.Tensor, max_
     return out
 
 
-# A method's training pass (speculative/<method>/training.py, e.g. P-EAGLE's parallel groups):
+# A method's training pass (speculative/<method>/training.py, e.g. parallel groups):
 # (draft, next_ids [B,S] = token t+1 at t, the target's embedding table, aux [B,S,A*T], K) -> the
 # logits of steps 1..K in ttt_unroll's layout, so the loss and accuracies below apply unchanged.
 # None: the EAGLE-3 TTT unroll over the target's embeddings.

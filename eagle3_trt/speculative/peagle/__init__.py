@@ -21,8 +21,13 @@ Who trains it, who serves it (read in their sources):
   target-independent draft model ("relies only on its own embeddings and mask tokens, not target hidden
   states"), so a P-EAGLE head (fc over the target's aux states, ``mask_hidden``) cannot run in it. The
   EAGLE-3 path refuses a P-EAGLE head in one line saying so (``formats.draft_producers``).
+
+Only ``speculative/registry.py`` imports this home (an import-linter contract says so): everything
+outside asks the registry for the method of a head (``method_for_head``: ``PEagleMethod.head``), of a
+bundle's options (``method_from_options``) or of a name, and calls its hooks. Outside this folder,
+P-EAGLE is named only by the registry's line, the bundle options' vLLM key (``pipeline/llm_options.py``
+``parallel_drafting``) and speculators' format table (``formats/draft_producers.py``); tests/
+test_method_homes.py checks that and runs the package with this folder removed.
+
+Like every method package, this ``__init__`` imports nothing; the class is ``peagle.method.PEagleMethod``.
 """
-
-from eagle3_trt.speculative.peagle.method import PEagleMethod
-
-__all__ = ["PEagleMethod"]

@@ -108,6 +108,11 @@ def resolve_mask_token_id(explicit: int | None, tokenizer: Any, vocab_size: int)
 class PEagleTraining:
     """The training hooks ``train-draft --method peagle`` calls (train/ stays method-agnostic)."""
 
+    # train-draft --help's line for this method (train/commands.py builds --method's help from the registry)
+    summary = "a P-EAGLE head (parallel drafting, speculators' objective), written in speculators' layout for vLLM"
+    # its head drafts later tokens from mask slots: train-draft --mask-token-id applies (default as speculators picks it)
+    mask_slots = True
+
     @staticmethod
     def unroll(draft: torch.nn.Module, next_ids: torch.Tensor, target_embed: torch.Tensor, aux: torch.Tensor, k: int) -> list[torch.Tensor]:
         assert isinstance(draft, PEagleDraft)
