@@ -275,7 +275,7 @@ def check_behaviour(
         later_line = f"; later draft slots (the head's own inputs) {' / '.join(f'{a:.3f}' for a in later)}"
         weak = [i + 2 for i, a in enumerate(later) if a * agreement.draft_vocab < MIN_AGREEMENT_OVER_CHANCE]
         if weak:  # served and measured as it is (slot 1 is the refusal's evidence); said, since those slots will rarely be accepted
-            rep.warn(f"draft slot(s) {weak} agree with the target below {MIN_AGREEMENT_OVER_CHANCE:g}x chance: was the head trained for them (mask_hidden)?")
+            rep.warn(f"draft slot(s) {weak} agree with the target below {MIN_AGREEMENT_OVER_CHANCE:g}x chance: was the head trained for them?")
     rep.ok(
         "behaviour",
         f"target loss {loss.nats:.2f} nats = {loss.ratio:.2f} of log V ({loss.log_vocab:.2f}) on {loss.tokens} tokens; "

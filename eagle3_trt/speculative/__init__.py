@@ -54,7 +54,13 @@ Adding a method (``speculative/<method>/``): create the folder with a method cla
 (``name = "<method>"``, ``from_options``, ``served_sampling``, ``start`` returning a ``MethodRun``,
 ``step_seconds`` from its ``cost.py``),
 add ONE line to ``registry.METHODS``, and add its tests (tests/test_speculative_registry.py checks
-every registered method's name and interface).
+every registered method's name and interface). A method with its own head format sets ``head`` hooks
+(``claims``/``load`` the checkpoint, ``check_target``, ``build``, ``slot_logits``, ``export``, ``serving``:
+engine -> how it is told or why not, ``trtllm_refusal``, ``speculative_options``) and, if it trains one,
+``training`` hooks (``summary``, ``mask_slots``, ``check``, ``make_head``, ``unroll``, ``files``): the
+loader, validate, the bundle build, the launchers, compile/Triton and train-draft call those, never the
+method's name. Only registry.py imports such a home (a pyproject.toml import-linter contract;
+tests/test_method_homes.py runs the package with that home removed).
 
 Still outside the homes: the chain/static tree's reference drafting stays in core (core/drafting.py,
 core/tree.py, core/verify.py: every EAGLE-family method drafts and verifies with it); the
