@@ -66,7 +66,9 @@ Extra layers
   ``layers.{i}.input_layernorm`` is served as TensorRT-LLM's ``midlayer.{i}.hidden_norm``.
 
 Other methods
-  speculators' peagle, dflash, dflash2, dspark, xpress, mtp and SpecForge's P-EAGLE/DFlash/DSpark/Domino
+  speculators' ``speculators_model_type`` peagle is P-EAGLE, read by its own home
+  (``eagle3_trt/speculative/peagle``) and served by vLLM; the EAGLE-3 path (a TensorRT-LLM bundle) refuses
+  it, naming why. dflash, dflash2, dspark, xpress, mtp and SpecForge's P-EAGLE/DFlash/DSpark/Domino
   architectures are other drafting methods: refused in one line naming it (DFlash and DSpark are block
   drafters: one forward over a block of mask positions conditioned on target hidden states, with their own
   layer layout; MTP reuses the target's own next-token layers): ``validate``, ``engine`` and
@@ -97,17 +99,30 @@ SPECFORGE_METHODS = {
     "DSparkDraftModel": "DSpark",
     "DominoDraftModel": "Domino",
 }
-# what the toolkit reads: EAGLE-3 heads and the methods registered with their own head format; a
+# what the toolkit reads: EAGLE-3 heads and the methods registered with their own head format (P-EAGLE); a
 # block drafter such as DFlash needs its own home (docs/architecture.md "Adding a speculation method")
 LATER_ISSUE = (
-    "eagle3-trt reads EAGLE-3 heads; another method needs its own home in eagle3_trt/speculative/ "
+    "eagle3-trt reads EAGLE-3 and P-EAGLE heads; another method needs its own home in eagle3_trt/speculative/ "
     "and one registry line (docs/architecture.md: Adding a speculation method)"
 )
 
 
+# P-EAGLE heads are read by their own home (eagle3_trt/speculative/peagle: vLLM's parallel drafting); on
+# the EAGLE-3 path (a TensorRT-LLM bundle) they are refused: no TensorRT-LLM release has a P-EAGLE drafter
+# (_torch/speculative/ @ 051edebb761177165b477835167762b73cdd3114: its PARD worker, pard.py, drafts from
+# the draft's own embeddings and mask tokens without target hidden states, so it cannot run a P-EAGLE head)
+PEAGLE_ON_EAGLE3_PATH = (
+    "a P-EAGLE head (speculators): no TensorRT-LLM release serves P-EAGLE (its PARD worker reads no target hidden states); "
+    "vLLM serves it with parallel_drafting"
+)
+PEAGLE_HINT = "measure it with the P-EAGLE method (eagle3_trt/speculative/peagle) and serve it with vLLM"
+
+
 def refuse_other_method(raw: dict[str, Any], cfg_path: Path) -> None:
-    """A head of another drafting method, named by the field that says so."""
+    """A head of another drafting method, named by the field that says so (P-EAGLE: its own path)."""
     kind = raw.get("speculators_model_type")
+    if kind == "peagle":
+        raise UserError(f"{cfg_path}:speculators_model_type", f"'peagle': {PEAGLE_ON_EAGLE3_PATH}", PEAGLE_HINT)
     if kind is not None and kind != "eagle3":
         method = SPECULATORS_METHODS.get(str(kind), str(kind))
         raise UserError(f"{cfg_path}:speculators_model_type", f"{kind!r}: a {method} head (speculators), not EAGLE-3", LATER_ISSUE)

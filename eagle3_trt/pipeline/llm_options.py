@@ -39,6 +39,12 @@ class Eagle3Options(_Strict):
     use_dynamic_tree: bool | None = Field(None, description="draft a tree built per step from the draft's probabilities (None: off)")
     dynamic_tree_max_topK: int | None = Field(None, ge=1, description="dynamic tree: nodes expanded per draft layer")
     max_total_draft_tokens: int | None = Field(None, ge=1, description="dynamic tree: nodes verified per step, in [max_draft_len, topK * max_draft_len]")
+    # vLLM's SpeculativeConfig key (vllm/config/speculative.py) selecting a method that drafts all K tokens in one
+    # forward: the key a registered method's head hooks write into its bundle (``head.speculative_options``;
+    # the method's home, speculative/registry.py METHODS, says which). No TensorRT-LLM release has it
+    # (VLLM_ONLY_FIELDS below), so compile, Triton and the launchers refuse a bundle that sets it (the
+    # method's head hooks say why).
+    parallel_drafting: bool | None = Field(None, description="vLLM parallel drafting (a P-EAGLE head); None: off")
 
     @model_validator(mode="after")
     def _dynamic_tree(self) -> Eagle3Options:
@@ -108,7 +114,7 @@ class Eagle3Options(_Strict):
 
 # speculative_config fields that are vLLM's, not TensorRT-LLM's: written only into bundles of a method no
 # TensorRT-LLM release serves (pipeline/trtllm_names.NOT_TRTLLM_NESTED, other_engines.VLLM_SPECULATIVE_KEYS)
-VLLM_ONLY_FIELDS: frozenset[str] = frozenset()
+VLLM_ONLY_FIELDS = frozenset({"parallel_drafting"})
 
 
 class KvCacheOptions(_Strict):

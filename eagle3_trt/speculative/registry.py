@@ -11,6 +11,7 @@ from eagle3_trt.core.method_api import SpeculationMethod
 from eagle3_trt.errors import UserError
 from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
 from eagle3_trt.speculative.eagle3.method import Eagle3Chain
+from eagle3_trt.speculative.peagle.method import PEagleMethod
 from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
 
 
@@ -36,6 +37,7 @@ METHODS: dict[str, type[RegisteredMethod]] = {
     Eagle3Chain.name: Eagle3Chain,
     SuffixAutomatonMethod.name: SuffixAutomatonMethod,
     DynamicTreeMethod.name: DynamicTreeMethod,
+    PEagleMethod.name: PEagleMethod,
 }
 
 DEFAULT_METHOD = Eagle3Chain.name
