@@ -15,6 +15,12 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 # CLI subprocesses included (they inherit the environment). tests/test_behaviour_checks.py clears it.
 os.environ.setdefault("EAGLE3_TRT_SKIP_BEHAVIOUR_CHECKS", "1")
 
+# One torch thread in every process the suite starts (CLI runs, builds, servers, their workers), not only in
+# this one (_one_torch_thread below): torch's default is a thread per core, and on a 2-core machine running
+# two xdist workers their OpenMP threads spin against each other (a CLI build of the tiny bundle took
+# 32 CPU-seconds with the default, 13 with one thread). An OMP_NUM_THREADS already set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 # Where the reference runtime's engine runs (issue 32). ReferenceLLM starts a worker interpreter by default
 # (python -m eagle3_trt.runtime.executor_worker, as TensorRT-LLM's GenerationExecutorProxy does): it imports

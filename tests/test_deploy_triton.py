@@ -1,4 +1,4 @@
-"""`eagle3-trt deploy` against a real tritonserver with 16 streaming gRPC clients running throughout.
+"""`eagle3-trt deploy` against a real tritonserver with 8 streaming gRPC clients running throughout.
 
 Version 1 serves the tiny FP8 bundle (K=3); `deploy` adds the same pair at K=5 as version 2, then
 `deploy --rollback` returns to version 1. Greedy output is the target's whatever the head, so each
@@ -27,7 +27,7 @@ from eagle3_trt.testing.servers import until as _until
 pytestmark = [pytest.mark.triton, pytest.mark.needs("tritonserver", "tritonclient")]
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.", "Explain caching."]
-CLIENTS = 16
+CLIENTS = 8  # back to back: requests are in flight when each change begins (asserted below)
 MAX_TOKENS = 12
 
 
