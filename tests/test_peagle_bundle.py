@@ -1,6 +1,6 @@
 """The shipped tiny P-EAGLE head (models/tiny/draft-peagle, trained with `train-draft --method peagle`) and
 its bundle: validated like an EAGLE-3 head plus its own line, built into a bundle for the engine that serves
-it (vLLM's parallel drafting), refused in one line where TensorRT-LLM would run it (compile, Triton), and
+it (vLLM's parallel drafting), refused in one line where TensorRT-LLM would run it (compile, Triton, Dynamo), and
 measured by the reference runtime through speculative/peagle, the estimator agreeing with generation.
 """
 
@@ -113,3 +113,12 @@ def test_a_draft_alone_runs_with_the_embedded_target_into_its_own_dir(tmp_path):
     assert target.resolve() == (TINY / "target").resolve() and draft.resolve() == HEAD.resolve()
     assert default_bundle_dir("tiny", "fp8", "h100", tmp_path, method="peagle") == tmp_path / "engines" / "tiny-peagle-fp8-h100"
     assert default_bundle_dir("tiny", "fp8", "h100", tmp_path) == tmp_path / "engines" / "tiny-fp8-h100"
+
+
+def test_dynamo_refuses_it_in_one_line(bundle, tmp_path, capsys):
+    """Dynamo's workers run TensorRT-LLM's backend (or the reference runtime predicting it): serve-dynamo
+    refuses the bundle before it starts anything, as compile and Triton do."""
+    state = tmp_path / "dyn"
+    rc = main(["serve-dynamo", str(bundle), "--state-dir", str(state), "--workers", "1"])
+    one_line_refusal(rc, capsys.readouterr().err, "speculative_config", "Dynamo serving", "no TensorRT-LLM release serves P-EAGLE")
+    assert not (state / "frontend.log").exists()

@@ -8,7 +8,7 @@ from typing import get_args
 
 import click
 
-from eagle3_trt.dynamo_serving.launcher import DEFAULT_HTTP_PORT, DEFAULT_STATE_DIR, STOP_GRACE_S, STOP_TIMEOUT_S, start, status, stop_recorded
+from eagle3_trt.dynamo_serving.launcher import DEFAULT_HTTP_PORT, DEFAULT_STATE_DIR, STOP_GRACE_S, STOP_TIMEOUT_S, check_servable, start, status, stop_recorded
 from eagle3_trt.runtime.capture_cli import capture_options, capture_summary, from_options
 from eagle3_trt.runtime.llm_api import SERVED_MODEL_NAME, DeviceName
 
@@ -61,6 +61,7 @@ def serve_dynamo_cmd(
 
     File discovery and the TCP request plane: no etcd, no NATS. Prints the OpenAI URL."""
     capture = from_options(capture_dir, capture_max_mb, capture_redact, capture_keep_mb, capture_keep_hours)  # refused before anything starts
+    check_servable(bundle)  # before the 'starting' line: a refusal is the only line printed
     t0 = time.monotonic()
     click.echo(f"starting Dynamo: frontend + {workers} worker(s) for {bundle} (logs: {state_dir})", err=True)
     dep = start(

@@ -262,6 +262,7 @@ def _check_can_start(bundle: Path, workers: int, state_dir: Path, http_port: int
     """Refuse, before anything starts: no bundle, no workers, a deployment already running, a taken port."""
     if not (bundle / "manifest.json").is_file():
         raise UserError(bundle, "is not an engine bundle (no manifest.json)", "build one with `make engine` or `eagle3-trt engine`")
+    check_servable(bundle)
     if workers < 1:
         raise UserError("--workers", f"{workers}: must be at least 1")
     old = Deployment.load(state_dir)
@@ -276,6 +277,19 @@ def _check_can_start(bundle: Path, workers: int, state_dir: Path, http_port: int
         )
     if not port_is_free(http_port):
         raise UserError(f"{HOST}:{http_port}", "port in use", "pick another with --http-port (make serve-dynamo DYNAMO_PORT=...) or stop what holds it")
+
+
+def check_servable(bundle: Path) -> None:
+    """Refuse, in one line, a bundle whose speculation method no TensorRT-LLM release serves (P-EAGLE:
+    vLLM only): Dynamo's workers run TensorRT-LLM's backend, or the reference runtime that predicts it,
+    so serving such a bundle here would measure an engine nobody can deploy behind Dynamo. Triton
+    refuses it the same way (triton_serving/model_yaml.read_bundle); its launch/vllm.sh serves it."""
+    # imported here: the registry behind refuse_on_trtllm imports torch, and stop/status must not wait for it
+    from eagle3_trt.pipeline.bundle import open_bundle
+    from eagle3_trt.pipeline.other_engines import refuse_on_trtllm
+
+    b = open_bundle(bundle)
+    refuse_on_trtllm(b.path, b.options, "Dynamo serving")
 
 
 def _frontend_argv(http_port: int, migration_limit: int) -> list[str]:

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from eagle3_trt.atomic import write_json
 from eagle3_trt.dynamo_serving.drain import MAX_DRAIN_S, marker_path, write_marker
-from eagle3_trt.dynamo_serving.launcher import STATE_FILE, Deployment, Proc, _spawn, free_port
+from eagle3_trt.dynamo_serving.launcher import STATE_FILE, Deployment, Proc, _spawn, check_servable, free_port
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.procs import HOST, group_members
@@ -155,6 +155,7 @@ def roll_workers(state_dir: Path, new_bundle: Path | None, *, rollback: bool = F
         assert new_bundle is not None
         new = Path(new_bundle).resolve()
         history = history if history[-1] == str(new) else [*history, str(new)]
+    check_servable(new)  # a bundle Dynamo cannot serve is refused before any worker is touched
     _check_same_target(new, Path(dep.bundle))
     previous = Path(dep.bundle)
     alive = [w for w in dep.workers if w.alive()]
