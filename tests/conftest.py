@@ -139,26 +139,36 @@ def _alpha_on_heldout(bundle: Path, pair: Path, out: Path, n: int = 3, max_token
     return json.loads((out / "rep" / "report.json").read_text())
 
 
-# Files that take minutes (real servers, deploys, every benchmark, the README's blocks), run first, longest
-# first: under make test's xdist (--dist loadfile) a worker takes whole files in this order, so a long file
-# reached last would leave the other worker idle at the end. Rough wall seconds on an idle 2-core machine under
-# xdist in the comments (the last fresh-clone run's --durations, and per-file runs of this session).
+# Files that take minutes (real servers, deploys, every benchmark, the README's blocks, CLI subprocesses by the
+# dozen), run first, longest first: under make test's xdist (--dist loadfile) a worker takes whole files in this
+# order, so a long file reached last would leave the other worker idle at the end. The seconds are wall times
+# of the file run alone on the shared 2-core machine (load 3-6) this session, for the order only; the first
+# five kept the order the last fresh-clone run's --durations gave them.
 SLOW_FIRST = (
-    "test_deploy_dynamo.py",  # ~220: two rolls of two Dynamo workers under 16 clients
+    "test_deploy_dynamo.py",  # 240: two rolls of two Dynamo workers under 16 clients
     "test_readme_commands.py",
     "test_traffic_alpha_gate.py",
     "test_benchmarks_smoke.py",
     "test_bad_inputs.py",
-    "test_deploy_triton.py",  # ~90
-    "test_triton_stop.py",  # ~90: four servers stopped under load
-    "test_request_contract.py",  # ~75
-    "test_dynamo_stop.py",  # ~45
+    "test_triton_package_ownership.py",  # 160: ~20 CLI subprocesses
+    "test_executor_process.py",  # ~110
+    "test_triton_stop.py",  # ~100: four servers stopped under load
+    "test_clients.py",  # 96
+    "test_families.py",  # 92
+    "test_deploy_triton.py",  # 86
+    "test_permissions.py",  # 87
+    "test_bench_openai.py",  # 85
+    "test_request_contract.py",  # 77
+    "test_dynamo_stop.py",
     "test_train_torchrun.py",
-    "test_capture_dynamo.py",
+    "test_capture_dynamo.py",  # 49
     "test_dynamo_serving.py",
     "test_triton_server.py",
-    "test_traffic_alpha_triton.py",  # ~60
-    "test_packaging.py",  # ~30
+    "test_train_from_traffic_endpoint.py",  # 64
+    "test_train_from_traffic.py",  # 51
+    "test_capture_triton.py",  # 47
+    "test_traffic_alpha_triton.py",  # 37
+    "test_packaging.py",  # 29
 )
 assert all((Path(__file__).parent / f).is_file() for f in SLOW_FIRST), "a renamed file left SLOW_FIRST"
 
