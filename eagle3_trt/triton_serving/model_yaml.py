@@ -27,7 +27,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
-from eagle3_trt.pipeline.other_engines import refuse_on_trtllm
 from eagle3_trt.pipeline.trtllm_adapter import check_names, documented_names, installed_names
 from eagle3_trt.runtime.llm_api import DeviceName, RuntimeName
 
@@ -144,6 +143,10 @@ def read_bundle(path: Path) -> BundleInfo:
     """The bundle (opened through build/bundle.open_bundle: manifest and llm_api_options.yaml
     validated, which both runtimes need) and the directories serving reads."""
     b = open_bundle(Path(path))
+    # imported here (as dynamo_serving/launcher.py does): the registry behind refuse_on_trtllm imports torch and
+    # transformers (~4 CPU-seconds), and every Triton command, stop included, imports this module
+    from eagle3_trt.pipeline.other_engines import refuse_on_trtllm
+
     refuse_on_trtllm(b.path, b.options, "Triton serving")  # its engines are TensorRT-LLM's (or the runtime predicting it)
     for d in (b.target_dir, b.draft_dir, b.tokenizer_dir):
         if not d.is_dir():
