@@ -143,11 +143,10 @@ def _alpha_on_heldout(bundle: Path, pair: Path, out: Path, n: int = 3, max_token
 # dozen), run first, longest first: under make test's xdist (--dist loadfile) a worker takes whole files in this
 # order, so a long file reached last would leave the other worker idle at the end. The seconds are wall times
 # of the file run alone on the shared 2-core machine (load 3-6) this session, for the order only; the first
-# five kept the order the last fresh-clone run's --durations gave them.
+# four kept the order the last fresh-clone run's --durations gave them.
 SLOW_FIRST = (
     "test_deploy_dynamo.py",  # 240: two rolls of two Dynamo workers under 16 clients
     "test_readme_commands.py",
-    "test_traffic_alpha_gate.py",
     "test_benchmarks_smoke.py",
     "test_bad_inputs.py",
     "test_triton_package_ownership.py",  # 160: ~20 CLI subprocesses
@@ -162,6 +161,7 @@ SLOW_FIRST = (
     "test_dynamo_stop.py",
     "test_train_torchrun.py",
     "test_capture_dynamo.py",  # 49
+    "test_traffic_alpha_gate.py",  # 48 (214 with an executor worker and torch's default threads)
     "test_dynamo_serving.py",
     "test_triton_server.py",
     "test_train_from_traffic_endpoint.py",  # 64
