@@ -215,12 +215,13 @@ def test_chat_logprobs_refused(dep):
 
 def test_start_failures_are_one_line(dep, fp8_bundle, tmp_path):
     r = _cli("serve-dynamo", str(tmp_path / "missing"), "--state-dir", str(tmp_path / "s1"))
-    assert r.returncode == 2 and "not an engine bundle" in r.stderr and len(r.stderr.strip().splitlines()) == 2  # banner + error
+    assert r.returncode == 2 and "not an engine bundle" in r.stderr and len(r.stderr.strip().splitlines()) == 1  # refused before the banner
     r = _cli("serve-dynamo", str(fp8_bundle), "--http-port", str(dep.frontend.port), "--state-dir", str(tmp_path / "s2"))
     assert r.returncode == 2 and "port in use" in r.stderr.splitlines()[-1]
-    broken = tmp_path / "broken"  # a manifest but no weights: the worker dies while loading
+    broken = tmp_path / "broken"  # a manifest and options but no weights: the worker dies while loading
     broken.mkdir()
-    (broken / "manifest.json").write_text((fp8_bundle / "manifest.json").read_text())
+    for name in ("manifest.json", "llm_api_options.yaml"):
+        (broken / name).write_text((fp8_bundle / name).read_text())
     r = _cli("serve-dynamo", str(broken), "--workers", "1", "--http-port", str(free_port()), "--state-dir", str(tmp_path / "s3"), "--timeout", "120")
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 2 and last.startswith("error: worker-0: exited during startup"), r.stderr[-2000:]

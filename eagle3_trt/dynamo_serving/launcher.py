@@ -259,9 +259,7 @@ def start(
 
 
 def _check_can_start(bundle: Path, workers: int, state_dir: Path, http_port: int) -> None:
-    """Refuse, before anything starts: no bundle, no workers, a deployment already running, a taken port."""
-    if not (bundle / "manifest.json").is_file():
-        raise UserError(bundle, "is not an engine bundle (no manifest.json)", "build one with `make engine` or `eagle3-trt engine`")
+    """Refuse, before anything starts: no bundle (or one Dynamo cannot serve), no workers, a deployment already running, a taken port."""
     check_servable(bundle)
     if workers < 1:
         raise UserError("--workers", f"{workers}: must be at least 1")
@@ -288,6 +286,8 @@ def check_servable(bundle: Path) -> None:
     from eagle3_trt.pipeline.bundle import open_bundle
     from eagle3_trt.pipeline.other_engines import refuse_on_trtllm
 
+    if not (bundle / "manifest.json").is_file():
+        raise UserError(bundle, "is not an engine bundle (no manifest.json)", "build one with `make engine` or `eagle3-trt engine`")
     b = open_bundle(bundle)
     refuse_on_trtllm(b.path, b.options, "Dynamo serving")
 
