@@ -24,7 +24,7 @@ from transformers import AutoConfig
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats import rope_block, rope_params, rope_releases
-from eagle3_trt.formats.families import family_named
+from eagle3_trt.formats.families import family_named, family_of_config
 from eagle3_trt.formats.hf_compat import flat_rope_parameters
 from eagle3_trt.pipeline.trtllm_versions import rope_reader
 
@@ -150,6 +150,28 @@ def test_block_reads_as_measured_in_every_release(name):
         for p in rope_releases.served(out, reader, "c", None):
             assert rope_params.same_function(p, measured), (reader, rope_params.describe(p), rope_params.describe(measured))
     assert rope_block.normalised(out) == out  # idempotent: a bundle's config is its own normal form
+
+
+SHIPPED_TARGETS = sorted((Path(__file__).resolve().parents[1] / "models").glob("*/target/config.json"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_TARGETS, ids=lambda p: p.parent.parent.name)
+def test_shipped_targets_spell_their_rope_every_way(path):
+    """The embedded targets are saved by transformers 5 (rope_parameters alone); make_tiny_pair rewrites their
+    config.json in every spelling, so transformers 4.57 (TensorRT-LLM 1.2's containers, make test-compat)
+    builds the same model: before, it read theta 10,000 (gpt-oss: its class's yarn) and the cross-checks
+    against transformers failed there. Every release reads the rope the runtime measures, and so does the
+    installed AutoConfig."""
+    cfg = json.loads(path.read_text())
+    fam = family_of_config(cfg, str(path))
+    assert rope_block.normalised(cfg, family=fam) == cfg
+    measured = rope_params.from_raw_config(cfg, str(path), fam)
+    for reader in READERS:
+        for served in rope_releases.served(cfg, reader, str(path), fam):
+            assert rope_params.same_function(served, measured), (reader, rope_params.describe(served))
+    real = AutoConfig.from_pretrained(str(path.parent))
+    theta = real.rope_theta if INSTALLED == "4.57" else flat_rope_parameters(real.to_dict())["rope_theta"]
+    assert theta == measured.theta
 
 
 def test_sources_are_read_differently_by_the_releases_before_normalising():

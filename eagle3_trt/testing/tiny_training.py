@@ -24,6 +24,7 @@ from eagle3_trt.convert.target import read_target
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 from eagle3_trt.formats.families import family_of
+from eagle3_trt.formats.rope_block import normalised
 from eagle3_trt.testing.tiny_copy_data import MARK_AGAIN, copy_corpus, copy_document, identifier_pool, lines_of, paste_prompts
 from eagle3_trt.testing.tiny_pair import write_tokenizer
 from eagle3_trt.testing.tiny_recipe import Recipe
@@ -153,6 +154,7 @@ def train_target(r: Recipe, tok_dir: Path, train_texts: list[str], held_texts: l
     model.save_pretrained(out, safe_serialization=True)
     if r.target_format == "mxfp4":
         ship_mxfp4(out)
+    spell_rope_every_way(out / "config.json", r.model_type)
     shutil.copy2(tok_dir / "tokenizer.json", out / "tokenizer.json")
     # the tokenizer's length limit follows the target's positions (transformers warns past it on long prompts)
     tok_cfg = json.loads((tok_dir / "tokenizer_config.json").read_text()) | {"model_max_length": r.max_position_embeddings}
@@ -172,6 +174,15 @@ def train_target(r: Recipe, tok_dir: Path, train_texts: list[str], held_texts: l
         "heldout_loss": round(held_loss, 4),
         "params": sum(p.numel() for p in model.parameters()),
     }
+
+
+def spell_rope_every_way(config_path: Path, model_type: str) -> None:
+    """Rewrite a saved config.json with its rope in every spelling (formats/rope_block.normalised, as every
+    bundle config is written): transformers 5's save_pretrained writes ``rope_parameters`` alone, which
+    transformers 4.57 (TensorRT-LLM 1.2's containers, ``make test-compat``) does not read, so it built the
+    shipped targets with the class default theta (10,000; gpt-oss's default yarn) instead of theirs."""
+    cfg = json.loads(config_path.read_text())
+    write_json(config_path, normalised(cfg, where=str(config_path), family=family_of(model_type)))
 
 
 def ship_mxfp4(target_dir: Path) -> None:
