@@ -40,7 +40,12 @@ import json
 prompts = [json.loads(l)["turns"][0] for l in open(calib) if l.strip()][: int(n)]
 batches = [torch.tensor([tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"][: int(max_len)]]) for p in prompts]
 cfg = copy.deepcopy(mtq.FP8_DEFAULT_CFG if quant == "fp8" else mtq.NVFP4_DEFAULT_CFG)
-cfg = mtq.update_quant_cfg_with_kv_cache_quant(cfg, mtq.FP8_KV_CFG["quant_cfg"])
+# the FP8 KV cache as each ModelOpt generation's own example does it: 0.47's helper, or 0.37's
+# examples/llm_ptq/hf_ptq.py merging the KV quantizers into quant_cfg (0.37 has no helper)
+if hasattr(mtq, "update_quant_cfg_with_kv_cache_quant"):
+    cfg = mtq.update_quant_cfg_with_kv_cache_quant(cfg, mtq.FP8_KV_CFG["quant_cfg"])
+else:
+    cfg["quant_cfg"].update(mtq.FP8_KV_CFG["quant_cfg"])
 def loop(m):
     with torch.no_grad():
         for b in batches:

@@ -75,6 +75,7 @@ def test_hf_device_map_backend_gives_the_reference_states(caches):
     torch.testing.assert_close(rl, hl, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.needs("modelopt_offline_dataset")
 def test_modelopt_round_trip_read_by_modelopt(caches, tmp_path):
     from modelopt.torch.speculative.eagle.utils import OfflineSupervisedDataset
 

@@ -105,6 +105,15 @@ REQUIREMENTS: dict[str, tuple[Callable[[], bool], str]] = {
     "make_venv": (_make_venv, "make and the Makefile's .venv"),
     "dev_shm": (lambda: Path("/dev/shm").is_dir(), "/dev/shm"),
     "curl": (lambda: shutil.which("curl") is not None, "curl (the README's health checks call it)"),
+    # ModelOpt's reader of offline hidden states: in the package from 0.4x; 0.37 (the containers' ModelOpt)
+    # keeps it in examples/speculative_decoding/eagle_utils.py, which no wheel installs
+    "modelopt_offline_dataset": (
+        lambda: (
+            _importable("modelopt.torch.speculative.eagle.utils")()
+            and hasattr(importlib.import_module("modelopt.torch.speculative.eagle.utils"), "OfflineSupervisedDataset")
+        ),
+        "ModelOpt's OfflineSupervisedDataset in the package (0.4x; 0.37 has it only in its examples)",
+    ),
     "aiperf": (
         lambda: (_ROOT[0] / ".venv-aiperf" / "bin" / "aiperf").is_file() or shutil.which("aiperf") is not None,
         "NVIDIA AIPerf (make bench-aiperf installs it into .venv-aiperf)",
