@@ -144,10 +144,12 @@ def test_make_engine_dry_run_for_70b(tmp_path, monkeypatch):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
+    # VENV= this venv with its install stamp taken as done (-o): make never reinstalls into the running venv
+    # (a clone tested with another checkout's venv would otherwise repoint its editable install at the clone)
     venv = Path(sys.executable).parent.parent
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "no-hf-cache")}
     r = subprocess.run(
-        ["make", "-s", "engine", "MODEL=llama3.3-70b", "DRY_RUN=1", f"OUT={tmp_path / 'b'}", f"VENV={venv}"],
+        ["make", "-s", "engine", "MODEL=llama3.3-70b", "DRY_RUN=1", f"OUT={tmp_path / 'b'}", f"VENV={venv}", "-o", f"{venv}/.eagle3-trt-installed"],
         cwd=root,
         env=env,
         capture_output=True,
@@ -172,7 +174,7 @@ def test_make_engine_with_an_unknown_model_is_one_line(tmp_path, model, guess):
     root = Path(__file__).resolve().parents[1]
     venv = Path(sys.executable).parent.parent
     r = subprocess.run(
-        ["make", "-s", "engine", f"MODEL={model}", f"OUT={tmp_path / 'b'}", f"VENV={venv}"],
+        ["make", "-s", "engine", f"MODEL={model}", f"OUT={tmp_path / 'b'}", f"VENV={venv}", "-o", f"{venv}/.eagle3-trt-installed"],
         cwd=root,
         env={**os.environ, "MAKEFLAGS": ""},
         capture_output=True,
