@@ -278,10 +278,10 @@ def _check_can_start(bundle: Path, workers: int, state_dir: Path, http_port: int
 
 
 def check_servable(bundle: Path) -> None:
-    """Refuse, in one line, a bundle whose speculation method no TensorRT-LLM release serves (P-EAGLE:
-    vLLM only): Dynamo's workers run TensorRT-LLM's backend, or the reference runtime that predicts it,
-    so serving such a bundle here would measure an engine nobody can deploy behind Dynamo. Triton
-    refuses it the same way (triton_serving/model_yaml.read_bundle); its launch/vllm.sh serves it."""
+    """Refuse, in one line, a bundle whose speculation method no TensorRT-LLM release serves (its method's
+    head hooks say why and which engine does): Dynamo's workers run TensorRT-LLM's backend, or the
+    reference runtime that predicts it, so serving such a bundle here would measure an engine nobody can
+    deploy behind Dynamo. Triton refuses it the same way (triton_serving/model_yaml.read_bundle)."""
     # imported here: the registry behind refuse_on_trtllm imports torch, and stop/status must not wait for it
     from eagle3_trt.pipeline.bundle import open_bundle
     from eagle3_trt.pipeline.other_engines import refuse_on_trtllm
