@@ -250,7 +250,10 @@ def test_stop_after_triton_gave_up_kills_the_orphaned_stub(bundle, tmp_path):
         t.start()
     assert all(e.wait(60) for e in started)
     res = stop_server(h, drain_s=10)
-    assert "Exit timeout expired" in Path(h.log_file).read_text(errors="replace")
+    # Triton gave up: its exit timeout ran out, or it crashed on the way there (the reported case ends in
+    # signal 11; one fresh-clone run logged the signal 11 without the timeout line first)
+    log = Path(h.log_file).read_text(errors="replace")
+    assert "Exit timeout expired" in log or "Signal (11) received" in log, log[-2000:]
     assert not res.left and _left_of(h.pid, h.shm_prefix) == ([], [], [])
     assert all("triton_python_backend_stub" in k for k in res.killed_leftovers), res
     assert res.clean == (not res.killed_leftovers)
