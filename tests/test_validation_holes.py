@@ -287,6 +287,22 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def _drain(fd: int, proc: subprocess.Popen, seconds: float) -> int | None:
+    """Read the child's terminal for ``seconds`` or until it exits (its return code, else None). The
+    pseudo-terminal holds a few KB: a child whose progress nobody reads blocks in write(), and a signal
+    then only moves it to its next blocked write (one fresh-clone run timed out here that way)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return proc.returncode
+        if select.select([fd], [], [], 0.05)[0]:
+            try:
+                os.read(fd, 65536)
+            except OSError:
+                pass
+    return proc.poll()
+
+
 def _read_until(fd: int, needle: bytes, proc: subprocess.Popen, timeout: float) -> bytes:
     buf = b""
     deadline = time.monotonic() + timeout
@@ -343,14 +359,15 @@ def test_interrupt_during_calibration_exits_promptly_and_cleans_up(tiny_pair, tm
     os.close(slave)
     try:
         _read_until(master, b"calibrate + quantize target", proc, timeout=120)
-        time.sleep(1.0)  # well inside the loop: 400 prompts take far longer than this
+        _drain(master, proc, 1.0)  # well inside the loop: 400 prompts take far longer than this
         assert proc.poll() is None
         staging = [p for p in tmp_path.iterdir() if p.name.startswith(".bundle.tmp-")]
         assert staging, "the build should be writing its staging directory"
         sent = time.monotonic()
         proc.send_signal(sig)
-        rc = proc.wait(timeout=30)
+        rc = _drain(master, proc, 30.0)
         took = time.monotonic() - sent
+        assert rc is not None, "no exit within 30 s of the signal"
     finally:
         if proc.poll() is None:
             proc.kill()
