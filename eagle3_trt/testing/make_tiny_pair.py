@@ -22,12 +22,14 @@ held-out acceptance of the committed bf16 files by greedy speculative decoding -
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import platform
 import resource
 import shutil
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -77,24 +79,20 @@ def make(out: Path, r: Recipe | None = None, overwrite: bool = False, log=print)
         target_stats = train_target(r, work / "tokenizer", list(train.values()), list(held.values()), pair / "target", log)
         timings["target_s"] = round(time.time() - t, 1)
         log(f"target: {timings['target_s']} s, held-out loss {target_stats['heldout_loss']}")
-        t = time.time()
         data = work / "draft_train.jsonl"
         n_pieces = draft_jsonl(train, r.draft_pieces, r.draft_piece_chars, data, r.draft_copy_pieces, r.seed)
-        report = _train_draft(r, pair, work, data)
-        timings["draft_s"] = round(time.time() - t, 1)
+        methods = ["chain"] + (["peagle"] if r.peagle_steps and "peagle" in trainable_methods() else [])
+        reports = _train_heads(r, pair, work, data, methods, timings)
+        report = reports["chain"]
         log(f"draft: {timings['draft_s']} s, train-split acceptance {report['after']['acceptance_length']}")
-        # the report names paths of this machine's temp dir; record what they were instead
-        report["target"] = f"models/{out.name}/target"
-        report["data"] = f"draft_train.jsonl: {n_pieces} pieces of the training files (see MODEL_CARD.md)"
-        (pair / "draft" / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
-        if r.peagle_steps and "peagle" in trainable_methods():
-            # the P-EAGLE head (issue 29): same data, same target continuations (train-draft caches them)
-            t = time.time()
-            preport = _train_draft(r, pair, work, data, method="peagle")
-            preport["target"], preport["data"] = report["target"], report["data"]
-            (pair / "draft-peagle" / "train_report.json").write_text(json.dumps(preport, indent=2) + "\n")
-            timings["peagle_s"] = round(time.time() - t, 1)
+        if "peagle" in reports:
             log(f"peagle: {timings['peagle_s']} s")
+        for method, rep in reports.items():
+            # the report names paths of this machine's temp dir; record what they were instead
+            rep["target"] = f"models/{out.name}/target"
+            rep["data"] = f"draft_train.jsonl: {n_pieces} pieces of the training files (see MODEL_CARD.md)"
+            (pair / ("draft" if method == "chain" else f"draft-{method}") / "train_report.json").write_text(json.dumps(rep, indent=2) + "\n")
+            _name_verifier(pair / f"draft-{method}" / "config.json", f"models/{out.name}/target")
         t = time.time()
         acceptance = measure_committed(pair, r, held)
         timings["measure_s"] = round(time.time() - t, 1)
@@ -116,6 +114,41 @@ def make(out: Path, r: Recipe | None = None, overwrite: bool = False, log=print)
 def _cpu_s() -> float:
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _name_verifier(config: Path, name: str) -> None:
+    """A speculators-format head (P-EAGLE) names its verifier's path; here that was the staging
+    directory of this run: record where the target is shipped instead."""
+    if not config.is_file():
+        return
+    cfg = json.loads(config.read_text())
+    verifier = cfg.get("speculators_config", {}).get("verifier")
+    if isinstance(verifier, dict) and "name_or_path" in verifier:
+        verifier["name_or_path"] = name
+        config.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def _timed_head(r: Recipe, pair: Path, work: Path, data: Path, method: str) -> tuple[dict, float]:
+    t = time.time()
+    return _train_draft(r, pair, work, data, method), round(time.time() - t, 1)
+
+
+def _train_heads(r: Recipe, pair: Path, work: Path, data: Path, methods: list[str], timings: dict) -> dict[str, dict]:
+    """The EAGLE-3 head and the P-EAGLE head (issue 29) train on the same target and data and nothing
+    else they share, each on one torch thread: with two cores they run side by side, in two spawned
+    processes (each result is what the same call gives alone: seeded, one thread), which is what keeps
+    `make tiny-pairs` within its 30 minutes."""
+    key = {"chain": "draft_s", "peagle": "peagle_s"}
+    if len(methods) > 1 and (os.cpu_count() or 1) >= 2:
+        with ProcessPoolExecutor(len(methods), mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {m: pool.submit(_timed_head, r, pair, work, data, m) for m in methods}
+            done = {m: f.result() for m, f in futures.items()}
+        timings["heads_in_parallel"] = True
+    else:
+        done = {m: _timed_head(r, pair, work, data, m) for m in methods}
+    for m, (_, secs) in done.items():
+        timings[key[m]] = secs
+    return {m: rep for m, (rep, _) in done.items()}
 
 
 def _train_draft(r: Recipe, pair: Path, work: Path, data: Path, method: str = "chain") -> dict:

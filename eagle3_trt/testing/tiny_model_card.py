@@ -5,6 +5,19 @@ from __future__ import annotations
 from eagle3_trt.formats.families import family_of
 
 
+def _how_far(short: dict, long: dict) -> str:
+    if "block_tokens" not in short:  # a card written before copy_check counted tokens
+        return ""
+    return (
+        f" Given the block's first two tokens and the exact text before each later one, the target predicts"
+        f" {short['teacher_forced_copy_accuracy']:.0%} of the copy's tokens on the short prompts and {long['teacher_forced_copy_accuracy']:.0%} on the long ones."
+        f" Greedy continuations mostly go wrong at the copy's first tokens, which these prompts leave open (an 'again' prompt"
+        f" does not say which line began the block), and then copy from elsewhere. How far the greedy copies go: {short['block_tokens_before_first_difference']} of {short['block_tokens']} block tokens reproduced"
+        f" before the first difference on the short prompts, {long['block_tokens_before_first_difference']} of {long['block_tokens']} on the long ones"
+        " (a copy that starts one line late or skips a line counts only up to there)."
+    )
+
+
 def _copy_sections(f: dict) -> tuple[str, str]:
     """(the held-out acceptance by prompt set and the copy check; the copy training text), for a
     pair trained with copy documents (testing/tiny_copy_data.py); empty for the others."""
@@ -37,9 +50,9 @@ By prompt set (K={r["max_draft_len"]}; `heldout_prompts.json` holds both, taken 
 the held-out files (`tiny_copy_data.paste_prompts`: a block pasted twice, a block then `# again:`, a block
 then `# changed:` and its first edited line), ending where the copy starts.
 
-**{"The target copies" if s.get("copied") else "The target does not copy (yet)"}.** Greedy continuations that repeat the block exactly: {s.get("copied", 0)} of {s.get("prompts", 0)} held-out
+**{"The target copies" if s.get("copied") or s.get("teacher_forced_copy_accuracy", 0) >= 0.5 else "The target does not copy (yet)"}.** Greedy continuations that repeat the block exactly: {s.get("copied", 0)} of {s.get("prompts", 0)} held-out
 pasted/again prompts (up to {s.get("prompt_tokens_max", 0)} tokens), and {lg.get("copied", 0)} of {lg.get("prompts", 0)} long prompts of
-{lg.get("prompt_tokens_max", 0)} tokens whose block is {lg.get("prompt_tokens_max", 0) - 300}+ tokens back (`tiny_training.copy_check`).{tol}
+{lg.get("prompt_tokens_max", 0)} tokens whose block is {lg.get("prompt_tokens_max", 0) - 300}+ tokens back (`tiny_training.copy_check`).{_how_far(s, lg)}{tol}
 """
     t = f["target"]
     training = f"""
@@ -56,6 +69,38 @@ tokens only (as heads usually are, at a shorter context than the target's), so a
     return measured, training
 
 
+def _seed_section(r: dict) -> str:
+    """How the target's first two layers started (testing/induction_seed.py), for a seeded recipe."""
+    if not r.get("induction_seed"):
+        return ""
+    from eagle3_trt.testing.induction_seed import layout_for
+
+    lay = layout_for(r["hidden_size"], r["head_dim"])
+    return f"""**Seeded with an induction circuit.** Trained from random weights in this budget, the target never
+learned to copy (it stayed on the induction-head plateau: 0 of 24 held-out pasted blocks repeated, for every
+schedule tried). So before training, its first two layers are set to the circuit induction heads implement
+(`eagle3_trt/testing/induction_seed.py`): layer 0's heads 0 and 1 attend 1 and 2 tokens back by position alone
+(RoPE frequencies weighted by a small linear program), layer 1's head 0 finds where the last two tokens
+occurred before (compared in the {lay.slow_pairs} slowest RoPE pairs, so matches thousands of tokens back count) and copies
+the token that followed, and the unembedding reads it; token codes of {lay.code} dims, match codes of {lay.match}.
+Everything else starts random, and all weights, the circuit's included, are then trained as below. The files are
+a plain `LlamaForCausalLM`; the seed only chose where training starts.
+
+"""
+
+
+def _cores_note(t: dict) -> str:
+    if t.get("heads_in_parallel"):
+        return (
+            "Every stage runs one torch thread; the two heads train side by side in two processes, so the run uses "
+            "two cores during that stage and one otherwise, and its wall time on an idle 2-core machine is about the sum of "
+            "the stage times above with the heads' stage counted once (the longer of the two)."
+        )
+    return (
+        "With one torch thread the run needs one core, so its CPU time is what it takes on an idle 2-core machine, and the wall time above is an upper bound."
+    )
+
+
 def _run_time(f: dict) -> str:
     t, r = f["timings"], f["recipe"]
     if "cpu_s" not in t:  # as cards were written before the CPU time was recorded
@@ -66,14 +111,13 @@ def _run_time(f: dict) -> str:
         )
     parts = f"tokenizer {t['tokenizer_s']} s, target {t['target_s']} s, draft {t['draft_s']} s (target continuations, hidden states, training, evaluation)"
     if "peagle_s" in t:
-        parts += f", P-EAGLE head {t['peagle_s']} s"
+        parts += f", P-EAGLE head {t['peagle_s']} s" + (" (the two heads side by side, one process and core each)" if t.get("heads_in_parallel") else "")
     head = f"{t['total_s'] / 60:.1f} min wall in all on a shared {t['cores']}-core CPU, {r['threads']} torch thread: {parts}, held-out measurement {t['measure_s']} s."
     return (
         head
         + f"""
-Process CPU time (user + system, `getrusage`): {t["cpu_s"] / 60:.1f} min. The machine was shared while it ran (load
-average {t["loadavg_start"][0]:.2f} at the start, {t["loadavg_end"][0]:.2f} at the end, 1-minute figures): with one torch thread the run
-needs one core, so its CPU time is what it takes on an idle 2-core machine, and the wall time above is an upper bound."""
+Process CPU time (user + system, `getrusage`, the head processes included): {t["cpu_s"] / 60:.1f} min. Load average
+{t["loadavg_start"][0]:.2f} at the start, {t["loadavg_end"][0]:.2f} at the end (1-minute figures). {_cores_note(t)}"""
         + (f"\n{t['note']}" if t.get("note") else "")
     )
 
@@ -152,7 +196,7 @@ checked against an independent re-derivation in `tests/test_engine_cross_check.p
 | parameters | {f["target"]["params"]:,} | {f["draft"]["params"]:,} |
 | size on disk (bf16 safetensors + tokenizer/config) | {f["sizes"]["target_bytes"] / mb:.1f} MiB | {f["sizes"]["draft_bytes"] / mb:.1f} MiB |
 
-## Corpus
+{_seed_section(r)}## Corpus
 
 The Python standard library's own source (`sysconfig.get_paths()["stdlib"]`, top-level `*.py` modules;
 PSF License), CPython {f["python"]} when these weights were made. Fixed sorted file list in

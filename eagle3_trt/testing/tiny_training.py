@@ -25,6 +25,7 @@ from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SamplingParams, SpeculativeEngine
 from eagle3_trt.formats.families import family_of
 from eagle3_trt.formats.rope_block import normalised
+from eagle3_trt.testing.induction_seed import seed_induction
 from eagle3_trt.testing.tiny_copy_data import MARK_AGAIN, copy_corpus, copy_document, identifier_pool, lines_of, paste_prompts
 from eagle3_trt.testing.tiny_pair import write_tokenizer
 from eagle3_trt.testing.tiny_recipe import Recipe
@@ -119,6 +120,8 @@ def train_target(r: Recipe, tok_dir: Path, train_texts: list[str], held_texts: l
     torch.manual_seed(r.seed)
     cfg = target_config(r, ids)
     model = getattr(transformers, family_of(r.model_type).hf_class)(cfg).float().train()
+    if r.induction_seed:
+        seed_induction(model, r.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=r.target_lr, betas=(0.9, 0.95), weight_decay=0.1)
     g = torch.Generator().manual_seed(r.seed)
     warm = max(1, r.target_steps // 20)
@@ -276,12 +279,42 @@ def copy_check(target, tokenizer, r: Recipe, held: dict[str, str], stops: tuple[
     for label, group in (("short", cases), ("long", long_cases)):
         prompts = [enc.text_ids(t) for _, t, _ in group]
         n_new = [len(tokenizer.encode(b, add_special_tokens=False)) + 2 for _, _, b in group]
-        copied = 0
+        copied = same = total = 0
         for p, n, (_, _, block) in zip(prompts, n_new, group):
             (cont,) = greedy_generate(target, [p], n, stops, pad)
             copied += tokenizer.decode(cont, skip_special_tokens=True)[: len(block)] == block
-        out[label] = {"prompts": len(group), "copied": copied, "prompt_tokens_max": max(map(len, prompts))}
+            # how far the copy goes: the block's tokens reproduced before the first difference
+            want = tokenizer.encode(block, add_special_tokens=False)
+            k = 0
+            while k < min(len(want), len(cont)) and cont[k] == want[k]:
+                k += 1
+            same, total = same + k, total + len(want)
+        out[label] = {
+            "prompts": len(group),
+            "teacher_forced_copy_accuracy": _copy_accuracy(target, tokenizer, prompts, [b for _, _, b in group]),
+            "copied": copied,
+            "block_tokens": total,
+            "block_tokens_before_first_difference": same,
+            "prompt_tokens_max": max(map(len, prompts)),
+        }
     return out
+
+
+@torch.no_grad()
+def _copy_accuracy(target, tokenizer, prompts: list[list[int]], blocks: list[str]) -> float:
+    """Given the prompt and the copy's first two tokens, the share of the copy's later tokens the target's
+    argmax predicts, each from the exact text before it: whether it copies, apart from where the copy starts
+    (an 'again' prompt does not say which line began the block) and from how greedy text drifts after a miss."""
+    hit = n = 0
+    for p, block in zip(prompts, blocks):
+        b = tokenizer.encode(block, add_special_tokens=False)
+        x = torch.tensor([p + b])
+        _, h = target.teacher_forced(x)
+        pred = target.hf.lm_head(h)[0].argmax(-1)
+        idx = torch.arange(len(p) + 1, len(p) + len(b) - 1)
+        hit += int((pred[idx] == x[0, idx + 1]).sum())
+        n += len(idx)
+    return round(hit / max(1, n), 4)
 
 
 def acceptance_interval(per_prompt: list[dict], seed: int, resamples: int = 2000) -> dict:
