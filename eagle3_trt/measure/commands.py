@@ -20,7 +20,14 @@ from eagle3_trt.measure.cost_model import recommend
 from eagle3_trt.measure.dynamic_tree_choice import dynamic_tree_summary
 from eagle3_trt.measure.gate import run_gate
 from eagle3_trt.measure.gate_verdict import DEFAULT_GATE_THRESHOLD
-from eagle3_trt.measure.recommendation import acceptance_curves, gate_choice, print_recommendation, read_gate_traffic, write_recommendation_to_bundle
+from eagle3_trt.measure.recommendation import (
+    acceptance_curves,
+    gate_choice,
+    print_recommendation,
+    read_gate_traffic,
+    sa_line,
+    write_recommendation_to_bundle,
+)
 from eagle3_trt.measure.report_files import write_report
 from eagle3_trt.measure.switch_off import context_switch_off
 from eagle3_trt.measure.traffic_alpha import AL_TOLERANCE
@@ -399,6 +406,9 @@ def recommend_cmd(
         )
     if dt_line:
         click.echo(dt_line)
+    sa = sa_line(report, rec.max_draft_len, write)
+    if sa:
+        click.echo(sa)
     for line in methods[1] if methods is not None else []:
         click.echo(line)
     ctx = rec.evidence["context_switch_off"]

@@ -101,6 +101,24 @@ SA_MIN_GAIN_REL = 0.03
 SA_MIN_GAIN_ABS = 0.05
 
 
+def sa_line(report: AlphaReport | None, k: int, written: bool) -> str | None:
+    """The suffix automaton's verdict as `recommend` prints it, for a report measured with
+    ``--modes chain,sa`` (None otherwise): its gain, the rule, and whether sa_config is (or would be) written."""
+    threshold, ev = sa_choice(report)
+    if ev is None or report is None:
+        return None
+    lo_hi = f" [{ev['gain_ci95'][0]:+.3f}, {ev['gain_ci95'][1]:+.3f}]" if ev["gain_ci95"] else ""
+    head = (
+        f"suffix automaton (sa_config): AL {ev['sa_acceptance_length']:.3f} vs chain {ev['chain_acceptance_length']:.3f}, "
+        f"gain {ev['sa_acceptance_length'] - ev['chain_acceptance_length']:+.3f}{lo_hi} at K={report.settings.max_draft_len}"
+    )
+    if threshold is None:
+        return f"{head}: no sa_config (the rule: gain >= {SA_MIN_GAIN_REL:.0%} and >= {SA_MIN_GAIN_ABS}, its 95% interval above 0)"
+    if int(report.settings.max_draft_len) != k:
+        return f"{head}: wins, but K={k} is recommended: measure alpha --modes chain,sa --max-draft-len {k} to write sa_config at it"
+    return f"{head}: {'wrote' if written else 'wins:'} sa_config {{threshold: {threshold}}}" + ("" if written else " (--write writes it)")
+
+
 def sa_choice(report: AlphaReport | None) -> tuple[int | None, dict | None]:
     """(sa_config threshold to write, the measurement it comes from) from an alpha report measured
     with ``--modes chain,sa``: a threshold only when SA's overall acceptance length beats the chain's
