@@ -8,7 +8,7 @@ traceback is printed.
 
 Each case runs in its own process. Importing torch, transformers and ModelOpt costs seconds per
 process, so the processes are forked from one that has imported the CLI and every command module
-(``_Zygote``): a fork is a fresh process as far as the case can tell (own exit code, stdout,
+(``testing/forked_cli.ForkedCli``): a fork is a fresh process as far as the case can tell (own exit code, stdout,
 stderr, cwd, signal handlers), running ``eagle3_trt.cli.main`` exactly as the ``eagle3-trt``
 console script does. ``BAD_INPUTS_FRESH=1`` runs every case as ``python -m eagle3_trt.cli``
 instead; ``test_fork_and_fresh_process_agree`` does so for a few cases on every run.
@@ -25,7 +25,6 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,69 +37,17 @@ from safetensors.torch import load_file, save_file
 from eagle3_trt.atomic import staged_dir
 from eagle3_trt.pipeline.presets import PRESET_DIR
 from eagle3_trt.testing.behaviour_cases import copy_embedded, permute_vocab
+from eagle3_trt.testing.forked_cli import ForkedCli
 from eagle3_trt.testing.tiny_pair import make_pair
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CASE_TIMEOUT_S = 120
 DELETE = object()
 
+
 # ---------------------------------------------------------------------------------------------
-# Running the CLI: forked from a process that has imported everything once
+# Running the CLI: forked from a process that has imported everything once (testing/forked_cli.py)
 # ---------------------------------------------------------------------------------------------
-ZYGOTE = textwrap.dedent(f"""
-    import json, os, signal, sys, traceback
-    from eagle3_trt import cli
-    for name in cli.LAZY_COMMANDS:
-        cli.load_command(name)
-    import eagle3_trt.pipeline.builder, eagle3_trt.convert.validate  # what `engine` and `validate` import when they run
-    print(json.dumps({{"ready": os.getpid()}}), flush=True)
-    for line in sys.stdin:
-        req = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            rc = 1
-            try:
-                signal.alarm({CASE_TIMEOUT_S})  # a case that hangs is killed (exit -14), not the whole run
-                os.chdir(req["cwd"])
-                fd_in = os.open(os.devnull, os.O_RDONLY)
-                fd_out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                fd_err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.dup2(fd_in, 0); os.dup2(fd_out, 1); os.dup2(fd_err, 2)
-                sys.argv = ["eagle3-trt", *req["argv"]]
-                try:
-                    rc = cli.main(req["argv"])  # what the console script does: sys.exit(main())
-                except SystemExit as e:
-                    rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-                except BaseException:
-                    traceback.print_exc()  # as the interpreter prints an uncaught exception
-                    rc = 1
-                sys.stdout.flush(); sys.stderr.flush()
-            finally:
-                os._exit(rc)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({{"rc": os.waitstatus_to_exitcode(status)}}), flush=True)
-""")
-
-
-class _Zygote:
-    def __init__(self):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=env)
-        line = self.proc.stdout.readline()
-        if not line.startswith('{"ready"'):
-            self.proc.kill()
-            raise AssertionError(f"CLI process did not start: {line!r}")
-
-    def run(self, argv: list[str], cwd: Path, stdout: Path, stderr: Path) -> int:
-        self.proc.stdin.write(json.dumps({"argv": argv, "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr)}) + "\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())["rc"]
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-
-
 @dataclass
 class Result:
     rc: int
@@ -131,15 +78,11 @@ def cli():
     if os.environ.get("BAD_INPUTS_FRESH"):
         yield _fresh
         return
-    z = _Zygote()
+    z = ForkedCli(CASE_TIMEOUT_S)
 
     def run(argv: list[str], cwd: Path) -> Result:
-        out, err = cwd.parent / f"{cwd.name}.stdout", cwd.parent / f"{cwd.name}.stderr"
-        rc = z.run(argv, cwd, out, err)
-        res = Result(rc, out.read_text(), err.read_text())
-        out.unlink()
-        err.unlink()
-        return res
+        p = z.run(argv, cwd)
+        return Result(p.returncode, p.stdout, p.stderr)
 
     yield run
     z.close()

@@ -9,10 +9,11 @@ Real files and the real CLI (in a subprocess); the bundle is the embedded tiny p
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from eagle3_trt.testing.forked_cli import ForkedCli
 
 pytestmark = pytest.mark.needs("tritonclient")  # config.pbtxt is checked with Triton's own protobuf
 
@@ -20,8 +21,21 @@ ROOT = Path(__file__).resolve().parents[1]
 OTHER_PBTXT = 'name: "other"\nbackend: "python"\nmax_batch_size: 0\n'
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _forked():
+    # ~20 CLI runs: forked from one process that imported the CLI once (testing/forked_cli.py)
+    global _FORKED
+    _FORKED = ForkedCli(300)
+    yield
+    _FORKED.close()
+
+
+_FORKED: ForkedCli | None = None
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eagle3_trt.cli", *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert _FORKED is not None
+    return _FORKED.run([str(a) for a in args], ROOT)
 
 
 def tree(root: Path) -> dict[str, bytes]:
