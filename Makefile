@@ -1,5 +1,5 @@
 # Thin front for the eagle3-trt CLI. Every target sets up .venv on first use.
-#   make tiny-pairs [PAIRS="tiny tiny-qwen3 tiny-gpt-oss"]: retrain the embedded pairs (models/tiny: ~16 min on 2 cores)
+#   make tiny-pairs [PAIRS="tiny tiny-qwen3 tiny-gpt-oss"]: retrain the embedded pairs (models/tiny: ~17 min on 2 cores)
 #   make engine [MODEL=tiny|tiny-qwen3|tiny-gpt-oss|llama3.1-8b|llama3.3-70b|qwen3-8b|qwen3-32b|gpt-oss-20b|gpt-oss-120b] [TARGET=dir DRAFT=dir] [GPU=h100|h200|b200]
 #               [GPUS=n] [TP=n] [QUANT=fp8|nvfp4|bf16|native] [QUANTIZE_DRAFT=1] [DRY_RUN=1] [OUT=dir]
 #   make docs   the documentation site (mkdocs --strict, into .cache/site)
@@ -69,7 +69,7 @@ engine: $(STAMP)
 	$(BIN)/eagle3-trt engine $(ENGINE_ARGS)
 
 # Rebuild the embedded pairs from the Python standard library, seeded (eagle3_trt/testing/make_tiny_pair.py):
-# models/tiny in ~16 min on 2 cores (one torch thread; figures, seeds and the tolerance a rebuild is held to in
+# models/tiny in ~17 min on 2 cores (one torch thread; figures, seeds and the tolerance a rebuild is held to in
 # models/tiny/MODEL_CARD.md). PAIRS="tiny tiny-qwen3 tiny-gpt-oss" also remakes the small ones (~2 min each).
 PAIRS ?= tiny
 .PHONY: tiny-pairs

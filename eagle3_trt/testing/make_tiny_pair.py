@@ -261,7 +261,7 @@ def main(out: Path, overwrite: bool, target_steps: int | None, draft_steps: int 
     if remeasure:
         facts = remeasure_pair(out)
         acc = facts["acceptance_heldout"]
-        click.echo(json.dumps({k: v["acceptance_length"] if isinstance(v, dict) else v for k, v in acc.items()}, indent=1))
+        click.echo(json.dumps({k: v["acceptance_length"] if isinstance(v, dict) and "acceptance_length" in v else v for k, v in acc.items()}, indent=1))
         return
     r = RECIPES[family]
     over = {k: v for k, v in (("target_steps", target_steps), ("draft_steps", draft_steps)) if v is not None}
