@@ -847,14 +847,18 @@ CASES: list[Case] = [
         ("compile", "{w}/out", "--check-only", "--trtllm-version", "1.2.1"),
         2,
         r"TensorRT-LLM 1\.2\.1 \(transformers 4\.57\) serves rope_theta 100000, none; the reference runtime measured rope_theta 100000, none, rotary dim 32 of head_dim 64",
-        make=_bundle_target(partial_rotary_factor=DELETE, rope_parameters={"rope_theta": 100000.0, "rope_type": "default", "partial_rotary_factor": 0.5}),
+        make=_bundle_target(
+            partial_rotary_factor=DELETE, rope_theta=100000.0, rope_parameters={"rope_theta": 100000.0, "rope_type": "default", "partial_rotary_factor": 0.5}
+        ),
     ),
     Case(
         "release-rope-partial-in-rope-parameters-only-1.4",
         ("compile", "{w}/out", "--check-only", "--trtllm-version", "1.4.0rc1"),
         0,
         r"rope as TensorRT-LLM 1\.4\.0rc1 reads it",
-        make=_bundle_target(partial_rotary_factor=DELETE, rope_parameters={"rope_theta": 100000.0, "rope_type": "default", "partial_rotary_factor": 0.5}),
+        make=_bundle_target(
+            partial_rotary_factor=DELETE, rope_theta=100000.0, rope_parameters={"rope_theta": 100000.0, "rope_type": "default", "partial_rotary_factor": 0.5}
+        ),
     ),
     # ---- variant flags (issue 11 A: implemented as TensorRT-LLM does, or refused)
     Case(

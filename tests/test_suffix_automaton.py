@@ -22,7 +22,7 @@ from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.spec_sampling import REJECTION_SAMPLING, SpecSamplingConfig
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.alpha_report import read_alpha_report
-from eagle3_trt.measure.recommendation import sa_choice
+from eagle3_trt.measure.recommendation import SA_MIN_GAIN_ABS, sa_choice
 from eagle3_trt.pipeline.trtllm_versions import spec_for_release
 from eagle3_trt.speculative.sa.automaton import SAConfig, SAEnhancer, SuffixAutomaton, without_rejection_sampling
 from eagle3_trt.speculative.sa.method import SuffixAutomatonMethod
@@ -202,13 +202,16 @@ def test_alpha_modes_and_recommend_write(bundle, tmp_path):
     # the "repeat" records of the repetitive set (the first four)
     rep = _alpha(bundle, "examples/code_edit.jsonl", tmp_path / "rep", "--limit", "4")
     m = rep["modes"]
-    assert m["sa"]["overall"]["acceptance_length"] > m["chain"]["overall"]["acceptance_length"]
     for mode in ("chain", "sa"):
         assert set(m[mode]["by_category"]) == {"repeat"}
         assert m[mode]["overall"]["tokens_verified_per_forward"] > 1
-    # +0.13 AL over 4 turns clears both margins, but its paired 95% interval reaches 0: noise, not written
+    # loops of period < K: the automaton proposes only the p tokens after the oldest match, where the copying
+    # target's head proposes K (docs/acceptance.md): on the embedded pair SA is behind the chain on these 4 turns,
+    # or (on the pair before, which did not copy) ahead by less than its paired interval; either way not written
+    al_c, al_s = m["chain"]["overall"]["acceptance_length"], m["sa"]["overall"]["acceptance_length"]
     threshold, ev = sa_choice(read_alpha_report(tmp_path / "rep" / "report.json"))
-    assert threshold is None and ev is not None and not ev["written"] and ev["gain_ci95"][0] <= 0 < ev["gain_ci95"][1]
+    assert threshold is None and ev is not None and not ev["written"]
+    assert al_s - al_c < SA_MIN_GAIN_ABS or ev["gain_ci95"][0] <= 0, (al_c, al_s, ev)
 
     r = _cli("recommend", str(bundle), "--report", str(tmp_path / "rep" / "report.json"), "--write", cwd=ROOT)
     assert r.returncode == 0, r.stderr

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.optimize import linprog
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,6 @@ def offset_weights(theta: float, head_dim: int, context: int) -> np.ndarray:
     """Weights w_j over RoPE's frequency pairs such that sum_j w_j cos((d - 1) theta_j), the score of a
     key d positions back, beats every other d in [0, context) by the largest margin (sum |w_j| = 1).
     Returned scaled so that the margin is 1."""
-    from scipy.optimize import linprog
-
     half = head_dim // 2
     freqs = theta ** (-np.arange(half) * 2.0 / head_dim)
     d = np.array([x for x in range(context) if x != 1], dtype=np.float64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from eagle3_trt.formats.families import family_of
+from eagle3_trt.testing.induction_seed import layout_for
 
 
 def _how_far(short: dict, long: dict) -> str:
@@ -73,8 +74,6 @@ def _seed_section(r: dict) -> str:
     """How the target's first two layers started (testing/induction_seed.py), for a seeded recipe."""
     if not r.get("induction_seed"):
         return ""
-    from eagle3_trt.testing.induction_seed import layout_for
-
     lay = layout_for(r["hidden_size"], r["head_dim"])
     return f"""**Seeded with an induction circuit.** Trained from random weights in this budget, the target never
 learned to copy (it stayed on the induction-head plateau: 0 of 24 held-out pasted blocks repeated, for every
