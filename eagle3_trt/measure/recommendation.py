@@ -103,8 +103,9 @@ SA_MIN_GAIN_ABS = 0.05
 
 def sa_line(report: AlphaReport | None, k: int, written: bool) -> str | None:
     """The suffix automaton's verdict as `recommend` prints it, for a report measured with
-    ``--modes chain,sa`` (None otherwise): its gain, the rule, and whether sa_config is (or would be) written."""
-    threshold, ev = sa_choice(report)
+    ``--modes chain,sa`` (None otherwise): its gain, the rule, and whether sa_config is (or would be)
+    written at the recommended K (``sa_at_k``, the decision ``--write`` applies)."""
+    threshold, ev = sa_at_k(report, k)
     if ev is None or report is None:
         return None
     lo_hi = f" [{ev['gain_ci95'][0]:+.3f}, {ev['gain_ci95'][1]:+.3f}]" if ev["gain_ci95"] else ""
@@ -112,11 +113,23 @@ def sa_line(report: AlphaReport | None, k: int, written: bool) -> str | None:
         f"suffix automaton (sa_config): AL {ev['sa_acceptance_length']:.3f} vs chain {ev['chain_acceptance_length']:.3f}, "
         f"gain {ev['sa_acceptance_length'] - ev['chain_acceptance_length']:+.3f}{lo_hi} at K={report.settings.max_draft_len}"
     )
-    if threshold is None:
-        return f"{head}: no sa_config (the rule: gain >= {SA_MIN_GAIN_REL:.0%} and >= {SA_MIN_GAIN_ABS}, its 95% interval above 0)"
-    if int(report.settings.max_draft_len) != k:
-        return f"{head}: wins, but K={k} is recommended: measure alpha --modes chain,sa --max-draft-len {k} to write sa_config at it"
-    return f"{head}: {'wrote' if written else 'wins:'} sa_config {{threshold: {threshold}}}" + ("" if written else " (--write writes it)")
+    if threshold is not None:
+        return f"{head}: {'wrote' if written else 'wins:'} sa_config {{threshold: {threshold}}}" + ("" if written else " (--write writes it)")
+    if "note" in ev:  # it won where measured, not at the recommended K
+        return f"{head}: wins, but {ev['note']} to write sa_config at it"
+    return f"{head}: no sa_config (the rule: gain >= {SA_MIN_GAIN_REL:.0%} and >= {SA_MIN_GAIN_ABS}, its 95% interval above 0)"
+
+
+def sa_at_k(report: AlphaReport | None, k: int) -> tuple[int | None, dict | None]:
+    """``sa_choice`` at the K that will be written: SA's gain holds at the K it was measured with (at
+    another K its K tokens and the chain's differ), so a win measured elsewhere is not written and its
+    evidence says which --max-draft-len to measure."""
+    threshold, ev = sa_choice(report)
+    measured_k = report.settings.max_draft_len if report is not None else None
+    if threshold is not None and ev is not None and measured_k is not None and int(measured_k) != k:
+        note = f"SA measured at K={measured_k}, K={k} recommended: measure alpha --modes chain,sa --max-draft-len {k}"
+        return None, {**ev, "written": False, "note": note}
+    return threshold, ev
 
 
 def sa_choice(report: AlphaReport | None) -> tuple[int | None, dict | None]:
@@ -174,12 +187,7 @@ def write_recommendation_to_bundle(
     spec_knobs = {"draft_len_schedule": dt_fields.pop("draft_len_schedule")} if dt_fields["use_dynamic_tree"] else schedule_and_gate(rec, report, gate_traffic)
     base = b.options.model_copy(update={"speculative_config": b.options.speculative_config.model_copy(update=dict.fromkeys(DT_KEYS))})
     opts = recommended_options(base, k, **spec_knobs)
-    sa_threshold, sa_evidence = sa_choice(report)
-    measured_k = report.settings.max_draft_len if report is not None else None
-    if sa_threshold is not None and sa_evidence is not None and measured_k is not None and int(measured_k) != k:
-        # SA's gain holds at the K it was measured with; at another K its K tokens and the chain's differ
-        note = f"SA measured at K={measured_k}, K={k} recommended: measure alpha --modes chain,sa --max-draft-len {k}"
-        sa_threshold, sa_evidence = None, {**sa_evidence, "written": False, "note": note}
+    sa_threshold, sa_evidence = sa_at_k(report, k)
     if dt_fields["use_dynamic_tree"] and sa_evidence is not None:
         sa_threshold, sa_evidence = None, {**sa_evidence, "written": False, "note": "the dynamic tree won (TensorRT-LLM refuses it with sa_config)"}
     if sa_evidence is not None:
