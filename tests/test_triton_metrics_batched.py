@@ -5,7 +5,6 @@ exactly what the responses themselves reported, speculation on and off per reque
 from __future__ import annotations
 
 import concurrent.futures as cf
-import time
 
 import pytest
 
@@ -35,6 +34,7 @@ def _counters(server):
 def test_summed_metrics_equal_what_the_responses_reported(server, fp8_bundle):
     from eagle3_trt.clients.chat import PromptFormatter
     from eagle3_trt.clients.llm_client import GenerationParams, LLMClient
+    from eagle3_trt.clients.prom import settled_counters
 
     fmt = PromptFormatter(fp8_bundle)
     jobs = [(fmt(PROMPTS[i % 4]), i % 2 == 0) for i in range(8)]  # 4 with speculation, 4 without
@@ -47,12 +47,11 @@ def test_summed_metrics_equal_what_the_responses_reported(server, fp8_bundle):
 
     with cf.ThreadPoolExecutor(len(jobs)) as ex:
         results = list(ex.map(run, jobs))
-    end = time.monotonic() + 20
-    while True:
-        d = _counters(server).minus(before)
-        if (d.requests.get("ok", 0) >= len(jobs) and d.active == 0) or time.monotonic() > end:
-            break
-        time.sleep(0.1)
+    # The metrics thread counts a request's outcome after its figures: once all 8 are counted as
+    # ended, every other counter has its final value (this read raced the figures before).
+    after, settled = settled_counters(server.metrics_url, "eagle3", before, len(jobs))
+    assert settled, after
+    d = after.minus(before)
 
     on = [r for spec, r in results if spec]
     off = [r for spec, r in results if not spec]

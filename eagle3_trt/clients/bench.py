@@ -29,7 +29,7 @@ from eagle3_trt.clients.bench_gate import DEFAULT_ALPHA_THRESHOLD, Gate, evaluat
 from eagle3_trt.clients.bench_stats import ArmResult, RequestRecord, identity_check, summarize
 from eagle3_trt.clients.llm_client import GenerationParams, LLMClient
 from eagle3_trt.clients.openai_client import OpenAIClient
-from eagle3_trt.clients.prom import SpecCounters, read_counters
+from eagle3_trt.clients.prom import SpecCounters, read_counters, settled_counters
 from eagle3_trt.errors import UserError
 
 
@@ -201,9 +201,12 @@ def run_bench(
     t_start = time.perf_counter()
     metrics_ok = _metrics_readable(cfg, log)
     if cfg.warmup:
+        pre = read_counters(cfg.metrics_url, cfg.model) if metrics_ok else None  # type: ignore[arg-type]
         with open_client(cfg) as client:
             for i in range(cfg.warmup):
                 client.generate(cfg.prompts[i % len(cfg.prompts)], GenerationParams(max_tokens=min(8, cfg.max_tokens)), stream=True)
+        if pre is not None:  # the first arm's counters must not take in the warm-up's late figures
+            settled_counters(cfg.metrics_url, cfg.model, pre, cfg.warmup)  # type: ignore[arg-type]
 
     arms: list[ArmResult] = []
     records: list[RequestRecord] = []
@@ -212,7 +215,7 @@ def run_bench(
         for spec in (True, False):
             label = f"C={c:<3d} speculation {'on ' if spec else 'off'}"
             tick = progress(label, cfg.budget(c)) if progress else (lambda: None)
-            arm, recs = _measure_arm(cfg, c, spec, tick, offset, metrics_ok)
+            arm, recs = _measure_arm(cfg, c, spec, tick, offset, metrics_ok, log)
             arms.append(arm)
             records += recs
             errs = [r.error for r in recs if not r.ok]
@@ -246,13 +249,17 @@ def _metrics_readable(cfg: BenchConfig, log: Callable[[str], None]) -> bool:
     return True
 
 
-def _measure_arm(cfg: BenchConfig, c: int, spec: bool, tick: Callable[[], None], offset: int, metrics_ok: bool) -> tuple[ArmResult, list[RequestRecord]]:
+def _measure_arm(
+    cfg: BenchConfig, c: int, spec: bool, tick: Callable[[], None], offset: int, metrics_ok: bool, log: Callable[[str], None]
+) -> tuple[ArmResult, list[RequestRecord]]:
     """One level and arm: its requests, their statistics and, for a speculative arm, the server's counters over the run."""
     before = read_counters(cfg.metrics_url, cfg.model) if metrics_ok else None  # type: ignore[arg-type]
     recs, wall = run_arm(cfg, c, spec, tick, offset)
     arm = summarize(recs, c, spec, wall)
     if before is not None:
-        after = read_counters(cfg.metrics_url, cfg.model)  # type: ignore[arg-type]
+        after, settled = settled_counters(cfg.metrics_url, cfg.model, before, len(recs))  # type: ignore[arg-type]
+        if not settled:
+            log(f"the server counted fewer than the {len(recs)} requests this arm sent; its metrics may miss the last ones")
         d: SpecCounters = after.minus(before)
         if spec:
             arm.alpha_metrics = d.alpha

@@ -6,6 +6,7 @@ Only the text exposition format Triton writes is handled (``name{l="v",...} valu
 from __future__ import annotations
 
 import re
+import time
 import urllib.request
 from dataclasses import dataclass, field
 
@@ -113,3 +114,24 @@ class SpecCounters:
 
 def read_counters(url: str, model: str) -> SpecCounters:
     return SpecCounters.from_samples(scrape(url), model)
+
+
+def ended_requests(c: SpecCounters) -> float:
+    """Requests the model has counted as ended, whatever their outcome (rejections included)."""
+    return sum(c.requests.values())
+
+
+def settled_counters(url: str, model: str, before: SpecCounters, ended: int, timeout_s: float = 20.0) -> tuple[SpecCounters, bool]:
+    """The counters once ``ended`` more requests than in ``before`` have been counted as ended.
+
+    The model updates its metrics off the request path and counts a request's outcome after its
+    tokens and acceptance figures, so a response can reach the client before its figures reach
+    the metrics port. Returns the counters read last and whether they settled within ``timeout_s``.
+    """
+    end = time.monotonic() + timeout_s
+    while True:
+        now = read_counters(url, model)
+        done = ended_requests(now) - ended_requests(before) >= ended
+        if done or time.monotonic() > end:
+            return now, done
+        time.sleep(0.05)

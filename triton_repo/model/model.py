@@ -157,10 +157,6 @@ class _Metrics:
                 drafted_pos[i] += v
             for i, v in enumerate(s.accepted_per_position[: len(accepted_pos)]):
                 accepted_pos[i] += v
-        if active:
-            self.active.increment(active)
-        for status, n in requests.items():
-            self.requests[status].increment(n)
         for k, n in tokens.items():
             if n:
                 self.tokens[k].increment(n)
@@ -178,6 +174,12 @@ class _Metrics:
         for m, v in zip(self.accepted_pos, accepted_pos):
             if v:
                 m.increment(v)
+        # Outcome and in-flight counts go last: a reader that sees a request counted as ended
+        # (clients.prom.settled_counters waits on exactly that) then sees all of its figures.
+        if active:
+            self.active.increment(active)
+        for status, n in requests.items():
+            self.requests[status].increment(n)
 
     def started(self) -> None:
         self._q.put("started")
