@@ -17,7 +17,7 @@ from openai import OpenAI
 
 from eagle3_trt.runtime.capture import REDACTED
 from eagle3_trt.testing.served_traffic import captured_records as _records
-from eagle3_trt.testing.servers import dynamo_served
+from eagle3_trt.testing.servers import dynamo_served, until
 
 SECRET = "sk-live-4f9a8b7c6d5e"
 
@@ -92,9 +92,12 @@ def test_adjacent_keys_and_the_category_are_redacted_and_a_deleted_directory_sta
         assert r.prompt_text == f"keys {REDACTED} and {REDACTED}" and r.category == f"team-{REDACTED}" and r.redacted
 
         shutil.rmtree(cap)
-        for _ in range(2):
-            client.completions.create(model=d.model, prompt="List three prime numbers.", max_tokens=4, temperature=0)
-            time.sleep(1.0)  # past the capture thread's 0.5 s flush
+        gone = "was deleted (or replaced); it stays deleted"
+        worker_log = state / "worker-0.log"
+        client.completions.create(model=d.model, prompt="List three prime numbers.", max_tokens=4, temperature=0)
+        until(lambda: gone in worker_log.read_text(errors="replace"), 30, "the worker never logged that the capture directory was deleted")
+        client.completions.create(model=d.model, prompt="List three prime numbers.", max_tokens=4, temperature=0)
+        time.sleep(1.0)  # past the capture thread's 0.5 s flush: a second request must not recreate it or warn again
         assert not cap.exists(), sorted(p.name for p in cap.rglob("*"))
-        log = (state / "worker-0.log").read_text(errors="replace")
-        assert log.count("was deleted (or replaced); it stays deleted") == 1, log[-2000:]
+        log = worker_log.read_text(errors="replace")
+        assert log.count(gone) == 1, log[-2000:]

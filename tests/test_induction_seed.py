@@ -79,7 +79,7 @@ def test_the_shipped_target_copies_a_pasted_block():
     from eagle3_trt.convert.load import load_target
     from eagle3_trt.testing.tiny_copy_data import paste_prompts
     from eagle3_trt.testing.tiny_recipe import read_corpus
-    from eagle3_trt.testing.tiny_training import _copy_accuracy
+    from eagle3_trt.testing.tiny_training import teacher_forced_copy_accuracy
     from eagle3_trt.train.data import Encoder
     from eagle3_trt.train.hidden_states import target_tokenizer
 
@@ -89,5 +89,5 @@ def test_the_shipped_target_copies_a_pasted_block():
     _, held, _ = read_corpus()
     cases = [(t, b) for k, t, b in paste_prompts(list(held.values()), 12, R.seed) if k != "changed"]
     enc = Encoder(tok, R.draft_seq, R.eval_prompt_len)
-    acc = _copy_accuracy(target, tok, [enc.text_ids(t) for t, _ in cases], [b for _, b in cases])
+    acc = teacher_forced_copy_accuracy(target, tok, [enc.text_ids(t) for t, _ in cases], [b for _, b in cases])
     assert acc > 0.6, acc

@@ -17,7 +17,7 @@ def server(fp8_bundle, tmp_path_factory):
     from eagle3_trt.triton_serving.server import free_ports, start_server, stop_server
 
     tmp = tmp_path_factory.mktemp("metrics")
-    package_bundle(fp8_bundle, tmp / "repo", torch_threads=1)
+    package_bundle(fp8_bundle, tmp / "repo", torch_threads=1, with_baseline=True)
     h, g, m = free_ports(3)
     s = start_server(tmp / "repo", state_dir=tmp / "state", http_port=h, grpc_port=g, metrics_port=m, timeout_s=300)
     yield s
@@ -66,3 +66,33 @@ def test_summed_metrics_equal_what_the_responses_reported(server, fp8_bundle):
     assert d.al_count == d.drafted_pos.get(1, 0) > 0, d
     assert sum(d.accepted_pos.values()) == d.accepted, d
     assert d.al_sum == d.accepted + d.al_count, d
+
+
+@pytest.mark.needs("tritonserver", "tritonclient")
+def test_bench_against_the_baseline_model_reads_the_speculative_models_counters(server, fp8_bundle):
+    """bench --baseline-model: the off arm runs on eagle3_nospec, which moves none of eagle3's counters,
+    so only the speculative arm waits for them (an off arm that waited would time out and say it missed requests)."""
+    from eagle3_trt.clients.bench import BenchConfig, run_bench
+    from eagle3_trt.clients.chat import PromptFormatter
+
+    fmt = PromptFormatter(fp8_bundle)
+    logs: list[str] = []
+    cfg = BenchConfig(
+        url=server.grpc_url,
+        model="eagle3",
+        prompts=[fmt(p) for p in PROMPTS],
+        concurrency=[2],
+        max_tokens=8,
+        requests_per_level=2,
+        warmup=1,
+        metrics_url=server.metrics_url,
+        baseline_model="eagle3_nospec",
+        timeout_s=120,
+    )
+    run = run_bench(cfg, log=logs.append)
+    assert not [m for m in logs if "counted fewer" in m], logs
+    on, off = run.arms
+    recs = [r for r in run.records if r.speculative]
+    assert on.speculative and not off.speculative and all(r.ok for r in run.records)
+    assert on.alpha_metrics == sum(r.accepted_tokens or 0 for r in recs) / sum(r.draft_tokens or 0 for r in recs)
+    assert off.alpha_metrics is None and not any(r.served_speculative for r in run.records if not r.speculative)

@@ -253,7 +253,9 @@ def _measure_arm(
     cfg: BenchConfig, c: int, spec: bool, tick: Callable[[], None], offset: int, metrics_ok: bool, log: Callable[[str], None]
 ) -> tuple[ArmResult, list[RequestRecord]]:
     """One level and arm: its requests, their statistics and, for a speculative arm, the server's counters over the run."""
-    before = read_counters(cfg.metrics_url, cfg.model) if metrics_ok else None  # type: ignore[arg-type]
+    # The counters are the speculative model's: an off arm sent to --baseline-model moves none of them.
+    counted = metrics_ok and (spec or not cfg.baseline_model)
+    before = read_counters(cfg.metrics_url, cfg.model) if counted else None  # type: ignore[arg-type]
     recs, wall = run_arm(cfg, c, spec, tick, offset)
     arm = summarize(recs, c, spec, wall)
     if before is not None:

@@ -78,9 +78,9 @@ def _codes(vocab: int, dim: int, g: torch.Generator) -> torch.Tensor:
 
 
 @torch.no_grad()
-def seed_induction(model, seed: int, layout: SeedLayout | None = None) -> dict:
-    """Write the circuit into a freshly initialised LlamaForCausalLM (float32) in place; returns the
-    layout's figures for the model card."""
+def seed_induction(model, seed: int, layout: SeedLayout | None = None) -> None:
+    """Write the circuit into a freshly initialised LlamaForCausalLM (float32) in place (the model
+    card describes it from ``layout_for``, the same layout)."""
     cfg = model.config
     hd, d_model = cfg.head_dim, cfg.hidden_size
     layout = layout or layout_for(d_model, hd)
@@ -153,8 +153,3 @@ def seed_induction(model, seed: int, layout: SeedLayout | None = None) -> dict:
     n_out = math.sqrt(d_model / 5.0)
     model.lm_head.weight[:, : O.stop] = 0.0
     model.lm_head.weight[:, O] = u * (layout.copy_logit / n_out)
-    return {
-        "layout": {"T": [T.start, T.stop], "C": C, "P1": [P1.start, P1.stop], "P2": [P2.start, P2.stop], "O": [O.start, O.stop]},
-        "rope_theta": theta,
-        **{k: v for k, v in layout.__dict__.items()},
-    }

@@ -291,7 +291,7 @@ def copy_check(target, tokenizer, r: Recipe, held: dict[str, str], stops: tuple[
             same, total = same + k, total + len(want)
         out[label] = {
             "prompts": len(group),
-            "teacher_forced_copy_accuracy": _copy_accuracy(target, tokenizer, prompts, [b for _, _, b in group]),
+            "teacher_forced_copy_accuracy": teacher_forced_copy_accuracy(target, tokenizer, prompts, [b for _, _, b in group]),
             "copied": copied,
             "block_tokens": total,
             "block_tokens_before_first_difference": same,
@@ -301,7 +301,7 @@ def copy_check(target, tokenizer, r: Recipe, held: dict[str, str], stops: tuple[
 
 
 @torch.no_grad()
-def _copy_accuracy(target, tokenizer, prompts: list[list[int]], blocks: list[str]) -> float:
+def teacher_forced_copy_accuracy(target, tokenizer, prompts: list[list[int]], blocks: list[str]) -> float:
     """Given the prompt and the copy's first two tokens, the share of the copy's later tokens the target's
     argmax predicts, each from the exact text before it: whether it copies, apart from where the copy starts
     (an 'again' prompt does not say which line began the block) and from how greedy text drifts after a miss."""
