@@ -221,9 +221,11 @@ def test_make_engine_builds_the_tiny_bundle_and_prints_alpha(work, tiny_engine):
 @pytest.mark.needs("make_venv")
 def test_alpha_sweep_recommend_and_gate_on_the_example_prompts(work, tiny_engine):
     chat, code, rec, gate = work.run_block(block("tiny-alpha"))
-    # chat prompts: the overall alpha the README states ("alpha about 0.69 overall")
-    (said_chat,) = stated(r"alpha about ([\d.]+) overall")
-    assert abs(float(_figure(r"overall\s*│\s*\d+\s*│\s*([\d.]+)", chat.stdout)) - float(said_chat)) <= 0.03, chat.stdout[-3000:]
+    # chat prompts: the overall alpha the README states for this library generation ("alpha about 0.87
+    # overall (about 0.90 with TensorRT-LLM 1.2's libraries; ...")
+    said_chat = stated(r"alpha about ([\d.]+) overall \(about ([\d.]+) with TensorRT-LLM 1\.2's libraries")
+    chat_alpha = float(said_chat[1] if metadata.version("nvidia-modelopt").startswith("0.37") else said_chat[0])
+    assert abs(float(_figure(r"overall\s*│\s*\d+\s*│\s*([\d.]+)", chat.stdout)) - chat_alpha) <= 0.03, chat.stdout[-3000:]
     # code prompts: the figures the README states ("alpha about 0.73 at K=3 ..., acceptance length about 3.1
     # (about 0.73 and 3.1 with TensorRT-LLM 1.2's libraries ..."), and the sweep measures K=1..6
     sweep = {int(k): (float(a), float(al)) for k, a, al in re.findall(r"│\s*(\d)\s*│\s*([\d.]+)\s*│\s*([\d.]+)\s*│\s*[\d.]+\s*│", code.stdout)}
