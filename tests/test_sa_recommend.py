@@ -5,9 +5,8 @@ when the alpha report shows SA beating the chain by >= 3%, >= 0.05 acceptance le
 gain's paired 95% interval above 0 (measure/recommendation.sa_choice, measure/mode_compare.py); a
 later write from traffic where SA does not win removes a stale one; a report without the modes
 keeps it. The chat prompts are measured for real on the embedded tiny pair. The winning report is
-that real report with its "modes" section replaced by one in which SA wins (the embedded tiny
-target cannot copy text, so no shipped prompt set makes SA win beyond noise on it: README,
-"Choosing the speculation mode").
+that real report with its "modes" section replaced by one in which SA wins (real wins, on
+examples/edit_paste.jsonl, take minutes to measure: README, "By kind of prompt and by context length").
 """
 
 from __future__ import annotations
@@ -128,3 +127,19 @@ def test_gain_within_noise_is_not_written(measured, tmp_path):
     assert "sa_config" not in _spec(bundle)
     ev = _sa_evidence(bundle)
     assert not ev["written"] and ev["gain_ci95"] == [-0.05, 0.85]
+
+
+def test_a_refused_write_changes_no_file(measured, tmp_path):
+    """sa_config beside a P-EAGLE head is options no engine serves: recommend --write refuses them in one
+    line before it writes anything (it used to write llm_api_options.yaml, then fail on the launch files)."""
+    _, chat = measured
+    pe = tmp_path / "peagle"
+    r = _cli("engine", "--model", "tiny", "--draft", "models/tiny/draft-peagle", "-o", str(pe))
+    assert r.returncode == 0, r.stderr
+    before = {p.relative_to(pe).as_posix(): p.read_bytes() for p in sorted(pe.rglob("*")) if p.is_file()}
+    (tmp_path / "win.json").write_text(json.dumps(_winning(chat)))
+    r = _cli("recommend", str(pe), "--report", str(tmp_path / "win.json"), "--write")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith("error: speculative_config:") and "hint:" in line, line
+    assert {p.relative_to(pe).as_posix(): p.read_bytes() for p in sorted(pe.rglob("*")) if p.is_file()} == before

@@ -44,13 +44,20 @@ def write_manifest(bundle_dir: Path, man: Manifest) -> Path:
     return write_json(Path(bundle_dir) / MANIFEST_FILE, man.to_json())
 
 
-def write_launchers(bundle_dir: Path, opts: LlmApiOptions, quant: Quant) -> Path:
-    """Render launch/ from the options and formats (replacing any previous one atomically)."""
+def launch_files(bundle_dir: Path, opts: LlmApiOptions, quant: Quant) -> dict[str, str]:
+    """launch/'s files (name -> text) rendered from the options and formats, in memory: rendering
+    refuses options the bundle cannot serve, so callers render before they write anything."""
     draft_cfg = Path(bundle_dir) / opts.speculative_config.speculative_model / "config.json"
     draft_positions = read_json(draft_cfg).get("max_position_embeddings") if draft_cfg.is_file() else None
     files = launcher_files(opts, target_format=quant.target, draft_format=quant.draft, draft_max_positions=draft_positions)
     if trtllm_refusal(opts) is None:  # Dynamo's files launch the TensorRT-LLM backend: none for a method it cannot serve
         files.update(dynamo_launch_files(opts))
+    return files
+
+
+def write_launchers(bundle_dir: Path, opts: LlmApiOptions, quant: Quant, files: dict[str, str] | None = None) -> Path:
+    """Write launch/ (``files``, or rendered from the options and formats), replacing any previous one atomically."""
+    files = launch_files(bundle_dir, opts, quant) if files is None else files
     with staged_dir(Path(bundle_dir) / LAUNCH_DIR) as tmp:
         for name, text in files.items():
             write_text(tmp / name, text, EXEC_MODE if name.endswith(".sh") else FILE_MODE)
@@ -92,8 +99,11 @@ def update(
     man = b.manifest
     outputs = dict(man.outputs)
     if options is not None:
+        # rendered first: options the bundle cannot serve (e.g. sa_config beside a P-EAGLE head) are
+        # refused before any file changes
+        files = launch_files(b.path, options, man.quant)
         write_options(b.path, options)
-        write_launchers(b.path, options, man.quant)
+        write_launchers(b.path, options, man.quant, files)
         outputs = {k: v for k, v in outputs.items() if not k.startswith(LAUNCH_DIR + "/")}
         for rel in [OPTIONS_FILE, *(f"{LAUNCH_DIR}/{n}" for n in sorted(p.name for p in (b.path / LAUNCH_DIR).iterdir()))]:
             outputs[rel] = FileDigest(sha256=sha256_file(b.path / rel), bytes=(b.path / rel).stat().st_size)
