@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,9 @@ def test_sa_written_when_it_wins_then_removed_when_it_does_not(measured, tmp_pat
     assert yaml.safe_load((bundle / "launch" / "trtllm-serve.yaml").read_text())["speculative_config"]["sa_config"]["threshold"] == 6
     ev = _sa_evidence(bundle)
     assert ev["written"] and ev["gain_ci95"] == [0.2, 0.6]
+    # gate measures what the options serve, and says so
+    r = _cli("gate", str(bundle), "--prompts", "examples/prompts.jsonl", "--limit", "1", "--max-tokens", "8", "--threshold", "0")
+    assert r.returncode in (0, 3) and ", mode sa (as the bundle's options serve it)" in r.stdout, r.stdout + r.stderr  # 3: 8 tokens may not pay
     # the 1.2 launch file serves the same bundle without the enhancer, and says so
     old = (bundle / "launch" / "trtllm-serve-1.2.yaml").read_text()
     assert "sa_config" not in yaml.safe_load(old)["speculative_config"] and "no suffix-automaton enhancer" in old
@@ -137,9 +141,32 @@ def test_a_refused_write_changes_no_file(measured, tmp_path):
     r = _cli("engine", "--model", "tiny", "--draft", "models/tiny/draft-peagle", "-o", str(pe))
     assert r.returncode == 0, r.stderr
     before = {p.relative_to(pe).as_posix(): p.read_bytes() for p in sorted(pe.rglob("*")) if p.is_file()}
-    (tmp_path / "win.json").write_text(json.dumps(_winning(chat)))
+    # the chat report as if measured on this bundle (its weights), SA winning: the options check is what refuses
+    mine = _winning(chat) | {"bundle": str(pe), "bundle_weights": None}
+    (tmp_path / "win.json").write_text(json.dumps(mine))
     r = _cli("recommend", str(pe), "--report", str(tmp_path / "win.json"), "--write")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     [line] = r.stderr.strip().splitlines()
     assert line.startswith("error: speculative_config:") and "hint:" in line, line
+    assert {p.relative_to(pe).as_posix(): p.read_bytes() for p in sorted(pe.rglob("*")) if p.is_file()} == before
+
+
+def test_a_report_measured_on_other_weights_is_refused(measured, tmp_path):
+    """recommend applies an alpha report only to the weights it measured (``bundle_weights``): a copy of
+    the bundle takes it, a bundle with another draft head is refused in one line, nothing written."""
+    bundle, chat = measured
+    assert chat["bundle_weights"]
+    copy_dir = tmp_path / "copy"
+    shutil.copytree(bundle, copy_dir)
+    (tmp_path / "chat.json").write_text(json.dumps(chat))
+    r = _cli("recommend", str(copy_dir), "--report", str(tmp_path / "chat.json"))
+    assert r.returncode == 0, r.stderr
+    pe = tmp_path / "peagle"
+    r = _cli("engine", "--model", "tiny", "--draft", "models/tiny/draft-peagle", "-o", str(pe))
+    assert r.returncode == 0, r.stderr
+    before = {p.relative_to(pe).as_posix(): p.read_bytes() for p in sorted(pe.rglob("*")) if p.is_file()}
+    r = _cli("recommend", str(pe), "--report", str(tmp_path / "chat.json"), "--write")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith(f"error: {tmp_path / 'chat.json'}: measured on {bundle}") and f"eagle3-trt alpha {pe}" in line, line
     assert {p.relative_to(pe).as_posix(): p.read_bytes() for p in sorted(pe.rglob("*")) if p.is_file()} == before

@@ -242,6 +242,9 @@ class AlphaReport(_Strict):
     schema_: Literal[1] = Field(SCHEMA, alias="schema")
     kind: Literal["eagle3-trt alpha report"] = KIND
     bundle: str
+    # pipeline/bundle.Bundle.weights_id of the bundle measured (None in reports written before it was
+    # recorded): recommend refuses to apply the report to a bundle with other weights
+    bundle_weights: str | None = None
     settings: Settings
     pairs: Pairs
     delta: Deltas

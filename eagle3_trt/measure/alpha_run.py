@@ -287,6 +287,7 @@ def _report(b: Bundle, settings: dict, prim: Measurement, ref: Measurement | Non
         "schema": SCHEMA,
         "kind": KIND,
         "bundle": str(b.path),
+        "bundle_weights": b.weights_id,
         "settings": settings,
         "pairs": {"bundle": prim.to_dict()},
         "delta": compare(prim, ref),

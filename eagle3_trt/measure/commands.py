@@ -304,7 +304,9 @@ def gate_cmd(
             + (f"; by category: {cats}" if len(res["by_category"]) > 1 else "")
         )
         click.echo(
-            f"predicted speedup at concurrency {concurrency} on {res['gpu']} TP{res['tp']} with K={res['max_draft_len']}: {res['predicted_speedup']:.2f}x"
+            f"predicted speedup at concurrency {concurrency} on {res['gpu']} TP{res['tp']} with K={res['max_draft_len']}"
+            + (f", mode {res['mode']} (as the bundle's options serve it)" if res["mode"] != "chain" else "")
+            + f": {res['predicted_speedup']:.2f}x"
         )
         if res["calibration_shortfall"]:
             click.echo(f"warning: {res['calibration_shortfall']}: this bundle's quantization scales come from that little data")

@@ -59,6 +59,9 @@ def run_gate(
         "threshold": threshold,
         "concurrency": concurrency,
         "max_draft_len": k,
+        # what the bundle's options serve and the gate measured: the chain, or the method they select
+        # (e.g. sa after recommend --write wrote sa_config)
+        "mode": getattr(eng.method, "name", None) or "chain",
         "gpu": gpu.name,
         "tp": tp,
         "predicted_speedup": pred.speedup,

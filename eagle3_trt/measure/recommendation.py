@@ -38,6 +38,12 @@ def acceptance_curves(
     alpha report, else measured on the prompts."""
     if report_file:
         rep = read_alpha_report(Path(report_file))
+        if rep.bundle_weights is not None and rep.bundle_weights != open_bundle(Path(bundle)).weights_id:
+            raise UserError(
+                report_file,
+                f"measured on {rep.bundle}, whose target, draft or tokenizer files differ from {bundle}'s; nothing written",
+                f"measure this bundle: eagle3-trt alpha {bundle} --prompts FILE",
+            )
         return (*rep.curves(), rep)
     if prompts_file:
         k = max_draft_len or open_bundle(Path(bundle)).k

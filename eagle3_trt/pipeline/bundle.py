@@ -27,6 +27,8 @@ reports a cache hit only for a bundle that verifies clean.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,6 +204,16 @@ class Bundle:
     @property
     def label(self) -> str:
         return f"{self.quant.target} target + {self.quant.draft} draft"
+
+    @property
+    def weights_id(self) -> str:
+        """sha256 of the recorded digests of the files the engine loads (target, draft and tokenizer
+        directories): the same for a copy of the bundle or for one whose options or records changed
+        (recommend --write, compile), different for other weights. An alpha report carries it, and
+        recommend refuses a report measured on other weights."""
+        dirs = {"tokenizer"} | {Path(d).parts[0] for d in (self.options.model, self.options.speculative_config.speculative_model) if not Path(d).is_absolute()}
+        served = sorted((rel, d.sha256) for rel, d in self.manifest.outputs.items() if rel.split("/", 1)[0] in dirs)
+        return hashlib.sha256(json.dumps(served).encode()).hexdigest()
 
     def source_dirs(self) -> tuple[Path, Path]:
         """The BF16 target and draft the bundle was built from; a UserError when they are gone."""
