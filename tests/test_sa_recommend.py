@@ -54,9 +54,10 @@ def _sa_evidence(bundle: Path) -> dict:
 
 
 def _write(bundle: Path, report: dict, path: Path) -> None:
+    from eagle3_trt.cli import main  # in-process: a subprocess per write spent seconds importing torch
+
     path.write_text(json.dumps(report))
-    r = _cli("recommend", str(bundle), "--report", str(path), "--write")
-    assert r.returncode == 0, r.stderr
+    assert main(["recommend", str(bundle), "--report", str(path), "--write"]) == 0
 
 
 def _winning(report: dict) -> dict:
@@ -86,7 +87,7 @@ def test_chat_report_has_the_paired_interval(measured):
     assert sa["method"] == chain["method"] == "estimator"  # greedy chain and sa: the estimator replays the automaton exactly
 
 
-def test_sa_written_when_it_wins_then_removed_when_it_does_not(measured, tmp_path):
+def test_sa_written_when_it_wins_then_removed_when_it_does_not(measured, tmp_path, capsys):
     bundle, chat = measured
     # SA measurably wins: sa_config in the options, every launch file, and the manifest's evidence
     _write(bundle, _winning(chat), tmp_path / "win.json")
@@ -97,8 +98,12 @@ def test_sa_written_when_it_wins_then_removed_when_it_does_not(measured, tmp_pat
     ev = _sa_evidence(bundle)
     assert ev["written"] and ev["gain_ci95"] == [0.2, 0.6]
     # gate measures what the options serve, and says so
-    r = _cli("gate", str(bundle), "--prompts", "examples/prompts.jsonl", "--limit", "1", "--max-tokens", "8", "--threshold", "0")
-    assert r.returncode in (0, 3) and ", mode sa (as the bundle's options serve it)" in r.stdout, r.stdout + r.stderr  # 3: 8 tokens may not pay
+    from eagle3_trt.cli import main
+
+    capsys.readouterr()
+    rc = main(["gate", str(bundle), "--prompts", str(ROOT / "examples/prompts.jsonl"), "--limit", "1", "--max-tokens", "8", "--threshold", "0"])
+    out = capsys.readouterr().out
+    assert rc in (0, 3) and ", mode sa (as the bundle's options serve it)" in out, out  # 3: 8 tokens may not pay
     # the 1.2 launch file serves the same bundle without the enhancer, and says so
     old = (bundle / "launch" / "trtllm-serve-1.2.yaml").read_text()
     assert "sa_config" not in yaml.safe_load(old)["speculative_config"] and "no suffix-automaton enhancer" in old
@@ -133,40 +138,56 @@ def test_gain_within_noise_is_not_written(measured, tmp_path):
     assert not ev["written"] and ev["gain_ci95"] == [-0.05, 0.85]
 
 
-def test_a_refused_write_changes_no_file(measured, tmp_path):
+@pytest.fixture(scope="module")
+def peagle_bundle(tmp_path_factory) -> Path:
+    """A bundle of the tiny target with its P-EAGLE head; the tests below leave it unchanged."""
+    pe = tmp_path_factory.mktemp("sarec-peagle") / "b"
+    r = _cli("engine", "--model", "tiny", "--draft", "models/tiny/draft-peagle", "-o", str(pe))
+    assert r.returncode == 0, r.stderr
+    return pe
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _refused(argv: list[str], capsys) -> str:
+    """The one error line of an in-process CLI run that must exit 2."""
+    from eagle3_trt.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    [line] = err.strip().splitlines()
+    return line
+
+
+def test_a_refused_write_changes_no_file(measured, peagle_bundle, tmp_path, capsys):
     """sa_config beside a P-EAGLE head is options no engine serves: recommend --write refuses them in one
     line before it writes anything (it used to write llm_api_options.yaml, then fail on the launch files)."""
     _, chat = measured
-    pe = tmp_path / "peagle"
-    r = _cli("engine", "--model", "tiny", "--draft", "models/tiny/draft-peagle", "-o", str(pe))
-    assert r.returncode == 0, r.stderr
-    before = {p.relative_to(pe).as_posix(): p.read_bytes() for p in sorted(pe.rglob("*")) if p.is_file()}
-    # the chat report as if measured on this bundle (its weights), SA winning: the options check is what refuses
-    mine = _winning(chat) | {"bundle": str(pe), "bundle_weights": None}
+    before = _files(peagle_bundle)
+    # the chat report as if measured on this bundle (no weights recorded), SA winning: the options check refuses
+    mine = _winning(chat) | {"bundle": str(peagle_bundle), "bundle_weights": None}
     (tmp_path / "win.json").write_text(json.dumps(mine))
-    r = _cli("recommend", str(pe), "--report", str(tmp_path / "win.json"), "--write")
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    [line] = r.stderr.strip().splitlines()
+    line = _refused(["recommend", str(peagle_bundle), "--report", str(tmp_path / "win.json"), "--write"], capsys)
     assert line.startswith("error: speculative_config:") and "hint:" in line, line
-    assert {p.relative_to(pe).as_posix(): p.read_bytes() for p in sorted(pe.rglob("*")) if p.is_file()} == before
+    assert _files(peagle_bundle) == before
 
 
-def test_a_report_measured_on_other_weights_is_refused(measured, tmp_path):
+def test_a_report_measured_on_other_weights_is_refused(measured, peagle_bundle, tmp_path, capsys):
     """recommend applies an alpha report only to the weights it measured (``bundle_weights``): a copy of
     the bundle takes it, a bundle with another draft head is refused in one line, nothing written."""
+    from eagle3_trt.cli import main
+
     bundle, chat = measured
     assert chat["bundle_weights"]
     copy_dir = tmp_path / "copy"
     shutil.copytree(bundle, copy_dir)
     (tmp_path / "chat.json").write_text(json.dumps(chat))
-    r = _cli("recommend", str(copy_dir), "--report", str(tmp_path / "chat.json"))
-    assert r.returncode == 0, r.stderr
-    pe = tmp_path / "peagle"
-    r = _cli("engine", "--model", "tiny", "--draft", "models/tiny/draft-peagle", "-o", str(pe))
-    assert r.returncode == 0, r.stderr
-    before = {p.relative_to(pe).as_posix(): p.read_bytes() for p in sorted(pe.rglob("*")) if p.is_file()}
-    r = _cli("recommend", str(pe), "--report", str(tmp_path / "chat.json"), "--write")
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    [line] = r.stderr.strip().splitlines()
-    assert line.startswith(f"error: {tmp_path / 'chat.json'}: measured on {bundle}") and f"eagle3-trt alpha {pe}" in line, line
-    assert {p.relative_to(pe).as_posix(): p.read_bytes() for p in sorted(pe.rglob("*")) if p.is_file()} == before
+    assert main(["recommend", str(copy_dir), "--report", str(tmp_path / "chat.json")]) == 0
+    before = _files(peagle_bundle)
+    line = _refused(["recommend", str(peagle_bundle), "--report", str(tmp_path / "chat.json"), "--write"], capsys)
+    assert line.startswith(f"error: {tmp_path / 'chat.json'}: measured on {bundle}") and f"eagle3-trt alpha {peagle_bundle}" in line, line
+    assert _files(peagle_bundle) == before

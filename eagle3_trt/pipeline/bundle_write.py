@@ -99,7 +99,7 @@ def update(
     man = b.manifest
     outputs = dict(man.outputs)
     if options is not None:
-        # rendered first: options the bundle cannot serve (e.g. sa_config beside a P-EAGLE head) are
+        # rendered first: options the bundle cannot serve (e.g. two speculation methods selected at once) are
         # refused before any file changes
         files = launch_files(b.path, options, man.quant)
         write_options(b.path, options)
