@@ -116,7 +116,7 @@ def read_counters(url: str, model: str) -> SpecCounters:
     return SpecCounters.from_samples(scrape(url), model)
 
 
-def ended_requests(c: SpecCounters) -> float:
+def _ended_requests(c: SpecCounters) -> float:
     """Requests the model has counted as ended, whatever their outcome (rejections included)."""
     return sum(c.requests.values())
 
@@ -131,7 +131,7 @@ def settled_counters(url: str, model: str, before: SpecCounters, ended: int, tim
     end = time.monotonic() + timeout_s
     while True:
         now = read_counters(url, model)
-        done = ended_requests(now) - ended_requests(before) >= ended
+        done = _ended_requests(now) - _ended_requests(before) >= ended
         if done or time.monotonic() > end:
             return now, done
         time.sleep(0.05)

@@ -36,6 +36,7 @@ from eagle3_trt.measure.traffic_gate import DEFAULT_MARGIN
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.progress import Bars
 from eagle3_trt.speculative.dynamic_tree.mode import DEFAULT_TOPK as DYNAMIC_TREE_DEFAULT_TOPK
+from eagle3_trt.speculative.registry import DEFAULT_METHOD
 
 
 def parse_sweep(text: str | None) -> tuple[int, ...]:
@@ -305,7 +306,7 @@ def gate_cmd(
         )
         click.echo(
             f"predicted speedup at concurrency {concurrency} on {res['gpu']} TP{res['tp']} with K={res['max_draft_len']}"
-            + (f", mode {res['mode']} (as the bundle's options serve it)" if res["mode"] != "chain" else "")
+            + (f", mode {res['mode']} (as the bundle's options serve it)" if res["mode"] != DEFAULT_METHOD else "")
             + f": {res['predicted_speedup']:.2f}x"
         )
         if res["calibration_shortfall"]:

@@ -14,6 +14,7 @@ from eagle3_trt.measure.gate_verdict import DEFAULT_GATE_THRESHOLD, alpha_shortf
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.pipeline.gpus import GpuSpec
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
+from eagle3_trt.speculative.registry import DEFAULT_METHOD
 
 
 def run_gate(
@@ -61,7 +62,7 @@ def run_gate(
         "max_draft_len": k,
         # what the bundle's options serve and the gate measured: the chain, or the method they select
         # (e.g. sa after recommend --write wrote sa_config)
-        "mode": getattr(eng.method, "name", None) or "chain",
+        "mode": getattr(eng.method, "name", DEFAULT_METHOD),  # as alpha_run names what it served
         "gpu": gpu.name,
         "tp": tp,
         "predicted_speedup": pred.speedup,
