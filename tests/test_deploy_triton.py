@@ -175,3 +175,92 @@ def test_deploy_and_rollback_drop_no_request(fp8_bundle, k5_bundle, tmp_path):
     # requests were in flight when each change began: they finished, on the version they started on
     assert [d for d in done if d.t_send < t_deploy < d.t_end]
     assert [d for d in done if d.t_send < t_rollback < d.t_end and served(d) == "2"]
+
+
+ABANDONING_CLIENT = """
+import os, queue, sys
+import numpy as np
+import tritonclient.grpc as g
+q = queue.Queue()
+c = g.InferenceServerClient(sys.argv[1])
+c.start_stream(callback=lambda result, error: q.put((result, error)))
+t = g.InferInput("text_input", [1], "BYTES")
+t.set_data_from_numpy(np.array([b"Hello there"], dtype=np.object_))
+m = g.InferInput("sampling_param_max_tokens", [1], "INT32")  # config.pbtxt declares INT64: tritonserver refuses it
+m.set_data_from_numpy(np.array([4], np.int32))
+c.async_stream_infer("eagle3", [t, m])
+result, error = q.get(timeout=60)
+print("refused:", error.message() if error is not None else None, flush=True)
+os._exit(0)  # gone without stop_stream()
+"""
+
+
+def _abandon_a_refused_stream(url: str) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", ABANDONING_CLIENT, url], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "refused:" in r.stdout and "INT32" in r.stdout, r.stdout + r.stderr
+
+
+def test_versions_held_by_abandoned_and_idle_streams_are_unloaded(fp8_bundle, k5_bundle, tmp_path):
+    """tritonserver 2.51 keeps a stream's first request, and with it the model version, until the
+    stream closes; a stream whose request it refused (INT32 where config.pbtxt says INT64) and whose
+    client left without stop_stream() never does. deploy, deploy --rollback and stop still leave
+    exactly one loaded version, no stub or runtime worker of the one replaced, and stop exits 0."""
+    from eagle3_trt.procs import pid_alive
+    from eagle3_trt.triton_serving.deploy import version_processes, version_state
+
+    repo, state = tmp_path / "repo", tmp_path / "state"
+    assert _cli("package", str(fp8_bundle), "-o", str(repo), "--torch-threads", "1").returncode == 0
+    handle, _ = serve_triton(repo, state, "--timeout", "240")
+    kept = None
+    try:
+        import tritonclient.grpc as g
+
+        _abandon_a_refused_stream(handle.grpc_url)
+        # and a stream that finished a request and stays open (the other way a stream holds a version)
+        q: queue.Queue = queue.Queue()
+        kept = g.InferenceServerClient(handle.grpc_url)
+        kept.start_stream(callback=lambda result, error: q.put((result, error)))
+        kept.async_stream_infer("eagle3", _inputs("Hello"), enable_empty_final_response=True)
+        while not (r := q.get(timeout=60))[1] and not r[0].get_response().parameters["triton_final_response"].bool_param:
+            pass
+        assert r[1] is None, r[1]
+        v1_stubs, v1_workers = version_processes(handle, "eagle3", 1)
+        assert len(v1_stubs) == 1 and len(v1_workers) == 1
+
+        r = _cli("deploy", str(k5_bundle), "--repo", str(repo), "--state-dir", str(state), "--drain", "1")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "version 1: unloaded" in r.stdout, r.stdout
+        assert not any(pid_alive(p) for p in v1_stubs + v1_workers), "version 1's stub or runtime outlived the deploy"
+        assert version_state(handle, "eagle3", 2) == "ready" and version_state(handle, "eagle3", 1) != "ready"
+        v2_stubs, v2_workers = version_processes(handle, "eagle3", 2)
+        assert len(v2_stubs) == 1 and len(v2_workers) == 1
+
+        _abandon_a_refused_stream(handle.grpc_url)  # now version 2 is held the same way
+        r = _cli("deploy", "--rollback", "--repo", str(repo), "--state-dir", str(state), "--drain", "1")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "rolled back 'eagle3': version 1" in r.stdout and "version 2: unloaded" in r.stdout, r.stdout
+        assert not any(pid_alive(p) for p in v2_stubs + v2_workers), "version 2's stub or runtime outlived the rollback"
+        stubs, workers = version_processes(handle, "eagle3", 1)
+        assert len(stubs) == 1 and len(workers) == 1 and not set(stubs) & set(v1_stubs), "one fresh copy of version 1, not two"
+        assert version_state(handle, "eagle3", 1) == "ready" and version_state(handle, "eagle3", 2) != "ready"
+        assert version_processes(handle, "eagle3", 2) == ([], [])
+
+        t0 = time.monotonic()
+        r = _cli("stop", "--state-dir", str(state), "--drain", "1")
+        took = time.monotonic() - t0
+    finally:
+        if kept is not None:
+            kept.stop_stream()
+            kept.close()
+        _cli("stop", "--state-dir", str(state))
+    assert r.returncode == 0 and "stopped tritonserver" in r.stdout, r.stdout + r.stderr
+    assert "lost" not in r.stderr.replace("no request was lost", "") and "killed" not in r.stderr, r.stderr
+    assert took < 1 + 20, f"stop took {took:.1f} s"
+    from eagle3_trt.procs import cmdline_contains, group_members
+
+    assert group_members(handle.pid) == [] and cmdline_contains(handle.shm_prefix) == []
+    assert not list(Path("/dev/shm").glob(handle.shm_prefix + "*"))
+    print(f"stop took {took:.1f} s with versions held by an abandoned refused stream and an open one")

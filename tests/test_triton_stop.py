@@ -263,7 +263,7 @@ def test_stop_after_triton_gave_up_kills_the_orphaned_stub(bundle, tmp_path):
 def test_drain_marker_found_from_the_servers_command_line(tmp_path):
     """The model finds the marker through its parent's --backend-config (a real process here) and
     sees the window end at the time stop wrote; a process not started by serve has no marker."""
-    from eagle3_trt.triton_serving.draining import DrainWatch, marker_path, server_shm_prefix, write_marker
+    from eagle3_trt.triton_serving.draining import DrainWatch, marker_path, retire_marker_path, server_shm_prefix, write_marker
 
     prefix = "eagle3_0123456789ab_"
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", f"--backend-config=python,shm-region-prefix-name={prefix}", "--x=1"])
@@ -282,10 +282,14 @@ def test_drain_marker_found_from_the_servers_command_line(tmp_path):
     finally:
         plain.kill()
         plain.wait()
+    retire = DrainWatch(None, retire_marker_path(prefix, 4242, tmp_path))  # a stub of a version a deploy replaces
+    assert retire.asked() is None and not retire.expired()
+    write_marker(prefix, 0.0, tmp_path, stub_pid=4242)
+    assert retire.asked() == "deploy" and retire.expired()
     watch = DrainWatch(marker_path(prefix, tmp_path))
-    assert not watch.expired()  # no stop yet
+    assert not watch.expired() and watch.asked() is None  # no stop yet (another stub's retire marker is not a stop)
     write_marker(prefix, 3.0, tmp_path)  # a window a loaded machine cannot overrun between two lines
-    assert not watch.expired()
+    assert not watch.expired() and watch.asked() == "stop"
     time.sleep(3.2)
     assert watch.expired()
     assert not DrainWatch(None).expired()
@@ -384,3 +388,87 @@ def test_a_non_streaming_request_cut_by_stop_is_told_to_retry(bundle, tmp_path):
     assert out["http-infer"][0] == "error" and out["http-infer"][1] == "503" and "server is shutting down" in out["http-infer"][2], out
     assert out["grpc-infer"][0] == "error" and out["grpc-infer"][1] == "StatusCode.UNAVAILABLE" and "server is shutting down" in out["grpc-infer"][2], out
     assert "server is shutting down" in out["generate"][1] and "retry it on another server" in out["generate"][1], out
+
+
+class _KeptStream:
+    """A tritonclient gRPC stream as the ordinary client keeps it: started once, requests sent on it,
+    never closed until the test says so. ``events`` gets (kind, detail) per response."""
+
+    def __init__(self, url: str):
+        import tritonclient.grpc as g
+
+        self.q: queue.Queue = queue.Queue()
+        self.client = g.InferenceServerClient(url)
+        self.client.start_stream(callback=lambda result, error: self.q.put((result, error)))
+
+    def send(self, prompt: str, max_tokens: int) -> None:
+        from eagle3_trt.clients.llm_client import infer_inputs
+
+        self.client.async_stream_infer(
+            "eagle3",
+            infer_inputs(
+                [
+                    ("text_input", np.array([prompt.encode()], dtype=np.object_), "BYTES"),
+                    ("streaming", np.array([True]), "BOOL"),
+                    ("sampling_param_max_tokens", np.array([max_tokens], np.int64), "INT64"),
+                ]
+            ),
+            enable_empty_final_response=True,
+        )
+
+    def until_final(self, timeout: float = 120) -> tuple[str, str, int]:
+        """("finished", "", responses) or ("error", message, responses before it)."""
+        n = 0
+        while True:
+            result, error = self.q.get(timeout=timeout)
+            if error is not None:
+                return "error", error.message(), n
+            n += 1
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return "finished", "", n
+
+    def close(self) -> None:
+        self.client.stop_stream()
+        self.client.close()
+
+
+@pytest.mark.triton
+@pytest.mark.needs("tritonserver", "tritonclient")
+def test_stop_with_streams_kept_open_after_their_requests(bundle, tmp_path):
+    """The ordinary tritonclient pattern: one stream served a request to its final response and stays
+    open; another is mid-request when stop comes and stays open after its answer. tritonserver 2.51
+    keeps a stream's first request, and with it the model version, until the stream closes: stop used
+    to wait out Triton's 25 s exit timeout, kill it, exit 1 and claim lost requests. Now: the running
+    request is told to retry, stop exits 0 within the drain plus a few seconds, nothing is left."""
+    from eagle3_trt.testing.servers import serve_triton
+
+    handle, _ = serve_triton(*_packaged(bundle, tmp_path))
+    idle, busy = _KeptStream(handle.grpc_url), _KeptStream(handle.grpc_url)
+    try:
+        idle.send("Hello there", 4)
+        assert idle.until_final()[0] == "finished"
+        busy.send("Tell a very long story about the sea", 480)
+        busy.q.put(busy.q.get(timeout=60))  # it has started: one response is in
+        drain = 1.0
+        t0 = time.monotonic()
+        r = _cli("stop", "--state-dir", handle.state_dir, "--drain", str(drain), timeout=120)
+        took = time.monotonic() - t0
+        cut = busy.until_final(timeout=30)
+    finally:
+        idle.close()
+        busy.close()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stopped tritonserver" in r.stdout and "no request was lost" in r.stderr, r.stderr
+    assert "lost" not in r.stderr.replace("no request was lost", ""), r.stderr
+    assert "killed" not in r.stderr, r.stderr
+    # the drain, the instance's 4 s with nothing in flight, its runtime's exit, stop's 3 s idle wait
+    assert took < drain + 20, f"stop took {took:.1f} s"
+    assert cut[0] == "error" and "server is shutting down" in cut[1] and "retry it on another server" in cut[1], cut
+    assert _left_of(handle.pid, handle.shm_prefix) == ([], [], []) and not (Path(handle.state_dir) / "server.json").exists()
+    print(f"stop took {took:.1f} s (drain {drain:.0f} s) with a finished stream and a running one kept open")
+
+
+def _packaged(bundle: Path, tmp_path: Path) -> tuple[Path, Path]:
+    repo = tmp_path / "repo"
+    assert _cli("package", str(bundle), "-o", str(repo)).returncode == 0
+    return repo, tmp_path / "state"

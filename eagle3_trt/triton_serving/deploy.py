@@ -14,10 +14,15 @@ streams; tests/test_deploy_triton.py):
   per-version files: model.py, model.yaml, eagle3.yaml), adds them to the model's
   ``eagle3-package.json`` record, then ``POST /v2/repository/models/<name>/load``. Triton loads
   n+1 beside n (the call returns once it is ready); from then on a request without a version goes
-  to n+1, and requests in flight (streams included) finish on n. Triton unloads n once they have
-  finished and every gRPC stream that sent n a request is closed: Triton 2.51 holds a version while
-  such a stream stays open (requests on that stream already go to n+1), so with long-lived streaming
-  clients both versions stay in memory until the clients reconnect.
+  to n+1, and requests in flight (streams included) finish on n within the drain window (``--drain``,
+  as ``stop`` gives them; one still running then is answered with an UNAVAILABLE error to retry).
+  Triton unloads n once they have finished, except while a gRPC stream that sent n a request stays
+  open: tritonserver 2.51 keeps each stream's first request, and with it the version, until the stream
+  closes (``draining.py``; a stream whose refused request was abandoned by its client never does).
+  So ``deploy`` retires n itself: a marker per backend stub of n (``draining.retire_marker_path``),
+  on which the instance, once nothing has been in flight for a few seconds, ends its runtime and its
+  stub. ``deploy`` waits for n's processes to end (past its drain window and that wait it kills them
+  and says so) and reports the outcome: no stub or runtime of a replaced version outlives the deploy.
 * ``deploy --rollback`` renames the served version's directory ``rolled-back-<n>`` (kept on disk;
   Triton ignores a version directory that is not a number) and loads again: the highest remaining
   version is loaded beside it and n is unloaded the same way. Version numbers are never reused, so
@@ -44,6 +49,8 @@ from eagle3_trt.atomic.paths import fsync_dir
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import sha256_file
 from eagle3_trt.pipeline.trtllm_adapter import serving_llm_kwargs
+from eagle3_trt.procs import cmdline_contains, describe, parent_pid, pid_alive, terminate
+from eagle3_trt.triton_serving.draining import RETIRE_POLL_S, RETIRE_QUIET_S, RETIRE_SETTLE_S, retire_marker_path, write_marker
 from eagle3_trt.triton_serving.model_yaml import (
     MODEL_YAML,
     SERVING_YAML,
@@ -55,12 +62,16 @@ from eagle3_trt.triton_serving.model_yaml import (
     resolve_bundle,
 )
 from eagle3_trt.triton_serving.package import RECORD_FILE, PackageRecord, read_record, write_version_files
-from eagle3_trt.triton_serving.server import STATE_FILE, ServerHandle
+from eagle3_trt.triton_serving.server import DRAIN_S, EXECUTOR_WORKER, LEFTOVER_GRACE_S, STATE_FILE, ServerHandle
 
 ROLLED_BACK = "rolled-back-"
 FAILED = "failed-"
 EXPLICIT_ARG = "--model-control-mode=explicit"
 LOAD_TIMEOUT_S = 600.0
+STUB_NAME = "triton_python_backend_stub"
+# Past the drain window and the instance's own wait (RETIRE_*), how long a replaced version's
+# processes get before `deploy` kills them.
+RETIRE_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,21 @@ class DeployResult:
     loaded: bool  # the running server was asked (False: --offline)
     previous_state: str  # the previous version in Triton's repository index after the load ("" offline)
     seconds: float
+    retired: Retired | None = None  # what became of the previous version's processes (None offline)
+
+
+@dataclass(frozen=True)
+class Retired:
+    """The replaced version's backend stubs and runtime workers after ``deploy`` retired them."""
+
+    processes: tuple[str, ...]  # what ran for it when the new version was ready
+    waited_s: float
+    killed: tuple[str, ...] = ()  # still running past the drain window and the instance's wait: killed, and the signal
+    left: tuple[str, ...] = ()  # still running after SIGKILL
+
+    @property
+    def ended(self) -> bool:
+        return not self.left
 
 
 def version_numbers(mdir: Path) -> list[int]:
@@ -186,6 +212,46 @@ def version_state(h: ServerHandle, name: str, version: int) -> str:
     return "unloaded"
 
 
+def version_processes(h: ServerHandle, name: str, version: int) -> tuple[list[int], list[int]]:
+    """(backend stubs, their runtime workers) running version ``version`` of ``name`` on server ``h``:
+    stubs by the server's shared-memory prefix and the model file they were started with (a renamed
+    directory keeps its stub's command line), workers by their parent."""
+    model_py = str(Path(h.repo) / name / str(version) / "model.py")
+    stubs = []
+    for pid in cmdline_contains(h.shm_prefix) if h.shm_prefix.startswith("eagle3_") else []:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and Path(argv[0]).name == STUB_NAME and argv[1] == model_py:
+            stubs.append(pid)
+    workers = [p for p in cmdline_contains(EXECUTOR_WORKER) if parent_pid(p) in stubs]
+    return stubs, workers
+
+
+def retire_version(h: ServerHandle, name: str, version: int, drain_s: float) -> Retired:
+    """Ask every stub of the replaced ``version`` to go (its drain window: ``drain_s``), wait for its
+    processes to end, kill what still runs past the window and the instance's own wait."""
+    t0 = time.monotonic()
+    stubs, workers = version_processes(h, name, version)
+    names = {p: describe(p) for p in stubs + workers}
+    for p in stubs:
+        write_marker(h.shm_prefix, drain_s, stub_pid=p)
+    end = t0 + drain_s + RETIRE_SETTLE_S + RETIRE_QUIET_S + RETIRE_GRACE_S
+    while any(pid_alive(p) for p in stubs + workers) and time.monotonic() < end:
+        time.sleep(RETIRE_POLL_S / 2)
+    waited = time.monotonic() - t0
+    ended, left = terminate([p for p in stubs + workers if pid_alive(p)], LEFTOVER_GRACE_S)
+    for p in stubs:
+        retire_marker_path(h.shm_prefix, p).unlink(missing_ok=True)
+    return Retired(
+        tuple(names[p] for p in stubs + workers),
+        waited,
+        tuple(f"{names[p]} by {sig}" for p, sig in sorted(ended.items())),
+        tuple(names[p] for p in left),
+    )
+
+
 def _load(h: ServerHandle, name: str, version: int, timeout_s: float) -> str | None:
     """Ask the server to load ``name`` (its highest version); None when ``version`` is ready, else Triton's error."""
     code, body = _post(f"{h.http_url}/v2/repository/models/{name}/load", timeout_s)
@@ -239,6 +305,7 @@ def deploy(
     rollback: bool = False,
     offline: bool = False,
     timeout_s: float = LOAD_TIMEOUT_S,
+    drain_s: float = DRAIN_S,
 ) -> DeployResult:
     """Add ``new_bundle`` as the next version of model ``name`` in ``repo`` (or, ``rollback``, go
     back to the version before the served one) and have the server recorded in ``state_dir`` serve it."""
@@ -274,6 +341,7 @@ def deploy(
             _write_version(mdir, target, info, served)
             undo = (str(target), f"{FAILED}{target}")
         state = ""
+        retired = None
         if h is not None:
             err = _load(h, name, target, timeout_s)
             if err is not None:
@@ -281,7 +349,8 @@ def deploy(
                 _load(h, name, served, timeout_s)  # Triton serves the highest version on disk again: ``served``
                 what = f"version {target} of '{name}' failed to load; version {served} is still served"
                 raise UserError("tritonserver", f"{what}. Triton said: {err}", f"read {h.log_file}")
+            retired = retire_version(h, name, served, drain_s)
             state = version_state(h, name, served)
     finally:
         unlock(mdir, held)
-    return DeployResult(name, target, served, info.path, h is not None, state, time.monotonic() - t0)
+    return DeployResult(name, target, served, info.path, h is not None, state, time.monotonic() - t0, retired)

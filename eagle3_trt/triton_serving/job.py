@@ -11,9 +11,10 @@ same code.
 * ``LlmServing``: encodes prompts, builds ``SamplingParams``, runs every request as a coroutine on
   one asyncio loop thread (as upstream's llmapi model does), tracks in-flight requests by request
   id (the ``stop`` input), polls client cancellation every ``cancel_period_ms`` and aborts, and
-  ends what is still running when a stop's drain window closes (``draining.py``), and hands each
-  request that ended naturally to the traffic capturer when ``serve --capture`` is on
-  (``capture_setup.py``, ``runtime/capture.py``).
+  ends what is still running when a stop's (or a deploy's) drain window closes (``draining.py``),
+  hands each request that ended naturally to the traffic capturer when ``serve --capture`` is on
+  (``capture_setup.py``, ``runtime/capture.py``), and retires the instance (``on_retire``) once a
+  stop or a deploy asked it to go and it has had nothing in flight for ``RETIRE_QUIET_S``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from eagle3_trt.runtime.capture import Capturer
 from eagle3_trt.runtime.llm_api import SamplingParamError, ServingLlm, SpecStats, spec_stats, to_ns
 from eagle3_trt.runtime.request_contract import ServedRequest
 from eagle3_trt.triton_serving.capture_setup import triton_capturer
-from eagle3_trt.triton_serving.draining import SHUTDOWN_MESSAGE, DrainWatch
+from eagle3_trt.triton_serving.draining import RETIRE_POLL_S, RETIRE_QUIET_S, RETIRE_SETTLE_S, RETIRED_MESSAGE, SHUTDOWN_MESSAGE, DrainWatch
 from eagle3_trt.triton_serving.request_params import GenRequest, RequestError, served_request
 
 
@@ -224,6 +225,7 @@ class LlmServing:
         log: Callable[[str], None],
         drain: DrainWatch | None = None,
         capture: Capturer | None = None,
+        on_retire: Callable[[str], None] | None = None,
     ):
         self.llm = llm
         self.SamplingParams = llm.sampling_params_cls
@@ -251,6 +253,33 @@ class LlmServing:
         self._thread.start()
         self._running = True
         self._ticking = False  # the cancellation timer is armed (loop thread only)
+        self._last_activity = time.monotonic()  # a request arrived or ended
+        self.on_retire = on_retire
+        if on_retire is not None and drain is not None and (drain.path is not None or drain.retire_path is not None):
+            threading.Thread(target=self._retire_loop, name="eagle3-retire", daemon=True).start()
+
+    # -- retiring -----------------------------------------------------------------------------
+    def touch(self) -> None:
+        """A request reached the model (the model calls this for every batch Triton hands it)."""
+        self._last_activity = time.monotonic()
+
+    def _retire_loop(self) -> None:
+        """Triton may keep this instance loaded with nothing in flight (``draining.py``): once a stop
+        or a deploy asked it to go, and nothing has been in flight for ``RETIRE_QUIET_S``, hand
+        over to ``on_retire`` (which ends the instance's processes)."""
+        assert self.drain is not None and self.on_retire is not None
+        seen: float | None = None
+        while self._running:
+            time.sleep(RETIRE_POLL_S)
+            why = self.drain.asked()
+            if why is None:
+                continue
+            now = time.monotonic()
+            seen = seen if seen is not None else now
+            if now - seen >= RETIRE_SETTLE_S and self.in_flight() == 0 and now - self._last_activity >= RETIRE_QUIET_S:
+                if self._running:
+                    self.on_retire(why)
+                return
 
     # -- requests ---------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:
@@ -289,6 +318,7 @@ class LlmServing:
         job = Job(req, sink, request_id, arrival_ns, speculation, self.max_draft_len)
         job.category = category
         with self._lock:
+            self._last_activity = time.monotonic()
             self._jobs.add(job)
             if request_id:
                 self._by_id.setdefault(request_id, set()).add(job)
@@ -357,6 +387,7 @@ class LlmServing:
 
     def _forget(self, job: Job) -> None:
         with self._lock:
+            self._last_activity = time.monotonic()
             self._jobs.discard(job)
             s = self._by_id.get(job.request_id)
             if s is not None:
@@ -419,12 +450,16 @@ class LlmServing:
         self._loop.call_later(self.cancel_period_s, self._cancellation_tick)
 
     def _end_drain(self, jobs: list[Job]) -> None:
-        """The stop's drain window is over: each open request gets a final error response now,
-        while Triton can still deliver it (past its exit timeout it cuts every stream silently)."""
+        """The stop's (or the deploy's) drain window is over: each open request gets a final error
+        response now, while Triton can still deliver it (past its exit timeout it cuts every stream
+        silently)."""
         if jobs and not self._drained:
             self.log(f"drain window over: ending {len(jobs)} request(s) still running")
         self._drained = True
-        msg = f"{SHUTDOWN_MESSAGE}: the request was still running when the drain window ended; retry it on another server"
+        if self.drain is not None and self.drain.asked() == "deploy":
+            msg = f"{RETIRED_MESSAGE}: the request was still running when its drain window ended; retry it"
+        else:
+            msg = f"{SHUTDOWN_MESSAGE}: the request was still running when the drain window ended; retry it on another server"
         for j in jobs:
             self._cancel_on_loop(j, msg, True)
 

@@ -13,18 +13,22 @@ The server runs in its own session (process group), logs to a file, and leaves a
 ``server.json`` in the state directory so ``eagle3-trt stop`` can find it.
 
 Stopping: ``stop`` writes a drain marker (``draining.py``), then SIGTERM. Triton stops taking
-requests and waits up to ``--exit-timeout-secs`` (``EXIT_TIMEOUT_S``) for in-flight work (an open
-gRPC stream counts, even one Triton rejected); the model lets requests run for the drain window
-(``DRAIN_S``) and then ends each one still open with a "server is shutting down" error, so Triton
-unloads the models and exits well inside its timeout. ``stop`` waits longer than that before it
-kills the process group, except when only idle connections hold the server: once every backend
-stub has exited (the models are unloaded, so no inference is in flight) it gets ``IDLE_EXIT_S``
-more, then is ended and the stop counts as clean (an idle gRPC stream kept tritonserver 2.51
-waiting past its own exit timeout, and ``stop`` killed it after 35 s claiming lost requests). Once the server is gone, whatever is left of it (its process group,
-Python-backend stubs that outlived it: found by group, by the shared-memory prefix in their
-command line and by the ``/dev/shm`` files they hold) gets SIGTERM, then SIGKILL; ``stop`` reports
-what it had to kill (and exits non-zero), keeps ``server.json`` while anything of it still runs,
-and removes the server's shared-memory regions (``/dev/shm/<shm_prefix>*``).
+requests and waits up to ``--exit-timeout-secs`` (``EXIT_TIMEOUT_S``) for in-flight work; the model
+lets requests run for the drain window (``DRAIN_S``) and then ends each one still open with a
+"server is shutting down" error, so Triton unloads the models and exits well inside its timeout.
+A version that a gRPC stream still holds (tritonserver 2.51 keeps the first request of every stream,
+and with it the model version, until the stream closes: ``draining.py``) is not unloaded by Triton
+however idle it is: the model instance ends its own runtime and stub once the marker is there and
+nothing has been in flight for a few seconds. ``stop`` waits longer than all that before it kills
+the process group, except when only such connections hold the server: once every backend stub has
+exited (nothing can be in flight without one) it gets ``IDLE_EXIT_S`` more, then is ended and the
+stop counts as clean (before, a stream kept open after its last response made ``stop`` wait out
+Triton's exit timeout, kill it after 35 s and claim lost requests). Once the server is gone,
+whatever is left of it (its process group, Python-backend stubs that outlived it: found by group,
+by the shared-memory prefix in their command line and by the ``/dev/shm`` files they hold) gets
+SIGTERM, then SIGKILL; ``stop`` reports what it had to kill (and exits non-zero), keeps
+``server.json`` while anything of it still runs, and removes the server's shared-memory regions
+(``/dev/shm/<shm_prefix>*``).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from eagle3_trt.atomic import FILE_MODE, make_dirs, staged_dir, write_json
 from eagle3_trt.errors import UserError
 from eagle3_trt.procs import HOST, cmdline_contains, describe, group_members, holders_of, parent_pid, pid_alive, port_is_free, terminate
 from eagle3_trt.runtime.capture import CaptureConfig, capture_env
-from eagle3_trt.triton_serving.draining import SHM_DIR, marker_path, write_marker
+from eagle3_trt.triton_serving.draining import RETIRE_INFIX, SHM_DIR, marker_path, write_marker
 from eagle3_trt.triton_serving.package import check_repository, package_import_root
 
 STATE_FILE = "server.json"
@@ -63,10 +67,11 @@ DRAIN_MAX_S = EXIT_TIMEOUT_S - 5.0
 STOP_TIMEOUT_S = 35.0
 # After the server exits: how long its stubs get to exit on their own, then to honour SIGTERM.
 LEFTOVER_GRACE_S = 3.0
-# After SIGTERM, once every backend stub of the server has exited (its models are unloaded, which
-# Triton does only when no inference is in flight), how long it gets to exit before `stop` ends
-# it: past that it is held only by open connections with no request, such as an idle gRPC stream
-# (tritonserver 2.51 then waits on the gRPC server's shutdown far past --exit-timeout-secs).
+# After SIGTERM, once every backend stub of the server has exited (Triton unloaded its models, or an
+# instance held only by open gRPC streams retired itself: both happen only with nothing in flight),
+# how long it gets to exit before `stop` ends it: past that it is held only by open connections with
+# no request (tritonserver 2.51 then waits out --exit-timeout-secs for the versions such streams
+# hold, and on the gRPC server's shutdown past that).
 IDLE_EXIT_S = 3.0
 
 
@@ -385,8 +390,10 @@ class StopResult:
         out = []
         if self.idle_s is not None:
             out.append(
-                f"tritonserver (pid {self.pid}) had unloaded its models (no request in flight) but was still held by open idle "
-                f"connections (e.g. a gRPC stream with no request): ended it {self.idle_s:.1f} s after SIGTERM; no request was lost"
+                f"tritonserver (pid {self.pid}) had no request in flight (every backend stub had exited) but still held model versions "
+                "for gRPC streams that had sent them requests (tritonserver 2.51 keeps a stream's first request until the stream closes): "
+                f"ended it {self.idle_s:.1f} s after SIGTERM; no request was lost "
+                "(a request still running when the drain window ended was answered with the retry error)"
             )
         if self.killed:
             out.append(
@@ -476,8 +483,10 @@ def stop_server(
     alive += w_alive
     killed_leftovers = tuple(f"{names[p]} by {sig}" for p, sig in sorted(ended.items()))
     left = tuple(names[p] for p in alive)
-    if _valid_prefix(handle.shm_prefix):
-        marker_path(handle.shm_prefix, shm_dir).unlink(missing_ok=True)  # ours, not a region it left behind
+    if _valid_prefix(handle.shm_prefix):  # our markers, not regions it left behind
+        marker_path(handle.shm_prefix, shm_dir).unlink(missing_ok=True)
+        for m in Path(shm_dir).glob(f"{handle.shm_prefix}{RETIRE_INFIX}*"):
+            m.unlink(missing_ok=True)
     removed = remove_shm_regions(handle.shm_prefix, shm_dir)
     if not left:  # keep the record while anything of it runs: a second `stop` finds it again
         _forget(Path(handle.state_dir))

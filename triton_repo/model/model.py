@@ -317,6 +317,10 @@ class TritonPythonModel:
         global _Tensor, _InferenceResponse
         _Tensor, _InferenceResponse = pb_utils.Tensor, pb_utils.InferenceResponse
         self.model_name = args["model_name"]
+        self.model_version = args["model_version"]
+        # Finalize (Triton unloading the version) and retiring (the instance ending itself) exclude each other.
+        self._life_lock = threading.Lock()
+        self._ending = False
         mdir = _model_dir(args)
         yaml_path = _model_yaml_path(args)
         serving_path = mdir / "eagle3.yaml"
@@ -395,8 +399,10 @@ class TritonPythonModel:
             decoupled=decoupled,
             on_done=lambda s: self.metrics.done(s),
             log=lambda m: pb_utils.Logger.log_warn(f"[eagle3] {m}"),
-            # `eagle3-trt stop` marks when its drain window ends (Triton does not tell the model it is draining).
+            # `eagle3-trt stop` marks when its drain window ends (Triton does not tell the model it is draining),
+            # and `eagle3-trt deploy` marks the stubs of the version it replaced.
             drain=DrainWatch.for_parent(),
+            on_retire=self._retire,
         )
         pb_utils.Logger.log_info(
             f"[eagle3] model '{self.model_name}' ready: runtime={cfg.runtime} bundle={info.path} "
@@ -406,6 +412,7 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
+        self.serving.touch()
         for request in requests:
             arrival = time.monotonic_ns()
             sink = _Sink(request.get_response_sender(), self.text_dtype)
@@ -440,7 +447,36 @@ class TritonPythonModel:
                 sink.fail(f"internal error: {type(e).__name__}: {e}")
         return None
 
+    def _retire(self, why: str) -> None:
+        """A stop or a deploy asked this instance to go and it has nothing in flight, but Triton has
+        not finalized it: a gRPC stream that sent it a request is still open, and tritonserver 2.51
+        keeps the version live until that stream closes (draining.py). Its runtime and this stub end
+        here; Triton finds the stub gone when it finally releases the version."""
+        with self._life_lock:
+            if self._ending:
+                return
+            self._ending = True
+        pb_utils.Logger.log_warn(
+            f"[eagle3] model '{self.model_name}' version {self.model_version}: retired by {why} with nothing in flight, "
+            "but an open gRPC stream still holds it in Triton; ending its runtime and this backend stub (pid "
+            f"{os.getpid()})"
+        )
+        try:
+            self._close()
+        finally:
+            watch = self.serving.drain
+            if watch is not None and watch.retire_path is not None:
+                watch.retire_path.unlink(missing_ok=True)
+            os._exit(0)
+
     def finalize(self):
+        with self._life_lock:
+            if self._ending:
+                return
+            self._ending = True
+        self._close()
+
+    def _close(self):
         serving = getattr(self, "serving", None)
         if serving is not None:
             serving.shutdown()
