@@ -126,6 +126,9 @@ def run_alpha(
         prim = measure_pair(eng, label=b.label, sweep=(), method="generate")
     else:
         prim = measure_pair(eng, label=b.label, sweep=sweep)
+    nothing = prim.incomplete(str(prompts_file)) if not prim.results else None
+    if nothing is not None:  # every prompt skipped: no report of AL 0, nothing else measured
+        raise nothing
     diag = diagnose(eng, prim) if diagnostics and prim.results else []
     by_mode = measure_modes(eng, modes, sa_cfg, measure_pair, say, dyn_cfg)
     max_seq_len = eng.max_seq_len  # the draft-length rule near the context's end (acceptance by context)
