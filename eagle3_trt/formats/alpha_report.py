@@ -236,6 +236,9 @@ class ModeEntry(_Strict):
     sa_config: SAConfigRecord | None = None
     dynamic_tree: DynamicTreeRecord | None = None
     vs_chain: PairedDiff | None = None  # AL(mode) - AL(chain), paired over turns
+    # each turn's draft tokens accepted per verification, in order (the switch-off replay when this mode
+    # wins: measure/method_gate.py); absent in reports written before they were recorded
+    accepted_seqs: list[list[int]] | None = None
 
 
 class AlphaReport(_Strict):

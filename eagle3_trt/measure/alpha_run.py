@@ -202,6 +202,9 @@ def measure_modes(eng, modes: tuple[str, ...], sa_cfg: SAConfig | None, measure_
             "method": method,
             "overall": mode_figures(m.overall()),
             "by_category": {c: mode_figures(a) for c, a in m.by_category().items()},
+            # each turn's accepted drafts per verification, in order: recommend replays them through the
+            # acceptance-rate switch-off when this mode wins (measure/method_gate.py)
+            "accepted_seqs": [list(r.stats.accepted_seq) for r in m.results],
         }
         if mode == "sa" and sa_cfg is not None:
             entry["sa_config"] = {"threshold": sa_cfg.threshold, "enable_global_pool": sa_cfg.enable_global_pool}

@@ -402,7 +402,7 @@ def recommend_cmd(
     if write:
         write_recommendation_to_bundle(Path(bundle), rec, source=report_file or prompts_file, report=report, gate_traffic=gate_traffic)
     else:
-        gate_choice(rec, report, gate_traffic)  # what --write would write, and why (measure/gate_replay.py)
+        gate_choice(rec, report, gate_traffic, b)  # what --write would write for the method it writes, and why
     if as_json:
         click.echo(json.dumps(rec.to_dict(), indent=1))
         return
