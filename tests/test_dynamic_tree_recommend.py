@@ -244,3 +244,71 @@ def test_the_trees_threshold_is_its_own_break_even_and_needs_its_turns():
     tree, chain = mode_gate("dynamic-tree", _rec(64), rep, COSTS, 3), mode_gate("chain", _rec(64), rep, COSTS, 3)
     assert tree.threshold > chain.threshold > 0
     assert tree.window is None and "alpha --modes ...,dynamic-tree" in tree.line() and "of dynamic-tree at K=3" in tree.line()
+
+
+def _trip(samples: list[float], window: int, threshold: float) -> int | None:
+    """By hand, TensorRT-LLM's SpeculationGate on one sample per iteration: the index of the sample whose
+    window of the last ``window`` samples first has a mean below ``threshold`` (None: never)."""
+    for j in range(window - 1, len(samples)):
+        if sum(samples[j - window + 1 : j + 1]) / window < threshold:
+            return j
+    return None
+
+
+def test_the_reference_runtime_counts_a_tree_iteration_as_accepted_over_its_depth(bundle, tmp_path):
+    """One request on a tree bundle with a gate, served by the reference runtime's scheduler: each iteration
+    that verified gives the sample accepted / K (K the tree's depth, not its 2K nodes), as TensorRT-LLM's
+    executor counts paths; the gate trips where the hand-worked trace of those samples says, and the
+    overlap scheduler's extra iteration still drafts."""
+    import shutil
+
+    from eagle3_trt.core.engine import SamplingParams
+    from eagle3_trt.pipeline import bundle_write
+    from eagle3_trt.pipeline.llm_options import validate_options
+    from eagle3_trt.runtime.llm_api import SamplingParams as ServedParams
+    from eagle3_trt.runtime.reference_llm import ReferenceLLM
+
+    mine = tmp_path / "b"
+    shutil.copytree(bundle, mine)
+    b = open_bundle(mine)
+    k = b.options.speculative_config.max_draft_len
+    tree = {"use_dynamic_tree": True, "dynamic_tree_max_topK": 2, "max_total_draft_tokens": 2 * k, "sa_config": None}
+
+    def with_spec(**extra) -> None:
+        o = open_bundle(mine).options
+        spec = {**o.speculative_config.model_dump(), "draft_len_schedule": None, "max_concurrency": None, **tree, **extra}
+        bundle_write.update(mine, options=validate_options({**o.model_dump(), "speculative_config": spec}, "test"))
+
+    with_spec(acceptance_rate_window_size=None, acceptance_rate_threshold=None)
+    ids = [0, 17, 42, 99, 7, 3, 250, 17, 42, 99, 7]
+    (res,) = engine_from_bundle(mine).generate([ids], SamplingParams(max_tokens=32))
+    seq = list(res.stats.accepted_seq)  # accepted drafts per verification, greedy: what the served run verifies
+    by_depth, by_nodes = [a / k for a in seq], [a / (2 * k) for a in seq]
+    # a threshold where counting paths and counting nodes trip at different iterations
+    window = 2
+    pick = next(
+        (t / 100 for t in range(5, 100, 5) if _trip(by_depth, window, t / 100) != _trip(by_nodes, window, t / 100)),
+        None,
+    )
+    assert pick is not None, seq
+
+    def served(threshold: float) -> dict:
+        with_spec(acceptance_rate_window_size=window, acceptance_rate_threshold=threshold)
+        llm = ReferenceLLM(mine, device="cpu", single_process=True)
+        try:
+            out = llm.generate_async(ids, ServedParams(max_tokens=32, temperature=0.0)).result(timeout=120)
+            state = llm.speculation_state()
+        finally:
+            llm.shutdown()
+        assert list(out.outputs[0].token_ids) == list(res.token_ids)  # greedy: the same tokens, gate or not
+        assert state is not None
+        return state
+
+    # iteration 0 is the prefill (no sample); verification i is iteration i + 1; the overlap scheduler
+    # drafts once more after the tripping iteration
+    for threshold in (pick, next(t / 100 for t in range(100, 0, -5) if _trip(by_depth, window, t / 100) is not None)):
+        j = _trip(by_depth, window, threshold)
+        state = served(threshold)
+        assert state["tripped_on_iteration"] == (None if j is None else j + 1), (state, seq, threshold)
+        if j is not None:
+            assert state["speculation_off_from_iteration"] == j + 3 and state["gate_samples"] == j + 1
