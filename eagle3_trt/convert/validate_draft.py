@@ -96,7 +96,7 @@ def _check_head_tensors(target: TargetInfo, draft: DraftCheckpoint) -> None:
     n_aux = c.num_aux_layers
     if c.fuse_width == c.hidden_size:
         # tensorrt_llm/_torch/models/modeling_speculative.py@00679c66 Eagle3ForCausalLM.apply_eagle3_fc runs fc only
-        # when hidden_states.shape[-1] != hidden_size; every producer trains fc over the aux states, one layer included over the aux states, one layer included (speculators allows one target layer)
+        # when hidden_states.shape[-1] != hidden_size; every producer trains fc over the aux states, one layer included (speculators allows one target layer)
         hooks = head_hooks(draft)
         raise UserError(
             f"{draft.path}:fc.weight",
@@ -193,7 +193,8 @@ def check_aux_layers(target: TargetInfo, draft: DraftCheckpoint, rep: Validation
 
     bad = [i for i in ids if not 0 <= i < L]
     if bad:
-        lo, hi = c.aux_id_offset, L - 1 + c.aux_id_offset
+        off = c.aux_id_offset if c.aux_layer_ids is not None else 0
+        lo, hi = off, L - 1 + off
         raise UserError(
             where,
             f"aux layer ids {shown(bad)} outside the target's {L} layers (ids {lo}..{hi} in this file's numbering)",
