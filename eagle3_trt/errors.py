@@ -27,6 +27,12 @@ class UserError(Exception):
         return msg
 
 
+class IncompleteMeasurement(UserError):
+    """A measurement that measured no request, or fewer than the prompts file (or ``--limit``) asked
+    for: one line saying how many and why, exit 2. Raised before anything is written when nothing was
+    measured; after the report (which records the skipped requests) otherwise."""
+
+
 class GateFailed(Exception):
     """A measured figure is below the deployment gate (exit code 3, distinct from bad input).
 

@@ -657,12 +657,16 @@ CASES: list[Case] = [
         "aux-out-of-range",
         V,
         2,
-        r"draft/config\.json:eagle_aux_hidden_state_layer_ids: aux layer ids \[9\] outside the target's layers 0\.\.7",
+        r"draft/config\.json:eagle_aux_hidden_state_layer_ids: aux layer ids \[9\] outside the target's 8 layers \(ids 0\.\.7 in this file's numbering\)",
         make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[1, 3, 9]),
     ),
     Case("aux-not-distinct", V, 2, r"aux layer ids \[1, 1, 4\] are not distinct", make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[1, 1, 4])),
     Case(
-        "aux-count-vs-fc", V, 2, r"2 aux layers but fc\.weight fuses 3 target hidden states", make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[1, 4])
+        "aux-count-vs-fc",
+        V,
+        2,
+        r"2 aux layers \[1, 4\] but fc\.weight fuses 3 target hidden states",
+        make=dcfg(eagle_config__eagle_aux_hidden_state_layer_ids=[1, 4]),
     ),
     # ---- draft vocabulary map
     Case("d2t-missing", V, 2, r"draft:d2t: missing, but draft_vocab_size 256 < vocab_size 512", make=dtensors(_without("d2t"))),

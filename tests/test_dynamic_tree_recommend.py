@@ -139,7 +139,8 @@ def test_write_then_remove(bundle):
     assert (opts["use_dynamic_tree"], opts["dynamic_tree_max_topK"], opts["max_total_draft_tokens"]) == (True, 8, 8 * k)
     assert (man.use_dynamic_tree, man.dynamic_tree_max_topK, man.max_total_draft_tokens) == (True, 8, 8 * k)
     assert spec.draft_len_schedule == man.draft_len_schedule and set(spec.draft_len_schedule.values()) == {k}
-    assert spec.acceptance_rate_threshold is None and man.acceptance_rate_threshold is None  # the chain's gate is left out
+    # no gate: this synthetic report holds no per-verification counts of the tree (the line says which run gives them)
+    assert spec.acceptance_rate_threshold is None and man.acceptance_rate_threshold is None
     # the reference runtime serving the bundle drafts the tree it was written with
     assert engine_from_bundle(bundle).method == DynamicTreeMethod(DynamicTreeConfig(8, 8 * k))
     # a new measurement where the tree does not pay: the keys go from both files
@@ -174,3 +175,140 @@ def test_alpha_modes_chain_and_dynamic_tree(bundle, tmp_path):
     assert m["chain"]["overall"]["tokens_verified_per_forward"] <= k + 1 < m["dynamic-tree"]["overall"]["tokens_verified_per_forward"] <= 6
     # greedy: the same tokens either way, so the same number generated
     assert m["chain"]["overall"]["generated_tokens"] == m["dynamic-tree"]["overall"]["generated_tokens"]
+
+
+def _gate_report(k: int) -> dict:
+    """A synthetic report.json where the tree wins at K=k: 24 turns per mode of 12 verifications, the tree
+    accepting K and K-1 drafts in turn (AL K + 0.5), the chain 1 (AL 2)."""
+    tree = {**TREE, "max_draft_len": k, "max_total_draft_tokens": 8 * k}
+    rep = report_json(_report(2.0, k + 0.5, k, tree))
+    tree_seq = [k, k - 1] * 6
+    rep["modes"]["dynamic-tree"]["accepted_seqs"] = [tree_seq[i % 2 :] + tree_seq[: i % 2] for i in range(24)]
+    rep["modes"]["chain"]["accepted_seqs"] = [[1] * 12] * 24
+    rep["pairs"]["bundle"]["overall"]["cumulative_acceptance"] = [0.9, 0.8, 0.7][:k]
+    return rep
+
+
+def _gate_lines(out: str) -> list[str]:
+    return [ln.removeprefix("wrote ") for ln in out.splitlines() if ln.removeprefix("wrote ").startswith("acceptance gate")]
+
+
+def test_recommend_and_write_print_the_trees_gate_and_the_options_match_it(bundle, tmp_path, capsys):
+    """The tree wins: recommend and recommend --write print the same gate line, the tree's (its break-even
+    acceptance through its own cost hook at its depth, replayed on its measured turns), and the bundle's
+    options carry that window and threshold (they used to print the chain's gate and write none)."""
+    import json
+
+    from eagle3_trt.cli import main
+    from eagle3_trt.measure.cost_model import break_even_alpha, model_costs, predict_from_tokens
+    from eagle3_trt.measure.gate_replay import choose_gate
+
+    b = open_bundle(bundle)
+    k = recommend([0.9, 0.8, 0.7], concurrency=1, **bundle_cost_inputs(b), batches=recommendation_batches(b)).max_draft_len
+    raw = _gate_report(k)
+    f = tmp_path / "report.json"
+    f.write_text(json.dumps(raw))
+    capsys.readouterr()
+    assert main(["recommend", str(bundle), "--report", str(f)]) == 0
+    shown = _gate_lines(capsys.readouterr().out)
+    assert main(["recommend", str(bundle), "--report", str(f), "--write"]) == 0
+    written = _gate_lines(capsys.readouterr().out)
+    assert shown == written and len(shown) == 1 and "of dynamic-tree" in shown[0], (shown, written)
+    # the threshold, worked out here: the tree's iteration cost at its depth and concurrency 1
+    gpu, tp, tcost, dcost = model_costs(bundle_cost_inputs(b))
+    mode = raw["modes"]["dynamic-tree"]
+    shape = {"dynamic_tree_max_topK": 8, "max_total_draft_tokens": 8 * k, "max_draft_len": k}
+    from types import SimpleNamespace
+
+    pred = predict_from_tokens(mode["overall"]["acceptance_length"], gpu, tcost, dcost, tp, 1, k, method="dynamic-tree", options=SimpleNamespace(**shape))
+    threshold = round(min(1.0, break_even_alpha(k, pred.overhead)), 4)
+    choice = choose_gate(mode["accepted_seqs"], k, threshold, 1)
+    spec, man = open_bundle(bundle).options.speculative_config, open_bundle(bundle).manifest.recommendation
+    assert spec.use_dynamic_tree and man is not None
+    if choice.window is None:
+        assert spec.acceptance_rate_window_size is None and "not written" in shown[0]
+    else:
+        assert (spec.acceptance_rate_window_size, spec.acceptance_rate_threshold) == (choice.window, choice.threshold)
+        assert (man.acceptance_rate_window_size, man.acceptance_rate_threshold) == (choice.window, choice.threshold)
+        assert f"window {choice.window} iterations, threshold {threshold:.4f} (break-even acceptance of dynamic-tree at K={k})" in shown[0]
+
+
+def test_the_trees_threshold_is_its_own_break_even_and_needs_its_turns():
+    """On an 8B-class target at concurrency 64 the tree's break-even acceptance (its 24 verified nodes and its
+    expansion make the verification compute-bound) is above the chain's at the same K (at batch 1 both are
+    memory-bound and equal); a report without the tree's per-verification counts writes no gate
+    and says which measurement to run."""
+    from eagle3_trt.measure.method_gate import mode_gate
+
+    rep = _report(2.0, 3.5)
+    tree, chain = mode_gate("dynamic-tree", _rec(64), rep, COSTS, 3), mode_gate("chain", _rec(64), rep, COSTS, 3)
+    assert tree.threshold > chain.threshold > 0
+    assert tree.window is None and "alpha --modes ...,dynamic-tree" in tree.line() and "of dynamic-tree at K=3" in tree.line()
+
+
+def _trip(samples: list[float], window: int, threshold: float) -> int | None:
+    """By hand, TensorRT-LLM's SpeculationGate on one sample per iteration: the index of the sample whose
+    window of the last ``window`` samples first has a mean below ``threshold`` (None: never)."""
+    for j in range(window - 1, len(samples)):
+        if sum(samples[j - window + 1 : j + 1]) / window < threshold:
+            return j
+    return None
+
+
+def test_the_reference_runtime_counts_a_tree_iteration_as_accepted_over_its_depth(bundle, tmp_path):
+    """One request on a tree bundle with a gate, served by the reference runtime's scheduler: each iteration
+    that verified gives the sample accepted / K (K the tree's depth, not its 2K nodes), as TensorRT-LLM's
+    executor counts paths; the gate trips where the hand-worked trace of those samples says, and the
+    overlap scheduler's extra iteration still drafts."""
+    import shutil
+
+    from eagle3_trt.core.engine import SamplingParams
+    from eagle3_trt.pipeline import bundle_write
+    from eagle3_trt.pipeline.llm_options import validate_options
+    from eagle3_trt.runtime.llm_api import SamplingParams as ServedParams
+    from eagle3_trt.runtime.reference_llm import ReferenceLLM
+
+    mine = tmp_path / "b"
+    shutil.copytree(bundle, mine)
+    b = open_bundle(mine)
+    k = b.options.speculative_config.max_draft_len
+    tree = {"use_dynamic_tree": True, "dynamic_tree_max_topK": 2, "max_total_draft_tokens": 2 * k, "sa_config": None}
+
+    def with_spec(**extra) -> None:
+        o = open_bundle(mine).options
+        spec = {**o.speculative_config.model_dump(), "draft_len_schedule": None, "max_concurrency": None, **tree, **extra}
+        bundle_write.update(mine, options=validate_options({**o.model_dump(), "speculative_config": spec}, "test"))
+
+    with_spec(acceptance_rate_window_size=None, acceptance_rate_threshold=None)
+    ids = [0, 17, 42, 99, 7, 3, 250, 17, 42, 99, 7]
+    (res,) = engine_from_bundle(mine).generate([ids], SamplingParams(max_tokens=32))
+    seq = list(res.stats.accepted_seq)  # accepted drafts per verification, greedy: what the served run verifies
+    by_depth, by_nodes = [a / k for a in seq], [a / (2 * k) for a in seq]
+    # a threshold where counting paths and counting nodes trip at different iterations
+    window = 2
+    pick = next(
+        (t / 100 for t in range(5, 100, 5) if _trip(by_depth, window, t / 100) != _trip(by_nodes, window, t / 100)),
+        None,
+    )
+    assert pick is not None, seq
+
+    def served(threshold: float) -> dict:
+        with_spec(acceptance_rate_window_size=window, acceptance_rate_threshold=threshold)
+        llm = ReferenceLLM(mine, device="cpu", single_process=True)
+        try:
+            out = llm.generate_async(ids, ServedParams(max_tokens=32, temperature=0.0)).result(timeout=120)
+            state = llm.speculation_state()
+        finally:
+            llm.shutdown()
+        assert list(out.outputs[0].token_ids) == list(res.token_ids)  # greedy: the same tokens, gate or not
+        assert state is not None
+        return state
+
+    # iteration 0 is the prefill (no sample); verification i is iteration i + 1; the overlap scheduler
+    # drafts once more after the tripping iteration
+    for threshold in (pick, next(t / 100 for t in range(100, 0, -5) if _trip(by_depth, window, t / 100) is not None)):
+        j = _trip(by_depth, window, threshold)
+        state = served(threshold)
+        assert state["tripped_on_iteration"] == (None if j is None else j + 1), (state, seq, threshold)
+        if j is not None:
+            assert state["speculation_off_from_iteration"] == j + 3 and state["gate_samples"] == j + 1

@@ -37,7 +37,7 @@ def target(tmp_path_factory) -> Path:
     return make_pair(tmp_path_factory.mktemp("peagle") / "pair")[0]
 
 
-def peagle_head(out: Path, target: Path, *, layers: int = 1, draft_vocab: int = D, seed: int = 0, **flags) -> Path:
+def peagle_head(out: Path, target: Path, *, layers: int = 1, draft_vocab: int = D, seed: int = 0, aux=(2, 4, 6), **flags) -> Path:
     """A P-EAGLE head as speculators' trainer builds one (``PEagleDraftModel.from_training_args`` minus
     reading data), random weights, norms away from ones, saved with its own save_pretrained."""
     from speculators.config import SpeculatorsConfig, VerifierConfig
@@ -49,7 +49,7 @@ def peagle_head(out: Path, target: Path, *, layers: int = 1, draft_vocab: int = 
     cfg = PEagleSpeculatorConfig(
         transformer_layer_config=layer,
         draft_vocab_size=draft_vocab,
-        eagle_aux_hidden_state_layer_ids=[2, 4, 6],
+        eagle_aux_hidden_state_layer_ids=list(aux),
         mask_token_id=MASK,
         speculators_config=SpeculatorsConfig(
             algorithm="peagle",
@@ -187,3 +187,17 @@ def test_peagle_head_without_mask_hidden_is_refused(target, tmp_path):
     with pytest.raises(UserError) as e:
         load_peagle(head)
     assert e.value.where.endswith(":mask_hidden")
+
+
+def test_peagle_head_with_one_aux_layer_is_refused(target, tmp_path, capsys):
+    """speculators trains a one-layer P-EAGLE head with fc applied (width H to H); vLLM's Eagle3 draft builds fc
+    over three aux layers, and the EAGLE-3 rule would skip fc: refused by validate in one line naming fc.weight
+    (it used to be measured without fc, 8% agreement with its trained function)."""
+    from eagle3_trt.cli import main
+
+    head = peagle_head(tmp_path / "head", target, aux=(5,))
+    capsys.readouterr()
+    rc = main(["validate", "--target", str(target), "--draft", str(head), "--max-seq-len", "512"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "fc.weight" in err and "vLLM's Eagle3 draft builds fc over 3 aux layers" in err, err

@@ -60,9 +60,10 @@ def _vocab_maps(draft_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
 # ---------------------------------------------------------------------------------------------
 # speculators 0.9.0
 # ---------------------------------------------------------------------------------------------
-def speculators_head(out: Path, target: Path, *, layers=1, draft_vocab=D, aux=(2, 4, 6), window=None, arch="llama", seed=0, **flags) -> Path:
+def speculators_head(out: Path, target: Path, *, layers=1, draft_vocab=D, aux=(2, 4, 6), window=None, arch="llama", seed=0, target_embed=True, **flags) -> Path:
     """A head made and saved with speculators' own classes, as its trainer builds one (from_training_args
-    minus reading data): the verifier's embedding copied in, random weights."""
+    minus reading data): the verifier's embedding copied in (``target_embed`` False: speculators' own
+    initialisation kept, as a head trained with its embedding unfrozen ships another), random weights."""
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
@@ -86,7 +87,8 @@ def speculators_head(out: Path, target: Path, *, layers=1, draft_vocab=D, aux=(2
     )
     m = Eagle3DraftModel(cfg)
     with torch.no_grad():
-        m.embed_tokens.weight.copy_(_target_embed(target))
+        if target_embed:
+            m.embed_tokens.weight.copy_(_target_embed(target))
         m.lm_head.weight.copy_(torch.randn(draft_vocab, H) * 0.1)  # speculators initialises it to NaN
     if draft_vocab != V:
         m.load_vocab_mappings(*_vocab_maps(draft_vocab))
@@ -282,6 +284,64 @@ def test_speculators_window_shorter_than_max_seq_len_is_refused(pair, tmp_path, 
     rc = main(["engine", "--target", str(target), "--draft", str(head), "--target-gpu", "h100", "--dry-run", "--max-seq-len", "512", "-o", str(tmp_path / "b")])
     _, err = capsys.readouterr()
     assert_refused(rc, err, "config.json:transformer_layer_config.sliding_window", "speculators")
+
+
+def test_speculators_one_aux_layer_is_refused(pair, tmp_path, capsys):
+    """speculators allows one target layer and always applies fc; TensorRT-LLM's apply_eagle3_fc skips fc
+    when the aux width equals hidden_size, so the head would be served without it (it used to build with a
+    warning, agreeing with its trained function on 16% of step-1 tokens)."""
+    target, _ = pair
+    head = speculators_head(tmp_path / "head", target, aux=(5,))
+    rc, _, err = validate(target, head, capsys, "--max-seq-len", "512")
+    assert_refused(rc, err, "fc.weight", "TensorRT-LLM would skip fc")
+    # and it is another function: the toolkit's draft (TensorRT-LLM's rule) against speculators' forward
+    ids, aux = inputs()
+    one = aux[:, :H]  # one target layer's hidden state
+    theirs = speculators_logits(head, ids, one)
+    d = Eagle3Draft.from_checkpoint(load_draft(head), dtype=torch.float32)
+    with torch.no_grad():
+        _, mine, _ = d(_target_embed(target)[ids][None], None, torch.arange(S)[None], aux=one[None])
+    assert (mine[0] - theirs[0]).abs().max().item() > 1e-2
+
+
+def test_config_with_fewer_layers_than_the_tensors_is_refused(pair, tmp_path, capsys):
+    """A two-layer speculators head whose config says one layer: TensorRT-LLM builds one and drops layer 1's
+    tensors (it used to build with a warning, 58.6% agreement with the head its tensors form)."""
+    target, _ = pair
+    head = speculators_head(tmp_path / "head", target, layers=2, norm_before_fc=True, norm_output=True)
+    c = json.loads((head / "config.json").read_text())
+    c["transformer_layer_config"]["num_hidden_layers"] = 1
+    (head / "config.json").write_text(json.dumps(c))
+    rc, _, err = validate(target, head, capsys, "--max-seq-len", "512")
+    assert_refused(rc, err, "config.json:transformer_layer_config.num_hidden_layers", "would build 1 and drop")
+    assert "holds 2 (layers [0, 1])" in err
+
+
+def test_shipped_embedding_other_than_the_targets_is_refused(pair, tmp_path, capsys):
+    """A speculators head that ships an embedding other than the target's: TensorRT-LLM serves it with the
+    target's (hidden sizes equal), another function (57% agreement); the same head with the target's
+    embedding is served, with one line saying the equal table is not shipped."""
+    target, _ = pair
+    head = speculators_head(tmp_path / "head", target, target_embed=False)
+    rc, _, err = validate(target, head, capsys, "--max-seq-len", "512")
+    assert_refused(rc, err, ":embed_tokens.weight", "the target's model.embed_tokens.weight")
+    assert f"of {V} rows" in err
+    same = speculators_head(tmp_path / "same", target)
+    rc, out, err = validate(target, same, capsys, "--max-seq-len", "512")
+    assert rc == 0 and "(equal to the target's) is not shipped" in out, err
+
+
+def test_out_of_range_aux_id_is_quoted_as_the_file_writes_it(pair, tmp_path, capsys):
+    """speculators numbers aux layers as vLLM does (inputs of layers): 9 on the 8-layer target is out of
+    range, 8 is not; the line quotes 9, with TensorRT-LLM's 8 beside it."""
+    target, _ = pair
+    head = speculators_head(tmp_path / "head", target, aux=(2, 4, 9))
+    rc, _, err = validate(target, head, capsys, "--max-seq-len", "512")
+    assert_refused(rc, err, "config.json:eagle_aux_hidden_state_layer_ids", "aux layer ids [9] (TensorRT-LLM's layer outputs [8]")
+    assert "ids 1..8 in this file's numbering" in err
+    ok = speculators_head(tmp_path / "ok", target, aux=(2, 4, 8))
+    rc, _, err = validate(target, ok, capsys, "--max-seq-len", "512")
+    assert rc == 0, err
 
 
 def test_speculators_qwen3_layers_are_refused(pair, tmp_path, capsys):

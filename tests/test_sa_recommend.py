@@ -191,3 +191,52 @@ def test_a_report_measured_on_other_weights_is_refused(measured, peagle_bundle, 
     line = _refused(["recommend", str(peagle_bundle), "--report", str(tmp_path / "chat.json"), "--write"], capsys)
     assert line.startswith(f"error: {tmp_path / 'chat.json'}: measured on {bundle}") and f"eagle3-trt alpha {peagle_bundle}" in line, line
     assert _files(peagle_bundle) == before
+
+
+def _gate_lines(argv: list[str], capsys) -> list[str]:
+    """The acceptance-gate lines an in-process recommend prints ("wrote " taken off)."""
+    from eagle3_trt.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    return [ln.removeprefix("wrote ") for ln in out.splitlines() if ln.removeprefix("wrote ").startswith("acceptance gate")]
+
+
+def test_when_sa_wins_recommend_and_write_print_its_gate_and_the_options_match(measured, tmp_path, capsys):
+    """SA wins: the gate both commands print is SA's (its break-even through its cost hook, replayed on the
+    SA mode's measured turns), and the options --write leaves hold exactly that gate (or none, as said)."""
+    import re
+
+    bundle, chat = measured
+    mine = tmp_path / "b"
+    shutil.copytree(bundle, mine)  # the module's bundle stays as the other tests expect it
+    win = _winning(chat)
+    assert win["modes"]["sa"]["accepted_seqs"] and len(win["modes"]["sa"]["accepted_seqs"]) == win["modes"]["sa"]["overall"]["requests"]
+    (tmp_path / "win.json").write_text(json.dumps(win))
+    argv = ["recommend", str(mine), "--report", str(tmp_path / "win.json")]
+    shown, written = _gate_lines(argv, capsys), _gate_lines([*argv, "--write"], capsys)
+    assert shown == written and len(shown) == 1 and "of sa at K=" in shown[0], (shown, written)
+    spec = _spec(mine)
+    assert spec["sa_config"]["threshold"] == 6
+    m = re.search(r"window (\d+) iterations, threshold ([0-9.]+)", shown[0])
+    if m is None:
+        assert "acceptance_rate_window_size" not in spec and "not written" in shown[0]
+    else:
+        assert (spec["acceptance_rate_window_size"], spec["acceptance_rate_threshold"]) == (int(m.group(1)), float(m.group(2)))
+
+
+def test_a_peagle_bundle_gets_one_line_and_no_gate(measured, peagle_bundle, tmp_path, capsys):
+    """No TensorRT-LLM release serves P-EAGLE and vLLM has no acceptance-rate switch-off: both commands say so
+    in the same one line and --write leaves no acceptance_rate_* keys (it used to write the chain's gate)."""
+    _, chat = measured
+    pe = tmp_path / "pe"
+    shutil.copytree(peagle_bundle, pe)
+    mine = {k: v for k, v in chat.items() if k != "modes"} | {"bundle": str(pe), "bundle_weights": None}
+    (tmp_path / "pe.json").write_text(json.dumps(mine))
+    argv = ["recommend", str(pe), "--report", str(tmp_path / "pe.json")]
+    shown, written = _gate_lines(argv, capsys), _gate_lines([*argv, "--write"], capsys)
+    assert shown == written == ["acceptance gate: none for peagle: " + shown[0].split(": ", 2)[2]], shown
+    assert "vLLM" in shown[0] and "no acceptance-rate switch-off" in shown[0]
+    spec = _spec(pe)
+    assert "acceptance_rate_window_size" not in spec and "acceptance_rate_threshold" not in spec

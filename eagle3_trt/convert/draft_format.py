@@ -66,22 +66,29 @@ def load_draft(path: Path) -> DraftCheckpoint:
     norm = {_rename(k, fmt): v for k, v in tensors.items()}
     cfg = draft_config(raw, path / "config.json", fmt, norm)
     norm = trtllm_layer_names(norm, cfg.num_hidden_layers)  # layers.{i}.* -> midlayer.* (formats/draft_layer_names.py)
-    _check_layer_count(norm, cfg.num_hidden_layers, path / "config.json")
+    field = "transformer_layer_config.num_hidden_layers" if isinstance(raw.get("transformer_layer_config"), dict) else "num_hidden_layers"
+    _check_layer_count(norm, cfg.num_hidden_layers, f"{path / 'config.json'}:{field}")
     return DraftCheckpoint(path=path, config=cfg, tensors=norm, raw_config=raw)
 
 
-_INDEXED = re.compile(r"^midlayer\.(\d+)\.")
+_INDEXED = re.compile(r"^(?:midlayer|layers)\.(\d+)\.")
 
 
-def _check_layer_count(tensors: dict[str, Any], num_layers: int, where: Path) -> None:
-    """The config's layer count against the layers the weights hold: TensorRT-LLM builds
-    ``num_hidden_layers`` layers and would load a one-layer head's ``midlayer.*`` into none of them."""
+def _check_layer_count(tensors: dict[str, Any], num_layers: int, where: str) -> None:
+    """The config's layer count against the layers the weights hold. TensorRT-LLM builds
+    ``num_hidden_layers`` layers (``Eagle3DraftModel``): with fewer in the config it loads the first
+    ones and drops the rest (a head's later layers left out is another function); with more it would
+    load a one-layer head's ``midlayer.*`` into none of them. Names are TensorRT-LLM's after
+    ``trtllm_layer_names``, which keeps a one-layer config's ``layers.{i>=1}.*`` as they are."""
     indexed = {int(m.group(1)) for k in tensors if (m := _INDEXED.match(k))}
-    held = len(indexed) if indexed else int(any(k.startswith("midlayer.") for k in tensors))
+    if any(k.startswith("midlayer.") and not _INDEXED.match(k) for k in tensors):
+        indexed.add(0)  # a one-layer head's midlayer.*
+    held = len(indexed)
     if held and held != num_layers:
+        extra = f": TensorRT-LLM would build {num_layers} and drop the tensors of the others" if held > num_layers else ""
         raise UserError(
-            f"{where}:num_hidden_layers",
-            f"{num_layers} draft decoder layers, but the checkpoint holds {held}",
+            where,
+            f"{num_layers} draft decoder layers, but the checkpoint holds {held} (layers {sorted(indexed)}){extra}",
             "set num_hidden_layers to the number of layers the head was trained with",
         )
 

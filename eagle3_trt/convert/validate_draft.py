@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle3_trt.convert.draft_format import DraftCheckpoint
+from eagle3_trt.convert.draft_format import DraftCheckpoint, head_hooks
 from eagle3_trt.convert.target import SUPPORTED_DTYPES, TargetInfo
 from eagle3_trt.convert.validate_report import ValidationReport
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats import rope_params
-from eagle3_trt.formats.checkpoint_io import read_json
+from eagle3_trt.formats.checkpoint_io import read_json, read_tensor
 from eagle3_trt.formats.draft_config import DraftConfig, expected_shapes
 from eagle3_trt.formats.draft_producers import window_refusal
 from eagle3_trt.formats.families import quant_refusal
@@ -22,6 +22,7 @@ def check_shapes(target: TargetInfo, draft: DraftCheckpoint, rep: ValidationRepo
     _check_widths(target, draft)
     want = expected_shapes(c)
     _check_head_tensors(target, draft)
+    _check_shared_embedding(target, draft)
     _warn_unread(draft, rep)
     for name, shape in want.items():
         t = draft.tensors.get(name)
@@ -93,6 +94,21 @@ def _check_head_tensors(target: TargetInfo, draft: DraftCheckpoint) -> None:
             "copy the target's lm_head.weight into the draft checkpoint",
         )
     n_aux = c.num_aux_layers
+    if c.fuse_width == c.hidden_size:
+        # tensorrt_llm/_torch/models/modeling_speculative.py@00679c66 Eagle3ForCausalLM.apply_eagle3_fc runs fc only
+        # when hidden_states.shape[-1] != hidden_size; every producer trains fc over the aux states, one layer included (speculators allows one target layer)
+        hooks = head_hooks(draft)
+        raise UserError(
+            f"{draft.path}:fc.weight",
+            f"fuses one aux layer of width {c.target_hidden_size} = hidden_size, and the head was trained with fc applied; "
+            + (
+                hooks.single_aux_fc
+                if hooks is not None
+                else "TensorRT-LLM would skip fc (Eagle3ForCausalLM.apply_eagle3_fc applies it only when the aux width differs from hidden_size) "
+                "and serve another function"
+            ),
+            "train the head on two or more aux layers (the default three)",
+        )
     if n_aux == 1 and c.target_hidden_size != c.hidden_size:
         # Eagle3DraftModel creates fc only for num_capture_layers > 1 (modeling_speculative.py @ 00679c66)
         raise UserError(
@@ -105,8 +121,6 @@ def _check_head_tensors(target: TargetInfo, draft: DraftCheckpoint) -> None:
 def _warn_unread(draft: DraftCheckpoint, rep: ValidationReport) -> None:
     """Tensors and config fields of the draft that TensorRT-LLM does not read: served (and measured) without them."""
     c = draft.config
-    if c.fuse_width == c.hidden_size:
-        rep.warn("fc.weight is not applied: the concatenated aux width equals hidden_size, and TensorRT-LLM then feeds it to the layer unchanged")
     if "fc.bias" in draft.tensors and not c.fc_bias:
         rep.warn('fc.bias is ignored: TensorRT-LLM gives fc a bias only when config.json says "bias": true (measured without it)')
     w_in = draft.tensors.get("midlayer.input_layernorm.weight", draft.tensors.get("midlayer.0.input_layernorm.weight"))
@@ -118,9 +132,33 @@ def _warn_unread(draft: DraftCheckpoint, rep: ValidationReport) -> None:
             "on the hidden branch, TensorRT-LLM (and this measurement) hidden_norm(h); a head trained there is served as another function"
         )
     if "embed_tokens.weight" in draft.tensors and not c.own_embedding:
-        rep.warn(
-            "the draft's embed_tokens.weight is not shipped: with target_hidden_size == hidden_size TensorRT-LLM uses the target's embedding (measured with the target's)"
-        )
+        rep.warn("the draft's embed_tokens.weight (equal to the target's) is not shipped: TensorRT-LLM shares the target's embedding")
+
+
+def _check_shared_embedding(target: TargetInfo, draft: DraftCheckpoint) -> None:
+    """A shipped embed_tokens where TensorRT-LLM shares the target's (target_hidden_size == hidden_size:
+    modeling_speculative.py@00679c66 Eagle3DraftModel sets embed_tokens None, load_weights_from_target_model
+    takes the target's): served with the target's table, so one that differs was trained as another function."""
+    import torch  # ~2 s to import; the config-only checks (dry run, planner) run without it
+
+    mine = draft.tensors.get("embed_tokens.weight")
+    if mine is None or draft.config.own_embedding:
+        return
+    theirs = read_tensor(Path(target.path), "model.embed_tokens.weight")
+    if theirs is None:
+        return  # check_target_weights names a target without one
+    where = f"{draft.path}:embed_tokens.weight"
+    served = "TensorRT-LLM would serve the head with the target's model.embed_tokens.weight (it shares the target's when target_hidden_size == hidden_size)"
+    hint = "retrain the head with the target's embedding frozen (the producers' default), or drop the tensor if it was trained that way"
+    if tuple(mine.shape) != tuple(theirs.shape):
+        raise UserError(where, f"shape {tuple(mine.shape)}, the target's embedding is {tuple(theirs.shape)}: {served}", hint)
+    # compared at the coarser of the two dtypes: a head saved in BF16 from an FP32 target holds the same table
+    coarse = min((mine.dtype, theirs.dtype), key=lambda d: torch.finfo(d).bits if d.is_floating_point else 64)
+    diff = mine.to(coarse).float() != theirs.to(coarse).float()
+    if bool(diff.any()):
+        rows = int(diff.any(dim=-1).sum())
+        err = float((mine.float() - theirs.float()).abs().max())
+        raise UserError(where, f"differs from the target's in {rows} of {mine.shape[0]} rows (max abs difference {err:.3g}): {served}", hint)
 
 
 _OPTIONAL_ALLOWED = ("d2t", "t2d", "embed_tokens.weight", "fc.bias")  # warned about above when not loaded
@@ -147,13 +185,25 @@ def check_aux_layers(target: TargetInfo, draft: DraftCheckpoint, rep: Validation
             rep.warn(warning)
     else:
         rep.aux_layers_are_default = tuple(sorted(ids)) == tuple(sorted(target.default_aux_layers()))
+    c = draft.config
+
+    # the file's own values in messages (speculators numbers inputs of layers: 1..L), TensorRT-LLM's beside them
+    def shown(xs: list[int] | tuple[int, ...]) -> str:
+        return c.aux_ids_in_file(xs) if c.aux_layer_ids is not None else str(list(xs))  # the defaults are TensorRT-LLM's own
+
     bad = [i for i in ids if not 0 <= i < L]
     if bad:
-        raise UserError(where, f"aux layer ids {bad} outside the target's layers 0..{L - 1}", "the head was trained for a deeper/shallower target")
+        off = c.aux_id_offset if c.aux_layer_ids is not None else 0
+        lo, hi = off, L - 1 + off
+        raise UserError(
+            where,
+            f"aux layer ids {shown(bad)} outside the target's {L} layers (ids {lo}..{hi} in this file's numbering)",
+            "the head was trained for a deeper/shallower target",
+        )
     if len(set(ids)) != len(ids):
-        raise UserError(where, f"aux layer ids {list(ids)} are not distinct", "each captured layer must be different")
+        raise UserError(where, f"aux layer ids {shown(list(ids))} are not distinct", "each captured layer must be different")
     if len(ids) != n_aux:
-        raise UserError(where, f"{len(ids)} aux layers but fc.weight fuses {n_aux} target hidden states", "config and weights disagree")
+        raise UserError(where, f"{len(ids)} aux layers {shown(list(ids))} but fc.weight fuses {n_aux} target hidden states", "config and weights disagree")
     rep.aux_layer_ids = tuple(ids)
     listed = draft.config.aux_layer_ids_as_listed
     rep.ok(

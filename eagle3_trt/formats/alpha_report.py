@@ -108,6 +108,10 @@ class PairMeasurement(_Strict):
     chat_template: bool = True  # the tokenizer has a chat template
     raw_prompts: int = 0  # turns encoded as raw completion text
     sweep: dict[int, SweepPoint] | None = None  # K -> measured at K (keyed "K" on disk)
+    # turns the prompts file (--limit, --turns) asked for, and how many of them were not measured (``skipped``
+    # says why); absent in reports written before they were recorded
+    requests_asked: int | None = None
+    requests_skipped: int | None = None
 
 
 class Pairs(_Strict):
@@ -232,6 +236,9 @@ class ModeEntry(_Strict):
     sa_config: SAConfigRecord | None = None
     dynamic_tree: DynamicTreeRecord | None = None
     vs_chain: PairedDiff | None = None  # AL(mode) - AL(chain), paired over turns
+    # each turn's draft tokens accepted per verification, in order (the switch-off replay when this mode
+    # wins: measure/method_gate.py); absent in reports written before they were recorded
+    accepted_seqs: list[list[int]] | None = None
 
 
 class AlphaReport(_Strict):
@@ -278,6 +285,9 @@ class PromptKinds(_Strict):
 class TrafficSkipped(_Strict):
     other_bundles: dict[str, int]  # fingerprint[:12] -> records
     unmeasurable: list[str]
+    # the lines of ``unmeasurable`` whose prompt the bundle's max_seq_len cannot hold (requests it could have
+    # measured); absent in reports written before it was recorded
+    beyond_max_seq_len: list[str] = Field(default_factory=list)
 
 
 class KFigures(_Strict):

@@ -113,6 +113,24 @@ def load_tensors(ckpt_dir: Path) -> dict[str, Any]:
     return out
 
 
+def read_tensor(ckpt_dir: Path, name: str) -> Any:
+    """One tensor of a checkpoint directory (None when no weight file holds it): safetensors read that
+    tensor alone; a pickle is read whole through the weights-only loader."""
+    for f in weight_files(ckpt_dir):
+        if f.suffix != ".safetensors":
+            t = _load_pickle_weights_only(f).get(name)
+            if t is not None:
+                return t
+            continue
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                if name in h.keys():  # safe_open handles are not containers
+                    return h.get_tensor(name)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise UserError(f, f"corrupt or truncated safetensors file ({e})", "re-download or re-export this file") from None
+    return None
+
+
 def tensor_shapes(ckpt_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, dtype) from safetensors headers only, without reading data."""
     out = {}

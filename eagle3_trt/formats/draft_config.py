@@ -101,6 +101,15 @@ class DraftConfig:
     # the config leaves the aux layers to the serving engine's default (missing, or null as speculators'
     # converter writes it): draft_producers documents that vLLM and TensorRT-LLM then agree
     aux_layer_ids_missing: str | None = None
+    # the file's own numbering of the aux ids: file id = TensorRT-LLM id + aux_id_offset (speculators
+    # counts vLLM's inputs of layers: 1; the others count outputs of layers: 0), for messages that quote the file
+    aux_id_offset: int = 0
+
+    def aux_ids_in_file(self, ids: tuple[int, ...] | list[int]) -> str:
+        """``ids`` (TensorRT-LLM's numbering) as the config file writes them, TensorRT-LLM's beside them where they differ."""
+        if not self.aux_id_offset:
+            return str(list(ids))
+        return f"{[i + self.aux_id_offset for i in ids]} (TensorRT-LLM's layer outputs {list(ids)}: the file counts inputs of layers, vLLM's numbering)"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -209,6 +218,7 @@ def draft_config(raw: dict[str, Any], cfg_path: Path, fmt: str, tensors: dict[st
         aux_layer_ids=tuple(sorted(int(i) for i in aux)) if aux is not None else None,
         aux_layer_ids_as_listed=tuple(int(i) for i in aux) if aux is not None and list(aux) != sorted(aux) else None,
         aux_layer_ids_missing=missing,
+        aux_id_offset=1 if fmt == "speculators" else 0,
         num_hidden_layers=num_layers,
         sliding_window=window,
         num_aux_layers=n_aux,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from eagle3_trt.convert.prompts import IDS, PromptRecord, use_chat_template
 from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.stats import AggregateStats, RequestStats, aggregate
-from eagle3_trt.errors import UserError
+from eagle3_trt.errors import IncompleteMeasurement, UserError
 from eagle3_trt.measure.cost_model import expected_tokens
 from eagle3_trt.measure.estimator import estimate
 from eagle3_trt.progress import Advance
@@ -87,6 +87,16 @@ class Measurement:
     seconds: float
     chat_template: bool  # the tokenizer has a chat template
     raw_prompts: int = 0  # measured turns encoded as raw completion text (no template)
+    asked: int | None = None  # turns the file (and --limit, --turns) asked for; None: as many as measured
+
+    @property
+    def missing(self) -> int:
+        """Turns asked for but not measured (each reason is a line of ``skipped``)."""
+        return max(0, (self.asked if self.asked is not None else len(self.results)) - len(self.results))
+
+    def incomplete(self, where: str) -> IncompleteMeasurement | None:
+        """``incomplete`` of this measurement."""
+        return incomplete(self.asked, len(self.results), self.skipped, where)
 
     def by_category(self) -> dict[str, AggregateStats]:
         cats: dict[str, list[RequestStats]] = {}
@@ -130,10 +140,25 @@ class Measurement:
             "chat_template": self.chat_template,
             "raw_prompts": self.raw_prompts,
         }
+        if self.asked is not None:
+            d["requests_asked"], d["requests_skipped"] = self.asked, self.missing
         sw = self.sweep()
         if sw:
             d["sweep"] = {str(k): v for k, v in sw.items()}
         return d
+
+
+def incomplete(asked: int | None, measured: int, skipped: Sequence[str], where: str, *, what: str = "requests") -> IncompleteMeasurement | None:
+    """The one-line error for a measurement that measured nothing, or fewer ``what`` than asked (None:
+    complete). ``asked`` None: as many as were measured (a report written before it was recorded)."""
+    missing = (asked if asked is not None else measured) - measured
+    if missing <= 0 and measured:
+        return None
+    first = f" (first: {skipped[0]})" if skipped else ""
+    hint = "shorten or drop those prompts, or build the bundle with a larger --max-seq-len"
+    if not measured:
+        return IncompleteMeasurement(where, f"measured no {what[:-1]}: all {asked or 0} asked were skipped{first}; nothing written", hint)
+    return IncompleteMeasurement(where, f"measured {measured} of the {asked} {what} asked: {missing} skipped{first}", hint)
 
 
 def measure(
@@ -177,9 +202,10 @@ def measure(
     skipped: list[str] = []
     n_raw = 0
     n_turns = 1 if turns == "first" else max(len(r.turns) for r in records)
-    tick = _ticker(progress, f"{label}: prompts", sum(min(len(r.turns), n_turns) for r in records))
+    asked = sum(min(len(r.turns), n_turns) for r in records)
+    tick = _ticker(progress, f"{label}: prompts", asked)
     for t in range(n_turns):
-        idx, prompts = _turn_prompts(engine, records, templated, history, t, skipped)
+        idx, prompts = _turn_prompts(engine, records, templated, history, t, skipped, n_turns)
         if not prompts:
             break
         stats, conts, by_k = _continue_turn(
@@ -191,11 +217,11 @@ def measure(
             n_raw += not templated[i] and records[i].kind != IDS  # token ids are not text sent raw
             reply = tok.decode([x for x in c if x not in stop], skip_special_tokens=True) if tok is not None else ""
             history[i] = history[i] + [{"role": "assistant", "content": reply}]
-    return Measurement(label, results, skipped, time.perf_counter() - t0, bool(getattr(tok, "chat_template", None)), n_raw)
+    return Measurement(label, results, skipped, time.perf_counter() - t0, bool(getattr(tok, "chat_template", None)), n_raw, asked)
 
 
 def _turn_prompts(
-    engine, records: Sequence[PromptRecord], templated: list[bool], history: dict[int, list[dict]], t: int, skipped: list[str]
+    engine, records: Sequence[PromptRecord], templated: list[bool], history: dict[int, list[dict]], t: int, skipped: list[str], n_turns: int = 1
 ) -> tuple[list[int], list[list[int]]]:
     """(record indices, prompt ids) of turn ``t``; extends ``history`` with the user turn, and drops
     (into ``skipped``) a record whose prompt no longer fits, with its later turns."""
@@ -215,7 +241,11 @@ def _turn_prompts(
         else:
             ids = encode_chat(engine.tokenizer, msgs) if templated[i] else encode_raw(engine.tokenizer, rec.turns[t])
         if len(ids) >= engine.max_seq_len - 1:
-            skipped.append(f"{rec.id} turn {t + 1}: {len(ids)} prompt tokens >= max_seq_len {engine.max_seq_len}")
+            later = min(len(rec.turns), n_turns) - t - 1  # asked for, and dropped with this one
+            skipped.append(
+                f"{rec.id} turn {t + 1}: {len(ids)} prompt tokens >= max_seq_len {engine.max_seq_len}"
+                + (f" (and its {later} later turns)" if later > 0 else "")
+            )
             history[i] = None  # type: ignore[assignment]
             continue
         history[i] = msgs

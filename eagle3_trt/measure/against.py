@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_trt.core.paired_ci import PairedDiff, paired_ratio_diff
-from eagle3_trt.errors import UserError
+from eagle3_trt.errors import IncompleteMeasurement, UserError
 from eagle3_trt.formats.against_report import AgainstComparison, OtherFigures
 from eagle3_trt.formats.alpha_report import report_json
+from eagle3_trt.measure.acceptance import incomplete
 from eagle3_trt.measure.alpha_run import run_alpha
 from eagle3_trt.measure.bundle_costs import method_of, recommendation_batches
 from eagle3_trt.measure.cost_model import CostParams, model_costs, predict_from_tokens
@@ -281,9 +282,10 @@ def run_against(
     concurrency: int,
     progress: Callable[[str], None] | None = None,
     **alpha_kwargs: Any,
-) -> tuple[Any, AgainstComparison]:
+) -> tuple[Any, AgainstComparison, IncompleteMeasurement | None]:
     """Measure ``bundle`` and ``other`` on ``prompts_file`` alike; (``bundle``'s alpha report with the
-    comparison in its ``against`` section, the comparison). ``alpha_kwargs``: run_alpha's measuring options."""
+    comparison in its ``against`` section, the comparison, the error to raise once they are written when
+    either bundle measured fewer turns than asked). ``alpha_kwargs``: run_alpha's measuring options."""
     a, b = open_bundle(Path(bundle)), open_bundle(Path(other))
     check_same_target(a, b)  # before any model is loaded
     reports = []
@@ -322,4 +324,8 @@ def run_against(
         rep_a["against"] = section.model_dump()
     else:
         rep_a.against = section
-    return rep_a, section
+    shorts = [
+        incomplete(p.get("requests_asked"), len(p["requests"]), p["skipped"], f"{prompts_file} ({x.path})")
+        for x, p in ((a, ja["pairs"]["bundle"]), (b, jb["pairs"]["bundle"]))
+    ]
+    return rep_a, section, next((e for e in shorts if e is not None), None)

@@ -78,7 +78,7 @@ def alpha_against(ctx: click.Context, bundle: str, other: str, prompts_file: str
     refuse_other_options(ctx, AGAINST_OPTIONS, "--against")
     check_writable(dest)
     with Bars() as bars:
-        report, section = run_against(
+        report, section, short = run_against(
             Path(bundle),
             Path(other),
             Path(prompts_file),
@@ -98,6 +98,8 @@ def alpha_against(ctx: click.Context, bundle: str, other: str, prompts_file: str
     write_report(report, dest)
     write_text(dest / "against.txt", "\n".join(lines) + "\n")
     _show(lines, report if isinstance(report, dict) else report_json(report), p["as_json"], f"{dest}/report.json (section against), {dest}/against.txt")
+    if short is not None:  # written (each pair records its skipped turns), and said in one line with a non-zero exit
+        raise short
 
 
 def _show(lines: list[str], data: dict, as_json: bool, written: str) -> None:

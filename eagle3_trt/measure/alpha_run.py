@@ -126,6 +126,9 @@ def run_alpha(
         prim = measure_pair(eng, label=b.label, sweep=(), method="generate")
     else:
         prim = measure_pair(eng, label=b.label, sweep=sweep)
+    nothing = prim.incomplete(str(prompts_file)) if not prim.results else None
+    if nothing is not None:  # every prompt skipped: no report of AL 0, nothing else measured
+        raise nothing
     diag = diagnose(eng, prim) if diagnostics and prim.results else []
     by_mode = measure_modes(eng, modes, sa_cfg, measure_pair, say, dyn_cfg)
     max_seq_len = eng.max_seq_len  # the draft-length rule near the context's end (acceptance by context)
@@ -199,6 +202,9 @@ def measure_modes(eng, modes: tuple[str, ...], sa_cfg: SAConfig | None, measure_
             "method": method,
             "overall": mode_figures(m.overall()),
             "by_category": {c: mode_figures(a) for c, a in m.by_category().items()},
+            # each turn's accepted drafts per verification, in order: recommend replays them through the
+            # acceptance-rate switch-off when this mode wins (measure/method_gate.py)
+            "accepted_seqs": [list(r.stats.accepted_seq) for r in m.results],
         }
         if mode == "sa" and sa_cfg is not None:
             entry["sa_config"] = {"threshold": sa_cfg.threshold, "enable_global_pool": sa_cfg.enable_global_pool}

@@ -11,6 +11,7 @@ from rich.console import Console
 from eagle3_trt.atomic import check_writable
 from eagle3_trt.errors import GateFailed, UserError
 from eagle3_trt.formats.alpha_report import AlphaReport, report_json
+from eagle3_trt.measure.acceptance import incomplete
 from eagle3_trt.measure.against import method_choice_from_report
 from eagle3_trt.measure.against_command import AGAINST_HELP, alpha_against
 from eagle3_trt.measure.alpha_report import render_summary
@@ -224,6 +225,10 @@ def alpha_cmd(
     else:
         _print_summary(report)
         click.echo(f"report: {dest}/report.json, {dest}/summary.txt, {dest}/alpha.png")
+    p = report.pairs.bundle  # fewer turns measured than asked: the report says which and why, the exit says so
+    short = incomplete(p.requests_asked, len(p.requests), p.skipped, str(prompts_file))
+    if short is not None:
+        raise short
 
 
 @click.command("gate")
@@ -397,7 +402,7 @@ def recommend_cmd(
     if write:
         write_recommendation_to_bundle(Path(bundle), rec, source=report_file or prompts_file, report=report, gate_traffic=gate_traffic)
     else:
-        gate_choice(rec, report, gate_traffic)  # what --write would write, and why (measure/gate_replay.py)
+        gate_choice(rec, report, gate_traffic, b)  # what --write would write for the method it writes, and why
     if as_json:
         click.echo(json.dumps(rec.to_dict(), indent=1))
         return

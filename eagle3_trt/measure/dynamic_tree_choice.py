@@ -19,7 +19,8 @@ per target forward of the mode:
 The tree is written when its predicted speedup at the concurrency beats the chain's (and SA's, when
 measured) by DT_MIN_GAIN_REL; then draft_len_schedule only switches speculation off above the largest
 batch size at which the tree still pays (dynamic draft length is for linear trees only) and the
-acceptance-rate gate, derived for the chain, is left out. Otherwise the three keys are removed.
+acceptance-rate gate is the tree's own (measure/method_gate.py: its break-even acceptance, replayed on
+its measured turns). Otherwise the three keys are removed.
 """
 
 from __future__ import annotations

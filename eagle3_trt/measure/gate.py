@@ -42,6 +42,9 @@ def run_gate(
     use_chat_template(records, chat_template, source=prompts_file)  # before any model is loaded
     eng = engine_from_bundle(b, device=default_device(device))
     m = measure(eng, records, label=b.label, max_tokens=max_tokens, turns=turns, batch_size=batch_size, k=k, chat_template=chat_template)
+    short = m.incomplete(str(prompts_file))
+    if short is not None:  # a verdict on fewer turns than asked is no verdict on the file
+        raise short
     ov = m.overall()
     pred, gpu, tp = _predicted_speedup(b, ov, concurrency)
     reasons = []
@@ -53,6 +56,8 @@ def run_gate(
         "bundle": str(b.path),
         "prompts": str(prompts_file),
         "turns_measured": len(m.results),
+        "turns_asked": m.asked,
+        "turns_skipped": m.missing,
         "alpha": ov.alpha,
         "acceptance_length": ov.acceptance_length,
         "cumulative_acceptance": ov.cumulative_acceptance,

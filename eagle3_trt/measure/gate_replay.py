@@ -41,11 +41,14 @@ class GateChoice:
 
     def line(self) -> str:
         ev = self.evidence
-        where = f"{ev['requests']} measured requests at K={ev['k']}, concurrency {ev['concurrency']}"
+        if ev.get("applies") is False:  # measure/method_gate.py: no acceptance-rate switch-off for this method
+            return f"acceptance gate: none for {ev['method']}: {ev['reason']}"
+        of = f" of {ev['method']}" if ev.get("method") else ""  # a winning alpha --modes mode (measure/method_gate.py)
+        where = f"{ev['requests']} measured requests{of} at K={ev['k']}, concurrency {ev['concurrency']}"
         if self.window is None:
             return f"acceptance gate: not written: {ev['reason']} ({where})"
         return (
-            f"acceptance gate: window {self.window} iterations, threshold {self.threshold:.4f} (break-even acceptance at K={ev['k']}); "
+            f"acceptance gate: window {self.window} iterations, threshold {self.threshold:.4f} (break-even acceptance{of} at K={ev['k']}); "
             f"replayed {ev['replays']}x over {ev['horizon_requests']} requests drawn from the {where} "
             f"(overall acceptance {ev['overall_alpha']:.3f}): switched off in {ev['trips_at_window']} of {ev['replays']} "
             f"(probability {self.trip_probability:.3f}, at most {MAX_TRIP_PROBABILITY:g} allowed)"

@@ -10,16 +10,20 @@ from rich.table import Table
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.alpha_report import AlphaReport, TrafficAlphaReport, read_alpha_report, read_traffic_report
 from eagle3_trt.measure.alpha_run import run_alpha
+from eagle3_trt.measure.bundle_costs import method_of as bundle_method
 from eagle3_trt.measure.cost_model import Recommendation, acceptance_gate, draft_len_schedule
 from eagle3_trt.measure.dynamic_tree_choice import DT_KEYS, dynamic_tree_choice
 from eagle3_trt.measure.dynamic_tree_choice import bundle_inputs as dt_inputs
 from eagle3_trt.measure.gate_replay import GateChoice, choose_gate, sequences_at
+from eagle3_trt.measure.method_gate import mode_gate, no_gate_reason, none_applies
 from eagle3_trt.measure.sampling_choice import sampling_choice
 from eagle3_trt.pipeline import bundle as bundle_format
 from eagle3_trt.pipeline import bundle_write
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
 from eagle3_trt.pipeline.llm_options import validate_options
 from eagle3_trt.pipeline.trtllm_adapter import recommend as recommended_options
+from eagle3_trt.speculative.dynamic_tree.mode import DYNAMIC_TREE_MODE
+from eagle3_trt.speculative.registry import DEFAULT_METHOD
 from eagle3_trt.speculative.sa.options import SAEnhancerOptions
 
 
@@ -102,6 +106,7 @@ def _figures_at(report: AlphaReport, k: int) -> tuple[float, float, int, int, in
     return None
 
 
+SA_MODE = "sa"  # alpha --modes' name of the chain with the suffix automaton
 # SA must beat the chain by more than run-to-run noise in acceptance length: both margins
 SA_MIN_GAIN_REL = 0.03
 SA_MIN_GAIN_ABS = 0.05
@@ -186,11 +191,14 @@ def write_recommendation_to_bundle(
             "predict over bundle_costs.recommendation_batches(bundle) (recommend does)",
         )
     # the dynamic tree (measure/dynamic_tree_choice.py): its keys when it beats the chain, else removed;
-    # when it wins, K is its depth and the schedule only switches speculation off (the chain's gate does not apply)
-    dt_fields, dt_evidence = dynamic_tree_choice(report, rec, *dt_inputs(b, rec)) if report is not None and report.modes else (dict.fromkeys(DT_KEYS), None)
+    # when it wins, K is its depth and the schedule only switches speculation off
+    dt_fields, dt_evidence = _tree_fields(b, rec, report)
     k = int(dt_fields.pop("max_draft_len", rec.max_draft_len))
     acceptance = acceptance_at(report, k, source, b.manifest.acceptance)
-    spec_knobs = {"draft_len_schedule": dt_fields.pop("draft_len_schedule")} if dt_fields["use_dynamic_tree"] else schedule_and_gate(rec, report, gate_traffic)
+    # the winning method's acceptance gate (gate_choice: the same decision recommend prints without --write)
+    choice = gate_choice(rec, report, gate_traffic, b)
+    gate = {} if choice is None or choice.window is None else {"acceptance_rate_window_size": choice.window, "acceptance_rate_threshold": choice.threshold}
+    spec_knobs = {"draft_len_schedule": dt_fields.pop("draft_len_schedule"), **gate} if dt_fields["use_dynamic_tree"] else schedule_and_gate(rec, gate)
     base = b.options.model_copy(update={"speculative_config": b.options.speculative_config.model_copy(update=dict.fromkeys(DT_KEYS))})
     opts = recommended_options(base, k, **spec_knobs)
     sa_threshold, sa_evidence = sa_at_k(report, k)
@@ -224,37 +232,56 @@ def write_recommendation_to_bundle(
     return bundle_write.update(b.path, options=opts, record=evidence, acceptance=acceptance)
 
 
-def schedule_and_gate(rec: Recommendation, report: AlphaReport | None, gate_traffic: TrafficAlphaReport | None = None) -> dict:
-    """The speculative_config knobs ``recommend --write`` sets beside K, in TensorRT-LLM's names
-    (tensorrt_llm/llmapi/llm_args.py ``Eagle3DecodingConfig``): ``draft_len_schedule`` (best K per
-    batch size, non-increasing, up to max_concurrency: ``cost_model.draft_len_schedule``; it
-    replaces max_concurrency, which TensorRT-LLM would turn into ``{max_concurrency: K}`` anyway) and
-    the acceptance gate (``gate_choice``), at whatever K was chosen, when the report holds the
-    requests' per-verification acceptance at that K (its own K or its --sweep), or ``gate_traffic``
-    (an ``alpha --traffic`` report) does."""
-    knobs: dict = {"draft_len_schedule": draft_len_schedule(rec)}
+def schedule_and_gate(rec: Recommendation, gate: dict) -> dict:
+    """The speculative_config knobs ``recommend --write`` sets beside K for a chain (with or without the
+    suffix automaton), in TensorRT-LLM's names (tensorrt_llm/llmapi/llm_args.py ``Eagle3DecodingConfig``):
+    ``draft_len_schedule`` (best K per batch size, non-increasing, up to max_concurrency:
+    ``cost_model.draft_len_schedule``; it replaces max_concurrency, which TensorRT-LLM would turn into
+    ``{max_concurrency: K}`` anyway) and ``gate``, the acceptance gate's two keys (``gate_choice``;
+    empty when none is written), or the long-context switch-off where that was replayed to help."""
+    knobs: dict = {"draft_len_schedule": draft_len_schedule(rec), **gate}
     rec.evidence["draft_len_schedule_written"] = knobs["draft_len_schedule"]
-    choice = gate_choice(rec, report, gate_traffic)
-    if choice is not None and choice.window is not None:
-        knobs.update(acceptance_rate_window_size=choice.window, acceptance_rate_threshold=choice.threshold)
     ctx = rec.evidence.get("context_switch_off") or {}
     if ctx.get("written"):  # measure/switch_off.py: replayed on the measured traffic, the switch-off at long context's break-even saves time
         knobs.update(acceptance_rate_window_size=ctx["window"], acceptance_rate_threshold=ctx["threshold"])
     return knobs
 
 
-def gate_choice(rec: Recommendation, report: AlphaReport | None, gate_traffic: TrafficAlphaReport | None = None) -> GateChoice | None:
-    """The acceptance gate for the chosen K (measure/gate_replay.py): threshold = break-even
-    acceptance at K and the expected concurrency (``cost_model.acceptance_gate``), window = the
-    smallest whose replay of the measured requests switches speculation off with probability at
-    most ``MAX_TRIP_PROBABILITY``. Recorded in ``rec.evidence["acceptance_gate"]`` (with the line
-    ``recommend`` prints); None when speculation does not pay at all. ``gate_traffic``: an ``alpha
-    --traffic`` report whose captured requests are replayed instead of the alpha report's."""
+def _tree_fields(b: Bundle, rec: Recommendation, report: AlphaReport | None) -> tuple[dict, dict | None]:
+    """``dynamic_tree_choice`` on a report measured with --modes (the tree's keys all None otherwise)."""
+    if report is None or not report.modes:
+        return dict.fromkeys(DT_KEYS), None
+    return dynamic_tree_choice(report, rec, *dt_inputs(b, rec))
+
+
+def gate_choice(rec: Recommendation, report: AlphaReport | None, gate_traffic: TrafficAlphaReport | None = None, b: Bundle | None = None) -> GateChoice | None:
+    """The acceptance gate of the method ``recommend --write`` writes (the dynamic tree, the suffix
+    automaton, else what the bundle serves), one decision for ``recommend`` and ``recommend --write``.
+    The chain's: threshold = break-even acceptance at K and the expected concurrency
+    (``cost_model.acceptance_gate``), window = the smallest whose replay of the measured requests
+    switches speculation off with probability at most ``MAX_TRIP_PROBABILITY`` (measure/gate_replay.py);
+    a winning mode's the same way through its own cost hook and measured turns (measure/method_gate.py);
+    a method TensorRT-LLM does not serve: one line saying why none applies. Recorded in
+    ``rec.evidence["acceptance_gate"]`` (with the line ``recommend`` prints); None when speculation does
+    not pay at all. ``gate_traffic``: an ``alpha --traffic`` report whose captured requests are replayed
+    instead of the alpha report's (for the chain the bundle serves)."""
     if not rec.speculation_pays:
         return None
+    conc = int(rec.evidence.get("chosen_at_concurrency", 1))
+    winner = _winning_mode(b, rec, report) if b is not None else None
+    if winner is not None:
+        mode, k = winner
+        assert b is not None and report is not None  # a mode wins only on a report measured with --modes
+        choice = mode_gate(mode, rec, report, dt_inputs(b, rec)[0], k)
+        _chain_switch_off_not_written(rec, f"the {mode} mode won")
+        return _record(rec, choice, {"method": mode}, f"{report.settings.prompts} (alpha --modes {mode})")
+    served = bundle_method(b) if b is not None else DEFAULT_METHOD
+    why = no_gate_reason(served)
+    if why is not None:
+        _chain_switch_off_not_written(rec, why)
+        return _record(rec, none_applies(served, rec.max_draft_len, conc, why), {"method": served}, None)
     k = rec.max_draft_len
     threshold, how = acceptance_gate(rec)
-    conc = int(rec.evidence.get("chosen_at_concurrency", 1))
     src = gate_traffic if gate_traffic is not None else report
     seqs = sequences_at(src, k) if src is not None else None
     if seqs is None:
@@ -271,14 +298,39 @@ def gate_choice(rec: Recommendation, report: AlphaReport | None, gate_traffic: T
         if gate_traffic is not None
         else f"{report.settings.prompts if report is not None else None}"
     )
+    return _record(rec, choice, how, measured_on)
+
+
+def _record(rec: Recommendation, choice: GateChoice, how: dict, measured_on: str | None) -> GateChoice:
+    """``choice`` into ``rec.evidence["acceptance_gate"]``, with the line recommend prints."""
     rec.evidence["acceptance_gate"] = {
         **how,
         **choice.evidence,
         "measured_on": measured_on,
         "written": choice.window is not None,
-        "line": f"{choice.line()}; measured on {measured_on}",
+        "line": choice.line() + (f"; measured on {measured_on}" if measured_on else ""),
     }
     return choice
+
+
+def _winning_mode(b: Bundle, rec: Recommendation, report: AlphaReport | None) -> tuple[str, int] | None:
+    """(the alpha --modes mode --write writes instead of what the bundle serves, its K): the dynamic tree
+    when it wins (its depth), else the suffix automaton when it wins at the recommended K; None otherwise."""
+    fields, _ = _tree_fields(b, rec, report)
+    if fields["use_dynamic_tree"]:
+        return DYNAMIC_TREE_MODE, int(fields["max_draft_len"])
+    threshold, _ = sa_at_k(report, rec.max_draft_len)
+    return (SA_MODE, rec.max_draft_len) if threshold is not None else None
+
+
+def _chain_switch_off_not_written(rec: Recommendation, why: str) -> None:
+    """The long-context switch-off was replayed for the chain the bundle serves; it is not written for another method."""
+    ctx = rec.evidence.get("context_switch_off") or {}
+    if ctx.get("written"):
+        ctx["written"] = False
+        ctx["lines"] = [ln for ln in ctx["lines"] if not ln.startswith("closest setting:")] + [
+            f"closest setting not written: it was replayed for the chain, and {why}"
+        ]
 
 
 def read_gate_traffic(path: Path, b: Bundle) -> TrafficAlphaReport:

@@ -32,6 +32,7 @@ from eagle3_trt.core.stats import aggregate
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.alpha_report import OfflineVsServed, TrafficAlphaReport
 from eagle3_trt.formats.traffic import ServedAcceptance, TrafficRecord, iter_traffic
+from eagle3_trt.measure.acceptance import incomplete
 from eagle3_trt.measure.traffic_measure import TrafficItem, measure_items, prepare, prompt_groups
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
@@ -130,8 +131,13 @@ def run_alpha_traffic(
         )
     say(f"loading {b.path} ({b.label})")
     eng = engine_from_bundle(b, device=default_device(device))
-    items, skipped = prepare(mine, eng, source=str(traffic_dir))
+    too_long: list[str] = []
+    items, skipped = prepare(mine, eng, source=str(traffic_dir), too_long=too_long)
     if not items:
+        if too_long:  # measurable requests, none of which fits the bundle: said as the prompt-file measurements say it
+            short = incomplete(len(too_long), 0, too_long, str(traffic_dir))
+            assert short is not None
+            raise short
         raise UserError(traffic_dir, f"none of the {len(mine)} requests {b.path} served can be measured ({skipped[0]})", "capture finished requests")
     ks = tuple(sorted(set(sweep) | set(range(1, b.k + 1))))
     t0 = time.perf_counter()
@@ -146,7 +152,7 @@ def run_alpha_traffic(
         "records": len(records),
         "compared": len(items),
         "prompts": {"chat": sum(it.record.chat for it in items), "raw": sum(not it.record.chat for it in items)},
-        "skipped": {"other_bundles": others, "unmeasurable": skipped},
+        "skipped": {"other_bundles": others, "unmeasurable": skipped, "beyond_max_seq_len": too_long},
         "per_k": _per_k(items, ks),
         "offline": _offline(items),
         "served": served_figures([it.record for it in items]),

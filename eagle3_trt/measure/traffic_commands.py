@@ -21,6 +21,7 @@ from click.core import ParameterSource
 from eagle3_trt.atomic import check_writable, write_json
 from eagle3_trt.errors import GateFailed, UserError
 from eagle3_trt.formats.alpha_report import REPORT_FILE, report_json
+from eagle3_trt.measure.acceptance import incomplete
 from eagle3_trt.measure.traffic_alpha import run_alpha_traffic, summary_lines
 from eagle3_trt.measure.traffic_gate import run_traffic_gate, verdict_line
 from eagle3_trt.pipeline.bundle import open_bundle
@@ -85,6 +86,10 @@ def alpha_traffic(
         for line in summary_lines(rep):
             click.echo(line)
         click.echo(f"report: {dest}/{REPORT_FILE}")
+    long_ = rep.skipped.beyond_max_seq_len  # written, and said in one line with a non-zero exit
+    short = incomplete(rep.compared + len(long_), rep.compared, long_, traffic_dir) if long_ else None
+    if short is not None:
+        raise short
     if rep.comparison.beyond_sampling_noise:
         raise GateFailed("")  # the comparison line said it
 

@@ -75,9 +75,11 @@ def offline_cap(rec: TrafficRecord, eos_ids: Sequence[int]) -> int:
     return n if is_greedy(rec) and cut_by_stop_string else cap
 
 
-def prepare(records: Sequence[TrafficRecord], engine, *, source: str) -> tuple[list[TrafficItem], list[str]]:
+def prepare(records: Sequence[TrafficRecord], engine, *, source: str, too_long: list[str] | None = None) -> tuple[list[TrafficItem], list[str]]:
     """(the measurable records as items, one line per skipped record). A token id outside the
-    target's vocabulary is a one-line UserError: the traffic came from another target's tokenizer."""
+    target's vocabulary is a one-line UserError: the traffic came from another target's tokenizer.
+    ``too_long`` also collects the lines of records skipped because the bundle cannot hold their
+    prompt (the others were never measurable: not finished, speculation off, nothing generated)."""
     items: list[TrafficItem] = []
     skipped: list[str] = []
     vocab = engine.target.vocab_size
@@ -96,6 +98,8 @@ def prepare(records: Sequence[TrafficRecord], engine, *, source: str) -> tuple[l
             skipped.append(f"{rec.request_id}: speculation was off for the request")
         elif len(rec.prompt_ids) >= engine.max_seq_len - 1:
             skipped.append(f"{rec.request_id}: {len(rec.prompt_ids)} prompt tokens >= max_seq_len {engine.max_seq_len}")
+            if too_long is not None:
+                too_long.append(skipped[-1])
         else:
             cap = offline_cap(rec, engine.eos_token_ids)
             if cap < 1:

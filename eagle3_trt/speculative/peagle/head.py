@@ -32,6 +32,10 @@ class PEagleHead:
     # what a bundle's speculative_config sets for it: vLLM's key (PEagleMethod.from_options reads it back)
     speculative_options: dict[str, Any] = {"parallel_drafting": True}  # noqa: RUF012  # read-only class data
 
+    # why a head fusing one aux layer (fc [H, H]) cannot be served as trained: vLLM's Eagle3 draft
+    # (vllm/model_executor/models/llama_eagle3.py@00bd1493 LlamaModel) builds fc over target_hidden_size * 3
+    single_aux_fc = "vLLM's Eagle3 draft builds fc over 3 aux layers (llama_eagle3.py LlamaModel), so it cannot load this fc"
+
     @staticmethod
     def claims(raw: dict[str, Any]) -> bool:
         return is_peagle(raw)

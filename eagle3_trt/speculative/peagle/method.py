@@ -30,6 +30,11 @@ class PEagleMethod:
     step_seconds = staticmethod(cost.step_seconds)  # the cost model's hook (registry.step_cost): one draft forward for K tokens
     head: ClassVar[type[PEagleHead]] = PEagleHead  # its head format (speculative.registry.method_for_head)
     training: ClassVar[type[PEagleTraining]] = PEagleTraining  # train-draft --method peagle
+    # why recommend writes no acceptance-rate switch-off for it (measure/method_gate.py): TensorRT-LLM's
+    # gate is its executor's, and no TensorRT-LLM release serves P-EAGLE
+    no_switch_off: ClassVar[str] = (
+        "vLLM serves it (parallel_drafting), and vLLM has no acceptance-rate switch-off (TensorRT-LLM's acceptance_rate_* keys are its executor's)"
+    )
 
     @staticmethod
     def engine_kwargs(draft: Any) -> dict[str, Any]:
