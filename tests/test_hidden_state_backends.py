@@ -203,3 +203,30 @@ def test_trtllm_kwargs_go_through_the_adapter(fp8_bundle, tmp_path):
         "eagle3_layers_to_capture": [1, 3, 4, -1],
     }
     assert Path(kw["model"]).is_dir() and "speculative_model" not in json.dumps(kw)
+
+
+def test_cache_batches_span_shards_and_read_rows_alone(caches, tmp_path):
+    """The endless row order serves the full batch whatever the shard sizes, and reading rows from
+    disk (a cache too large for memory) gives what the in-memory cache gives."""
+    from eagle3_trt.train.hidden_states import ShardWriter
+
+    _, root, ref, _ = caches
+    src = HiddenCache(root / "ref")
+    m = src.meta
+    (tmp_path / "one").mkdir()
+    w = ShardWriter(tmp_path / "one", m.seq_len, m.target_hidden_size, len(m.aux_layer_ids), 1)
+    for b in src.iter_all(1):
+        w.add(b["input_ids"], b["real"], b["aux"], b["last"])
+    w.finish(m.key, m.aux_layer_ids, m.producer)
+    mem, disk = HiddenCache(tmp_path / "one", in_memory=True), HiddenCache(tmp_path / "one", in_memory=False)
+    n = len(mem)
+    assert mem.counts == [1] * n == [1] * ref["rows"] and n < 12
+    seen = []
+    for step in range(3):  # 3 steps of 4 rows cross the end of an epoch of n < 12 rows
+        a, b = mem.batch(step, 4, 0), disk.batch(step, 4, 0)
+        assert a["input_ids"].shape[0] == 4 and all(torch.equal(a[k], b[k]) for k in a)
+        halves = [disk.batch(step, 4, 0, part) for part in (slice(0, 2), slice(2, 4))]
+        assert all(torch.equal(torch.cat([h[k] for h in halves]), a[k]) for k in a)
+        seen += [tuple(r.tolist()) for r in a["input_ids"]]
+    first_epoch = seen[:n]
+    assert len(set(first_epoch)) == len({tuple(r.tolist()) for r in _all(root / "ref")["input_ids"]})  # an epoch is every row once

@@ -2,8 +2,9 @@
 
 torchrun sets ``WORLD_SIZE``/``RANK``/``LOCAL_RANK`` (and the rendezvous address) in every worker's
 environment; a plain ``train-draft`` sees none of them and runs as one process. Every rank reads the
-same hidden-state cache and takes its own rows of each *global* batch (``rows``): the global batch
-is ``--batch-size`` whatever the number of processes, so N processes follow the one-process loss
+same hidden-state cache and reads only its own rows of each *global* batch (``rows``): the global
+batch is ``--batch-size`` rows whatever the number of processes and the shard sizes (a batch smaller
+than the number of processes is refused), so N processes follow the one-process loss
 curve (the loss is normalised by the global token count, see ``trainer.Trainer``).
 
 Wrapping: DDP (every rank holds the whole head, gradients averaged) when the head's training state
@@ -50,6 +51,20 @@ class Dist:
         base, extra = divmod(n, self.world)
         start = self.rank * base + min(self.rank, extra)
         return slice(start, start + base + (1 if self.rank < extra else 0))
+
+    def check_batch(self, batch_size: int) -> None:
+        """Every rank trains on at least one row of every global batch."""
+        if batch_size < self.world:
+            raise UserError("--batch-size", f"{batch_size} rows cannot be split over {self.world} processes", f"use --batch-size {self.world} or more")
+
+    def per_rank(self, values: list[int]) -> list[list[int]]:
+        """Each rank's ``values``, in rank order, on every rank (a collective)."""
+        if not self.active:
+            return [list(values)]
+        slots = [0.0] * (self.world * len(values))
+        slots[self.rank * len(values) : (self.rank + 1) * len(values)] = [float(v) for v in values]
+        got = self.sum(slots)
+        return [[round(x) for x in got[r * len(values) : (r + 1) * len(values)]] for r in range(self.world)]
 
     def barrier(self) -> None:
         if self.active:

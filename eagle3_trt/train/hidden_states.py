@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
@@ -27,7 +28,7 @@ from eagle3_trt.atomic import staged_dir, write_text
 from eagle3_trt.convert.target import TargetInfo
 from eagle3_trt.core.target import TargetModel
 from eagle3_trt.errors import UserError
-from eagle3_trt.formats.hidden_states import CACHE_SCHEMA, MANIFEST, CacheManifest, Producer, shard_name
+from eagle3_trt.formats.hidden_states import CACHE_SCHEMA, MANIFEST, SHARD_KEYS, CacheManifest, Producer, shard_name
 from eagle3_trt.formats.hidden_states import read_manifest as read_cache_manifest
 
 SHARD_BYTES = 256 << 20
@@ -165,9 +166,15 @@ def collect(
 
 
 class HiddenCache:
-    """Read side of the shards: a deterministic, resumable batch order (step -> batch)."""
+    """Read side of the shards: a deterministic, resumable batch order (step -> batch).
 
-    def __init__(self, cache_dir: Path):
+    An epoch visits the shards in a seeded order and each shard's rows in a seeded order; epochs
+    follow one another as one endless row stream, and batch ``step`` is rows ``step*B .. step*B+B-1``
+    of it, so every batch holds ``B`` rows whatever the shard sizes (a 70B row at 2,048 tokens is
+    a shard of its own). A cache up to IN_MEMORY_BYTES is kept in memory; a larger one is read row
+    by row from its shards (memory bounded by the rows asked for, not by a shard)."""
+
+    def __init__(self, cache_dir: Path, in_memory: bool | None = None):
         self.dir = Path(cache_dir)
         meta = read_cache_manifest(self.dir)
         if meta is None:
@@ -175,48 +182,84 @@ class HiddenCache:
         self.meta = meta
         self.counts: list[int] = list(meta.shards)
         total_bytes = sum(f.stat().st_size for f in self.dir.glob("shard_*.safetensors"))
-        self._keep_all = total_bytes <= IN_MEMORY_BYTES
+        self._keep_all = total_bytes <= IN_MEMORY_BYTES if in_memory is None else in_memory
         self._loaded: dict[int, dict[str, torch.Tensor]] = {}
-        self._plan: tuple[tuple[int, int, int], list[tuple[int, list[int]]]] | None = None
+        self._orders: dict[tuple[int, int], torch.Tensor] = {}
 
     def __len__(self) -> int:
         return sum(self.counts)
 
-    def _shard(self, i: int) -> dict[str, torch.Tensor]:
-        if i not in self._loaded:
-            if not self._keep_all:
-                self._loaded.clear()
-            self._loaded[i] = load_file(str(self.dir / shard_name(i)))
-        return self._loaded[i]
-
     def batches_per_epoch(self, batch_size: int) -> int:
-        return sum(math.ceil(n / batch_size) for n in self.counts)
+        return math.ceil(len(self) / batch_size)
 
-    def _epoch_plan(self, epoch: int, batch_size: int, seed: int) -> list[tuple[int, list[int]]]:
-        rng = random.Random(f"{seed}:{epoch}")
-        order = list(range(len(self.counts)))
-        rng.shuffle(order)
-        plan = []
-        for s in order:
-            idx = list(range(self.counts[s]))
-            rng.shuffle(idx)
-            plan += [(s, idx[j : j + batch_size]) for j in range(0, len(idx), batch_size)]
-        return plan
+    def _epoch_order(self, epoch: int, seed: int) -> torch.Tensor:
+        """int64 [rows, 2]: (shard, row) of every row, in epoch ``epoch``'s order."""
+        key = (epoch, seed)
+        if key not in self._orders:
+            rng = random.Random(f"{seed}:{epoch}")
+            order = list(range(len(self.counts)))
+            rng.shuffle(order)
+            pairs: list[tuple[int, int]] = []
+            for s in order:
+                idx = list(range(self.counts[s]))
+                rng.shuffle(idx)
+                pairs += [(s, r) for r in idx]
+            while len(self._orders) >= 2:  # a batch spans at most two epochs
+                self._orders.pop(next(iter(self._orders)))
+            self._orders[key] = torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2)
+        return self._orders[key]
 
-    def batch(self, step: int, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
-        """Batch number `step` of the endless, seeded order; the same step always gives the same batch."""
-        bpe = self.batches_per_epoch(batch_size)
-        epoch, j = divmod(step, bpe)
-        key = (epoch, batch_size, seed)
-        if self._plan is None or self._plan[0] != key:
-            self._plan = (key, self._epoch_plan(epoch, batch_size, seed))
-        shard, idx = self._plan[1][j]
-        data = self._shard(shard)
-        sel = torch.tensor(idx)
-        return {k: v[sel] for k, v in data.items()}
+    def batch(self, step: int, batch_size: int, seed: int, part: slice | None = None) -> dict[str, torch.Tensor]:
+        """Batch number `step` of the endless, seeded order (``batch_size`` rows; ``part``: only
+        these rows of it, a rank's share); the same step always gives the same rows."""
+        n = len(self)
+        picks = []
+        for g in range(step * batch_size, (step + 1) * batch_size)[part or slice(None)]:
+            s, r = self._epoch_order(g // n, seed)[g % n].tolist()
+            picks.append((s, r))
+        return self._gather(picks)
 
     def iter_all(self, batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
+        """Every row in shard order, ``batch_size`` rows at a time (within one shard)."""
         for s, n in enumerate(self.counts):
-            data = self._shard(s)
             for j in range(0, n, batch_size):
-                yield {k: v[j : j + batch_size] for k, v in data.items()}
+                yield self._gather([(s, r) for r in range(j, min(n, j + batch_size))])
+
+    def _gather(self, picks: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
+        """The rows ``picks`` ((shard, row) pairs) in that order, as one batch."""
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in SHARD_KEYS}
+        i = 0
+        while i < len(picks):
+            s = picks[i][0]
+            j = i
+            while j < len(picks) and picks[j][0] == s:
+                j += 1
+            rows = [r for _, r in picks[i:j]]
+            if self._keep_all:
+                data = self._shard(s)
+                sel = torch.tensor(rows)
+                for k in SHARD_KEYS:
+                    parts[k].append(data[k][sel])
+            else:  # a fresh handle per run of rows: its mapped pages go when it closes
+                with safe_open(str(self.dir / shard_name(s)), framework="pt") as h:
+                    for k in SHARD_KEYS:
+                        sl = h.get_slice(k)
+                        parts[k] += [sl[r : r + 1] for r in rows]
+            i = j
+        if not picks:
+            return self._empty()
+        return {k: torch.cat(v) for k, v in parts.items()}
+
+    def _empty(self) -> dict[str, torch.Tensor]:
+        S, T, A = self.meta.seq_len, self.meta.target_hidden_size, len(self.meta.aux_layer_ids)
+        return {
+            "input_ids": torch.zeros((0, S), dtype=torch.int64),
+            "real": torch.zeros((0, S), dtype=torch.bool),
+            "aux": torch.zeros((0, S, A * T), dtype=torch.bfloat16),
+            "last": torch.zeros((0, S, T), dtype=torch.bfloat16),
+        }
+
+    def _shard(self, i: int) -> dict[str, torch.Tensor]:
+        if i not in self._loaded:
+            self._loaded[i] = load_file(str(self.dir / shard_name(i)))
+        return self._loaded[i]
