@@ -181,7 +181,7 @@ def _one_row_shards(src: Path, out: Path) -> int:
     cache = HiddenCache(src)
     m = cache.meta
     out.mkdir()
-    w = ShardWriter(out, m.seq_len, m.target_hidden_size, len(m.aux_layer_ids), 1)
+    w = ShardWriter(out, m.seq_len, m.target_hidden_size, len(m.aux_layer_ids), len(cache), rows_per_shard=1)
     for b in cache.iter_all(1):
         w.add(b["input_ids"], b["real"], b["aux"], b["last"])
     assert w.finish(m.key, m.aux_layer_ids, m.producer).shards == [1] * len(cache)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from eagle3_trt.atomic import staged_dir, write_text
@@ -37,41 +37,102 @@ IN_MEMORY_BYTES = 1 << 30
 __all__ = ["CACHE_SCHEMA", "CacheManifest", "HiddenCache", "ShardWriter", "collect", "read_cache_manifest"]
 
 
+# safetensors' dtype names (the format's header, github.com/huggingface/safetensors docs "Format")
+_ST_DTYPES = {torch.int64: "I64", torch.bool: "BOOL", torch.bfloat16: "BF16"}
+
+
+class _ShardFile:
+    """One shard of ``n`` rows written row by row: the safetensors header first (the shapes are
+    known), then each row's bytes at its place in every tensor, so memory holds one row at a time
+    (``safetensors.torch.save_file`` needs the whole shard, and a copy of it, in memory)."""
+
+    def __init__(self, path: Path, n: int, row_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]):
+        header: dict[str, dict] = {}
+        self.row_bytes: dict[str, int] = {}
+        self.start: dict[str, int] = {}
+        off = 0
+        # safetensors' own order (wider dtypes first, then by name): the file is byte for byte save_file's
+        for k, (shape, dtype) in sorted(row_shapes.items(), key=lambda kv: (-kv[1][1].itemsize, kv[0])):
+            size = math.prod(shape) * dtype.itemsize
+            header[k] = {"dtype": _ST_DTYPES[dtype], "shape": [n, *shape], "data_offsets": [off, off + n * size]}
+            self.row_bytes[k], self.start[k] = size, off
+            off += n * size
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+        self.base = 8 + len(text)
+        self.n, self.rows = n, 0
+        self.f = open(path, "wb")  # noqa: SIM115  # closed by close(), after the last row
+        self.f.write(len(text).to_bytes(8, "little") + text)
+        self.f.truncate(self.base + off)
+
+    def add(self, row: dict[str, torch.Tensor]) -> None:
+        for k, t in row.items():
+            raw = t.contiguous().reshape(-1).view(torch.uint8).numpy()
+            assert raw.nbytes == self.row_bytes[k], k
+            self.f.seek(self.base + self.start[k] + self.rows * self.row_bytes[k])
+            self.f.write(raw.data)
+        self.rows += 1
+
+    def close(self) -> None:
+        self.f.close()
+
+
 class ShardWriter:
     """Rows appended in order, written as shards of about SHARD_BYTES (the one writer of the format
-    in formats/hidden_states.py: backends and converters all go through it)."""
+    in formats/hidden_states.py: backends and converters all go through it). ``rows`` is how many
+    rows will come (the shards' sizes are fixed up front, so each is written row by row);
+    ``rows_per_shard`` overrides SHARD_BYTES' choice."""
 
-    def __init__(self, out_dir: Path, seq_len: int, hidden_size: int, n_aux: int, rows_hint: int):
+    def __init__(self, out_dir: Path, seq_len: int, hidden_size: int, n_aux: int, rows: int, rows_per_shard: int | None = None):
         self.dir = Path(out_dir)
         self.seq_len, self.hidden_size, self.n_aux = seq_len, hidden_size, n_aux
         per_row = seq_len * (n_aux + 1) * hidden_size * 2 + seq_len * 9
-        self.per_shard = max(1, min(max(rows_hint, 1), SHARD_BYTES // per_row))
+        self.per_shard = max(1, rows_per_shard or min(max(rows, 1), SHARD_BYTES // per_row))
+        self.rows, self.written = rows, 0
         self.shards: list[int] = []
-        self.buf: dict[str, list[torch.Tensor]] = {k: [] for k in ("input_ids", "real", "aux", "last")}
+        self._file: _ShardFile | None = None
+        self._shapes = {
+            "input_ids": ((seq_len,), torch.int64),
+            "real": ((seq_len,), torch.bool),
+            "aux": ((seq_len, n_aux * hidden_size), torch.bfloat16),
+            "last": ((seq_len, hidden_size), torch.bfloat16),
+        }
 
     def add(self, input_ids: torch.Tensor, real: torch.Tensor, aux: torch.Tensor, last: torch.Tensor) -> None:
         """Rows [b, seq_len] (+ hidden dims), right-padded."""
         b, s = input_ids.shape
         if s != self.seq_len or aux.shape != (b, s, self.n_aux * self.hidden_size) or last.shape != (b, s, self.hidden_size):
             raise ValueError(f"rows of shape {tuple(input_ids.shape)}/{tuple(aux.shape)}/{tuple(last.shape)} do not fit this cache")
-        self.buf["input_ids"].append(input_ids.to("cpu", torch.int64))
-        self.buf["real"].append(real.to("cpu", torch.bool))
-        self.buf["aux"].append(aux.to("cpu", torch.bfloat16))
-        self.buf["last"].append(last.to("cpu", torch.bfloat16))
-        if sum(t.shape[0] for t in self.buf["input_ids"]) >= self.per_shard:
-            self.flush()
+        if self.written + b > self.rows:
+            raise ValueError(f"more than the {self.rows} rows this cache was sized for")
+        for r in range(b):
+            if self._file is None:
+                n = min(self.per_shard, self.rows - self.written)
+                self._file = _ShardFile(self.dir / shard_name(len(self.shards)), n, self._shapes)
+                self.shards.append(n)
+            row = {"input_ids": input_ids[r], "real": real[r], "aux": aux[r], "last": last[r]}
+            self._file.add({k: v.to("cpu", self._shapes[k][1]) for k, v in row.items()})
+            self.written += 1
+            if self._file.rows == self._file.n:
+                self._file.close()
+                self._file = None
 
-    def flush(self) -> None:
-        if not self.buf["input_ids"]:
-            return
-        tensors = {k: torch.cat(v).contiguous() for k, v in self.buf.items()}
-        save_file(tensors, str(self.dir / shard_name(len(self.shards))))
-        self.shards.append(int(tensors["input_ids"].shape[0]))
-        for v in self.buf.values():
-            v.clear()
+    def add_unpadded(self, input_ids: torch.Tensor, real: torch.Tensor, aux: torch.Tensor, last: torch.Tensor, pad_id: int = 0) -> None:
+        """One row at its own length n (ids [n], real [n], aux [n, A*T], last [n, T]), right-padded here."""
+        n, S, T = int(input_ids.shape[0]), self.seq_len, self.hidden_size
+        ids = torch.full((1, S), pad_id, dtype=torch.int64)
+        ids[0, :n] = input_ids
+        mask = torch.zeros((1, S), dtype=torch.bool)
+        mask[0, :n] = real.bool()
+        a = torch.zeros((1, S, self.n_aux * T), dtype=torch.bfloat16)
+        a[0, :n] = aux.to(torch.bfloat16)
+        lst = torch.zeros((1, S, T), dtype=torch.bfloat16)
+        lst[0, :n] = last.to(torch.bfloat16)
+        self.add(ids, mask, a, lst)
 
     def finish(self, key: str, aux_layer_ids: list[int], producer: Producer) -> CacheManifest:
-        self.flush()
+        if self.written != self.rows:
+            raise ValueError(f"{self.written} rows written, {self.rows} expected")
         meta = CacheManifest(
             schema_=CACHE_SCHEMA,
             key=key,
