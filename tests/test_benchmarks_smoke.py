@@ -31,6 +31,7 @@ SMOKE: dict[str, str] = {
     "bench_engine.py": "--smoke",
     "bench_capture_overhead.py": "--rounds 1 --max-tokens 4 --json",  # + --bundle
     "bench_capture_scale.py": "--smoke --json",
+    "bench_hs_convert_memory.py": "--smoke --json",
     "bench_serving_overhead.py": "--rounds 7 --rounds-high 1 --concurrency 1 --max-tokens 4 --speculate on --json",  # + --bundle
     "compare_aiperf.py": "--concurrency 1 --requests 2 --num-prompts 2 --max-tokens 4 --rounds 1",  # + --bundle
 }
@@ -100,6 +101,14 @@ def test_bench_capture_scale_smoke():
     split = rep["rows"][3]  # train-draft/gate --traffic's read: every record on one side, repeated prompts grouped
     assert split["train"] + split["heldout"] == 300 and split["heldout"] > 0 and split["prompt_groups"] < 300, split
     assert all(r["records_per_s"] > 0 and r["peak_rss_mb"] >= r["rss_after_imports_mb"] > 0 for r in rep["rows"]), rep
+
+
+def test_bench_hs_convert_memory_smoke():
+    rep = _last_json(run_bench("bench_hs_convert_memory.py").stdout)
+    # every converter direction ran on the same rows, each with a peak RSS
+    assert [r["direction"] for r in rep["rows"]] == ["to-modelopt", "to-speculators", "from-modelopt", "from-speculators", "from-trtllm"], rep
+    assert len({r["rows"] for r in rep["rows"]}) == 1 and rep["rows"][0]["rows"] > 1, rep
+    assert all(r["peak_rss_mb"] >= r["rss_after_imports_mb"] > 0 and r["input_mb"] > 0 for r in rep["rows"]), rep
 
 
 @pytest.mark.needs("tritonserver", "tritonclient")

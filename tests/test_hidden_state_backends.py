@@ -203,3 +203,56 @@ def test_trtllm_kwargs_go_through_the_adapter(fp8_bundle, tmp_path):
         "eagle3_layers_to_capture": [1, 3, 4, -1],
     }
     assert Path(kw["model"]).is_dir() and "speculative_model" not in json.dumps(kw)
+
+
+def test_cache_batches_span_shards_and_read_rows_alone(caches, tmp_path):
+    """The endless row order serves the full batch whatever the shard sizes, and reading rows from
+    disk (a cache too large for memory) gives what the in-memory cache gives."""
+    from eagle3_trt.train.hidden_states import ShardWriter
+
+    _, root, ref, _ = caches
+    src = HiddenCache(root / "ref")
+    m = src.meta
+    (tmp_path / "one").mkdir()
+    w = ShardWriter(tmp_path / "one", m.seq_len, m.target_hidden_size, len(m.aux_layer_ids), len(src), rows_per_shard=1)
+    for b in src.iter_all(1):
+        w.add(b["input_ids"], b["real"], b["aux"], b["last"])
+    w.finish(m.key, m.aux_layer_ids, m.producer)
+    mem, disk = HiddenCache(tmp_path / "one", in_memory=True), HiddenCache(tmp_path / "one", in_memory=False)
+    n = len(mem)
+    assert mem.counts == [1] * n == [1] * ref["rows"] and n < 12
+    seen = []
+    for step in range(3):  # 3 steps of 4 rows cross the end of an epoch of n < 12 rows
+        a, b = mem.batch(step, 4, 0), disk.batch(step, 4, 0)
+        assert a["input_ids"].shape[0] == 4 and all(torch.equal(a[k], b[k]) for k in a)
+        halves = [disk.batch(step, 4, 0, part) for part in (slice(0, 2), slice(2, 4))]
+        assert all(torch.equal(torch.cat([h[k] for h in halves]), a[k]) for k in a)
+        seen += [tuple(r.tolist()) for r in a["input_ids"]]
+    first_epoch = seen[:n]
+    assert len(set(first_epoch)) == len({tuple(r.tolist()) for r in _all(root / "ref")["input_ids"]})  # an epoch is every row once
+
+
+def test_shard_writer_streams_safetensors_own_bytes(tmp_path):
+    """The cache's writer puts each row into its place in a pre-sized shard (memory: one row); the
+    shards are byte for byte what safetensors' save_file writes for the same tensors."""
+    from safetensors.torch import save_file
+
+    from eagle3_trt.train.hidden_states import ShardWriter
+
+    g = torch.Generator().manual_seed(0)
+    S, T, A, N = 7, 16, 3, 5
+    rows = {
+        "input_ids": torch.randint(0, 100, (N, S), generator=g),
+        "real": torch.rand(N, S, generator=g) > 0.3,
+        "aux": torch.randn(N, S, A * T, generator=g).to(torch.bfloat16),
+        "last": torch.randn(N, S, T, generator=g).to(torch.bfloat16),
+    }
+    w = ShardWriter(tmp_path, S, T, A, N, rows_per_shard=2)
+    w.add(*(rows[k][:3] for k in ("input_ids", "real", "aux", "last")))
+    w.add(*(rows[k][3:] for k in ("input_ids", "real", "aux", "last")))
+    assert w.finish("k", list(AUX), "reference").shards == [2, 2, 1]
+    for i, sl in enumerate((slice(0, 2), slice(2, 4), slice(4, 5))):
+        save_file({k: v[sl].contiguous() for k, v in rows.items()}, str(tmp_path / "ref.safetensors"))
+        assert (tmp_path / f"shard_{i:05d}.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes(), i
+    with pytest.raises(ValueError):  # sized for N rows: one more is an error, not a silent extra shard
+        w.add(*(rows[k][:1] for k in ("input_ids", "real", "aux", "last")))

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import torch
 
 from eagle3_trt.convert.draft_format import load_draft
@@ -171,3 +172,58 @@ def test_fsdp_from_a_hidden_state_cache_matches_one_process(tiny_pair, tmp_path)
     worst = max(float(((wa[k].float() - wb[k].float()).abs() / wa[k].float().abs().clamp_min(1e-3)).max()) for k in wa)
     assert worst <= 2**-7, worst
     print(f"fsdp: loss curve 1 process {[(h['step'], h['loss']) for h in r1['history']]}, 2 ranks {[(h['step'], h['loss']) for h in r2['history']]}")
+
+
+def _one_row_shards(src: Path, out: Path) -> int:
+    """``src`` re-written with one row per shard (a 70B row at 2,048 tokens fills a shard alone)."""
+    from eagle3_trt.train.hidden_states import HiddenCache, ShardWriter
+
+    cache = HiddenCache(src)
+    m = cache.meta
+    out.mkdir()
+    w = ShardWriter(out, m.seq_len, m.target_hidden_size, len(m.aux_layer_ids), len(cache), rows_per_shard=1)
+    for b in cache.iter_all(1):
+        w.add(b["input_ids"], b["real"], b["aux"], b["last"])
+    assert w.finish(m.key, m.aux_layer_ids, m.producer).shards == [1] * len(cache)
+    return len(cache)
+
+
+def test_one_row_shards_train_the_requested_batch_on_every_rank(tiny_pair, tmp_path):
+    """Batches span shards: with one row per shard, every step of a 2-rank run trains 8 rows, 4 on
+    each rank, and the loss curve is one process's."""
+    from click.testing import CliRunner
+
+    from eagle3_trt.cli import cli
+
+    target, _ = tiny_pair
+    data = _data(tmp_path / "data.jsonl")
+    res = CliRunner().invoke(cli, ["hidden-states", "collect", "--target", str(target), "--data", str(data), "-o", str(tmp_path / "hs"), "--seq-len", "32"])
+    assert res.exit_code == 0, res.output
+    rows = _one_row_shards(tmp_path / "hs", tmp_path / "hs1")
+    assert rows > 8
+    steps, batch = 20, 8
+    common = ["--target", str(target), "--hidden-states", str(tmp_path / "hs1"), "--steps", str(steps), "--draft-vocab", "128",
+              "--batch-size", str(batch), "--lr", "1e-3", "--threads", "1", "--json"]  # fmt: skip
+    one = CliRunner().invoke(cli, ["train-draft", *common, "-o", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    r1 = json.loads(one.stdout)
+    two = subprocess.run([*_torchrun_cmd(), "-m", "eagle3_trt.cli", "train-draft", *common, "-o", str(tmp_path / "two")],
+                         capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert two.returncode == 0, two.stderr[-3000:]
+    r2 = json.loads(two.stdout)
+    assert (r1["processes"], r2["processes"], r2["parallel"]) == (1, 2, "ddp")
+    assert r1["rows_per_rank"] == [steps * batch] and r2["rows_per_rank"] == [steps * batch // 2] * 2, (r1["rows_per_rank"], r2["rows_per_rank"])
+    assert min(r2["tokens_per_rank"]) > 0 and sum(r2["tokens_per_rank"]) == r1["tokens_per_rank"][0], (r1["tokens_per_rank"], r2["tokens_per_rank"])
+    for a, b in zip(r1["history"], r2["history"], strict=True):
+        assert a["step"] == b["step"] and abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (r1["history"], r2["history"])
+    print(f"one-row shards ({rows}): rows per rank 1 process {r1['rows_per_rank']}, 2 ranks {r2['rows_per_rank']}; tokens {r2['tokens_per_rank']}")
+
+
+def test_a_batch_smaller_than_the_world_is_refused():
+    from eagle3_trt.errors import UserError
+    from eagle3_trt.train.distributed import Dist
+
+    Dist(rank=0, world=4).check_batch(4)
+    with pytest.raises(UserError) as e:
+        Dist(rank=1, world=4).check_batch(3)
+    assert e.value.where == "--batch-size"

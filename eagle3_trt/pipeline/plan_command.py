@@ -42,6 +42,7 @@ from eagle3_trt.pipeline.train_plan import format_train_plan, make_train_plan
 @click.option("--records", type=int, default=None, help="with --train: training records (token windows)")
 @click.option("--train-seq-len", type=int, default=2048, show_default=True, help="with --train: tokens per record")
 @click.option("--epochs", type=int, default=1, show_default=True, help="with --train: passes over the records")
+@click.option("--train-batch-size", type=int, default=8, show_default=True, help="with --train: train-draft's global --batch-size")
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
 def plan_cmd(
     model: str | None,
@@ -57,6 +58,7 @@ def plan_cmd(
     records: int | None,
     train_seq_len: int,
     epochs: int,
+    train_batch_size: int,
     as_json: bool,
 ) -> None:
     """Plan MODEL (a registry preset) or --preset-file on --gpus N x --gpu from config files alone:
@@ -83,7 +85,7 @@ def plan_cmd(
     if train:
         assert records is not None
         target_cfg, draft_cfg = preset_configs(p, isinstance(preset, Preset))
-        tplan = make_train_plan(plan, target_cfg, draft_cfg, records, train_seq_len, epochs)
+        tplan = make_train_plan(plan, target_cfg, draft_cfg, records, train_seq_len, epochs, train_batch_size)
     if as_json:
         click.echo(json.dumps({**plan.to_dict(), "steps": steps, **({"train": tplan.to_dict()} if tplan else {})}, indent=2))
         return

@@ -13,13 +13,19 @@ Three figures, each with the arithmetic that makes it (order-of-magnitude planni
   - trtllm (``SaveHiddenStatesDecodingConfig``): the deployment plan's weights per GPU at its TP and
     quantization (the states of the target as it is served), the writer's capture buffer
     ``[max_num_tokens, (A+1) * T]`` (save_hidden_state.py's resource manager) and the plan's reserve;
-    the rest is KV cache.
-  and for training the head under torchrun (train/distributed.py): the trainable state
-  (fp32 weights, gradients, AdamW moments: 16 bytes per parameter) whole on every rank (DDP) or
-  divided by the ranks (FSDP), the target's frozen embedding and lm_head in BF16 (the TTT inputs
-  and the labels), and the activations of the K-step TTT unroll of one rank's share of a batch.
+    the rest is KV cache. ``hidden-states collect --backend trtllm`` builds ONE model at the
+    bundle's TP and sends one window per request, in order (train/hs_collect.py): one TP group
+    computes, whatever the node's other GPUs (HS_COLLECT_INSTANCES).
+  and for training the head under torchrun (train/distributed.py, whose docstring says what each
+  wrapping holds): the trainable state (fp32 weights, gradients, AdamW moments: 16 B/param) whole on
+  every rank plus DDP's gradient buckets (every gradient copied once more, 4 B/param) under DDP; under
+  FSDP (one unit: the whole head) the 16 B/param divided by the ranks plus the whole weights and
+  gradients between the all-gather and the reduce-scatter (8 B/param); on every rank the target's
+  frozen embedding and lm_head in BF16 (the TTT inputs and the labels), and the activations of the
+  K-step TTT unroll of one rank's share of a batch (``train_memory_per_rank`` lists them). ``train_steps`` is one pass over the records
+  ``epochs`` times at the global batch: the ``--steps`` of the runbook's command.
 - time: hidden states at 2 * params FLOP per token at a model-FLOP utilisation (one GPU at a time
-  for hf; TP ranks together for trtllm), plus writing the cache; training at 3 x the forward
+  for hf; the one TP group for trtllm), plus writing the cache; training at 3 x the forward
   FLOP of K draft steps per token plus the label recomputation (the target's lm_head), on all
   ranks, plus reading the cache once per epoch.
 """
@@ -37,6 +43,9 @@ from eagle3_trt.pipeline.planner import Plan
 
 HS_BYTES_PER_TOKEN_EXTRA = 9  # int64 token id + bool mask
 TRAIN_BYTES_PER_PARAM = 16  # train/distributed.py: fp32 weight + grad + AdamW exp_avg + exp_avg_sq
+DDP_BUCKET_BYTES_PER_PARAM = 4  # train/distributed.py: torch's buckets hold a copy of every fp32 gradient
+FSDP_UNSHARDED_BYTES_PER_PARAM = 8  # train/distributed.py: one FSDP unit, whole fp32 weights + gradients
+HS_COLLECT_INSTANCES = 1  # train/hs_collect.py: one LLM (one TP group), one request at a time
 PREFILL_MFU = 0.35  # teacher-forced prefill: large matmuls (TensorRT-LLM; HF eager a little less)
 HF_MFU = 0.25
 TRAIN_MFU = 0.25  # the head: one decoder layer, a 32k lm_head, softmaxes over the draft vocabulary
@@ -68,6 +77,9 @@ class TrainPlan:
     train_ranks: int
     train_mode: str  # ddp | fsdp
     train_batch: int
+    train_steps: int  # --steps of one run over the records, epochs times, at train_batch
+    train_frozen_bytes: int  # per rank: the target's embedding + lm_head, BF16
+    train_activation_bytes: int  # per rank: one share of a batch through the TTT unroll
     train_bytes_per_rank_ddp: int
     train_bytes_per_rank_fsdp: int
     hs_seconds: dict[str, float | None]
@@ -85,7 +97,7 @@ def make_train_plan(
     if records < 1:
         raise UserError("--records", f"{records} is not a positive number of records", "e.g. --records 50000")
     if seq_len < 2 or epochs < 1 or batch < 1:
-        raise UserError("--train-seq-len/--epochs", "must be positive (seq-len at least 2)", "e.g. --train-seq-len 2048 --epochs 1")
+        raise UserError("--train-seq-len/--epochs/--train-batch-size", "must be positive (seq-len at least 2)", "e.g. --train-seq-len 2048 --epochs 1")
     gpu = get_gpu(plan.gpu)
     s = parse_shape(target_cfg, "target config.json")
     tp = count_target(s)
@@ -109,11 +121,11 @@ def make_train_plan(
         BackendMemory("hf", G, hf_bytes, hf_bytes <= usable, f'device_map="auto" over {G} GPUs, BF16; one GPU computes at a time'),
         BackendMemory(
             "trtllm",
-            plan.instances * plan.tp * plan.pp,
+            HS_COLLECT_INSTANCES * plan.tp * plan.pp,
             trt_bytes,
             trt_bytes <= gpu.memory_bytes,
-            f"{plan.instances} instance(s) of TP{plan.tp} {plan.quant} as served (SaveHiddenStatesDecodingConfig) + capture buffer {gb(capture)}; "
-            "the rest is KV cache",
+            f"{HS_COLLECT_INSTANCES} instance of TP{plan.tp} {plan.quant} as served (SaveHiddenStatesDecodingConfig), one window per request "
+            f"+ capture buffer {gb(capture)}; the rest is KV cache",
         ),
     )
     fwd = 2 * tp.total * tokens
@@ -121,19 +133,15 @@ def make_train_plan(
     hs_seconds: dict[str, float | None] = {
         "reference": fwd / (gpu.bf16_tflops * 1e12 * PREFILL_MFU) + write_s if backends[0].fits else None,
         "hf": fwd / (gpu.bf16_tflops * 1e12 * HF_MFU) + write_s if backends[1].fits else None,
-        # every instance of the deployment plan (TP group) writes its share of the records
-        "trtllm": fwd / (plan.instances * plan.tp * _tflops(gpu, plan.quant) * 1e12 * PREFILL_MFU) + write_s if backends[2].fits else None,
+        # the collector's one TP group computes every window
+        "trtllm": fwd / (HS_COLLECT_INSTANCES * plan.tp * _tflops(gpu, plan.quant) * 1e12 * PREFILL_MFU) + write_s if backends[2].fits else None,
     }
 
     # -- training under torchrun ------------------------------------------------------------
     trainable = dp.total
-    frozen = (s.vocab * T * 2) * BF16_BYTES  # target embedding + lm_head
     local_batch = max(1, -(-batch // G))
-    # per token and draft step: draft-vocab logits (fp32, log-softmax and grad), the label
-    # distribution over the draft vocabulary (fp32), the layer's saved activations (bf16)
-    act = local_batch * seq_len * (K * (dp.draft_vocab * 4 * 3 + (6 * T + 3 * s.intermediate) * BF16_BYTES) + dp.draft_vocab * 4) + seq_len * s.vocab * 4
-    ddp = trainable * TRAIN_BYTES_PER_PARAM + frozen + act
-    fsdp = trainable * TRAIN_BYTES_PER_PARAM // G + frozen + act
+    mem = train_memory_per_rank(trainable, s.vocab, T, s.intermediate, dp.draft_vocab, K, seq_len, local_batch, G)
+    frozen, act, ddp, fsdp = mem["frozen"], mem["activations"], mem["ddp"], mem["fsdp"]
     mode = "ddp" if trainable * TRAIN_BYTES_PER_PARAM <= gpu.memory_bytes // 2 else "fsdp"  # train/distributed.choose_mode
     draft_fwd = 2 * (dp.total - dp.fc) * K + 2 * dp.fc  # fc once, the layer and lm_head K times
     train_flop = epochs * tokens * (3 * draft_fwd + 2 * s.vocab * T)
@@ -152,11 +160,49 @@ def make_train_plan(
         train_ranks=G,
         train_mode=mode,
         train_batch=batch,
+        train_steps=-(-records * epochs // batch),
+        train_frozen_bytes=frozen,
+        train_activation_bytes=act,
         train_bytes_per_rank_ddp=ddp,
         train_bytes_per_rank_fsdp=fsdp,
         hs_seconds=hs_seconds,
         train_seconds=train_s,
     )
+
+
+def train_memory_per_rank(
+    trainable: int,
+    vocab: int,
+    hidden: int,
+    intermediate: int,
+    draft_vocab: int,
+    K: int,
+    seq_len: int,
+    local_batch: int,
+    ranks: int,
+    frozen_bytes: int = BF16_BYTES,
+    act_bytes: int = BF16_BYTES,
+) -> dict[str, int]:
+    """Bytes one rank holds training the head (see the module docstring): the frozen embedding and
+    lm_head, the TTT activations of ``local_batch`` rows, and the whole under DDP and under FSDP.
+    ``frozen_bytes``/``act_bytes``: 2 on a GPU (BF16, autocast); 4 on CPU, where the trainer runs fp32."""
+    frozen = (vocab * hidden * 2) * frozen_bytes  # target embedding + lm_head
+    # What autograd keeps per token (core/draft.py, train/trainer.ttt_forward), the query width
+    # being the hidden size (Llama): at every draft step k the layer's saved tensors, 11 of width T
+    # (the norms' inputs and normalised values, [embedding, hidden] of width 2T, the residual sums,
+    # the rolled hidden state), 3 of the query width (rotated q, attention output and its reshape),
+    # 4 of width I (gate, up, silu, product), the keys and values repeated over the k*S keys the
+    # step attends (2k of the query width), the draft-vocabulary logits and their fp32
+    # log-softmax (with an fp32 copy of the logits under autocast); once per token the fc's input
+    # (3T) and the label distribution and its shifted copy (2 x fp32 over the draft vocabulary);
+    # and one row's target logits over the whole vocabulary (fp32), computed before the unroll.
+    logits = draft_vocab * (act_bytes + 4 + (4 if act_bytes < 4 else 0))
+    per_token = sum((11 * hidden + 3 * hidden + 2 * k * hidden + 4 * intermediate) * act_bytes + logits for k in range(1, K + 1))
+    per_token += 3 * hidden * act_bytes + 2 * draft_vocab * 4
+    act = local_batch * seq_len * per_token + seq_len * vocab * 4
+    ddp = trainable * (TRAIN_BYTES_PER_PARAM + DDP_BUCKET_BYTES_PER_PARAM) + frozen + act
+    fsdp = trainable * TRAIN_BYTES_PER_PARAM // ranks + trainable * FSDP_UNSHARDED_BYTES_PER_PARAM + frozen + act
+    return {"frozen": frozen, "activations": act, "ddp": ddp, "fsdp": fsdp}
 
 
 def _tflops(gpu, quant: str) -> float:
@@ -183,7 +229,7 @@ def format_train_plan(tp: TrainPlan, plan: Plan) -> str:
         )
     lines += [
         f"  train          head {tp.draft_params / 1e9:.2f} B params under torchrun --nproc-per-node {tp.train_ranks} ({tp.train_mode} chosen), "
-        f"global batch {tp.train_batch}: per rank DDP {gb(tp.train_bytes_per_rank_ddp)}, FSDP {gb(tp.train_bytes_per_rank_fsdp)}; "
-        f"{_duration(tp.train_seconds)}",
+        f"--batch-size {tp.train_batch} --steps {tp.train_steps}: per rank DDP {gb(tp.train_bytes_per_rank_ddp)} (with its gradient buckets), "
+        f"FSDP {gb(tp.train_bytes_per_rank_fsdp)} (one unit: whole weights and gradients at the peak); {_duration(tp.train_seconds)}",
     ]
     return "\n".join(lines)

@@ -2,14 +2,29 @@
 
 torchrun sets ``WORLD_SIZE``/``RANK``/``LOCAL_RANK`` (and the rendezvous address) in every worker's
 environment; a plain ``train-draft`` sees none of them and runs as one process. Every rank reads the
-same hidden-state cache and takes its own rows of each *global* batch (``rows``): the global batch
-is ``--batch-size`` whatever the number of processes, so N processes follow the one-process loss
+same hidden-state cache and reads only its own rows of each *global* batch (``rows``): the global
+batch is ``--batch-size`` rows whatever the number of processes and the shard sizes (a batch smaller
+than the number of processes is refused), so N processes follow the one-process loss
 curve (the loss is normalised by the global token count, see ``trainer.Trainer``).
 
 Wrapping: DDP (every rank holds the whole head, gradients averaged) when the head's training state
 fits one device, FSDP (``torch.distributed.fsdp.fully_shard``: parameters, gradients and AdamW
 state sharded across ranks) when it does not, or when asked (``--parallel fsdp``). The gloo backend
 runs both on CPU (what CI tests); NCCL on CUDA.
+
+What each holds per rank (fp32 throughout; ``pipeline/train_plan.py`` prices exactly this, and
+tests/test_train_plan.py ties its constants to these):
+
+- DDP: the whole weights, gradients and AdamW moments (16 B/param) plus DDP's gradient buckets:
+  with torch's defaults (``bucket_cap_mb=25``, ``gradient_as_bucket_view=False``) every gradient is
+  copied into a bucket before the all-reduce, and the buckets together hold every gradient once
+  more (4 B/param), whatever the bucket size.
+- FSDP: ``fully_shard`` is applied to the whole training module, so the head is ONE unit (the
+  EAGLE-3 head has one decoder layer, and the TTT unroll calls it and the lm_head K times per
+  step): the unit's shards of weights, gradients and AdamW moments (16 B/param / N), and, from the
+  all-gather before the forward to the reduce-scatter after the backward, the whole weights and
+  the whole gradients (8 B/param; the root unit is not resharded between forward and backward).
+  Sharding saves the optimizer state, not that peak.
 """
 
 from __future__ import annotations
@@ -25,6 +40,11 @@ from eagle3_trt.errors import UserError
 
 # AdamW training state per parameter, fp32: weight 4 + grad 4 + exp_avg 4 + exp_avg_sq 4 bytes.
 TRAIN_BYTES_PER_PARAM = 16
+DDP_BUCKET_CAP_MB = 25  # torch's DistributedDataParallel default, passed explicitly
+DDP_GRADIENT_AS_BUCKET_VIEW = False  # torch's default: gradients are copied into the buckets
+DDP_BUCKET_BYTES_PER_PARAM = 0 if DDP_GRADIENT_AS_BUCKET_VIEW else 4  # the buckets: every fp32 gradient once more
+FSDP_UNITS = 1  # fully_shard on the whole training module (see above)
+FSDP_UNSHARDED_BYTES_PER_PARAM = 8  # the one unit's whole fp32 weights + gradients, forward to backward
 PARALLEL_MODES = ("auto", "ddp", "fsdp")
 
 
@@ -50,6 +70,20 @@ class Dist:
         base, extra = divmod(n, self.world)
         start = self.rank * base + min(self.rank, extra)
         return slice(start, start + base + (1 if self.rank < extra else 0))
+
+    def check_batch(self, batch_size: int) -> None:
+        """Every rank trains on at least one row of every global batch."""
+        if batch_size < self.world:
+            raise UserError("--batch-size", f"{batch_size} rows cannot be split over {self.world} processes", f"use --batch-size {self.world} or more")
+
+    def per_rank(self, values: list[int]) -> list[list[int]]:
+        """Each rank's ``values``, in rank order, on every rank (a collective)."""
+        if not self.active:
+            return [list(values)]
+        slots = [0.0] * (self.world * len(values))
+        slots[self.rank * len(values) : (self.rank + 1) * len(values)] = [float(v) for v in values]
+        got = self.sum(slots)
+        return [[round(x) for x in got[r * len(values) : (r + 1) * len(values)]] for r in range(self.world)]
 
     def barrier(self) -> None:
         if self.active:
@@ -113,11 +147,16 @@ def wrap(module: torch.nn.Module, d: Dist, device: str) -> Any:
     if d.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel  # local: only multi-process runs need it
 
-        return DistributedDataParallel(module, device_ids=[torch.device(device).index] if device.startswith("cuda") else None)
+        return DistributedDataParallel(
+            module,
+            device_ids=[torch.device(device).index] if device.startswith("cuda") else None,
+            bucket_cap_mb=DDP_BUCKET_CAP_MB,
+            gradient_as_bucket_view=DDP_GRADIENT_AS_BUCKET_VIEW,
+        )
     if d.mode == "fsdp":
         from torch.distributed.fsdp import fully_shard  # local: only FSDP runs need it
 
-        return fully_shard(module)
+        return fully_shard(module)  # one unit: FSDP_UNITS
     return module
 
 

@@ -154,6 +154,8 @@ def _from_cache(o: TrainDraftOptions, d: distributed.Dist, device: str) -> dict:
         "processes": d.world,
         "parallel": d.mode,
         "resumed_from_step": resumed_from,
+        "rows_per_rank": trainer.rows_per_rank,  # what each rank trained on (its share of every global batch)
+        "tokens_per_rank": trainer.tokens_per_rank,
         "final_loss": trainer.history[-1]["loss"] if trainer.history else None,
         "history": trainer.history,
         "heldout_teacher_forced_accuracy": tf,

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import torch
 
+from eagle3_trt.atomic import staged_dir
 from eagle3_trt.convert.target import read_target
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.hidden_states import CacheManifest
 from eagle3_trt.pipeline.trtllm_adapter import LlmKwargs, build_llm
 from eagle3_trt.train import data as data_mod
 from eagle3_trt.train import hs_backends
-from eagle3_trt.train.hidden_states import cache_key, check_aux_layers, collect, target_tokenizer
-from eagle3_trt.train.hs_convert import read_trtllm_dump, write_rows
+from eagle3_trt.train.hidden_states import ShardWriter, cache_key, check_aux_layers, collect, target_tokenizer
+from eagle3_trt.train.hs_convert import read_trtllm_dump
 
 
 def collect_with_backend(
@@ -52,7 +53,7 @@ def collect_with_backend(
     S = min(seq_len, max(len(w) for w in windows))
     key = cache_key(Path(target), layers, S, windows)
     if backend == "trtllm":  # pragma: no cover - TensorRT-LLM and a GPU
-        return _collect_trtllm(Path(bundle), windows, Path(out), layers)  # type: ignore[arg-type]
+        return _collect_trtllm(Path(bundle), windows, Path(out), layers, key, S, pad)  # type: ignore[arg-type]
     if backend == "hf":
         engine: object = hs_backends.HFBackend(Path(target), layers, device_map=device_map, dtype=torch.float32 if device_map == "cpu" else torch.bfloat16)
     else:
@@ -60,23 +61,31 @@ def collect_with_backend(
     return collect(engine, windows, Path(out), key, S, pad, batch_size).meta
 
 
-def _collect_trtllm(bundle: Path, windows: list[list[int]], out: Path, layers: tuple[int, ...]) -> CacheManifest:  # pragma: no cover - GPU only
+def _collect_trtllm(
+    bundle: Path, windows: list[list[int]], out: Path, layers: tuple[int, ...], key: str, seq_len: int, pad: int
+) -> CacheManifest:  # pragma: no cover - GPU only
     """TensorRT-LLM serves the bundle's target with the SaveState writer; one request per window,
-    in order, so file n (the writer counts from 1) holds window n."""
+    in order, so file n (the writer counts from 1) holds window n. Each row goes into the cache as
+    its file is read, and the file is deleted: memory and scratch disk hold one row."""
     from tensorrt_llm import SamplingParams  # local: optional, GPU machines only
 
     dump = Path(tempfile.mkdtemp(prefix=".savestate-", dir=str(Path(out).parent)))
     try:
         kwargs = hs_backends.trtllm_llm_kwargs(bundle, dump, layers)
         llm = build_llm(LlmKwargs(kwargs, None, "installed"))
-        rows = []
-        for n, w in enumerate(windows, start=1):
-            llm.generate([w], SamplingParams(max_tokens=1))
-            (row,) = read_trtllm_dump(dump / f"{hs_backends.SAVE_STATE_PREFIX}_{n}.pt", len(layers))
-            if row.input_ids[: len(w)].tolist() != w:
-                raise UserError(dump, f"file {n} does not hold window {n}'s tokens", "run one hidden-states collect per engine at a time")
-            row.input_ids, row.aux, row.last, row.mask = row.input_ids[: len(w)], row.aux[: len(w)], row.last[: len(w)], row.mask[: len(w)]
-            rows.append(row)
-        return write_rows(rows, out, list(layers), "trtllm")
+        with staged_dir(Path(out)) as tmp:
+            writer: ShardWriter | None = None
+            for n, w in enumerate(windows, start=1):
+                llm.generate([w], SamplingParams(max_tokens=1))
+                f = dump / f"{hs_backends.SAVE_STATE_PREFIX}_{n}.pt"
+                (row,) = read_trtllm_dump(f, len(layers))
+                f.unlink()
+                if row.input_ids[: len(w)].tolist() != w:
+                    raise UserError(dump, f"file {n} does not hold window {n}'s tokens", "run one hidden-states collect per engine at a time")
+                k = len(w)
+                writer = writer or ShardWriter(tmp, seq_len, int(row.last.shape[-1]), len(layers), len(windows))
+                writer.add_unpadded(row.input_ids[:k], torch.ones(k, dtype=torch.bool), row.aux[:k], row.last[:k], pad)
+            assert writer is not None
+            return writer.finish(key, list(layers), "trtllm")
     finally:
         shutil.rmtree(dump, ignore_errors=True)

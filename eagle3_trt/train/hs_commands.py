@@ -79,9 +79,5 @@ def convert_cmd(src: Path, out: Path, src_format: str, dst_format: str, target: 
     elif src_format == "speculators":
         meta = hs_convert.from_speculators(src, out, target, aux)  # type: ignore[arg-type]
     else:
-        files = sorted(Path(src).glob("*.pt"), key=lambda p: (len(p.stem), p.stem))
-        if not files:
-            raise UserError(src, "no *.pt files (TensorRT-LLM's SaveHiddenStates output)", "point at the writer's output_directory")
-        rows = [r for f in files for r in hs_convert.read_trtllm_dump(f, len(aux))]
-        meta = hs_convert.write_rows(rows, out, aux, "trtllm")
+        meta = hs_convert.from_trtllm(src, out, aux)
     click.echo(json.dumps({"output": str(out), "format": "cache", "rows": meta.rows, "seq_len": meta.seq_len}))

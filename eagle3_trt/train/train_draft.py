@@ -413,6 +413,8 @@ def _report(
         "settings": asdict(settings),
         "device": device,
         "resumed_from_step": resumed_from,
+        "rows_per_rank": trainer.rows_per_rank,  # what each rank trained on (its share of every global batch)
+        "tokens_per_rank": trainer.tokens_per_rank,
         "final_loss": trainer.history[-1]["loss"] if trainer.history else None,
         "history": trainer.history,  # loss and per-step accuracy every 10 steps (the global batch under torchrun)
         "before": before,

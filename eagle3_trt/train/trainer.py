@@ -53,6 +53,8 @@ class TrainerState(BaseModel):
     run_key: str
     settings: dict[str, object]
     history: list[dict[str, object]]
+    rows_per_rank: list[int] = []  # rows and real tokens each rank has trained on, in rank order
+    tokens_per_rank: list[int] = []
 
 
 def read_trainer_state(ckpt_dir: Path) -> TrainerState | None:
@@ -232,6 +234,7 @@ class Trainer:
         unroll: Unroll | None = None,
     ):
         self.dist = dist or Dist()
+        self.dist.check_batch(settings.batch_size)
         self.draft = draft.to(device).float().train()
         self.head = TargetHead(head.embed.to(device), head.lm_head.to(device), head.norm.to(device) if head.norm is not None else None)
         self.vocab = vocab
@@ -246,6 +249,9 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.params.values(), lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.95))
         self.step = 0
         self.history: list[dict] = []
+        self.rows_done = self.tokens_done = 0  # this rank's, over all steps (resumed ones included)
+        self.rows_per_rank: list[int] = []
+        self.tokens_per_rank: list[int] = []
 
     def _inner(self) -> TTTLoss:
         m = self.step_module
@@ -262,7 +268,15 @@ class Trainer:
                 for k in ("exp_avg", "exp_avg_sq", "step"):
                     opt_t[f"{name}::{k}"] = _full(torch.as_tensor(st[k])).detach().cpu().contiguous()
         weights = {k: v.contiguous() for k, v in self.full_state().items()}
-        state = TrainerState(step=self.step, run_key=self.run_key, settings=asdict(self.s), history=self.history)
+        self._count_ranks()
+        state = TrainerState(
+            step=self.step,
+            run_key=self.run_key,
+            settings=asdict(self.s),
+            history=self.history,
+            rows_per_rank=self.rows_per_rank,
+            tokens_per_rank=self.tokens_per_rank,
+        )
         if self.dist.main:
             with staged_dir(self.ckpt_dir) as tmp:
                 save_file(weights, str(tmp / "draft.safetensors"))
@@ -289,7 +303,17 @@ class Trainer:
                 }
         self.step = state.step
         self.history = list(state.history)
+        if len(state.rows_per_rank) == self.dist.world == len(state.tokens_per_rank):
+            self.rows_done, self.tokens_done = state.rows_per_rank[self.dist.rank], state.tokens_per_rank[self.dist.rank]
+        else:  # resumed with another number of processes: what each did before is not this rank's
+            self.rows_done = self.tokens_done = 0
         return True
+
+    def _count_ranks(self) -> None:
+        """Gather every rank's row and token counts (a collective every rank joins)."""
+        counts = self.dist.per_rank([self.rows_done, self.tokens_done])
+        self.rows_per_rank = [c[0] for c in counts]
+        self.tokens_per_rank = [c[1] for c in counts]
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """The head's whole state dict on every rank (under FSDP a collective every rank joins)."""
@@ -301,9 +325,10 @@ class Trainer:
         use_amp = str(self.device).startswith("cuda")
         try:
             while self.step < s.steps:
-                batch = self.cache.batch(self.step, s.batch_size, s.seed)
-                rows = self.dist.rows(int(batch["input_ids"].shape[0]))
-                batch = {k: v[rows] for k, v in batch.items()}  # this rank's share of the global batch
+                # this rank's share of the global batch, read alone
+                batch = self.cache.batch(self.step, s.batch_size, s.seed, self.dist.rows(s.batch_size))
+                self.rows_done += int(batch["input_ids"].shape[0])
+                self.tokens_done += int(batch["real"].sum())
                 for g in self.opt.param_groups:
                     g["lr"] = s.lr_at(self.step)
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
@@ -330,6 +355,7 @@ class Trainer:
         except KeyboardInterrupt:
             self.save()  # Ctrl-C keeps the work: --resume continues from here
             raise
+        self._count_ranks()
         return self.history
 
 
