@@ -34,7 +34,7 @@ from eagle3_trt.train.trainer import Trainer, TrainSettings, new_draft
 
 def allocator_peak(timeline) -> int:
     """The highest running sum of allocations minus frees in a ``MemoryProfile`` timeline."""
-    from torch.profiler._memory_profiler import Action
+    from torch.profiler._memory_profiler import Action  # private torch module: imported only where a profile is read
 
     live = peak = 0
     for _t, action, _key, size in timeline:
