@@ -21,6 +21,7 @@ from eagle3_trt.measure.diagnostics import diagnose
 from eagle3_trt.measure.method_choice import estimator_replays
 from eagle3_trt.measure.mode_compare import add_vs_chain
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
+from eagle3_trt.runtime.distributed import current
 from eagle3_trt.runtime.loader import default_device, engine_from_bundle
 from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
 from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
@@ -278,6 +279,7 @@ def _settings(
         "batch_size": batch_size,
         "sweep": list(sweep),
         "chat_template": {None: "per record", True: "always", False: "never"}[chat_template],
+        "tensor_parallel": group.world if (group := current()) is not None else 1,
     }
 
 
