@@ -6,6 +6,8 @@ one process measures: the tiny pair's FP8 bundle and its P-EAGLE bundle, greedy,
   P-EAGLE (one torchrun launch measures them all: eagle3_trt/testing/tp_check.py). The two differ only in
   the order float32 partial sums are added (logits within 6e-6 of each other), which no argmax here
   notices.
+- The commands on top (same launch): alpha's estimator with a K sweep, gate's figures and alpha --against's
+  comparison are identical at TP=2 and TP=1.
 - Sampled (temperature 0.8, the chain, 16 requests): the accepted-length histograms of the two runs are
   one distribution by a chi-square test of homogeneity (2 x (K+1) table) at the 1% level (measured: the
   same samples, p = 1: both runs draw from seed 0 and see the same probabilities to float32 rounding).
@@ -66,7 +68,7 @@ def _env() -> dict[str, str]:
 def test_two_ranks_match_one_for_every_method(bundles, tmp_path):
     fp8, peagle = bundles
     prompts, sampled = _prompts(tmp_path / "p.json", 6, 24), _prompts(tmp_path / "s.json", 16, 16)
-    one = run(fp8, peagle, prompts, MAX_TOKENS, sampled)
+    one = json.loads(json.dumps(run(fp8, peagle, prompts, MAX_TOKENS, sampled)))  # as rank 0 writes it: JSON keys and lists
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
     args = [str(fp8), str(peagle), str(prompts), str(MAX_TOKENS), str(sampled), str(tmp_path / "two.json")]
     res = subprocess.run([*cmd, "-m", "eagle3_trt.testing.tp_check", *args], capture_output=True, text=True, timeout=600, env=_env())
@@ -75,6 +77,10 @@ def test_two_ranks_match_one_for_every_method(bundles, tmp_path):
     for mode in ("chain", "sa", "dynamic_tree", "peagle"):
         assert two[mode] == one[mode], mode
         assert len(one[mode]) == 6 and all(len(r["tokens"]) == MAX_TOKENS for r in one[mode])
+    # the commands over the same path: alpha's estimator with --sweep 1-3, gate, alpha --against (fp8 vs P-EAGLE)
+    for what in ("alpha_sweep", "gate", "against"):
+        assert two[what] == one[what], what
+    assert [len(r["accepted_seq_by_k"]) for r in one["alpha_sweep"]] == [3] * 6 and one["gate"]["turns_measured"] == 6
     # the methods are not all the same run: their target forwards differ
     forwards = {m: sum(r["target_forwards"] for r in one[m]) for m in ("chain", "sa", "dynamic_tree", "peagle")}
     assert len(set(forwards.values())) > 1, forwards

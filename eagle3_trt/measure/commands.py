@@ -77,6 +77,7 @@ def tensor_parallel(option: str = "--tp") -> Callable[[Callable[..., Any]], Call
                 return launch(relaunch_argv(click.get_current_context()), tp)
             with tp_session(tp, kw.get("device")) as device:
                 kw["device"] = device
+                click.get_current_context().params["device"] = device  # the forms that read ctx.params (--against)
                 return fn(*args, **kw)
 
         return click.option(
