@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from eagle3_trt.cli import main
+from eagle3_trt.errors import UserError
+from eagle3_trt.formats.tp_layout import head_ranges
 from eagle3_trt.pipeline.gpus import GPUS
 from eagle3_trt.pipeline.plan_command import plan_cmd
 from eagle3_trt.pipeline.plan_presets import MODEL_CONFIG_DIR
@@ -98,3 +101,29 @@ def test_runbook_quotes_what_the_measure_plan_prints():
     printed = res.stdout[res.stdout.index("measuring (alpha") :].strip().splitlines()
     quoted = re.search(r"prints, after the deployment plan:\n\n```text\n(.*?)\n```", docs[m.end() :], re.S)
     assert quoted and quoted.group(1).splitlines() == printed
+
+
+def test_head_splits_and_refusals():
+    # ranks that divide the KV heads take whole groups; ranks sharing one KV head split its query heads
+    assert [head_ranges(64, 8, 8, r) for r in (0, 7)] == [((0, 8), (0, 1)), ((56, 64), (7, 8))]
+    assert [head_ranges(3, 1, 2, r) for r in (0, 1)] == [((0, 2), (0, 1)), ((2, 3), (0, 1))]  # the tiny target at TP=2
+    for heads, kv, world in ((3, 1, 4), (64, 8, 3)):
+        with pytest.raises(UserError, match="cannot split"):
+            head_ranges(heads, kv, world, 0)
+
+
+def test_a_bundle_that_does_not_fit_is_refused_before_loading(fp8_bundle, tmp_path, capsys):
+    """The tiny bundle with a 70B config.json: refused from the config in one line with the memory per GPU,
+    before a weight is read (the weights would not even match) and with nothing written."""
+    big = tmp_path / "big"
+    shutil.copytree(fp8_bundle, big)
+    cfg = json.loads((big / "target" / "config.json").read_text())
+    cfg.update(hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV, head_dim=D, intermediate_size=FF, vocab_size=VOCAB)
+    (big / "target" / "config.json").write_text(json.dumps(cfg))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"text": "def f(x):"}) + "\n")
+    assert main(["alpha", str(big), "--prompts", str(prompts), "-o", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    # float32 on a CPU: (70.55e9 parameters) x 4 bytes = 262.8 GiB
+    assert len(err) == 1 and err[0].startswith("error: --tp: measuring big needs 262.8 GiB per GPU at TP=1") and "Traceback" not in err[0], err
+    assert not (tmp_path / "rep").exists()

@@ -58,10 +58,12 @@ class ReferenceMemory:
         return {**asdict(self), "total": self.total}
 
     def line(self) -> str:
+        weights = f"{self.target_weights / GIB:.1f} GiB target weights + {self.draft_weights / GIB:.1f} GiB draft"
+        if not self.context:  # weights alone: what must fit before the first batch
+            return f"{self.total / GIB:.1f} GiB per GPU at TP={self.tp} ({weights})"
         return (
-            f"{self.total / GIB:.1f} GiB per GPU at TP={self.tp} ({self.target_weights / GIB:.1f} GiB target weights + "
-            f"{self.draft_weights / GIB:.1f} GiB draft + {self.kv / GIB:.1f} GiB KV and {self.activations / GIB:.1f} GiB draft logits "
-            f"for {self.batch} x {self.context} tokens)"
+            f"{self.total / GIB:.1f} GiB per GPU at TP={self.tp} ({weights} + {self.kv / GIB:.1f} GiB KV and "
+            f"{self.activations / GIB:.1f} GiB draft logits for {self.batch} x {self.context} tokens)"
         )
 
 
