@@ -7,8 +7,8 @@ KV head: KV heads are split evenly when the ranks divide them, else each KV head
 the ranks that share it and its query heads are split among those (the Megatron-LM rule for
 ``tp > num_key_value_heads``), so a rank's slice is again a plain GQA attention. Embedding, norms and
 lm_head are replicated: every rank runs the same decoding loop on the same (all-reduced) hidden
-states and takes the same decisions, so the methods on top (the chain, the suffix automaton, the
-dynamic tree, P-EAGLE) run unchanged and the draft is simply replicated.
+states and takes the same decisions, so every speculation method on top (core/method_api.py) runs
+unchanged and the draft is simply replicated.
 
 Each rank builds the family's transformers class from a *local* config (its own head counts and
 intermediate size), so the stock attention and MLP compute its slice.
