@@ -147,3 +147,25 @@ def test_killed_rank_is_one_line_and_the_next_run_is_clean(bundles, tmp_path, ca
     assert req1 == req2 and len(req1) == 6
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     print(f"killed run: {errors[0].strip()}")
+
+
+@pytest.mark.parametrize("which", ["fp8", "nvfp4"])
+def test_each_rank_reads_its_slices_of_a_quantized_checkpoint(which, bundles, nvfp4_bundle):
+    """A rank keeps only its slices of the stored (FP8, or NVFP4 packed with block scales) tensors as it
+    reads them; dequantized, they equal the dense model's slices."""
+    import functools
+
+    import torch
+
+    from eagle3_trt.convert.dequantize import load_checkpoint_dequantized
+    from eagle3_trt.core.tensor_parallel import shard_state_dict, slicer, take_stored
+
+    target = (bundles[0] if which == "fp8" else nvfp4_bundle) / "target"
+    cfg, full, _ = load_checkpoint_dequantized(target, dtype=torch.float32)
+    for rank in (0, 1):
+        want = shard_state_dict(cfg, full, 2, rank)
+        _, got, _ = load_checkpoint_dequantized(target, dtype=torch.float32, take=functools.partial(take_stored, slicer(cfg, 2, rank)))
+        assert got.keys() == want.keys()
+        for k in want:
+            assert torch.equal(got[k], want[k]), (which, rank, k)
+    assert full["model.layers.0.mlp.down_proj.weight"].shape[1] == 2 * want["model.layers.0.mlp.down_proj.weight"].shape[1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SpeculativeEngine
 from eagle3_trt.core.quant_sim import input_scales_of, install_activation_fake_quant, quant_algo_of
 from eagle3_trt.core.target import TargetModel
-from eagle3_trt.core.tensor_parallel import TPGroup, shard_state_dict, slicer
+from eagle3_trt.core.tensor_parallel import TPGroup, slicer, take_stored
 from eagle3_trt.formats.checkpoint_io import iter_tensors, read_json, weight_files
 from eagle3_trt.formats.families import default_aux_layers_of
 from eagle3_trt.formats.generation import eos_token_ids, pad_token_id
@@ -43,10 +44,8 @@ def load_target(path: Path, *, device: Any = "cpu", dtype: torch.dtype = torch.f
         assert tp is not None
         refuse_unsplittable(cfg, tp.world)
     if cfg.get("quantization_config") or (path / "hf_quant_config.json").is_file():
-        cfg, sd, quant = load_checkpoint_dequantized(path, dtype=dtype)
-        if split:
-            assert tp is not None
-            sd = shard_state_dict(cfg, sd, tp.world, tp.rank)
+        take = partial(take_stored, slicer(cfg, tp.world, tp.rank)) if split and tp is not None else None
+        cfg, sd, quant = load_checkpoint_dequantized(path, dtype=dtype, take=take)
         return TargetModel.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=aux_layer_ids, quant=quant, tp=tp)
     if split:
         assert tp is not None

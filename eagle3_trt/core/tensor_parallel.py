@@ -91,6 +91,32 @@ def slicer(cfg: dict[str, Any], world: int, rank: int) -> Callable[[str, tuple[i
     return of
 
 
+# NVFP4 as ModelOpt stores it: two E2M1 values per uint8 along the input dimension, one E4M3 scale per 16 of them
+_NVFP4_PER_BYTE, _NVFP4_BLOCK = 2, 16
+
+
+def take_stored(of: Callable[[str, tuple[int, ...]], Slice | None], name: str, t: torch.Tensor) -> torch.Tensor:
+    """``rank``'s part of a checkpoint tensor as stored, before dequantization: dense and FP8 weights
+    (same shape as the dense one) are sliced as they are; an NVFP4 weight's packed columns and its
+    block scales' columns by the packing; per-tensor scales are kept whole."""
+    mod, _, leaf = name.rpartition(".")
+    if leaf in ("weight", "bias"):
+        s = of(name, tuple(t.shape))
+        if s is None:
+            return t
+        if leaf == "weight" and t.dtype == torch.uint8 and s.dim == 1:
+            return t[:, s.lo // _NVFP4_PER_BYTE : s.hi // _NVFP4_PER_BYTE].contiguous()
+        return s.take(t)
+    if leaf == "weight_scale" and t.dim() == 2:  # NVFP4 block scales [out, in / 16]
+        s = of(f"{mod}.weight", ())
+        if s is None:
+            return t
+        if s.dim == 1:
+            return t[:, s.lo // _NVFP4_BLOCK : s.hi // _NVFP4_BLOCK].contiguous()
+        return t[s.lo : s.hi].contiguous()
+    return t
+
+
 def shard_state_dict(cfg: dict[str, Any], sd: dict[str, torch.Tensor], world: int, rank: int) -> dict[str, torch.Tensor]:
     """``rank``'s slices of a full state dict (what a checkpoint read whole gives; convert/load.py reads slices directly)."""
     of = slicer(cfg, world, rank)
