@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 
 from eagle3_trt import __version__
-from eagle3_trt.errors import GateFailed, SignalInterrupt, UserError
+from eagle3_trt.errors import GateFailed, RankFailed, SignalInterrupt, UserError
 from eagle3_trt.progress import Bars
 
 PIPELINE = """\
@@ -433,11 +433,16 @@ def _usage_line(e: click.UsageError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        cli.main(args=argv, standalone_mode=False)
+        # the command line is kept for `--tp N`, which starts it again under torchrun (runtime/distributed.py)
+        cli.main(args=args, standalone_mode=False, obj={"argv": args})
     except UserError as e:
         click.echo(f"error: {e.line()}", err=True)
         return e.exit_code
+    except RankFailed as e:
+        click.echo(f"error: {e}", err=True)
+        return RankFailed.exit_code
     except GateFailed as e:
         if str(e):  # empty: the command printed its verdict already
             click.echo(str(e), err=True)

@@ -42,6 +42,13 @@ class GateFailed(Exception):
     exit_code = 3
 
 
+class RankFailed(Exception):
+    """A rank of a tensor-parallel run failed or lost a peer: the message is the one line the CLI
+    prints (exit 1); nothing was written."""
+
+    exit_code = 1
+
+
 class SignalInterrupt(KeyboardInterrupt):
     """A signal (SIGTERM) turned into an interrupt so clean-up runs; ``signum`` says which, so the
     CLI can exit 128 + signum without reading the message."""

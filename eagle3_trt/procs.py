@@ -13,6 +13,12 @@ from pathlib import Path
 HOST = "127.0.0.1"
 
 
+def torchrun_env() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) outside torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0"))
+
+
 def pid_alive(pid: int) -> bool:
     """``pid`` runs: our own exited child is reaped and counts as gone, and so does a zombie that
     another parent has not reaped (``kill(pid, 0)`` still succeeds for both)."""

@@ -160,6 +160,7 @@ SLOW_FIRST = (
     "test_request_contract.py",  # 77
     "test_dynamo_stop.py",
     "test_train_torchrun.py",
+    "test_tensor_parallel.py",  # 200: three torchrun launches of 2 ranks
     "test_capture_dynamo.py",  # 49
     "test_traffic_alpha_gate.py",  # 48 (214 with an executor worker and torch's default threads)
     "test_dynamo_serving.py",

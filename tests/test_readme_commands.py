@@ -55,6 +55,7 @@ RUN_IDS = {
     "dynamo",
     "plan-70b",
     "plan-70b-train",  # run by tests/test_train_plan.py
+    "plan-70b-measure",  # run by tests/test_plan_measure.py
     "package-70b",
     "gpt-oss-aux",
     "compile-check-only",

@@ -32,13 +32,14 @@ modes, fsync, the swap), ``lock``, ``signals``, ``failures`` (full disk, unwrita
 
 from eagle3_trt.atomic.failures import check_writable
 from eagle3_trt.atomic.paths import DIR_MODE, EXEC_MODE, FILE_MODE, fix_modes, lock_path, make_dirs, remove_stale_staging, staging_prefix
-from eagle3_trt.atomic.writers import staged_dir, write_bytes, write_json, write_text
+from eagle3_trt.atomic.writers import discarding_writes, staged_dir, write_bytes, write_json, write_text
 
 __all__ = [
     "DIR_MODE",
     "EXEC_MODE",
     "FILE_MODE",
     "check_writable",
+    "discarding_writes",
     "fix_modes",
     "lock_path",
     "make_dirs",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,22 @@ from eagle3_trt.atomic.failures import cannot_write, disk_full, full_disk_error
 from eagle3_trt.atomic.lock import lock, unlock
 from eagle3_trt.atomic.paths import FILE_MODE, fix_modes, fsync_dir, fsync_tree, make_dirs, remove, remove_stale_staging, staging_prefix, swap_into_place
 from eagle3_trt.atomic.signals import interrupts_raise, raise_if_deferred, signals_held
+
+# set by ``discarding_writes``: a tensor-parallel run's ranks other than 0 compute what rank 0 computes
+# and write nothing (rank 0 writes the run's outputs once)
+_DISCARD = {"on": False}
+
+
+@contextmanager
+def discarding_writes() -> Iterator[None]:
+    """Inside this block every writer of this module writes nothing: ``staged_dir`` yields a private
+    scratch directory that is removed afterwards, the file writers return the path untouched."""
+    before = _DISCARD["on"]
+    _DISCARD["on"] = True
+    try:
+        yield
+    finally:
+        _DISCARD["on"] = before
 
 
 @contextmanager
@@ -27,6 +44,13 @@ def staged_dir(dest: Path, wait_s: float = 0.0) -> Iterator[Path]:
     naming ``dest``.
     """
     dest = Path(dest)
+    if _DISCARD["on"]:
+        scratch = Path(tempfile.mkdtemp(prefix="eagle3-trt-discarded-"))
+        try:
+            yield scratch
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
     with interrupts_raise():
         try:
             make_dirs(dest.parent)
@@ -61,6 +85,8 @@ def staged_dir(dest: Path, wait_s: float = 0.0) -> Iterator[Path]:
 def write_bytes(path: Path, data: bytes, mode: int = FILE_MODE) -> Path:
     """Write one file atomically (temp file beside it, fsync, rename); ``mode`` whatever the umask."""
     path = Path(path)
+    if _DISCARD["on"]:
+        return path
     with interrupts_raise():
         try:
             make_dirs(path.parent)

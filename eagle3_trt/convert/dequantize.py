@@ -50,14 +50,18 @@ def quant_algo(ckpt_dir: Path) -> str | None:
     return str(algo).upper() if algo else None
 
 
-def load_checkpoint_dequantized(ckpt_dir: Path, dtype: torch.dtype = torch.bfloat16):
-    """(config without quantization_config, dense state_dict in dtype, quant info or None)."""
+def load_checkpoint_dequantized(ckpt_dir: Path, dtype: torch.dtype = torch.bfloat16, take=None):
+    """(config without quantization_config, dense state_dict in dtype, quant info or None).
+
+    ``take(name, tensor)``: the part of each stored tensor to keep, applied as it is read (a
+    tensor-parallel rank keeps its slices, core/tensor_parallel.take_stored), so no more than one
+    whole tensor is held at a time."""
     ckpt_dir = Path(ckpt_dir)
     cfg = dict(read_json(ckpt_dir / "config.json"))
     cfg.pop("quantization_config", None)
     raw: dict[str, torch.Tensor] = {}
     for f in weight_files(ckpt_dir):
-        raw.update(iter_tensors(f))
+        raw.update((k, t if take is None else take(k, t)) for k, t in iter_tensors(f))
     algo = quant_algo(ckpt_dir)
     raw = mxfp4.dense_experts(raw)  # gpt-oss experts as shipped -> dense [E, in, out] (weights only); others unchanged
     out: dict[str, torch.Tensor] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,23 +24,61 @@ from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SpeculativeEngine
 from eagle3_trt.core.quant_sim import input_scales_of, install_activation_fake_quant, quant_algo_of
 from eagle3_trt.core.target import TargetModel
+from eagle3_trt.core.tensor_parallel import TPGroup, slicer, take_stored
 from eagle3_trt.formats.checkpoint_io import iter_tensors, read_json, weight_files
 from eagle3_trt.formats.families import default_aux_layers_of
 from eagle3_trt.formats.generation import eos_token_ids, pad_token_id
 from eagle3_trt.formats.hf_config import max_positions_of
+from eagle3_trt.formats.tp_layout import refuse_unsplittable
 from eagle3_trt.speculative.registry import method_class
 
 
-def load_target(path: Path, *, device: Any = "cpu", dtype: torch.dtype = torch.float32, aux_layer_ids: Any = None) -> TargetModel:
+def load_target(path: Path, *, device: Any = "cpu", dtype: torch.dtype = torch.float32, aux_layer_ids: Any = None, tp: TPGroup | None = None) -> TargetModel:
     """A Hugging Face checkpoint directory: BF16/FP16/FP32, or a ModelOpt FP8/NVFP4 export
-    (weights dequantized, activations fake-quantized: see ``core.quant_sim.install_activation_fake_quant``)."""
+    (weights dequantized, activations fake-quantized: see ``core.quant_sim.install_activation_fake_quant``).
+    ``tp``: this rank's slices only (core/tensor_parallel.py), read as slices from safetensors files."""
     path = Path(path)
     cfg = read_json(path / "config.json")
+    split = tp is not None and tp.world > 1
+    if split:
+        assert tp is not None
+        refuse_unsplittable(cfg, tp.world)
     if cfg.get("quantization_config") or (path / "hf_quant_config.json").is_file():
-        cfg, sd, quant = load_checkpoint_dequantized(path, dtype=dtype)
-        return TargetModel.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=aux_layer_ids, quant=quant)
-    sd = {k: t for f in weight_files(path) for k, t in iter_tensors(f)}
-    return TargetModel.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=aux_layer_ids)
+        take = partial(take_stored, slicer(cfg, tp.world, tp.rank)) if split and tp is not None else None
+        cfg, sd, quant = load_checkpoint_dequantized(path, dtype=dtype, take=take)
+        return TargetModel.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=aux_layer_ids, quant=quant, tp=tp)
+    if split:
+        assert tp is not None
+        sd = read_slices(path, slicer(cfg, tp.world, tp.rank))
+    else:
+        sd = {k: t for f in weight_files(path) for k, t in iter_tensors(f)}
+    return TargetModel.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=aux_layer_ids, tp=tp)
+
+
+def read_slices(path: Path, of: Any) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint, each as ``of(name, shape)`` slices it: a rank reads its part
+    of a safetensors file and no more (a pickled .bin is read whole, then sliced)."""
+    out: dict[str, torch.Tensor] = {}
+    for f in weight_files(path):
+        if f.suffix != ".safetensors":
+            for k, t in iter_tensors(f):
+                s = of(k, tuple(t.shape))
+                out[k] = t if s is None else s.take(t)
+            continue
+        with safe_open(str(f), framework="pt") as h:
+            for k in h.keys():
+                part = h.get_slice(k)
+                shape = tuple(part.get_shape())
+                s = of(k, shape)
+                if s is None:
+                    out[k] = h.get_tensor(k)
+                elif s.zero:
+                    out[k] = s.take(h.get_tensor(k))
+                else:
+                    idx = [slice(None)] * len(shape)
+                    idx[s.dim if len(shape) > 1 else 0] = slice(s.lo, s.hi)
+                    out[k] = part[tuple(idx)].contiguous()
+    return out
 
 
 def read_kv_scales(ckpt_dir: Path) -> dict[int, tuple[float, float]]:
@@ -77,8 +116,11 @@ def load_engine(
     max_seq_len: int | None = None,
     device: Any = "cpu",
     dtype: torch.dtype | None = None,
+    tp: TPGroup | None = None,
 ) -> SpeculativeEngine:
     """A target and a draft checkpoint directory as a ``SpeculativeEngine``.
+
+    ``tp``: the target split over a tensor-parallel group (this rank's slice), the draft whole on every rank.
 
     ``quantized=True``: ModelOpt unified checkpoints as exported by the build stage; each dir's
     own quantization config (hf_quant_config.json / config.json) says what to dequantize, and
@@ -88,16 +130,18 @@ def load_engine(
     default rule. ``max_seq_len`` None: the target's ``max_position_embeddings``.
     """
     if not quantized:
-        eng = _load_pair(Path(target_dir), Path(draft_dir), device=device, dtype=dtype, max_draft_len=max_draft_len, aux_layer_ids=aux_layer_ids)
+        eng = engine_for_checkpoint(
+            Path(target_dir), load_draft(Path(draft_dir)), device=device, dtype=dtype, max_draft_len=max_draft_len, aux_layer_ids=aux_layer_ids, tp=tp
+        )
         if max_seq_len:
             eng.max_seq_len = int(max_seq_len)
         return eng
     dtype = _default_dtype(device, dtype)
     tdir, ddir = Path(target_dir), Path(draft_dir)
-    cfg, sd, quant = load_checkpoint_dequantized(tdir, dtype=dtype)
     meta = load_draft(ddir)
-    aux = aux_layer_ids or meta.config.aux_layer_ids or default_aux_layers_of(cfg)
-    target = TargetModel.from_state_dict(cfg, sd, device=device, dtype=dtype, aux_layer_ids=tuple(aux), quant=quant)
+    aux = aux_layer_ids or meta.config.aux_layer_ids or default_aux_layers_of(read_json(tdir / "config.json"))
+    target = load_target(tdir, device=device, dtype=dtype, aux_layer_ids=tuple(aux), tp=tp)
+    cfg = target.config
     if kv_cache_fp8(tdir):
         target.kv_scales = read_kv_scales(tdir)
     if meta.method is not None:  # a method's own head (registry.method_for_head), shipped unquantized in its own format
@@ -124,20 +168,22 @@ def load_engine(
     )
 
 
-def _load_pair(target_dir: Path, draft_dir: Path, *, device: Any, dtype: torch.dtype | None, max_draft_len: int, aux_layer_ids: Any) -> SpeculativeEngine:
-    """A BF16 (or FP16/FP32) Hugging Face target directory and an EAGLE-3 draft directory."""
-    return engine_for_checkpoint(target_dir, load_draft(draft_dir), device=device, dtype=dtype, max_draft_len=max_draft_len, aux_layer_ids=aux_layer_ids)
-
-
 def engine_for_checkpoint(
-    target_dir: Path, ckpt: DraftCheckpoint, *, device: Any = "cpu", dtype: torch.dtype | None = None, max_draft_len: int = 3, aux_layer_ids: Any = None
+    target_dir: Path,
+    ckpt: DraftCheckpoint,
+    *,
+    device: Any = "cpu",
+    dtype: torch.dtype | None = None,
+    max_draft_len: int = 3,
+    aux_layer_ids: Any = None,
+    tp: TPGroup | None = None,
 ) -> SpeculativeEngine:
     """A BF16 (or FP16/FP32) target directory and a draft checkpoint already read (the builder's,
     validated and loaded once)."""
     dtype = _default_dtype(device, dtype)
     info = read_target(target_dir)
     aux = tuple(aux_layer_ids or ckpt.config.aux_layer_ids or info.default_aux_layers())
-    target = load_target(target_dir, device=device, dtype=dtype, aux_layer_ids=aux)
+    target = load_target(target_dir, device=device, dtype=dtype, aux_layer_ids=aux, tp=tp)
     draft, embed = _build_draft(ckpt, dtype, device)
     return SpeculativeEngine(
         target,

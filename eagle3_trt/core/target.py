@@ -34,9 +34,11 @@ from eagle3_trt.core import hf_compat, rope
 from eagle3_trt.core.attention import GQA_ATTENTION, attention_implementation, column_windows
 from eagle3_trt.core.kv_cache import fq_cache_class, prealloc_cache_class
 from eagle3_trt.core.quant_sim import input_scales_of, install_activation_fake_quant, quant_algo_of, split_quant_tensors
+from eagle3_trt.core.tensor_parallel import TPGroup, install_all_reduce
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats import rope_block, rope_params
 from eagle3_trt.formats.families import Family, family_of_config
+from eagle3_trt.formats.tp_layout import local_config
 
 # imported from here by the runtime (column_windows) and the tests (the attention's name)
 __all__ = ["GQA_ATTENTION", "TargetModel", "attention_implementation", "column_windows"]
@@ -111,6 +113,7 @@ class TargetModel:
         types = getattr(hf_model.config, "layer_types", None) or ()
         self.sliding_window = int(getattr(hf_model.config, "sliding_window", 0) or 0) if "sliding_attention" in types else 0
         self.fake_quant_handles: list[Any] = []  # activation fake-quant hooks of a quantized checkpoint
+        self.tp: TPGroup | None = None  # the tensor-parallel group this target is a slice of (None: whole)
 
     @property
     def aux_layer_ids(self) -> tuple[int, ...]:
@@ -146,15 +149,19 @@ class TargetModel:
         dtype: torch.dtype = torch.float32,
         aux_layer_ids: Iterable[int] | None = None,
         quant: dict[str, Any] | None = None,
+        tp: TPGroup | None = None,
     ) -> TargetModel:
+        """``tp``: ``state_dict`` holds this rank's slices (core/tensor_parallel.py), the model is built
+        from the slice's config and its row-parallel outputs are summed over the ranks."""
         cfg = {k: v for k, v in config.items() if k not in ("quantization_config",)}
         family = family_of_config(cfg, "target config")
+        model_cfg = local_config(cfg, tp.world, tp.rank) if tp is not None and tp.world > 1 else cfg
         # a deep copy: transformers 5 rewrites the rope block it is given in place (moves top-level keys into it,
         # picks rope_type over type), and the rope tables below must read the config as TensorRT-LLM does. The
         # copy carries the one rope block a bundle ships (formats/rope_block.py): every key explicit, so transformers
         # 4.57 loads a llama3 config whose original_max_position_embeddings sits at the top level only (it raises
         # KeyError on the file as is) and both generations build the function TensorRT-LLM serves.
-        hf_cfg = getattr(transformers, family.hf_config_class).from_dict(copy.deepcopy(rope_block.normalised(cfg, where="target config", family=family)))
+        hf_cfg = getattr(transformers, family.hf_config_class).from_dict(copy.deepcopy(rope_block.normalised(model_cfg, where="target config", family=family)))
         hf_cfg._attn_implementation = family.attn_implementation or attention_implementation()
         weights, scales = split_quant_tensors(state_dict)
         # Build on the meta device (no random init of billions of weights), then assign the
@@ -189,7 +196,10 @@ class TargetModel:
         else:
             _trtllm_rope(model.model.rotary_emb, cfg, family)
         handles = install_activation_fake_quant(model, input_scales_of(quant, scales), quant_algo_of(quant))
+        if tp is not None and tp.world > 1:
+            install_all_reduce(model, tp)
         tm = cls(model, aux_layer_ids, cfg)
+        tm.tp = tp
         tm.fake_quant_handles = handles
         return tm
 

@@ -171,6 +171,7 @@ class Settings(_Strict):
     chat_template: str
     temperature: float | None = None
     spec_sampling: SpecSamplingRecord | None = None
+    tensor_parallel: int = 1  # ranks the target was split over (alpha --tp N, runtime/distributed.py)
 
 
 class Timings(_Strict):

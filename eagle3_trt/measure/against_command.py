@@ -23,9 +23,10 @@ AGAINST_HELP = (
     "speedup of both per category with paired 95% intervals, the method and K per concurrency, and which to deploy"
 )
 # the alpha options the --against --traffic form reads
-AGAINST_TRAFFIC_OPTIONS = ("against", "traffic_dir", "max_draft_len", "device", "batch_size", "concurrency", "out", "as_json")
+AGAINST_TRAFFIC_OPTIONS = ("against", "traffic_dir", "max_draft_len", "device", "tp", "batch_size", "concurrency", "out", "as_json")
 # the alpha options the --against form reads (any other given on the command line is refused in one line)
 AGAINST_OPTIONS = (
+    "tp",
     "against",
     "prompts_file",
     "max_tokens",

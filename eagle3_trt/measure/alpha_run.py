@@ -21,7 +21,8 @@ from eagle3_trt.measure.diagnostics import diagnose
 from eagle3_trt.measure.method_choice import estimator_replays
 from eagle3_trt.measure.mode_compare import add_vs_chain
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
-from eagle3_trt.runtime.loader import default_device, engine_from_bundle
+from eagle3_trt.runtime.distributed import current
+from eagle3_trt.runtime.loader import default_device, engine_from_bundle, refuse_what_does_not_fit
 from eagle3_trt.speculative.dynamic_tree.builder import DynamicTreeConfig
 from eagle3_trt.speculative.dynamic_tree.method import DynamicTreeMethod
 from eagle3_trt.speculative.dynamic_tree.mode import DEFAULT_TOPK, DYNAMIC_TREE_MODE, dynamic_tree_entry, dynamic_tree_for_modes, refuse_combined_modes
@@ -112,6 +113,7 @@ def run_alpha(
     sampling_warning = flags.warning() if temperature > 0 else None
     if sampling_warning:
         say(sampling_warning)
+    refuse_what_does_not_fit(b, device)  # before the first progress line: the refusal is the one line printed
     t0 = time.perf_counter()
     say(f"loading {b.path} ({b.label}) on {device}")
     eng = engine_from_bundle(b, device=device, max_draft_len=k)
@@ -284,6 +286,7 @@ def _settings(
         "batch_size": batch_size,
         "sweep": list(sweep),
         "chat_template": {None: "per record", True: "always", False: "never"}[chat_template],
+        "tensor_parallel": group.world if (group := current()) is not None else 1,
     }
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -36,6 +39,7 @@ from eagle3_trt.measure.traffic_commands import alpha_traffic, gate_traffic
 from eagle3_trt.measure.traffic_gate import DEFAULT_MARGIN
 from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.progress import Bars
+from eagle3_trt.runtime.distributed import launch, relaunch_argv, tp_session, under_torchrun
 from eagle3_trt.speculative.dynamic_tree.mode import DEFAULT_TOPK as DYNAMIC_TREE_DEFAULT_TOPK
 from eagle3_trt.speculative.registry import DEFAULT_METHOD
 
@@ -55,6 +59,38 @@ def parse_sweep(text: str | None) -> tuple[int, ...]:
             raise UserError("--sweep", f"{part.strip()!r} in {text!r}", "ranges go up, within draft lengths 1..16")
         ks.update(range(a, b + 1))
     return tuple(sorted(ks))
+
+
+def tensor_parallel(option: str = "--tp") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--tp N`` on a measuring command: the target split over N GPUs of this node (runtime/distributed.py).
+    Outside torchrun it starts ``torchrun --nproc-per-node N`` with the same command line; inside,
+    each rank runs the command on its own device, and rank 0 alone prints and writes. ``option``:
+    the flag's name (recommend's --tp is the deployment's TP its prediction is for)."""
+    dest = option.lstrip("-").replace("-", "_")
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def run(*args: Any, **kw: Any) -> Any:
+            tp = int(kw.pop(dest))
+            if tp < 1:
+                raise UserError(option, f"{tp}", "tensor parallelism is at least 1")
+            if tp > 1 and not under_torchrun():
+                return launch(relaunch_argv(click.get_current_context()), tp)
+            with tp_session(tp, kw.get("device")) as device:
+                kw["device"] = device
+                click.get_current_context().params["device"] = device  # the forms that read ctx.params (--against)
+                return fn(*args, **kw)
+
+        return click.option(
+            option,
+            dest,
+            type=int,
+            default=1,
+            show_default=True,
+            help="measure with the target split over N GPUs of this node (tensor parallel; starts torchrun --nproc-per-node N); rank 0 writes",
+        )(run)
+
+    return wrap
 
 
 def _print_summary(report: AlphaReport) -> None:
@@ -143,6 +179,7 @@ PROMPTS_HELP = (
 )
 @click.option("-o", "--out", default=None, help="report dir (default: reports/alpha-<bundle name>)")
 @click.option("--json", "as_json", is_flag=True, help="print the report JSON on stdout")
+@tensor_parallel()
 def alpha_cmd(
     bundle: str,
     prompts_file: str,
@@ -251,6 +288,7 @@ def alpha_cmd(
 @click.option("--device", default=None)
 @CHAT_TEMPLATE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON on stdout")
+@tensor_parallel()
 def gate_cmd(
     bundle: str,
     prompts_file: str,
@@ -353,6 +391,7 @@ def gate_cmd(
     help="write max_draft_len, draft_len_schedule and the acceptance-rate gate into the bundle's options, the same and the evidence into its manifest",
 )
 @click.option("--json", "as_json", is_flag=True)
+@tensor_parallel("--measure-tp")
 def recommend_cmd(
     bundle: str,
     report_file: str | None,

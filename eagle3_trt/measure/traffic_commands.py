@@ -26,8 +26,9 @@ from eagle3_trt.measure.traffic_alpha import run_alpha_traffic, summary_lines
 from eagle3_trt.measure.traffic_gate import run_traffic_gate, verdict_line
 from eagle3_trt.pipeline.bundle import open_bundle
 
-ALPHA_TRAFFIC_OPTIONS = ("traffic_dir", "device", "batch_size", "sweep", "tolerance", "window", "out", "as_json")
+ALPHA_TRAFFIC_OPTIONS = ("traffic_dir", "device", "tp", "batch_size", "sweep", "tolerance", "window", "out", "as_json")
 GATE_TRAFFIC_OPTIONS = (
+    "tp",
     "against",
     "traffic_dir",
     "margin",

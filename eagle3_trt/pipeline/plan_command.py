@@ -15,6 +15,7 @@ from eagle3_trt.pipeline.gpus import GPUS
 from eagle3_trt.pipeline.plan_presets import plan_for_preset, preset_configs
 from eagle3_trt.pipeline.plan_report import format_plan, plan_steps
 from eagle3_trt.pipeline.presets import Preset, load_preset, load_preset_file
+from eagle3_trt.pipeline.reference_memory import MEASURE_BATCH, MEASURE_MAX_TOKENS, MEASURE_PROMPT_TOKENS, measure_plan
 from eagle3_trt.pipeline.train_plan import format_train_plan, make_train_plan
 
 
@@ -43,6 +44,13 @@ from eagle3_trt.pipeline.train_plan import format_train_plan, make_train_plan
 @click.option("--train-seq-len", type=int, default=2048, show_default=True, help="with --train: tokens per record")
 @click.option("--epochs", type=int, default=1, show_default=True, help="with --train: passes over the records")
 @click.option("--train-batch-size", type=int, default=8, show_default=True, help="with --train: train-draft's global --batch-size")
+@click.option(
+    "--measure", is_flag=True, help="also plan measuring acceptance (alpha, gate) with the reference runtime: memory per GPU and time per 1,000 prompts"
+)
+@click.option("--measure-tp", type=int, default=None, help="with --measure: ranks the target is split over (default: the fewest that fit)")
+@click.option("--measure-batch", type=int, default=MEASURE_BATCH, show_default=True, help="with --measure: alpha's --batch-size")
+@click.option("--measure-prompt-tokens", type=int, default=MEASURE_PROMPT_TOKENS, show_default=True, help="with --measure: tokens per prompt")
+@click.option("--measure-max-tokens", type=int, default=MEASURE_MAX_TOKENS, show_default=True, help="with --measure: alpha's --max-tokens")
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
 def plan_cmd(
     model: str | None,
@@ -60,6 +68,11 @@ def plan_cmd(
     epochs: int,
     train_batch_size: int,
     as_json: bool,
+    measure: bool = False,
+    measure_tp: int | None = None,
+    measure_batch: int = MEASURE_BATCH,
+    measure_prompt_tokens: int = MEASURE_PROMPT_TOKENS,
+    measure_max_tokens: int = MEASURE_MAX_TOKENS,
 ) -> None:
     """Plan MODEL (a registry preset) or --preset-file on --gpus N x --gpu from config files alone:
     memory, TP layout, KV cache, batch sizes, and the steps `make engine` will run."""
@@ -81,13 +94,34 @@ def plan_cmd(
     # the build's default --calib (quantize.DEFAULT_CALIB_FILE); a preset asking for more than it holds needs the user's data
     shipped = len(load_prompts(SHIPPED_PROMPTS, cal.num_samples, option="--calib"))
     steps = plan_steps(plan, cal.num_samples, cal.max_length, shipped)
+    if not measure and (
+        measure_tp is not None or (measure_batch, measure_prompt_tokens, measure_max_tokens) != (MEASURE_BATCH, MEASURE_PROMPT_TOKENS, MEASURE_MAX_TOKENS)
+    ):
+        raise UserError("--measure-*", "sizes the measurement --measure plans", "add --measure")
+    if min(measure_batch, measure_prompt_tokens, measure_max_tokens) < 1:
+        raise UserError("--measure-batch/--measure-prompt-tokens/--measure-max-tokens", "must be at least 1", "e.g. --measure-batch 16")
+    mplan = None
+    if measure:
+        target_cfg, draft_cfg = preset_configs(p, isinstance(preset, Preset))
+        mplan = measure_plan(
+            target_cfg,
+            draft_cfg,
+            GPUS[gpu],
+            num_gpus,
+            plan.max_draft_len or p.max_draft_len,
+            tp=measure_tp,
+            batch=measure_batch,
+            prompt_tokens=measure_prompt_tokens,
+            max_tokens=measure_max_tokens,
+        )
     tplan = None
     if train:
         assert records is not None
         target_cfg, draft_cfg = preset_configs(p, isinstance(preset, Preset))
         tplan = make_train_plan(plan, target_cfg, draft_cfg, records, train_seq_len, epochs, train_batch_size)
     if as_json:
-        click.echo(json.dumps({**plan.to_dict(), "steps": steps, **({"train": tplan.to_dict()} if tplan else {})}, indent=2))
+        extra = {**({"train": tplan.to_dict()} if tplan else {}), **({"measure": mplan.to_dict()} if mplan else {})}
+        click.echo(json.dumps({**plan.to_dict(), "steps": steps, **extra}, indent=2))
         return
     click.echo(format_plan(plan))
     click.echo("steps of `make engine`:")
@@ -95,3 +129,5 @@ def plan_cmd(
         click.echo(f"  {i}. {s}")
     if tplan is not None:
         click.echo(format_train_plan(tplan, plan))
+    for line in mplan.lines() if mplan is not None else []:
+        click.echo(line)

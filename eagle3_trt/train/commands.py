@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.procs import torchrun_env
 from eagle3_trt.speculative.registry import DEFAULT_METHOD, trainable_methods
-from eagle3_trt.train.distributed import from_env
 from eagle3_trt.train.from_cache import train_draft_from_cache
 from eagle3_trt.train.traffic_command import TRAFFIC_ONLY, train_from_traffic_cmd
 from eagle3_trt.train.train_draft import TrainDraftOptions, summary_lines, train_draft
@@ -161,7 +161,7 @@ def train_draft_cmd(aux_layers: str | None, as_json: bool, traffic: Path | None,
     """
     traffic_opts = {k: options.pop(k) for k in TRAFFIC_ONLY}
     if traffic is not None:
-        if from_env()[1] > 1:
+        if torchrun_env()[1] > 1:
             raise UserError("--traffic", "runs as one process, not under torchrun", "run train-draft --traffic without torchrun")
         if options["parallel"] != "auto":
             raise UserError("--parallel", "does not apply with --traffic", "leave it out")

@@ -29,7 +29,6 @@ tests/test_train_plan.py ties its constants to these):
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from eagle3_trt.errors import UserError
+from eagle3_trt.procs import torchrun_env
 
 # AdamW training state per parameter, fp32: weight 4 + grad 4 + exp_avg 4 + exp_avg_sq 4 bytes.
 TRAIN_BYTES_PER_PARAM = 16
@@ -98,18 +98,12 @@ class Dist:
         return t.tolist()
 
 
-def from_env() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) outside torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0"))
-
-
 def start(device: str, parallel: str) -> tuple[Dist, str]:
     """Join torchrun's process group (when there is one); returns the rank info (its mode decided
     later by ``decide``, once the head's size is known) and this rank's device."""
     if parallel not in PARALLEL_MODES:
         raise UserError("--parallel", f"{parallel!r} is not one of {', '.join(PARALLEL_MODES)}")
-    rank, world, local = from_env()
+    rank, world, local = torchrun_env()
     if world <= 1:
         if parallel == "fsdp":
             raise UserError("--parallel", "fsdp shards the head across processes; this run has one", "run under torchrun --nproc-per-node N")
