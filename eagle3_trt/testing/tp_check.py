@@ -61,7 +61,7 @@ def commands(bundle: Path, other: Path, prompts: Path, max_tokens: int) -> dict[
     out["alpha_sweep"] = _report_requests(swept)
     g = run_gate(bundle, prompts, max_tokens=max_tokens)
     out["gate"] = {k: g[k] for k in ("alpha", "acceptance_length", "cumulative_acceptance", "predicted_speedup", "passed", "turns_measured")}
-    report, section = run_against(bundle, other, prompts, max_draft_len=None, concurrency=1, max_tokens=max_tokens)
+    report, section, _incomplete = run_against(bundle, other, prompts, max_draft_len=None, concurrency=1, max_tokens=max_tokens)
     out["against"] = {"requests": _report_requests(report), "section": _untimed(section.model_dump())}
     return out
 
