@@ -476,3 +476,41 @@ def test_iter_traffic_streams_segment_by_segment(tmp_path):
     assert next(it).request_id == "q0" and [r.request_id for r in it] == ["q1", "q2"]
     with pytest.raises(UserError):
         iter_traffic(tmp_path / "missing")  # refused at once, not at the first record
+
+
+def test_a_key_split_across_prompt_and_output_is_redacted_in_every_stored_field(tok, tmp_path):
+    """The prompt ends with the start of a key (`sk-Q7`) and the model writes its other 30 characters:
+    neither side alone matches the README's pattern, so each side's own search stored `sk-Q7` in the
+    prompt and the rest in output_text and output_ids. Searched as one stream, both sides are cut at
+    the boundary, as texts (Triton) and as ids decoded back to text (Dynamo: no text given)."""
+    head, rest = "sk-Q7", "Xb9Lm2Pq8Rs4Tu6Vw1Yz3Ab5Cd7Ef0"
+    assert len(rest) == 30
+    key = head + rest
+    prompt, out = f"Here is my key: {head}", f"{rest}. Done"
+    d = tmp_path / "cap"
+    cap = _capturer(tok, d, [], redact=(r"sk-[A-Za-z0-9]{20,}",))
+    p_ids, o_ids = tok.encode(prompt), tok.encode(out, add_special_tokens=False)
+    cap.record(request_id="text", prompt_ids=p_ids, prompt_text=prompt, output_ids=o_ids, output_text=out, sampling=_sampling(), stats=_stats())
+    cap.record(request_id="ids", prompt_ids=p_ids, output_ids=o_ids, sampling=_sampling(), stats=_stats())  # a Dynamo worker: ids only
+    # the texts clean but the ids carry the key across the boundary: found by decoding, both sides re-encoded
+    cap.record(
+        request_id="ids-only-key",
+        prompt_ids=p_ids,
+        prompt_text="Here is my key: ",
+        output_ids=o_ids,
+        output_text=". Done",
+        sampling=_sampling(),
+        stats=_stats(),
+    )
+    cap.close()
+    blob = _all_bytes(d).decode()
+    pieces = [key[i : i + 5] for i in range(len(key) - 4)]
+    assert not [p for p in pieces if p in blob], "a piece of the key was stored"
+    a, b, c = read_traffic(d)
+    for r in (a, b):
+        assert r.prompt_text is not None and r.prompt_text.endswith(f"key: {REDACTED}") and r.output_text == f"{REDACTED}. Done" and r.redacted
+    assert c.prompt_text == "Here is my key: " and c.output_text == ". Done" and c.redacted
+    for r in (a, b, c):
+        assert r.output_ids == tok.encode(r.output_text, add_special_tokens=False)
+        stream = tok.decode(r.prompt_ids + r.output_ids)
+        assert not [p for p in pieces if p in stream], stream  # nothing the ids decode to either

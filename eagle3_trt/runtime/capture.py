@@ -20,9 +20,13 @@ finds each pattern's match at every start position on the original text (not ``r
 left-to-right, non-overlapping matches: with ``sk-[A-Za-z0-9]{20,}``, the first of two adjacent
 keys swallows the ``sk`` of the second, whose rest then no longer matches) and for every pattern
 on that same text (not on the text an earlier pattern already rewrote); the union of the spans is
-replaced, each run by one ``[REDACTED]``. When a pattern matched (in the text, or in the text the
-token ids decode to), the ids are re-encoded from the redacted text with the served tokenizer and
-``redacted`` is true, so the ids cannot carry what the text hid.
+replaced, each run by one ``[REDACTED]``. Prompt and output are searched as one text (their
+concatenation, as the model saw and wrote them): a key whose start ends the prompt and whose rest the
+model wrote matches only there, and each side keeps a ``[REDACTED]`` for its part (``redact_joined``).
+The same search runs on what the token ids decode to. Ids: the ids of a side a match touched (in its
+text or its decoded ids) are re-encoded from that side's redacted text with the served tokenizer, so
+they decode to the redacted text and carry nothing it hid (they are then no longer the ids the model
+served: such a record's ``redacted`` is true); the other side's ids are kept as served.
 
 The cap (``max_mb``) is on the capture directory as a whole: every ``traffic-*.jsonl`` in it,
 from earlier runs and from the other model instances or workers writing there (rescanned at each
@@ -212,6 +216,27 @@ def redact(text: str, patterns: Sequence[re.Pattern[str]]) -> str:
         last = e
     out.append(text[last:])
     return "".join(out)
+
+
+def redact_joined(texts: Sequence[str], patterns: Sequence[re.Pattern[str]]) -> tuple[list[str], list[bool]]:
+    """``redact`` of the texts' concatenation, cut back into the pieces (a span crossing a boundary
+    leaves one ``[REDACTED]`` on each side of it), and which pieces a span touched."""
+    bounds, at = [], 0
+    for t in texts:
+        bounds.append((at, at + len(t)))
+        at += len(t)
+    spans = redaction_spans("".join(texts), patterns)
+    out, hit = [], []
+    for t, (a, b) in zip(texts, bounds, strict=True):
+        local = [(max(s, a) - a, min(e, b) - a) for s, e in spans if s < b and e > a]
+        parts, last = [], 0
+        for s, e in local:
+            parts += [t[last:s], REDACTED]
+            last = e
+        parts.append(t[last:])
+        out.append("".join(parts))
+        hit.append(bool(local))
+    return out, hit
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> CaptureConfig | None:
@@ -477,25 +502,25 @@ class Capturer:
     def _redact(self, text: str) -> str:
         return redact(text, self._patterns)
 
-    def _side(self, text: str | None, ids: list[int], *, prompt: bool) -> tuple[str, list[int], bool]:
-        """(text, ids, redacted) of one side: text decoded when the front end has none; when a
-        pattern matches the text or what the ids decode to, ids re-encoded from the redacted text."""
-        decoded: str | None = None
-        if text is None:
-            decoded = self._decode(ids, skip_special=not prompt)
-            text = decoded
-        if not self._patterns:
-            return text, ids, False
-        clean = self._redact(text)
-        if clean == text:
-            raw = decoded if decoded is not None else self._decode(ids, skip_special=False)
-            if not redaction_spans(raw, self._patterns):
-                return text, ids, False
-        return clean, self._encode(clean, prompt), True
-
     def _build(self, it: _Finished) -> TrafficRecord:
-        prompt_text, prompt_ids, r1 = self._side(it.prompt_text, it.prompt_ids, prompt=True)
-        output_text, output_ids, r2 = self._side(it.output_text, it.output_ids, prompt=False)
+        prompt_ids, output_ids = it.prompt_ids, it.output_ids
+        # text decoded when the front end has none (Dynamo): the prompt as the model saw it, special tokens included
+        prompt_text = self._decode(prompt_ids, skip_special=False) if it.prompt_text is None else it.prompt_text
+        output_text = self._decode(output_ids, skip_special=True) if it.output_text is None else it.output_text
+        r1 = r2 = False
+        if self._patterns:
+            # prompt and output are one stream to the model: a key whose start ends the prompt and whose
+            # rest the model wrote matches only across the boundary, so both sides are searched together,
+            # as texts and as what their ids decode to
+            (prompt_text, output_text), hit = redact_joined((prompt_text, output_text), self._patterns)
+            raw = (self._decode(prompt_ids, skip_special=False), self._decode(output_ids, skip_special=False))
+            _, raw_hit = redact_joined(raw, self._patterns)
+            r1, r2 = hit[0] or raw_hit[0], hit[1] or raw_hit[1]
+            # the ids of a side a match touched are re-encoded from its redacted text: ids cannot carry what the text hid
+            if r1:
+                prompt_ids = self._encode(prompt_text, True)
+            if r2:
+                output_ids = self._encode(output_text, False)
         # the client chose these two as well: stored redacted like the texts
         request_id = self._redact(it.request_id)
         category = None if it.category is None else self._redact(it.category)
