@@ -398,14 +398,14 @@ def test_a_deleted_open_segment_is_not_rewritten(tmp_path):
     assert [r.request_id for r in read_traffic(tmp_path / "w")] == [recs[1].request_id] and w.bytes_written == len(recs[1].to_line()) + 1
 
 
-def _write_records(d: Path, n: int) -> None:
+def _write_records(d: Path, n: int, t0: float = 1000.0) -> None:
     from eagle3_trt.formats.traffic import CapturedSampling, SegmentWriter, ServedAcceptance, TrafficRecord
 
     w = SegmentWriter(d, segment_records=1)
     for i in range(n):
         rec = TrafficRecord(
             request_id=f"q{i}",
-            time_unix=1000.0 + i,
+            time_unix=t0 + i,
             bundle_fingerprint="f" * 64,
             model="eagle3",
             frontend="triton",
@@ -417,25 +417,21 @@ def _write_records(d: Path, n: int) -> None:
             acceptance=ServedAcceptance(speculative=True, draft_tokens=8, accepted_draft_tokens=3, target_forwards=4, completion_tokens=50),
         )
         assert w.write(rec)
-    w.flush()
+    w.close()
 
 
 def test_retention_by_size_and_by_age(tok, tmp_path):
-    """--capture-keep-mb deletes the oldest segments past the size, --capture-keep-hours those last
-    written longer ago; the newest stay, capture goes on."""
-    import os
-
+    """--capture-keep-mb deletes the oldest records past the size, --capture-keep-hours those older
+    (by their own time); the newest stay, capture goes on."""
     from eagle3_trt.formats.traffic import SegmentWriter
 
     d = tmp_path / "cap"
-    _write_records(d, 6)  # six one-record segments
+    now = time.time()
+    _write_records(d, 6, t0=now - 2 * 86400 - 1.5)  # six one-record segments, the first two two days old
     segs = segments(d)
     size = segs[0].stat().st_size
-    now = time.time()
-    for i, p in enumerate(segs):  # the first two last written two days ago
-        os.utime(p, (now - 2 * 86400, now - 2 * 86400) if i < 2 else (now, now))
     w = SegmentWriter(d)
-    assert [p.name for p in w.retain(keep_age_s=86400.0, now=now)] == [p.name for p in segs[:2]]
+    assert [p.name for p in w.retain(keep_age_s=2 * 86400.0, now=now)] == [p.name for p in segs[:2]]
     assert [p.name for p in w.retain(keep_bytes=int(2.5 * size))] == [p.name for p in segs[2:4]]
     assert [r.request_id for r in read_traffic(d)] == ["q4", "q5"]
 
@@ -447,6 +443,130 @@ def test_retention_by_size_and_by_age(tok, tmp_path):
     cap.close()
     left = read_traffic(cap_dir)
     assert [r.request_id for r in left][-1] == "r0" and len(left) <= 3 and warnings == [] and not cap.stopped
+
+
+_WRITER = """
+import sys, time
+from pathlib import Path
+from eagle3_trt.runtime.capture import CaptureConfig, Capturer, CaptureSource, load_tokenizer
+from eagle3_trt.runtime.llm_api import SpecStats
+d, name, n, keep = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+tok = load_tokenizer(sys.argv[5])
+cfg = CaptureConfig(dir=d, flush_s=0.05, segment_records=int(sys.argv[6]), segment_s=0.5, keep_mb=keep)
+cap = Capturer(cfg, CaptureSource("f" * 64, "eagle3", "dynamo"), tokenizer=lambda: tok, warn=lambda m: print("WARN", m, flush=True))
+print("ready", flush=True)
+sys.stdin.readline()
+sampling = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 4, "seed": None}
+for i in range(n):
+    t = time.time()
+    cap.record(request_id=f"{name}-{i}", prompt_ids=[1, 5, 7], output_ids=[9] * 40, sampling=sampling, stats=SpecStats(True, 8, 3, 4, 40))
+    print(f"{name}-{i} {t!r}", flush=True)
+    time.sleep(0.004)
+cap.close()
+print("done", cap.stopped, flush=True)
+"""
+
+
+def _writer(d: Path, name: str, n: int, keep_mb: float, segment_records: int) -> subprocess.Popen:
+    import os
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-c", _WRITER, str(d), name, str(n), str(keep_mb), str(TOK_DIR), str(segment_records)]
+    p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p
+
+
+def assert_retention_kept_the_newest(recs, sent: dict[str, float]) -> None:
+    """No record newer than the oldest surviving one is missing: every request that was sent and is
+    not on disk started before the oldest record kept (``sent``: request id -> the time just before
+    its record call, at most its record's time)."""
+    kept = {r.request_id for r in recs}
+    oldest = min(r.time_unix for r in recs)
+    late = sorted((t, rid) for rid, t in sent.items() if rid not in kept and t > oldest)
+    assert not late, f"{len(late)} records newer than the oldest kept ({oldest}) are missing: {late[:5]}"
+
+
+def test_two_writer_processes_keep_the_newest_records(tmp_path):
+    """Two capturing processes with different start times write one directory, each running retention:
+    segments were ordered by the writer's start, so the later writer's retention deleted the earlier
+    one's newest segments, its open one included. Now every missing record is older than every kept one."""
+    d = tmp_path / "cap"
+    a = _writer(d, "a", 240, 0.012, 6)
+    time.sleep(0.3)  # started later: its segment names sort after all of a's under the old ordering
+    b = _writer(d, "b", 60, 0.012, 6)  # and stops first: a's retention went on deleting a's own newest segments
+    for p in (a, b):
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    sent: dict[str, float] = {}
+    for p in (a, b):
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0 and "WARN" not in out and out.strip().endswith("done False"), out[-500:]
+        sent.update(ln.split() for ln in out.splitlines() if ln.startswith(("a-", "b-")))  # type: ignore[arg-type]
+    sent = {k: float(v) for k, v in sent.items()}
+    recs = read_traffic(d)
+    assert len(sent) == 300 and 8 < len(recs) < 100  # retention ran (about 16 records fit in 12 kB)
+    assert_retention_kept_the_newest(recs, sent)
+    names = {r.request_id.split("-")[0] for r in recs}
+    assert names == {"a", "b"} or max(recs, key=lambda r: r.time_unix).request_id in ("a-239", "b-59")
+    assert not list(d.glob(".*.lease")), "a closed writer left its lease"
+
+
+def test_a_segment_being_written_by_another_process_is_never_deleted(tmp_path):
+    """Another process's open segment (leased) survives retention down to 0 bytes (the older closed
+    segments go); once that process is gone (SIGKILL: the kernel drops its lock), it is closed and goes."""
+    import os
+    import signal
+    import sys
+
+    from eagle3_trt.formats.traffic import SegmentWriter
+
+    d = tmp_path / "cap"
+    _write_records(d, 3, t0=time.time() - 10)
+    holder = """
+import sys, time
+from pathlib import Path
+from eagle3_trt.formats.traffic import CapturedSampling, SegmentWriter, ServedAcceptance, TrafficRecord
+w = SegmentWriter(Path(sys.argv[1]), segment_records=100)
+acc = ServedAcceptance(speculative=True, draft_tokens=8, accepted_draft_tokens=3, target_forwards=4, completion_tokens=5)
+w.write(TrafficRecord(request_id="open-0", time_unix=time.time(), bundle_fingerprint="f" * 64, model="m", frontend="dynamo",
+    chat=False, prompt_text="x", prompt_ids=[1], output_ids=[2], sampling=CapturedSampling(max_tokens=5), acceptance=acc))
+w.flush()
+print("open", flush=True)
+time.sleep(600)
+"""
+    p = subprocess.Popen([sys.executable, "-c", holder, str(d)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "open"
+        w = SegmentWriter(d)
+        w.retain(keep_bytes=0, keep_age_s=1.0)
+        assert [r.request_id for r in read_traffic(d)] == ["open-0"]  # the closed (older) ones went
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    w.retain(keep_bytes=0)
+    assert segments(d) == [] and not list(d.glob(".*.lease"))
+
+
+def test_two_writers_in_one_process_interleave_and_retention_cuts_by_time(tmp_path):
+    """The cut is a time: whole segments before it go, a closed segment straddling it is rewritten
+    without its older records, and nothing after it is lost."""
+    from eagle3_trt.formats.traffic import SegmentWriter
+
+    src = tmp_path / "src"
+    _write_records(src, 40, t0=5000.0)
+    recs = read_traffic(src)
+    d = tmp_path / "cap"
+    a, b = SegmentWriter(d, segment_records=7), SegmentWriter(d, segment_records=5)
+    for r in recs:
+        assert (a if int(r.request_id[1:]) % 3 else b).write(r)
+    a.close()
+    b.close()
+    a.retain(keep_bytes=sum(len(r.to_line()) + 1 for r in recs[23:]))
+    left = read_traffic(d)
+    assert [r.request_id for r in left] == [f"q{i}" for i in range(23, 40)]
 
 
 def test_retention_options_are_typed_and_refused_in_one_line(tmp_path):

@@ -33,9 +33,11 @@ from earlier runs and from the other model instances or workers writing there (r
 flush, so concurrent writers can pass it by what they write in one flush interval). The first
 record that would pass it stops capture in this process with one warning line.
 
-Retention (``keep_mb``, ``keep_hours``): after each flush the capturer deletes whole segments,
-oldest first, last written more than ``keep_hours`` ago, then as many as bring the directory to
-``keep_mb`` (formats/traffic ``SegmentWriter.retain``); capture goes on. A directory deleted (or
+Retention (``keep_mb``, ``keep_hours``): after each flush the capturer deletes the directory's
+records, every writer's, oldest first by the records' own time: those older than ``keep_hours``,
+then as many as bring the directory to ``keep_mb``; no record newer than the oldest kept one is
+deleted, and a segment another writer (or this one) still has open is never touched
+(formats/traffic_retention.py). Capture goes on. A directory deleted (or
 replaced) while capturing stays deleted: the next flush finds it gone, drops what it held, and
 capture stops with one warning; a capturer that has stopped writes nothing more, not even at close.
 """
@@ -78,6 +80,7 @@ class CaptureConfig(BaseModel):
     flush_s: float = Field(FLUSH_S, gt=0, le=60)
     segment_records: int = Field(256, ge=1)
     segment_mb: int = Field(4, ge=1, description="a new segment after this many MB: bounds what each flush rewrites")
+    segment_s: float = Field(300.0, gt=0, le=86400, description="a new segment after this many seconds: an open segment holds retention back")
     keep_mb: float | None = Field(None, gt=0, allow_inf_nan=False, description="retention: delete the oldest segments past this many MB")
     keep_hours: float | None = Field(None, gt=0, allow_inf_nan=False, description="retention: delete segments last written more than this long ago")
 
@@ -403,7 +406,9 @@ class Capturer:
         try:
             self._tok = self._tokenizer_factory()
             self._chat_prefix = chat_prefix(self._tok)
-            self._writer = SegmentWriter(self.cfg.dir, segment_records=self.cfg.segment_records, segment_bytes=self.cfg.segment_mb * 1_000_000)
+            self._writer = SegmentWriter(
+                self.cfg.dir, segment_records=self.cfg.segment_records, segment_bytes=self.cfg.segment_mb * 1_000_000, segment_s=self.cfg.segment_s
+            )
             self._others = self._dir_bytes()
             self._writer.max_bytes = self.cfg.max_bytes - self._others
         except Exception as e:
@@ -411,6 +416,9 @@ class Capturer:
         last = time.monotonic()
         while True:
             wait = None if self._writer is None or not self._unflushed else max(0.0, last + self.cfg.flush_s - time.monotonic())
+            due = None if self._writer is None or self.stopped else self._writer.rotate_in()
+            if due is not None:  # an idle writer still closes its segment on time (it holds retention back)
+                wait = due if wait is None else min(wait, due)
             try:
                 item = self._q.get(timeout=wait)
             except queue.Empty:
@@ -422,8 +430,13 @@ class Capturer:
             if self._writer is not None and not self.stopped and time.monotonic() - last >= self.cfg.flush_s:
                 self._flush()
                 last = time.monotonic()
+            if self._writer is not None and not self.stopped:
+                self._guard(self._writer.rotate_if_due)
         if self._writer is not None and not self.stopped:  # a stopped capturer writes nothing more
             self._flush()
+            self._guard(self._writer.close)
+        if self._writer is not None:
+            self._release_quietly()
 
     def _write(self, item: _Finished) -> None:
         assert self._writer is not None
@@ -450,10 +463,27 @@ class Capturer:
         self.written += 1
         self._unflushed = True
 
+    def _guard(self, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except CaptureDirGone:
+            self._stop(self._gone_message())
+        except Exception as e:
+            self._stop(f"capture off: writing to {self.cfg.dir} failed ({type(e).__name__}: {e}); serving continues")
+
+    def _release_quietly(self) -> None:
+        """The open segment's lease given up, nothing written (a stopped capturer writes nothing more)."""
+        assert self._writer is not None
+        try:
+            self._writer.release()
+        except OSError:
+            pass
+
     def _flush(self) -> None:
         assert self._writer is not None
         try:
             self._writer.flush()
+            self._writer.refresh()
             self._unflushed = False
             if self.cfg.keep_mb is not None or self.cfg.keep_hours is not None:
                 self._writer.retain(
