@@ -208,12 +208,11 @@ def _capture(tmp, n_prompts: int = 150, seed: int = 0) -> list[TrafficRecord]:
         elif kind == 4:  # an identical record twice (two writers recorded it)
             recs.append(recs[-1])
     rng.shuffle(recs)
-    w1, w2 = SegmentWriter(tmp, segment_records=7), SegmentWriter(tmp, segment_records=11)
-    w2._start_ms += 1  # another writer's segments (same process)
+    w1, w2 = SegmentWriter(tmp, segment_records=7), SegmentWriter(tmp, segment_records=11)  # two writers' segments
     for i, r in enumerate(recs):
         assert (w1 if i % 3 else w2).write(r)
-    w1.flush()
-    w2.flush()
+    w1.close()
+    w2.close()
     return recs
 
 

@@ -57,6 +57,7 @@ NEAR_DUP_JACCARD = 0.8
 SHINGLE = 4
 _BANDS, _ROWS = 32, 4
 _NUM_HASHES = _BANDS * _ROWS
+_REPS = 32  # groups a prompt is compared with per band bucket (merge_near_duplicates)
 _U64 = npt.NDArray[np.uint64]
 _WS = re.compile(r"\s+")
 
@@ -92,17 +93,19 @@ def _score(seed: int, ids_key: bytes) -> float:
 
 
 def _shingles(ids: Sequence[int]) -> _U64:
-    """The prompt's token 4-grams, each hashed to a 64-bit integer (a shorter prompt is one shingle)."""
-    n = max(1, len(ids) - SHINGLE + 1)
-    if len(ids) >= SHINGLE and SHINGLE == 4:  # repr of a 4-tuple of ints, written out (the hashed text is the same, 2x faster)
-        v = [int(x) for x in ids]
-        grams: set[object] = {f"({v[i]}, {v[i + 1]}, {v[i + 2]}, {v[i + 3]})" for i in range(n)}
-    else:
-        grams = {repr(tuple(ids[i : i + SHINGLE])) for i in range(n)}
-    out = np.fromiter(
-        (int.from_bytes(hashlib.blake2b(str(g).encode("ascii"), digest_size=8).digest(), "little") for g in grams), dtype=np.uint64, count=len(grams)
-    )
-    return np.unique(out)
+    """The prompt's token 4-grams, each hashed to a 64-bit integer (a shorter prompt is one shingle),
+    vectorized: splitmix64 chained over the four ids (the hash's only job is telling 4-grams apart)."""
+    v = np.asarray(ids, dtype=np.int64).astype(np.uint64)  # array arithmetic wraps silently, as hashing wants
+    if v.size < SHINGLE:
+        h = _mix(np.array([(v.size * 0x9E3779B97F4A7C15) % 2**64], dtype=np.uint64))
+        for c in range(v.size):
+            h = _mix(h ^ v[c : c + 1])
+        return h
+    n = v.size - SHINGLE + 1
+    h = _mix(v[:n] ^ np.uint64(0x243F6A8885A308D3))
+    for c in range(1, SHINGLE):
+        h = _mix(h ^ v[c : c + n])
+    return np.unique(h)
 
 
 def _mix(z: _U64) -> _U64:
@@ -118,8 +121,7 @@ _SALTS = _mix(np.arange(1, _NUM_HASHES + 1, dtype=np.uint64) * np.uint64(0x9E377
 
 
 def _minhash(sh: _U64) -> _U64:
-    with np.errstate(over="ignore"):
-        out: _U64 = _mix(sh[None, :] ^ _SALTS).min(axis=1)
+    out: _U64 = _mix(sh[None, :] ^ _SALTS).min(axis=1)
     return out
 
 
@@ -150,13 +152,12 @@ class _Groups:
 
 def _bands(sig: _U64) -> bytes:
     """One 64-bit hash per band of a MinHash signature (32 x 8 bytes): what is kept per distinct
-    prompt to find candidate pairs. Two prompts whose band hashes agree are confirmed against their
-    signatures' rows (``_near_dup``), so a hash collision never adds a pair."""
+    prompt to find candidate pairs. Every candidate is confirmed by the exact Jaccard of the two
+    prompts' 4-grams, so a hash collision never merges a pair."""
     rows = sig.reshape(_BANDS, _ROWS)
-    with np.errstate(over="ignore"):
-        h = _mix(rows[:, 0])
-        for c in range(1, _ROWS):
-            h = _mix(h ^ rows[:, c])
+    h = _mix(rows[:, 0])
+    for c in range(1, _ROWS):
+        h = _mix(h ^ rows[:, c])
     return h.astype("<u8").tobytes()
 
 
@@ -195,14 +196,13 @@ class _Prompts:
         if n < 2:
             return
         bands = np.frombuffer(bytes(self.bands), dtype="<u8").reshape(n, _BANDS)
-        cache: dict[int, tuple[_U64, _U64]] = {}
+        cache: dict[int, _U64] = {}
 
-        def sh(u: int) -> tuple[_U64, _U64]:
+        def sh(u: int) -> _U64:
             if u not in cache:
                 if len(cache) >= 4096:
                     cache.clear()
-                s = _shingles(ids_of(u))
-                cache[u] = (s, _minhash(s))
+                cache[u] = _shingles(ids_of(u))
             return cache[u]
 
         checked: set[tuple[int, int]] = set()
@@ -214,19 +214,24 @@ class _Prompts:
             ends = np.r_[starts[1:], n]
             many = ends - starts > 1
             for st, en in zip(starts[many].tolist(), ends[many].tolist()):
-                members = sorted(order[st:en].tolist())
-                for x in range(len(members)):
-                    for y in range(x + 1, len(members)):
-                        i, j = members[x], members[y]
-                        if (i, j) in checked or self.groups.find(i) == self.groups.find(j):
+                # each prompt is compared with one member of each group already met in this bucket (at
+                # most _REPS of them), not with every member: templated traffic puts thousands of
+                # near-duplicates in one bucket, and all pairs grew as n^2 there
+                reps: list[int] = []
+                for i in sorted(order[st:en].tolist()):
+                    gi = self.groups.find(i)
+                    if any(self.groups.find(r) == gi for r in reps):
+                        continue
+                    for r in reps[-_REPS:]:
+                        pair = (r, i)
+                        if pair in checked or self.groups.find(r) == self.groups.find(i):
                             continue
-                        (si, mi), (sj, mj) = sh(i), sh(j)
-                        rows = slice(b * _ROWS, (b + 1) * _ROWS)
-                        if not np.array_equal(mi[rows], mj[rows]):
-                            continue  # the band hashes collided: not a candidate pair
-                        checked.add((i, j))
-                        if _jaccard(si, sj) >= near_dup_jaccard:
-                            self.groups.union(i, j)
+                        checked.add(pair)  # a band-hash collision only adds a candidate: the exact Jaccard decides
+                        if _jaccard(sh(r), sh(i)) >= near_dup_jaccard:
+                            self.groups.union(r, i)
+                            break
+                    else:
+                        reps.append(i)
 
     def score(self, seed: int, u: int) -> float:
         return _score(seed, self.keys[u])

@@ -201,6 +201,7 @@ def run_traffic_gate(
             f"(first skipped: {first}); the gate needs at least {MIN_HELDOUT} distinct prompts",
             "capture more finished requests",
         )
+    say(f"judging on {len(pairs)} held-back requests from {len(set(pair_groups))} distinct prompt groups (of {split.groups} groups in {split.records} records)")
     d = paired_ratio_diff(
         [n.stats.generated_tokens for o, n in pairs],  # type: ignore[union-attr]
         [n.stats.target_forwards for o, n in pairs],  # type: ignore[union-attr]
@@ -239,6 +240,8 @@ def run_traffic_gate(
             "records": split.records,
             "heldout": len(held),
             "heldout_prompts": len(set(group_of.values())),
+            "judged_prompt_groups": d.n_groups,  # the held-back prompt groups measured on both bundles: the bootstrap's units
+            "groups": split.groups,
             "seed": seed,
             "holdout_fraction": holdout_fraction,
         },
