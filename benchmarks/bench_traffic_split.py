@@ -13,7 +13,8 @@ Traffic (synthetic token ids, no tokenizer; 96-token prompts):
 
 Each size and kind is written to a capture directory in a temporary folder (``SegmentWriter``), then
 split (timed: pass 1's read and grouping, and the split). Printed per run: records, groups, the
-held-back share of records and of groups, seconds.
+held-back share of records and of groups, wall and CPU seconds (the split is one thread: CPU
+seconds are its time on a core of its own, wall seconds include waiting for a shared one).
 
     .venv/bin/python benchmarks/bench_traffic_split.py [--sizes 1000,10000,100000] [--kinds templated,distinct] [--fraction 0.2] [--json]
 """
@@ -80,9 +81,9 @@ def run(kind: str, n: int, fraction: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp) / "cap"
         write_capture(d, prompts(kind, n))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         sp = split_capture(d, seed=0, holdout_fraction=fraction)
-        secs = time.perf_counter() - t0
+        secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {
         "kind": kind,
         "records": n,
@@ -90,6 +91,7 @@ def run(kind: str, n: int, fraction: float) -> dict:
         "heldout_share": len(sp.heldout) / n,
         "heldout_groups_share": sp.heldout_groups / sp.groups,
         "seconds": secs,
+        "cpu_seconds": cpu,
     }
 
 
@@ -101,14 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON object per run instead of the table")
     a = ap.parse_args(argv)
     if not a.json:
-        print(f"{'kind':<10} {'records':>8} {'groups':>7} {'held-back share':>16} {'of groups':>10} {'seconds':>8}  (requested {a.fraction:g})")
+        print(f"{'kind':<10} {'records':>8} {'groups':>7} {'held-back share':>16} {'of groups':>10} {'seconds':>8} {'cpu s':>7}  (requested {a.fraction:g})")
     for kind in a.kinds.split(","):
         for n in (int(x) for x in a.sizes.split(",")):
             r = run(kind, n, a.fraction)
             if a.json:
                 print(json.dumps(r))
             else:
-                print(f"{kind:<10} {n:>8} {r['groups']:>7} {r['heldout_share']:>16.3f} {r['heldout_groups_share']:>10.3f} {r['seconds']:>8.1f}")
+                print(
+                    f"{kind:<10} {n:>8} {r['groups']:>7} {r['heldout_share']:>16.3f} {r['heldout_groups_share']:>10.3f} {r['seconds']:>8.1f} {r['cpu_seconds']:>7.1f}"
+                )
             sys.stdout.flush()
     return 0
 

@@ -32,7 +32,7 @@ import re
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -152,6 +152,39 @@ def line_check(raw: bytes) -> bytes:
     return hashlib.blake2b(raw, digest_size=8).digest()
 
 
+class LineReader:
+    """Lines an earlier pass saw, read back through one open segment at a time (``record_at``'s check),
+    for a reader that comes back for many lines in file order (the split's near-duplicate candidates)."""
+
+    def __init__(self) -> None:
+        self._f: Path | None = None
+        self._fh: BinaryIO | None = None
+
+    def line(self, f: Path, offset: int, size: int, check: bytes) -> bytes:
+        if self._f != f:
+            self.close()
+            try:
+                self._fh = open(f, "rb")  # noqa: SIM115 (kept open across calls; close() ends it)
+            except FileNotFoundError:
+                _changed(f)
+            self._f = f
+        assert self._fh is not None
+        self._fh.seek(offset)
+        raw = self._fh.read(size + 1)
+        if raw[size:] != b"\n" or line_check(raw[:size]) != check:
+            _changed(f)
+        return raw[:size]
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+        self._f = self._fh = None
+
+
+def _changed(f: Path) -> NoReturn:
+    raise UserError(f, "changed while it was being read (a segment deleted or replaced)", "read the capture again; stop retention while reading it")
+
+
 def record_at(f: Path, offset: int, size: int, check: bytes) -> TrafficRecord:
     """The record whose ``size``-byte line (``line_check`` ``check``) was read at byte ``offset`` of
     segment ``f`` by an earlier pass: a one-line UserError when the segment no longer holds it (deleted
@@ -163,7 +196,7 @@ def record_at(f: Path, offset: int, size: int, check: bytes) -> TrafficRecord:
     except FileNotFoundError:
         raw = b""
     if raw[size:] != b"\n" or line_check(raw[:size]) != check:
-        raise UserError(f, "changed while it was being read (a segment deleted or replaced)", "read the capture again; stop retention while reading it")
+        _changed(f)
     return _parse(raw[:size], f"{f}@{offset}")
 
 
