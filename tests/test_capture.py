@@ -634,3 +634,39 @@ def test_a_key_split_across_prompt_and_output_is_redacted_in_every_stored_field(
         assert r.output_ids == tok.encode(r.output_text, add_special_tokens=False)
         stream = tok.decode(r.prompt_ids + r.output_ids)
         assert not [p for p in pieces if p in stream], stream  # nothing the ids decode to either
+
+
+def test_records_still_queued_in_a_writer_hold_other_writers_retention_back(tok, tmp_path):
+    """A record waits in a serving process's queue (its writer is behind) while another writer's
+    retention runs: the cut-off stays below it (the queue's hold), so when it lands no record newer
+    than it has been deleted. Without the hold the other writer deleted its 5 records newer than the
+    queued ones, which then landed as the oldest survivors."""
+    import threading
+
+    from eagle3_trt.formats.traffic import SegmentWriter
+
+    d = tmp_path / "cap"
+    go = threading.Event()
+    warnings: list[str] = []
+    cap = Capturer(CaptureConfig(dir=d, flush_s=0.05), SOURCE, tokenizer=lambda: (go.wait(30), tok)[1], warn=warnings.append)
+    try:
+        for i in range(5):
+            _rec(cap, i)  # queued: the capture thread is still loading its tokenizer
+        src = tmp_path / "src"
+        _write_records(src, 10, t0=time.time() + 5)  # newer than the queued ones
+        other = SegmentWriter(d, segment_records=1)
+        for r in read_traffic(src):
+            assert other.write(r)
+        other.close()
+        size = sum(len(r.to_line()) + 1 for r in read_traffic(src)[:5])
+        other.retain(keep_bytes=size)
+        assert len(read_traffic(d)) == 10  # the cut stayed below the queued records: nothing newer went
+        go.set()
+    finally:
+        go.set()
+        cap.close()
+    left = read_traffic(d)
+    assert [r.request_id for r in left] == [f"r{i}" for i in range(5)] + [f"q{i}" for i in range(10)] and not warnings
+    assert not list(d.glob(".*.lease")), "a closed capturer left its hold"
+    other.retain(keep_bytes=size)  # with nothing held, the oldest go first: the queued ones, then the oldest others
+    assert [r.request_id for r in read_traffic(d)] == [f"q{i}" for i in range(5, 10)]

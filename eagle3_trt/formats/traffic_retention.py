@@ -12,11 +12,18 @@ of its first record. The cut-off stays below every open segment's first record. 
 is free (its writer closed the segment, or died) no longer counts and is removed. Writers close a
 segment after ``segment_s`` seconds as well as when it is full, so an idle writer cannot hold the
 cut-off back for long. Retention passes of different writers take turns (``.retention.lock``).
+
+Records a writer holds but has not written yet (a serving process's queue) are held by a writer
+lease, ``.writer-<pid>-<n>.lease`` (``Hold``): locked for the writer's life, holding a time no record it
+holds or will receive is older than (its queue's oldest record, or the time it saw the queue empty).
+The cut-off stays below every live hold too, so a record that waited in a queue past a cut never lands
+after it.
 """
 
 from __future__ import annotations
 
 import fcntl
+import itertools
 import math
 import os
 from array import array
@@ -29,6 +36,8 @@ from eagle3_trt.atomic import write_bytes
 from eagle3_trt.atomic.lock import lock, unlock
 
 LEASE_GLOB = ".traffic-*.jsonl.lease"
+HOLD_GLOB = ".writer-*.lease"
+_HOLD_WIDTH = 32  # bytes of a hold's time: rewritten in place, always this long
 _TIME_KEY = b'"time_unix":'
 
 
@@ -62,10 +71,46 @@ class Lease:
         self._fd = None
 
 
-def open_segments(d: Path) -> dict[str, float]:
-    """Segment name -> first record time of every segment some writer has open; dead leases removed."""
-    out: dict[str, float] = {}
-    for p in Path(d).glob(LEASE_GLOB):
+class Hold:
+    """A writer's claim on the records it holds but has not written (module doc): ``update`` rewrites
+    its time in place. Created as ``Lease`` is (staged, locked, renamed), so a visible hold is live."""
+
+    _serial = itertools.count()
+
+    def __init__(self, d: Path, floor: float) -> None:
+        self.path = Path(d) / f".writer-{os.getpid()}-{next(Hold._serial)}.lease"
+        stage = self.path.with_name(f"{self.path.name}.stage")
+        fd = os.open(stage, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, _hold_bytes(floor))
+            os.rename(stage, self.path)
+        except BaseException:
+            os.close(fd)
+            stage.unlink(missing_ok=True)
+            raise
+        self._fd: int | None = fd
+
+    def update(self, floor: float) -> None:
+        if self._fd is not None:
+            os.pwrite(self._fd, _hold_bytes(floor), 0)
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _hold_bytes(floor: float) -> bytes:
+    return repr(float(floor)).encode("ascii").ljust(_HOLD_WIDTH)
+
+
+def _live(d: Path, glob: str) -> Iterator[tuple[Path, float]]:
+    """(lease, its time) of every live lease matching ``glob``; dead ones removed. A time that does not
+    parse (being written) is -inf: hold everything back this once."""
+    for p in Path(d).glob(glob):
         try:
             fd = os.open(p, os.O_RDONLY)
         except FileNotFoundError:
@@ -78,13 +123,22 @@ def open_segments(d: Path) -> dict[str, float]:
                 try:
                     t = float(raw)
                 except ValueError:
-                    t = -math.inf  # being written: hold everything back this once
-                out[p.name[1 : -len(".lease")]] = t
+                    t = -math.inf
+                yield p, t
                 continue
-            p.unlink(missing_ok=True)  # its writer is gone (or closed it): the segment is closed
+            p.unlink(missing_ok=True)  # its writer is gone (or closed it)
         finally:
             os.close(fd)
-    return out
+
+
+def holds(d: Path) -> list[float]:
+    """The times of the live writer holds (``Hold``) in ``d``."""
+    return [t for _, t in _live(d, HOLD_GLOB)]
+
+
+def open_segments(d: Path) -> dict[str, float]:
+    """Segment name -> first record time of every segment some writer has open; dead leases removed."""
+    return {p.name[1 : -len(".lease")]: t for p, t in _live(d, LEASE_GLOB)}
 
 
 @contextmanager
@@ -179,8 +233,9 @@ class Retention:
                     break
             else:
                 cut = math.inf
-        if opened:  # never past an open segment's first record
-            cut = min(cut, math.nextafter(min(opened.values()), -math.inf))
+        floors = list(opened.values()) + holds(self.dir)
+        if floors:  # never past an open segment's first record, nor a record a writer holds unwritten
+            cut = min(cut, math.nextafter(min(floors), -math.inf))
         changed: list[Path] = []
         for s in segs:
             if not s.times or min(s.times) > cut:

@@ -37,7 +37,9 @@ Retention (``keep_mb``, ``keep_hours``): after each flush the capturer deletes t
 records, every writer's, oldest first by the records' own time: those older than ``keep_hours``,
 then as many as bring the directory to ``keep_mb``; no record newer than the oldest kept one is
 deleted, and a segment another writer (or this one) still has open is never touched
-(formats/traffic_retention.py). Capture goes on. A directory deleted (or
+(formats/traffic_retention.py). Records still in a capturer's queue are held too: its writer hold
+(``Hold``, made before the first record can be queued) carries the time of the queue's oldest record,
+and no writer's cut-off passes it. Capture goes on. A directory deleted (or
 replaced) while capturing stays deleted: the next flush finds it gone, drops what it held, and
 capture stops with one warning; a capturer that has stopped writes nothing more, not even at close.
 """
@@ -58,8 +60,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from eagle3_trt.atomic import make_dirs
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.traffic import CaptureDirGone, CapturedSampling, SegmentWriter, ServedAcceptance, TrafficRecord, segments
+from eagle3_trt.formats.traffic_retention import Hold
 from eagle3_trt.runtime.llm_api import SpecStats
 
 CAPTURE_ENV = "EAGLE3_CAPTURE"
@@ -351,6 +355,14 @@ class Capturer:
         self._writer: SegmentWriter | None = None
         self._others = 0  # bytes of the directory's segments this process did not write
         self._unflushed = False
+        # records queued but not written are held against other writers' retention (traffic_retention.Hold):
+        # a record is stamped and queued under _stamp, so the queue is in time order and its head is the oldest
+        self._stamp = threading.Lock()
+        self._hold: Hold | None = None
+        try:
+            self._hold = Hold(make_dirs(Path(cfg.dir)), time.time())
+        except Exception:
+            pass  # the capture thread reports the directory when it cannot write there
         self._thread = threading.Thread(target=self._loop, name="eagle3-capture", daemon=True)
         self._thread.start()
 
@@ -371,19 +383,21 @@ class Capturer:
         if self.stopped:
             return
         try:
-            item = _Finished(
-                request_id or uuid.uuid4().hex,
-                time.time(),
-                list(prompt_ids),
-                prompt_text,
-                list(output_ids),
-                output_text,
-                finish_reason,
-                dict(sampling),
-                stats,
-                category,
-            )
-            self._q.put_nowait(item)
+            with self._stamp:  # stamped and queued together: the queue stays in time order (_update_hold)
+                self._q.put_nowait(
+                    _Finished(
+                        request_id or uuid.uuid4().hex,
+                        time.time(),
+                        list(prompt_ids),
+                        prompt_text,
+                        list(output_ids),
+                        output_text,
+                        finish_reason,
+                        dict(sampling),
+                        stats,
+                        category,
+                    )
+                )
         except queue.Full:
             self.dropped += 1
             if self.dropped == 1:
@@ -419,6 +433,8 @@ class Capturer:
             due = None if self._writer is None or self.stopped else self._writer.rotate_in()
             if due is not None:  # an idle writer still closes its segment on time (it holds retention back)
                 wait = due if wait is None else min(wait, due)
+            if self._hold is not None:  # and keeps its hold's time current (a stale one holds retention back)
+                wait = self.cfg.flush_s if wait is None else min(wait, self.cfg.flush_s)
             try:
                 item = self._q.get(timeout=wait)
             except queue.Empty:
@@ -432,11 +448,36 @@ class Capturer:
                 last = time.monotonic()
             if self._writer is not None and not self.stopped:
                 self._guard(self._writer.rotate_if_due)
+            self._update_hold()
         if self._writer is not None and not self.stopped:  # a stopped capturer writes nothing more
             self._flush()
             self._guard(self._writer.close)
         if self._writer is not None:
             self._release_quietly()
+        self._drop_hold()
+
+    def _update_hold(self) -> None:
+        """The hold's time: the queue's oldest record's, or now when it is empty (anything queued later is newer)."""
+        if self._hold is None:
+            return
+        if self.stopped:  # nothing more is written: nothing is held
+            self._drop_hold()
+            return
+        with self._stamp:
+            head = self._q.queue[0] if self._q.qsize() else None
+            floor = head.time_unix if isinstance(head, _Finished) else time.time()
+        try:
+            self._hold.update(floor)
+        except OSError:
+            pass
+
+    def _drop_hold(self) -> None:
+        if self._hold is not None:
+            try:
+                self._hold.release()
+            except OSError:
+                pass
+            self._hold = None
 
     def _write(self, item: _Finished) -> None:
         assert self._writer is not None
