@@ -1420,6 +1420,12 @@ CASES: list[Case] = [
         r"^error: --capture-keep-hours: 0: must be a number more than 0",
     ),
     Case(
+        "serve-dynamo-capture-segment-s-zero",
+        ("serve-dynamo", "{b}", "--capture", "{w}/cap", "--capture-segment-s", "0"),
+        2,
+        r"^error: --capture-segment-s: 0: must be a number of seconds in \(0, 86400\]",
+    ),
+    Case(
         "serve-capture-keep-hours-alone",
         ("serve", "{w}/nope", "--capture-keep-hours", "24"),
         2,

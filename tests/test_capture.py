@@ -28,7 +28,7 @@ from eagle3_trt.runtime.capture import (
 )
 from eagle3_trt.runtime.capture_cli import from_options
 from eagle3_trt.runtime.llm_api import SpecStats
-from eagle3_trt.testing.served_traffic import captured_records
+from eagle3_trt.testing.served_traffic import captured_records, newer_missing
 from eagle3_trt.triton_serving.capture_setup import stub_model_dir, triton_capturer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -482,9 +482,8 @@ def assert_retention_kept_the_newest(recs, sent: dict[str, float]) -> None:
     """No record newer than the oldest surviving one is missing: every request that was sent and is
     not on disk started before the oldest record kept (``sent``: request id -> the time just before
     its record call, at most its record's time)."""
-    kept = {r.request_id for r in recs}
     oldest = min(r.time_unix for r in recs)
-    late = sorted((t, rid) for rid, t in sent.items() if rid not in kept and t > oldest)
+    late = newer_missing({r.request_id: r.time_unix for r in recs}, sent)
     assert not late, f"{len(late)} records newer than the oldest kept ({oldest}) are missing: {late[:5]}"
 
 

@@ -69,6 +69,7 @@ from eagle3_trt.runtime.llm_api import SpecStats
 CAPTURE_ENV = "EAGLE3_CAPTURE"
 REDACTED = "[REDACTED]"
 DEFAULT_MAX_MB = 1024.0
+DEFAULT_SEGMENT_S = 300.0  # a segment closes after this long: an open one holds retention back
 FLUSH_S = 0.5
 QUEUE_SIZE = 4096
 
@@ -84,7 +85,7 @@ class CaptureConfig(BaseModel):
     flush_s: float = Field(FLUSH_S, gt=0, le=60)
     segment_records: int = Field(256, ge=1)
     segment_mb: int = Field(4, ge=1, description="a new segment after this many MB: bounds what each flush rewrites")
-    segment_s: float = Field(300.0, gt=0, le=86400, description="a new segment after this many seconds: an open segment holds retention back")
+    segment_s: float = Field(DEFAULT_SEGMENT_S, gt=0, le=86400, description="a new segment after this many seconds: an open segment holds retention back")
     keep_mb: float | None = Field(None, gt=0, allow_inf_nan=False, description="retention: delete the oldest segments past this many MB")
     keep_hours: float | None = Field(None, gt=0, allow_inf_nan=False, description="retention: delete segments last written more than this long ago")
 
@@ -120,7 +121,12 @@ class CaptureConfig(BaseModel):
 
 
 def capture_config(
-    d: Path, max_mb: float = DEFAULT_MAX_MB, redact: Sequence[str] = (), keep_mb: float | None = None, keep_hours: float | None = None
+    d: Path,
+    max_mb: float = DEFAULT_MAX_MB,
+    redact: Sequence[str] = (),
+    keep_mb: float | None = None,
+    keep_hours: float | None = None,
+    segment_s: float = DEFAULT_SEGMENT_S,
 ) -> CaptureConfig:
     """The command line's capture options, checked: one UserError naming the option for each bad value.
 
@@ -146,6 +152,8 @@ def capture_config(
     for name, v in (("--capture-keep-mb", keep_mb), ("--capture-keep-hours", keep_hours)):
         if v is not None and not (v > 0 and math.isfinite(v)):
             raise UserError(name, f"{v:g}: must be a number more than 0", "retention deletes the oldest segments past it; leave it out to keep everything")
+    if not (0 < segment_s <= 86400):
+        raise UserError("--capture-segment-s", f"{segment_s:g}: must be a number of seconds in (0, 86400]", "how long a segment stays open, e.g. 300")
     if keep_mb is not None and keep_mb >= max_mb:
         raise UserError(
             "--capture-keep-mb",
@@ -154,7 +162,7 @@ def capture_config(
         )
     d = Path(d).absolute()
     check_capture_dir(d)
-    return CaptureConfig(dir=d, max_mb=max_mb, redact=tuple(redact), keep_mb=keep_mb, keep_hours=keep_hours)
+    return CaptureConfig(dir=d, max_mb=max_mb, redact=tuple(redact), keep_mb=keep_mb, keep_hours=keep_hours, segment_s=segment_s)
 
 
 def check_capture_dir(d: Path) -> None:
