@@ -25,6 +25,7 @@ from eagle3_trt.runtime.capture import (
     chat_prefix,
     config_from_env,
     load_tokenizer,
+    redact_joined,
 )
 from eagle3_trt.runtime.capture_cli import from_options
 from eagle3_trt.runtime.llm_api import SpecStats
@@ -669,3 +670,13 @@ def test_records_still_queued_in_a_writer_hold_other_writers_retention_back(tok,
     assert not list(d.glob(".*.lease")), "a closed capturer left its hold"
     other.retain(keep_bytes=size)  # with nothing held, the oldest go first: the queued ones, then the oldest others
     assert [r.request_id for r in read_traffic(d)] == [f"q{i}" for i in range(5, 10)]
+
+
+def test_a_pattern_ending_at_a_word_boundary_is_redacted_at_the_prompts_end():
+    """Searched only as prompt + output, ``\\b\\d{3}-\\d{2}-\\d{4}\\b`` missed a number ending the prompt
+    when the completion went on with a word character; each side is searched on its own too."""
+    import re
+
+    ssn, key = re.compile(r"\b\d{3}-\d{2}-\d{4}\b"), re.compile(r"sk-[A-Za-z0-9]{20,}")
+    assert redact_joined(("keys and 123-45-6789", "abc"), [ssn, key]) == ([f"keys and {REDACTED}", "abc"], [True, False])
+    assert redact_joined(("key sk-Q7", "a" * 30 + " done"), [ssn, key]) == ([f"key {REDACTED}", f"{REDACTED} done"], [True, True])

@@ -235,12 +235,22 @@ def redact(text: str, patterns: Sequence[re.Pattern[str]]) -> str:
 
 def redact_joined(texts: Sequence[str], patterns: Sequence[re.Pattern[str]]) -> tuple[list[str], list[bool]]:
     """``redact`` of the texts' concatenation, cut back into the pieces (a span crossing a boundary
-    leaves one ``[REDACTED]`` on each side of it), and which pieces a span touched."""
+    leaves one ``[REDACTED]`` on each side of it), and which pieces a span touched. Each piece is
+    searched on its own too: a pattern ending in ``\b`` matches at a prompt's end only there when the
+    completion goes on with a word character."""
     bounds, at = [], 0
     for t in texts:
         bounds.append((at, at + len(t)))
         at += len(t)
-    spans = redaction_spans("".join(texts), patterns)
+    found = redaction_spans("".join(texts), patterns)
+    for t, (a, _) in zip(texts, bounds, strict=True):
+        found += [(s + a, e + a) for s, e in redaction_spans(t, patterns)]
+    spans: list[tuple[int, int]] = []
+    for s, e in sorted(found):
+        if spans and s <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], e))
+        else:
+            spans.append((s, e))
     out, hit = [], []
     for t, (a, b) in zip(texts, bounds, strict=True):
         local = [(max(s, a) - a, min(e, b) - a) for s, e in spans if s < b and e > a]
