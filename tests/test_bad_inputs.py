@@ -1135,6 +1135,13 @@ CASES: list[Case] = [
         r"--seed: 3 differs from the 0 NEW's manifest lineage records for its held-back split \(hint: drop the option",
         make=_traffic(40, lineage=True),
     ),
+    Case(
+        "gate-lineage-without-split-sides",
+        ("gate", "{w}/child", "--against", "{b}", "--traffic", "{w}/cap"),
+        2,
+        r"child/traffic_split\.json: is missing: NEW was retrained on traffic.*\(hint: retrain NEW",
+        make=_traffic(40, lineage=True),
+    ),
     Case("recommend-nothing-measured", ("recommend", "{b}"), 2, r"recommend: needs --report or --prompts"),
     Case("recommend-report-missing", ("recommend", "{b}", "--report", "{w}/none.json"), 2, r"none\.json: (report|file) not found"),
     # speculation knobs in the options file (TensorRT-LLM Eagle3DecodingConfig), refused when the bundle is opened
@@ -1415,6 +1422,12 @@ CASES: list[Case] = [
         ("serve-dynamo", "{b}", "--capture", "{w}/cap", "--capture-keep-hours", "0"),
         2,
         r"^error: --capture-keep-hours: 0: must be a number more than 0",
+    ),
+    Case(
+        "serve-dynamo-capture-segment-s-zero",
+        ("serve-dynamo", "{b}", "--capture", "{w}/cap", "--capture-segment-s", "0"),
+        2,
+        r"^error: --capture-segment-s: 0: must be a number of seconds in \(0, 86400\]",
     ),
     Case(
         "serve-capture-keep-hours-alone",

@@ -25,10 +25,11 @@ from eagle3_trt.runtime.capture import (
     chat_prefix,
     config_from_env,
     load_tokenizer,
+    redact_joined,
 )
 from eagle3_trt.runtime.capture_cli import from_options
 from eagle3_trt.runtime.llm_api import SpecStats
-from eagle3_trt.testing.served_traffic import captured_records
+from eagle3_trt.testing.served_traffic import captured_records, newer_missing
 from eagle3_trt.triton_serving.capture_setup import stub_model_dir, triton_capturer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -398,14 +399,14 @@ def test_a_deleted_open_segment_is_not_rewritten(tmp_path):
     assert [r.request_id for r in read_traffic(tmp_path / "w")] == [recs[1].request_id] and w.bytes_written == len(recs[1].to_line()) + 1
 
 
-def _write_records(d: Path, n: int) -> None:
+def _write_records(d: Path, n: int, t0: float = 1000.0) -> None:
     from eagle3_trt.formats.traffic import CapturedSampling, SegmentWriter, ServedAcceptance, TrafficRecord
 
     w = SegmentWriter(d, segment_records=1)
     for i in range(n):
         rec = TrafficRecord(
             request_id=f"q{i}",
-            time_unix=1000.0 + i,
+            time_unix=t0 + i,
             bundle_fingerprint="f" * 64,
             model="eagle3",
             frontend="triton",
@@ -417,25 +418,21 @@ def _write_records(d: Path, n: int) -> None:
             acceptance=ServedAcceptance(speculative=True, draft_tokens=8, accepted_draft_tokens=3, target_forwards=4, completion_tokens=50),
         )
         assert w.write(rec)
-    w.flush()
+    w.close()
 
 
 def test_retention_by_size_and_by_age(tok, tmp_path):
-    """--capture-keep-mb deletes the oldest segments past the size, --capture-keep-hours those last
-    written longer ago; the newest stay, capture goes on."""
-    import os
-
+    """--capture-keep-mb deletes the oldest records past the size, --capture-keep-hours those older
+    (by their own time); the newest stay, capture goes on."""
     from eagle3_trt.formats.traffic import SegmentWriter
 
     d = tmp_path / "cap"
-    _write_records(d, 6)  # six one-record segments
+    now = time.time()
+    _write_records(d, 6, t0=now - 2 * 86400 - 1.5)  # six one-record segments, the first two two days old
     segs = segments(d)
     size = segs[0].stat().st_size
-    now = time.time()
-    for i, p in enumerate(segs):  # the first two last written two days ago
-        os.utime(p, (now - 2 * 86400, now - 2 * 86400) if i < 2 else (now, now))
     w = SegmentWriter(d)
-    assert [p.name for p in w.retain(keep_age_s=86400.0, now=now)] == [p.name for p in segs[:2]]
+    assert [p.name for p in w.retain(keep_age_s=2 * 86400.0, now=now)] == [p.name for p in segs[:2]]
     assert [p.name for p in w.retain(keep_bytes=int(2.5 * size))] == [p.name for p in segs[2:4]]
     assert [r.request_id for r in read_traffic(d)] == ["q4", "q5"]
 
@@ -447,6 +444,129 @@ def test_retention_by_size_and_by_age(tok, tmp_path):
     cap.close()
     left = read_traffic(cap_dir)
     assert [r.request_id for r in left][-1] == "r0" and len(left) <= 3 and warnings == [] and not cap.stopped
+
+
+_WRITER = """
+import sys, time
+from pathlib import Path
+from eagle3_trt.runtime.capture import CaptureConfig, Capturer, CaptureSource, load_tokenizer
+from eagle3_trt.runtime.llm_api import SpecStats
+d, name, n, keep = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+tok = load_tokenizer(sys.argv[5])
+cfg = CaptureConfig(dir=d, flush_s=0.05, segment_records=int(sys.argv[6]), segment_s=0.5, keep_mb=keep)
+cap = Capturer(cfg, CaptureSource("f" * 64, "eagle3", "dynamo"), tokenizer=lambda: tok, warn=lambda m: print("WARN", m, flush=True))
+print("ready", flush=True)
+sys.stdin.readline()
+sampling = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 4, "seed": None}
+for i in range(n):
+    t = time.time()
+    cap.record(request_id=f"{name}-{i}", prompt_ids=[1, 5, 7], output_ids=[9] * 40, sampling=sampling, stats=SpecStats(True, 8, 3, 4, 40))
+    print(f"{name}-{i} {t!r}", flush=True)
+    time.sleep(0.004)
+cap.close()
+print("done", cap.stopped, flush=True)
+"""
+
+
+def _writer(d: Path, name: str, n: int, keep_mb: float, segment_records: int) -> subprocess.Popen:
+    import os
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-c", _WRITER, str(d), name, str(n), str(keep_mb), str(TOK_DIR), str(segment_records)]
+    p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p
+
+
+def assert_retention_kept_the_newest(recs, sent: dict[str, float]) -> None:
+    """No record newer than the oldest surviving one is missing: every request that was sent and is
+    not on disk started before the oldest record kept (``sent``: request id -> the time just before
+    its record call, at most its record's time)."""
+    oldest = min(r.time_unix for r in recs)
+    late = newer_missing({r.request_id: r.time_unix for r in recs}, sent)
+    assert not late, f"{len(late)} records newer than the oldest kept ({oldest}) are missing: {late[:5]}"
+
+
+def test_two_writer_processes_keep_the_newest_records(tmp_path):
+    """Two capturing processes with different start times write one directory, each running retention:
+    segments were ordered by the writer's start, so the later writer's retention deleted the earlier
+    one's newest segments, its open one included. Now every missing record is older than every kept one."""
+    d = tmp_path / "cap"
+    a = _writer(d, "a", 240, 0.012, 6)
+    time.sleep(0.3)  # started later: its segment names sort after all of a's under the old ordering
+    b = _writer(d, "b", 60, 0.012, 6)  # and stops first: a's retention went on deleting a's own newest segments
+    for p in (a, b):
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    sent: dict[str, float] = {}
+    for p in (a, b):
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0 and "WARN" not in out and out.strip().endswith("done False"), out[-500:]
+        sent.update(ln.split() for ln in out.splitlines() if ln.startswith(("a-", "b-")))  # type: ignore[arg-type]
+    sent = {k: float(v) for k, v in sent.items()}
+    recs = read_traffic(d)
+    assert len(sent) == 300 and 8 < len(recs) < 100  # retention ran (about 16 records fit in 12 kB)
+    assert_retention_kept_the_newest(recs, sent)
+    names = {r.request_id.split("-")[0] for r in recs}
+    assert names == {"a", "b"} or max(recs, key=lambda r: r.time_unix).request_id in ("a-239", "b-59")
+    assert not list(d.glob(".*.lease")), "a closed writer left its lease"
+
+
+def test_a_segment_being_written_by_another_process_is_never_deleted(tmp_path):
+    """Another process's open segment (leased) survives retention down to 0 bytes (the older closed
+    segments go); once that process is gone (SIGKILL: the kernel drops its lock), it is closed and goes."""
+    import os
+    import signal
+    import sys
+
+    from eagle3_trt.formats.traffic import SegmentWriter
+
+    d = tmp_path / "cap"
+    _write_records(d, 3, t0=time.time() - 10)
+    holder = """
+import sys, time
+from pathlib import Path
+from eagle3_trt.formats.traffic import CapturedSampling, SegmentWriter, ServedAcceptance, TrafficRecord
+w = SegmentWriter(Path(sys.argv[1]), segment_records=100)
+acc = ServedAcceptance(speculative=True, draft_tokens=8, accepted_draft_tokens=3, target_forwards=4, completion_tokens=5)
+w.write(TrafficRecord(request_id="open-0", time_unix=time.time(), bundle_fingerprint="f" * 64, model="m", frontend="dynamo",
+    chat=False, prompt_text="x", prompt_ids=[1], output_ids=[2], sampling=CapturedSampling(max_tokens=5), acceptance=acc))
+w.flush()
+print("open", flush=True)
+time.sleep(600)
+"""
+    p = subprocess.Popen([sys.executable, "-c", holder, str(d)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "open"
+        w = SegmentWriter(d)
+        w.retain(keep_bytes=0, keep_age_s=1.0)
+        assert [r.request_id for r in read_traffic(d)] == ["open-0"]  # the closed (older) ones went
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    w.retain(keep_bytes=0)
+    assert segments(d) == [] and not list(d.glob(".*.lease"))
+
+
+def test_two_writers_in_one_process_interleave_and_retention_cuts_by_time(tmp_path):
+    """The cut is a time: whole segments before it go, a closed segment straddling it is rewritten
+    without its older records, and nothing after it is lost."""
+    from eagle3_trt.formats.traffic import SegmentWriter
+
+    src = tmp_path / "src"
+    _write_records(src, 40, t0=5000.0)
+    recs = read_traffic(src)
+    d = tmp_path / "cap"
+    a, b = SegmentWriter(d, segment_records=7), SegmentWriter(d, segment_records=5)
+    for r in recs:
+        assert (a if int(r.request_id[1:]) % 3 else b).write(r)
+    a.close()
+    b.close()
+    a.retain(keep_bytes=sum(len(r.to_line()) + 1 for r in recs[23:]))
+    left = read_traffic(d)
+    assert [r.request_id for r in left] == [f"q{i}" for i in range(23, 40)]
 
 
 def test_retention_options_are_typed_and_refused_in_one_line(tmp_path):
@@ -476,3 +596,87 @@ def test_iter_traffic_streams_segment_by_segment(tmp_path):
     assert next(it).request_id == "q0" and [r.request_id for r in it] == ["q1", "q2"]
     with pytest.raises(UserError):
         iter_traffic(tmp_path / "missing")  # refused at once, not at the first record
+
+
+def test_a_key_split_across_prompt_and_output_is_redacted_in_every_stored_field(tok, tmp_path):
+    """The prompt ends with the start of a key (`sk-Q7`) and the model writes its other 30 characters:
+    neither side alone matches the README's pattern, so each side's own search stored `sk-Q7` in the
+    prompt and the rest in output_text and output_ids. Searched as one stream, both sides are cut at
+    the boundary, as texts (Triton) and as ids decoded back to text (Dynamo: no text given)."""
+    head, rest = "sk-Q7", "Xb9Lm2Pq8Rs4Tu6Vw1Yz3Ab5Cd7Ef0"
+    assert len(rest) == 30
+    key = head + rest
+    prompt, out = f"Here is my key: {head}", f"{rest}. Done"
+    d = tmp_path / "cap"
+    cap = _capturer(tok, d, [], redact=(r"sk-[A-Za-z0-9]{20,}",))
+    p_ids, o_ids = tok.encode(prompt), tok.encode(out, add_special_tokens=False)
+    cap.record(request_id="text", prompt_ids=p_ids, prompt_text=prompt, output_ids=o_ids, output_text=out, sampling=_sampling(), stats=_stats())
+    cap.record(request_id="ids", prompt_ids=p_ids, output_ids=o_ids, sampling=_sampling(), stats=_stats())  # a Dynamo worker: ids only
+    # the texts clean but the ids carry the key across the boundary: found by decoding, both sides re-encoded
+    cap.record(
+        request_id="ids-only-key",
+        prompt_ids=p_ids,
+        prompt_text="Here is my key: ",
+        output_ids=o_ids,
+        output_text=". Done",
+        sampling=_sampling(),
+        stats=_stats(),
+    )
+    cap.close()
+    blob = _all_bytes(d).decode()
+    pieces = [key[i : i + 5] for i in range(len(key) - 4)]
+    assert not [p for p in pieces if p in blob], "a piece of the key was stored"
+    a, b, c = read_traffic(d)
+    for r in (a, b):
+        assert r.prompt_text is not None and r.prompt_text.endswith(f"key: {REDACTED}") and r.output_text == f"{REDACTED}. Done" and r.redacted
+    assert c.prompt_text == "Here is my key: " and c.output_text == ". Done" and c.redacted
+    for r in (a, b, c):
+        assert r.output_ids == tok.encode(r.output_text, add_special_tokens=False)
+        stream = tok.decode(r.prompt_ids + r.output_ids)
+        assert not [p for p in pieces if p in stream], stream  # nothing the ids decode to either
+
+
+def test_records_still_queued_in_a_writer_hold_other_writers_retention_back(tok, tmp_path):
+    """A record waits in a serving process's queue (its writer is behind) while another writer's
+    retention runs: the cut-off stays below it (the queue's hold), so when it lands no record newer
+    than it has been deleted. Without the hold the other writer deleted its 5 records newer than the
+    queued ones, which then landed as the oldest survivors."""
+    import threading
+
+    from eagle3_trt.formats.traffic import SegmentWriter
+
+    d = tmp_path / "cap"
+    go = threading.Event()
+    warnings: list[str] = []
+    cap = Capturer(CaptureConfig(dir=d, flush_s=0.05), SOURCE, tokenizer=lambda: (go.wait(30), tok)[1], warn=warnings.append)
+    try:
+        for i in range(5):
+            _rec(cap, i)  # queued: the capture thread is still loading its tokenizer
+        src = tmp_path / "src"
+        _write_records(src, 10, t0=time.time() + 5)  # newer than the queued ones
+        other = SegmentWriter(d, segment_records=1)
+        for r in read_traffic(src):
+            assert other.write(r)
+        other.close()
+        size = sum(len(r.to_line()) + 1 for r in read_traffic(src)[:5])
+        other.retain(keep_bytes=size)
+        assert len(read_traffic(d)) == 10  # the cut stayed below the queued records: nothing newer went
+        go.set()
+    finally:
+        go.set()
+        cap.close()
+    left = read_traffic(d)
+    assert [r.request_id for r in left] == [f"r{i}" for i in range(5)] + [f"q{i}" for i in range(10)] and not warnings
+    assert not list(d.glob(".*.lease")), "a closed capturer left its hold"
+    other.retain(keep_bytes=size)  # with nothing held, the oldest go first: the queued ones, then the oldest others
+    assert [r.request_id for r in read_traffic(d)] == [f"q{i}" for i in range(5, 10)]
+
+
+def test_a_pattern_ending_at_a_word_boundary_is_redacted_at_the_prompts_end():
+    """Searched only as prompt + output, ``\\b\\d{3}-\\d{2}-\\d{4}\\b`` missed a number ending the prompt
+    when the completion went on with a word character; each side is searched on its own too."""
+    import re
+
+    ssn, key = re.compile(r"\b\d{3}-\d{2}-\d{4}\b"), re.compile(r"sk-[A-Za-z0-9]{20,}")
+    assert redact_joined(("keys and 123-45-6789", "abc"), [ssn, key]) == ([f"keys and {REDACTED}", "abc"], [True, False])
+    assert redact_joined(("key sk-Q7", "a" * 30 + " done"), [ssn, key]) == ([f"key {REDACTED}", f"{REDACTED} done"], [True, True])

@@ -101,3 +101,40 @@ def test_adjacent_keys_and_the_category_are_redacted_and_a_deleted_directory_sta
         assert not cap.exists(), sorted(p.name for p in cap.rglob("*"))
         log = worker_log.read_text(errors="replace")
         assert log.count(gone) == 1, log[-2000:]
+
+
+def test_two_workers_with_retention_keep_the_newest_records(fp8_bundle, tmp_path):
+    """Dynamo's two workers capture into one directory with retention on, segments closing every
+    0.5 s (``--capture-segment-s``): requests from four clients at once, and afterwards no record
+    newer than the oldest surviving one is missing (retention ordered the writers' segments by when
+    each writer started, and one worker deleted the other's newest records, its open segment too)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from eagle3_trt.formats.traffic import read_traffic
+    from eagle3_trt.testing.served_traffic import newer_missing
+
+    state, cap = tmp_path / "state", tmp_path / "cap"
+    opts = ("--capture", str(cap), "--capture-keep-mb", "0.008", "--capture-segment-s", "0.5")
+    sent: dict[str, float] = {}
+    with dynamo_served(fp8_bundle, state, *opts, workers=2) as (d, out):
+        assert "keeping the newest 0.008 MB" in out
+        client = OpenAI(base_url=d.url, api_key="none", timeout=120)
+
+        def ask(i: int) -> None:
+            sent[f"request {i:03d}"] = time.time()
+            client.completions.create(model=d.model, prompt=f"request {i:03d}: name a colour.", max_tokens=3, temperature=0)
+
+        writers: set[str] = set()
+        with ThreadPoolExecutor(4) as pool:
+            for fut in [pool.submit(ask, i) for i in range(48)]:
+                fut.result()
+                writers |= {p.name.split("-")[1] for p in cap.glob(".writer-*.lease")}
+        assert len(writers) == 2, writers  # both workers capture (each holds a writer lease while serving)
+        time.sleep(1.0)  # past a flush
+    recs = read_traffic(cap)
+    kept = {r.prompt_text.split(":")[0]: r.time_unix for r in recs if r.prompt_text}
+    assert 4 < len(recs) < 40 and len(kept) == len(recs)  # retention ran (about 10 records fit in 8 kB)
+    late = newer_missing(kept, sent)
+    assert not late, f"{len(late)} records newer than the oldest kept are missing: {late[:5]}"
+    assert not list(cap.glob(".*.lease")), "a stopped worker left a lease"

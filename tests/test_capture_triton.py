@@ -186,3 +186,44 @@ def test_capture_off_writes_nothing(fp8_bundle, tmp_path):
     assert not [p for p in made if p.name.startswith("traffic-")]
     assert not [p for p in made if p.parts[0] == "repo" and p.name not in ("config.pbtxt", "model.py", "model.yaml", "eagle3.yaml", "eagle3-package.json")]
     assert set(REPO_ROOT.iterdir()) == before
+
+
+def test_two_servers_sharing_a_capture_directory_keep_the_newest_records(fp8_bundle, tmp_path):
+    """Two tritonservers (several instances of one need GPUs) capture into one directory with
+    retention on and segments closing every 0.5 s (``--capture-segment-s``), each sent requests from
+    two clients at once: afterwards no record newer than the oldest surviving one is missing, and
+    both servers' leases are gone once they stop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from eagle3_trt.testing.served_traffic import newer_missing
+
+    cap = tmp_path / "cap"
+    opts = ("--capture", str(cap), "--capture-keep-mb", "0.006", "--capture-segment-s", "0.5")
+    a, b = tmp_path / "a", tmp_path / "b"
+    ha, out = _serve(fp8_bundle, a, *opts)
+    try:
+        assert "keeping the newest 0.006 MB" in out
+        hb, _ = _serve(fp8_bundle, b, *opts)
+        sent: dict[str, float] = {}
+        try:
+
+            def ask(i: int) -> None:
+                sent[f"req-{i:03d}"] = time.time()
+                _raw_grpc((ha if i % 2 else hb).grpc_url, f"request {i:03d}: name a colour.", 3, f"req-{i:03d}", "test")
+
+            writers: set[str] = set()
+            with ThreadPoolExecutor(4) as pool:
+                for fut in [pool.submit(ask, i) for i in range(40)]:
+                    fut.result()
+                    writers |= {p.name.split("-")[1] for p in cap.glob(".writer-*.lease")}
+            assert len(writers) == 2, writers
+            time.sleep(1.0)  # past a flush
+        finally:
+            _stop(b)
+    finally:
+        _stop(a)
+    recs = read_traffic(cap)
+    assert 4 < len(recs) < 30  # retention ran (about 8 records fit in 6 kB)
+    late = newer_missing({r.request_id: r.time_unix for r in recs}, sent)
+    assert not late, f"{len(late)} records newer than the oldest kept are missing: {late[:5]}"
+    assert not list(cap.glob(".*.lease")), "a stopped server left a lease"

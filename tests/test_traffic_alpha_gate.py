@@ -153,6 +153,10 @@ def test_gate_passes_a_better_head_and_writes_its_report(new_bundle, old_bundle,
     verdict = out.strip().splitlines()[-1]
     assert verdict.startswith(f"gate: PASS new AL {g['a']:.3f} vs old {g['b']:.3f} ({g['diff']:+.3f}, 95% CI [")
     assert f"margin 0.05, on {g['n']} held-back requests from {g['n_groups']} distinct prompts of {traffic}" in verdict
+    # how many distinct prompt groups it judged on: printed before the verdict and recorded
+    t = res["traffic"]
+    assert t["judged_prompt_groups"] == g["n_groups"] and t["groups"] >= t["judged_prompt_groups"]
+    assert f"judging on {g['n']} held-back requests from {g['n_groups']} distinct prompt groups (of {t['groups']} groups in {t['records']} records)" in err
 
 
 def test_gate_fails_a_head_against_itself(old_bundle, traffic, tmp_path, capsys):

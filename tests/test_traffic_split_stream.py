@@ -1,7 +1,8 @@
 """formats/traffic_split.split_capture (two passes over a capture directory, bounded memory) makes
 exactly the split the list-based split_traffic made before it streamed: the same held-back records,
 the same training records in the same order, the same traffic digest. The oracle below is that
-list-based implementation as it was (commit e58c5db, formats/traffic_split.py), kept verbatim."""
+list-based implementation as it was (commit e58c5db, formats/traffic_split.py), kept verbatim but for
+the side assignment, which is the module's ``_assign`` (groups drawn to the requested share since)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from eagle3_trt.formats.traffic_split import (
     PREFIX_CHARS,
     SHINGLE,
     TrafficSplit,
+    _assign,
     group_prompts,
     line_prefix,
     normalize_text,
@@ -142,12 +144,8 @@ def old_split_traffic(records: Iterable[TrafficRecord], *, seed: int = 0, holdou
     for i, r in enumerate(recs):
         s = _score(seed, _ids_key(r.prompt_ids))
         score[roots[i]] = max(s, score.get(roots[i], 0.0))
-    held = {k for k, s in score.items() if s < holdout_fraction}
-    if len(score) >= 2 and holdout_fraction > 0.0:
-        if not held:
-            held = {min(score, key=lambda k: (score[k], k))}
-        elif len(held) == len(score):
-            held.discard(max(score, key=lambda k: (score[k], k)))
+    size = {g: roots.count(g) for g in score}
+    held = _assign(score, size, {}, holdout_fraction)  # the assignment rule is the module's (it draws to the share since)
     train = [r for i, r in enumerate(recs) if roots[i] not in held]
     heldout = [r for i, r in enumerate(recs) if roots[i] in held]
     return TrafficSplit(
@@ -208,12 +206,11 @@ def _capture(tmp, n_prompts: int = 150, seed: int = 0) -> list[TrafficRecord]:
         elif kind == 4:  # an identical record twice (two writers recorded it)
             recs.append(recs[-1])
     rng.shuffle(recs)
-    w1, w2 = SegmentWriter(tmp, segment_records=7), SegmentWriter(tmp, segment_records=11)
-    w2._start_ms += 1  # another writer's segments (same process)
+    w1, w2 = SegmentWriter(tmp, segment_records=7), SegmentWriter(tmp, segment_records=11)  # two writers' segments
     for i, r in enumerate(recs):
         assert (w1 if i % 3 else w2).write(r)
-    w1.flush()
-    w2.flush()
+    w1.close()
+    w2.close()
     return recs
 
 
@@ -238,6 +235,10 @@ def test_streamed_split_equals_list_based_split(tmp_path, seed: int, fraction: f
     mem = split_traffic(recs, seed=seed, holdout_fraction=fraction)
     assert _lines(mem.train) == _lines(old.train) and _lines(mem.heldout) == _lines(old.heldout)
     assert group_prompts(old.train + old.heldout) == old_group_prompts(old.train + old.heldout)
+    # and from a previous split's sides (a grown capture): the same again
+    prev = split_traffic(recs[: len(recs) // 2], seed=seed, holdout_fraction=fraction).sides
+    a, b = split_capture(cap, seed=seed, holdout_fraction=fraction, previous=prev), split_traffic(recs, seed=seed, holdout_fraction=fraction, previous=prev)
+    assert _lines(a.train) == _lines(b.train) and _lines(a.heldout) == _lines(b.heldout) and a.sides == b.sides
 
 
 def test_capture_changed_between_passes_is_one_line(tmp_path) -> None:

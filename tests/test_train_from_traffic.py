@@ -79,6 +79,11 @@ def test_retrained_bundle_names_parent_trains_on_no_heldout_prompt_and_accepts_m
     trained = set(json.loads((Path(report["head"]) / "train_report.json").read_text())["trained_prompt_sha256"])
     assert trained == {prompt_sha256(list(r.prompt_ids)) for r in split.train}
     assert trained.isdisjoint(prompt_sha256(list(h)) for h in held)
+    # the split's sides are sealed in the bundle, where gate --traffic and the next retrain start from
+    from eagle3_trt.formats.traffic_split import SPLIT_SIDES_FILE, read_split_sides
+
+    sides = read_split_sides(child / SPLIT_SIDES_FILE)
+    assert sides is not None and sides == split.sides and SPLIT_SIDES_FILE in b.manifest.outputs
 
     # same target, options and tokenizer; a new draft; the BF16 head is the manifest's draft source
     for rel in ("target/model.safetensors", "llm_api_options.yaml", "tokenizer/tokenizer.json"):

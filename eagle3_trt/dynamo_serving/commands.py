@@ -56,11 +56,14 @@ def serve_dynamo_cmd(
     capture_redact: tuple[str, ...],
     capture_keep_mb: float | None,
     capture_keep_hours: float | None,
+    capture_segment_s: float | None,
 ) -> None:
     """Start NVIDIA Dynamo's OpenAI frontend and N reference-runtime workers for BUNDLE on 127.0.0.1.
 
     File discovery and the TCP request plane: no etcd, no NATS. Prints the OpenAI URL."""
-    capture = from_options(capture_dir, capture_max_mb, capture_redact, capture_keep_mb, capture_keep_hours)  # refused before anything starts
+    capture = from_options(
+        capture_dir, capture_max_mb, capture_redact, capture_keep_mb, capture_keep_hours, capture_segment_s
+    )  # refused before anything starts
     check_servable(bundle)  # before the 'starting' line: a refusal is the only line printed
     t0 = time.monotonic()
     click.echo(f"starting Dynamo: frontend + {workers} worker(s) for {bundle} (logs: {state_dir})", err=True)

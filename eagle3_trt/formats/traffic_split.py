@@ -14,16 +14,16 @@ So records are first grouped, then whole groups are assigned to one side:
   and every candidate is confirmed with the exact Jaccard, so no pair under the threshold is merged.
   The grouping is the transitive closure (a chain of near-duplicates is one group).
 
-Each group gets a score, the largest seeded hash (sha256 of ``seed`` and the prompt ids) over its
-members, mapped to [0, 1); a group is held back when its score is below ``holdout_fraction``. So the
-split depends only on the set of records and the seed (not on their order), and the held-back
-fraction is honoured in expectation over groups. As traffic grows, groups only merge, and a merged
-group's score can only rise: a prompt held back from more traffic was held back from less too, so
-``gate --traffic`` on a capture that kept growing after ``train-draft --traffic`` never measures a
-prompt the head was trained on (a held-back prompt may move to the training side, never back). With at least two groups and
-0 < fraction < 1 neither side is left empty: the lowest-scoring group is held back, or the
-highest-scoring one trained on, when the threshold alone would leave a side empty (only then can a
-side change other than as described above).
+Sides are assigned per group, statefully: a group holding a prompt the ``previous`` split trained on is
+trained on (so a held-back group merging with a trained one goes to training, the allowed direction),
+else one holding a prompt it held back is held back; each new group, in the order of its score (the
+largest seeded hash, sha256 of ``seed`` and the prompt ids, over its members), is held back when that
+brings the held-back records nearer ``holdout_fraction`` of all records. So the share holds whatever the
+near-duplicate structure, the split depends only on the records, the seed and ``previous``, and a
+prompt trained on is never held back later. ``SplitSides`` records every prompt's side (a retrained
+bundle's ``traffic_split.json``; ``gate --traffic`` and the next retrain start from it). With at least
+two groups and 0 < fraction neither side is left empty when new groups allow it (the lowest-scoring
+new group is held back, or the highest-scoring held-back group trained on).
 
 ``split_traffic`` splits records held in memory; ``split_capture`` makes the same split of a capture
 directory in bounded memory (what ``train-draft --traffic`` and ``gate --traffic`` read): pass 1
@@ -37,6 +37,7 @@ Pure Python and numpy (formats layer: no torch).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -45,18 +46,22 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.formats.traffic import TrafficRecord, capture_segments, digest_sorted_lines, line_check, record_at, segment_lines
+from eagle3_trt.formats.traffic import LineReader, TrafficRecord, capture_segments, digest_sorted_lines, line_check, record_at, segment_lines
 
 NEAR_DUP_JACCARD = 0.8
 """Two prompts whose token 4-gram sets have at least this Jaccard similarity are one group."""
 SHINGLE = 4
 _BANDS, _ROWS = 32, 4
 _NUM_HASHES = _BANDS * _ROWS
+_BATCH_TOKENS = 16384  # prompt tokens hashed per batch (_band_hashes): bounds its (hashes x tokens) temporaries to ~16 MiB
+_REPS = 32  # groups a prompt is compared with per band bucket (merge_near_duplicates)
 _U64 = npt.NDArray[np.uint64]
 _WS = re.compile(r"\s+")
 
@@ -75,6 +80,8 @@ class TrafficSplit:
     heldout_groups: int = 0
     merged: int = field(default=0)
     """records that joined another record's group (duplicates and near-duplicates)"""
+    sides: SplitSides | None = None
+    """every prompt's side, the previous split's included: the next split's ``previous``"""
 
 
 def normalize_text(text: str) -> str:
@@ -92,17 +99,19 @@ def _score(seed: int, ids_key: bytes) -> float:
 
 
 def _shingles(ids: Sequence[int]) -> _U64:
-    """The prompt's token 4-grams, each hashed to a 64-bit integer (a shorter prompt is one shingle)."""
-    n = max(1, len(ids) - SHINGLE + 1)
-    if len(ids) >= SHINGLE and SHINGLE == 4:  # repr of a 4-tuple of ints, written out (the hashed text is the same, 2x faster)
-        v = [int(x) for x in ids]
-        grams: set[object] = {f"({v[i]}, {v[i + 1]}, {v[i + 2]}, {v[i + 3]})" for i in range(n)}
-    else:
-        grams = {repr(tuple(ids[i : i + SHINGLE])) for i in range(n)}
-    out = np.fromiter(
-        (int.from_bytes(hashlib.blake2b(str(g).encode("ascii"), digest_size=8).digest(), "little") for g in grams), dtype=np.uint64, count=len(grams)
-    )
-    return np.unique(out)
+    """The prompt's token 4-grams, each hashed to a 64-bit integer (a shorter prompt is one shingle),
+    vectorized: splitmix64 chained over the four ids (the hash's only job is telling 4-grams apart)."""
+    v = np.asarray(ids, dtype=np.int64).astype(np.uint64)  # array arithmetic wraps silently, as hashing wants
+    if v.size < SHINGLE:
+        h = _mix(np.array([(v.size * 0x9E3779B97F4A7C15) % 2**64], dtype=np.uint64))
+        for c in range(v.size):
+            h = _mix(h ^ v[c : c + 1])
+        return h
+    n = v.size - SHINGLE + 1
+    h = _mix(v[:n] ^ np.uint64(0x243F6A8885A308D3))
+    for c in range(1, SHINGLE):
+        h = _mix(h ^ v[c : c + n])
+    return np.unique(h)
 
 
 def _mix(z: _U64) -> _U64:
@@ -114,18 +123,28 @@ def _mix(z: _U64) -> _U64:
     return z ^ (z >> np.uint64(31))
 
 
-_SALTS = _mix(np.arange(1, _NUM_HASHES + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))[:, None]
+# MinHash's permutations: x -> a*x + b mod 2**64 with a odd (a bijection of the already mixed shingle
+# hashes); two operations per element where a salted splitmix took nine
+_MUL = _mix(np.arange(1, _NUM_HASHES + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))[:, None] | np.uint64(1)
+_ADD = _mix(np.arange(_NUM_HASHES + 1, 2 * _NUM_HASHES + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))[:, None]
 
 
 def _minhash(sh: _U64) -> _U64:
-    with np.errstate(over="ignore"):
-        out: _U64 = _mix(sh[None, :] ^ _SALTS).min(axis=1)
+    out: _U64 = (sh[None, :] * _MUL + _ADD).min(axis=1)
     return out
 
 
-def _jaccard(a: _U64, b: _U64) -> float:
-    inter = np.intersect1d(a, b, assume_unique=True).size
-    return float(inter / (a.size + b.size - inter))
+def _grams(ids: Sequence[int]) -> frozenset[tuple[int, ...]]:
+    """The prompt's token 4-grams themselves (a shorter prompt is one gram): what the exact Jaccard
+    compares (a Python set: faster than numpy on prompts of a few hundred tokens, and no hash)."""
+    if len(ids) < SHINGLE:
+        return frozenset([tuple(ids)])
+    return frozenset(zip(*(ids[c : len(ids) - SHINGLE + 1 + c] for c in range(SHINGLE))))
+
+
+def _jaccard(a: frozenset[tuple[int, ...]], b: frozenset[tuple[int, ...]]) -> float:
+    inter = len(a & b)
+    return inter / (len(a) + len(b) - inter)
 
 
 class _Groups:
@@ -142,21 +161,51 @@ class _Groups:
             i = self.parent[i]
         return i
 
+    def roots(self) -> npt.NDArray[np.int64]:
+        """Every element's root, vectorized (pointer jumping on a copy; the lists are left as they are)."""
+        par = np.array(self.parent, dtype=np.int64)
+        while True:
+            nxt = par[par]
+            if np.array_equal(nxt, par):
+                return par
+            par = nxt
+
     def union(self, i: int, j: int) -> None:
         a, b = self.find(i), self.find(j)
         if a != b:
             self.parent[max(a, b)] = min(a, b)
 
 
+def _band_hashes(batch: Sequence[Sequence[int]]) -> bytes:
+    """``_bands(_minhash(_shingles(ids)))`` of every prompt of ``batch``, concatenated, computed for the
+    whole batch at once (per prompt, numpy's call overhead on ~100-element arrays was most of the split's time)."""
+    lens = np.fromiter((len(ids) for ids in batch), dtype=np.int64, count=len(batch))
+    if int(lens.min()) < SHINGLE:  # rare: a prompt shorter than a shingle is one shingle of its own
+        return b"".join(_bands(_minhash(_shingles(ids))) for ids in batch)
+    v = np.fromiter((t for ids in batch for t in ids), dtype=np.int64, count=int(lens.sum())).astype(np.uint64)
+    m = v.size - SHINGLE + 1
+    h = _mix(v[:m] ^ np.uint64(0x243F6A8885A308D3))
+    for c in range(1, SHINGLE):
+        h = _mix(h ^ v[c : c + m])
+    starts = np.r_[0, np.cumsum(lens)[:-1]]
+    n_sh = lens - SHINGLE + 1
+    pos = np.repeat(starts, n_sh) + (np.arange(int(n_sh.sum())) - np.repeat(np.r_[0, np.cumsum(n_sh)[:-1]], n_sh))
+    sig = np.minimum.reduceat(h[pos][None, :] * _MUL + _ADD, np.r_[0, np.cumsum(n_sh)[:-1]], axis=1)  # (hashes, prompts)
+    rows = sig.T.reshape(len(batch), _BANDS, _ROWS)
+    b = _mix(rows[:, :, 0])
+    for c in range(1, _ROWS):
+        b = _mix(b ^ rows[:, :, c])
+    return b.astype("<u8").tobytes()
+
+
 def _bands(sig: _U64) -> bytes:
     """One 64-bit hash per band of a MinHash signature (32 x 8 bytes): what is kept per distinct
-    prompt to find candidate pairs. Two prompts whose band hashes agree are confirmed against their
-    signatures' rows (``_near_dup``), so a hash collision never adds a pair."""
+    prompt to find candidate pairs. Every candidate is confirmed by the exact Jaccard of the two
+    prompts' 4-grams, so a hash collision never merges a pair."""
     rows = sig.reshape(_BANDS, _ROWS)
-    with np.errstate(over="ignore"):
-        h = _mix(rows[:, 0])
-        for c in range(1, _ROWS):
-            h = _mix(h ^ rows[:, c])
+    h = _mix(rows[:, 0])
+    for c in range(1, _ROWS):
+        h = _mix(h ^ rows[:, c])
     return h.astype("<u8").tobytes()
 
 
@@ -172,6 +221,13 @@ class _Prompts:
         self.keys: list[bytes] = []
         self.by_text: dict[bytes, int] = {}
         self.bands = bytearray()
+        self.pending: list[Sequence[int]] = []  # prompts whose band hashes are not computed yet (a batch)
+        self.pending_tokens = 0
+
+    def flush(self) -> None:
+        if self.pending:
+            self.bands += _band_hashes(self.pending)
+            self.pending, self.pending_tokens = [], 0
 
     def add(self, r: TrafficRecord) -> int:
         """The distinct-prompt index of ``r`` (new prompts are registered)."""
@@ -180,7 +236,10 @@ class _Prompts:
         if u is None:
             u = self.by_ids[k] = self.groups.add()
             self.keys.append(k)
-            self.bands += _bands(_minhash(_shingles(r.prompt_ids)))
+            self.pending.append(r.prompt_ids)
+            self.pending_tokens += len(r.prompt_ids)
+            if self.pending_tokens >= _BATCH_TOKENS:
+                self.flush()
         if r.prompt_text is not None and not r.redacted:
             t = hashlib.blake2b(normalize_text(r.prompt_text).encode("utf-8"), digest_size=16).digest()
             v = self.by_text.setdefault(t, u)
@@ -191,18 +250,18 @@ class _Prompts:
     def merge_near_duplicates(self, ids_of: Callable[[int], Sequence[int]], near_dup_jaccard: float = NEAR_DUP_JACCARD) -> None:
         """Join the distinct prompts that are near-duplicates; ``ids_of(u)`` gives prompt ``u``'s ids
         (read again for the candidate pairs only)."""
+        self.flush()
         n = len(self.keys)
         if n < 2:
             return
         bands = np.frombuffer(bytes(self.bands), dtype="<u8").reshape(n, _BANDS)
-        cache: dict[int, tuple[_U64, _U64]] = {}
+        cache: dict[int, frozenset[tuple[int, ...]]] = {}
 
-        def sh(u: int) -> tuple[_U64, _U64]:
+        def sh(u: int) -> frozenset[tuple[int, ...]]:
             if u not in cache:
                 if len(cache) >= 4096:
                     cache.clear()
-                s = _shingles(ids_of(u))
-                cache[u] = (s, _minhash(s))
+                cache[u] = _grams(ids_of(u))
             return cache[u]
 
         checked: set[tuple[int, int]] = set()
@@ -212,21 +271,29 @@ class _Prompts:
             sc = col[order]
             starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
             ends = np.r_[starts[1:], n]
-            many = ends - starts > 1
+            # a bucket whose members are one group already has nothing to merge (most buckets after the
+            # first bands on templated traffic); unions later in this band only make a bucket more uniform
+            rs = self.groups.roots()[order]
+            many = (ends - starts > 1) & (np.minimum.reduceat(rs, starts) != np.maximum.reduceat(rs, starts))
             for st, en in zip(starts[many].tolist(), ends[many].tolist()):
-                members = sorted(order[st:en].tolist())
-                for x in range(len(members)):
-                    for y in range(x + 1, len(members)):
-                        i, j = members[x], members[y]
-                        if (i, j) in checked or self.groups.find(i) == self.groups.find(j):
+                # each prompt is compared with one member of each group already met in this bucket (at
+                # most _REPS of them), not with every member: templated traffic puts thousands of
+                # near-duplicates in one bucket, and all pairs grew as n^2 there
+                reps: list[int] = []
+                for i in sorted(order[st:en].tolist()):
+                    gi = self.groups.find(i)
+                    if any(self.groups.find(r) == gi for r in reps):
+                        continue
+                    for r in reps[-_REPS:]:
+                        pair = (r, i)
+                        if pair in checked or self.groups.find(r) == self.groups.find(i):
                             continue
-                        (si, mi), (sj, mj) = sh(i), sh(j)
-                        rows = slice(b * _ROWS, (b + 1) * _ROWS)
-                        if not np.array_equal(mi[rows], mj[rows]):
-                            continue  # the band hashes collided: not a candidate pair
-                        checked.add((i, j))
-                        if _jaccard(si, sj) >= near_dup_jaccard:
-                            self.groups.union(i, j)
+                        checked.add(pair)  # a band-hash collision only adds a candidate: the exact Jaccard decides
+                        if _jaccard(sh(r), sh(i)) >= near_dup_jaccard:
+                            self.groups.union(r, i)
+                            break
+                    else:
+                        reps.append(i)
 
     def score(self, seed: int, u: int) -> float:
         return _score(seed, self.keys[u])
@@ -248,15 +315,94 @@ def group_prompts(records: Sequence[TrafficRecord], *, near_dup_jaccard: float =
     return [root[p.groups.find(u)] for u in uniq]
 
 
-def _held_groups(score: dict[int, float], holdout_fraction: float) -> set[int]:
-    """The held-back groups (keys of ``score``, each group's score; the module doc's rule)."""
-    held = {k for k, s in score.items() if s < holdout_fraction}
+class SplitSides(BaseModel):
+    """The side every prompt of a split went to (``PROMPT_KEY`` bytes of sha256 of its ids per prompt,
+    base64, sorted): what the next split of the grown capture starts from (``previous``). A bundle
+    retrained on traffic keeps its split's in ``SPLIT_SIDES_FILE``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    schema_: Literal[1] = Field(1, alias="schema")
+    seed: int
+    holdout_fraction: float = Field(ge=0.0, lt=1.0)
+    train: str = Field("", description="the trained prompts' keys, base64")
+    heldout: str = Field("", description="the held-back prompts' keys, base64")
+
+    def keys(self) -> tuple[set[bytes], set[bytes]]:
+        """(trained, held back) prompt keys."""
+        return _unpack(self.train), _unpack(self.heldout)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, indent=1) + "\n"
+
+
+SPLIT_SIDES_FILE = "traffic_split.json"
+PROMPT_KEY = 16
+
+
+def _pack(keys: Iterable[bytes]) -> str:
+    return base64.b64encode(b"".join(sorted(keys))).decode("ascii")
+
+
+def _unpack(text: str) -> set[bytes]:
+    raw = base64.b64decode(text.encode("ascii"), validate=True)
+    if len(raw) % PROMPT_KEY:
+        raise ValueError(f"{len(raw)} bytes is not a whole number of {PROMPT_KEY}-byte prompt keys")
+    return {raw[i : i + PROMPT_KEY] for i in range(0, len(raw), PROMPT_KEY)}
+
+
+def read_split_sides(f: Path) -> SplitSides | None:
+    """``f``'s split sides, None when there is no such file, a one-line UserError when it is not one."""
+    f = Path(f)
+    if not f.is_file():
+        return None
+    try:
+        sides = SplitSides.model_validate_json(f.read_bytes())
+        sides.keys()
+    except (ValidationError, ValueError) as e:
+        what = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
+        raise UserError(f, f"not a traffic split record ({what})", "it is written by train-draft --traffic; restore it from the bundle it came with") from None
+    return sides
+
+
+def _assign(score: dict[int, float], size: dict[int, int], inherited: dict[int, bool], holdout_fraction: float) -> set[int]:
+    """The held-back groups (the module doc's rule). ``score``: each group's seeded score; ``size``: its
+    records; ``inherited``: its side in the previous split (True held back), absent for a new group."""
+    held = {g for g, h in inherited.items() if h}
+    target = holdout_fraction * sum(size.values())
+    n = sum(size[g] for g in held)
+    new = sorted((g for g in score if g not in inherited), key=lambda g: (score[g], g))
+    for g in new:
+        if n + size[g] / 2 <= target:  # held back when that brings the held-back records nearer the target
+            held.add(g)
+            n += size[g]
     if len(score) >= 2 and holdout_fraction > 0.0:
-        if not held:
-            held = {min(score, key=lambda k: (score[k], k))}
-        elif len(held) == len(score):
-            held.discard(max(score, key=lambda k: (score[k], k)))
+        if not held and new:
+            held.add(new[0])
+        elif len(held) == len(score):  # a held-back group may always move to the training side
+            held.discard(max(held, key=lambda g: (score[g], g)))
     return held
+
+
+def _sides(prev: SplitSides | None, seed: int, holdout_fraction: float, train: Iterable[bytes], heldout: Iterable[bytes]) -> SplitSides:
+    """The record of this split: the previous one's prompts (those gone from the capture too) and this one's."""
+    t, h = prev.keys() if prev is not None else (set(), set())
+    t |= set(train)
+    return SplitSides(seed=seed, holdout_fraction=holdout_fraction, train=_pack(t), heldout=_pack((h | set(heldout)) - t))
+
+
+def _inherited(prev: SplitSides | None, group_keys: Iterable[tuple[int, bytes]]) -> dict[int, bool]:
+    """Each group's side in ``prev`` (from its prompts' keys): trained when any prompt was, else held back when any was."""
+    if prev is None:
+        return {}
+    t, h = prev.keys()
+    out: dict[int, bool] = {}
+    for g, k in group_keys:
+        if k in t:
+            out[g] = False
+        elif k in h:
+            out.setdefault(g, True)
+    return out
 
 
 def _check_fraction(holdout_fraction: float) -> None:
@@ -264,20 +410,30 @@ def _check_fraction(holdout_fraction: float) -> None:
         raise UserError("--holdout-fraction", f"is {holdout_fraction}, not in [0, 1)", "hold back a fraction such as 0.2; 0 trains on everything")
 
 
-def split_traffic(records: Iterable[TrafficRecord], *, seed: int = 0, holdout_fraction: float = 0.2) -> TrafficSplit:
+def split_traffic(records: Iterable[TrafficRecord], *, seed: int = 0, holdout_fraction: float = 0.2, previous: SplitSides | None = None) -> TrafficSplit:
     """Split captured traffic held in memory into a training side and a held-back side (see the module
-    doc); ``split_capture`` makes the same split of a capture directory without holding it."""
+    doc), starting from the ``previous`` split's sides; ``split_capture`` makes the same split of a
+    capture directory without holding it."""
     _check_fraction(holdout_fraction)
     # a canonical order first, so nothing below depends on the order the records came in
     recs = sorted(records, key=lambda r: (r.time_unix, r.request_id, r.to_line()))
     roots = group_prompts(recs)
+    keys = [_ids_key(r.prompt_ids) for r in recs]
     score: dict[int, float] = {}
-    for i, r in enumerate(recs):
-        s = _score(seed, _ids_key(r.prompt_ids))
-        score[roots[i]] = max(s, score.get(roots[i], 0.0))
-    held = _held_groups(score, holdout_fraction)
+    size: dict[int, int] = {}
+    for i, k in enumerate(keys):
+        score[roots[i]] = max(_score(seed, k), score.get(roots[i], 0.0))
+        size[roots[i]] = size.get(roots[i], 0) + 1
+    held = _assign(score, size, _inherited(previous, ((roots[i], k[:PROMPT_KEY]) for i, k in enumerate(keys))), holdout_fraction)
     train = [r for i, r in enumerate(recs) if roots[i] not in held]
     heldout = [r for i, r in enumerate(recs) if roots[i] in held]
+    sides = _sides(
+        previous,
+        int(seed),
+        float(holdout_fraction),
+        (k[:PROMPT_KEY] for i, k in enumerate(keys) if roots[i] not in held),
+        (k[:PROMPT_KEY] for i, k in enumerate(keys) if roots[i] in held),
+    )
     return TrafficSplit(
         train=train,
         heldout=heldout,
@@ -286,6 +442,7 @@ def split_traffic(records: Iterable[TrafficRecord], *, seed: int = 0, holdout_fr
         groups=len(score),
         heldout_groups=len(held),
         merged=len(recs) - len(score),
+        sides=sides,
     )
 
 
@@ -351,10 +508,20 @@ class CaptureIndex:
                 u = self.prompts.add(r)
                 self.uniq.append(u)
                 first.setdefault(u, i)
-        self.prompts.merge_near_duplicates(lambda u: self.record(first[u]).prompt_ids)
+        lines = LineReader()
+        try:
+            self.prompts.merge_near_duplicates(lambda u: self._prompt_ids(lines, first[u]))
+        finally:
+            lines.close()
 
     def __len__(self) -> int:
         return len(self.time)
+
+    def _prompt_ids(self, lines: LineReader, i: int) -> list[int]:
+        """Record ``i``'s prompt ids, read back without validating the whole record (pass 1 did)."""
+        raw = lines.line(self.segments[self.seg[i]], self.off[i], self.size[i], bytes(self.check[8 * i : 8 * i + 8]))
+        ids: list[int] = json.loads(raw)["prompt_ids"]
+        return ids
 
     def record(self, i: int) -> TrafficRecord:
         return record_at(self.segments[self.seg[i]], self.off[i], self.size[i], bytes(self.check[8 * i : 8 * i + 8]))
@@ -404,6 +571,7 @@ class CaptureSplit:
     holdout_fraction: float
     groups: int
     heldout_groups: int
+    sides: SplitSides
 
     @property
     def records(self) -> int:
@@ -413,7 +581,14 @@ class CaptureSplit:
         return self.index.digest(self.train.rows)
 
 
-def split_capture(d: Path, *, seed: int = 0, holdout_fraction: float = 0.2, visit: Callable[[TrafficRecord], None] | None = None) -> CaptureSplit:
+def split_capture(
+    d: Path,
+    *,
+    seed: int = 0,
+    holdout_fraction: float = 0.2,
+    previous: SplitSides | None = None,
+    visit: Callable[[TrafficRecord], None] | None = None,
+) -> CaptureSplit:
     """``split_traffic`` of every record under the capture directory ``d``, in bounded memory: pass 1
     (``CaptureIndex``) keeps a digest of each record and groups the prompts; the sides are index rows,
     read again from disk record by record. ``visit`` sees every record once during pass 1 (checks)."""
@@ -425,6 +600,7 @@ def split_capture(d: Path, *, seed: int = 0, holdout_fraction: float = 0.2, visi
     for pos, i in enumerate(order):
         root.setdefault(group[i], pos)
     score: dict[int, float] = {}
+    size: dict[int, int] = {}
     ps: dict[int, float] = {}
     for i in order:
         u = idx.uniq[i]
@@ -432,9 +608,19 @@ def split_capture(d: Path, *, seed: int = 0, holdout_fraction: float = 0.2, visi
             ps[u] = idx.prompts.score(seed, u)
         g = root[group[i]]
         score[g] = max(ps[u], score.get(g, 0.0))
-    held = _held_groups(score, holdout_fraction)
+        size[g] = size.get(g, 0) + 1
+    keys = idx.prompts.keys
+    ug = [root[idx.prompts.groups.find(u)] for u in range(len(keys))]  # each distinct prompt's group
+    held = _assign(score, size, _inherited(previous, ((ug[u], k[:PROMPT_KEY]) for u, k in enumerate(keys))), holdout_fraction)
     train = [i for i in order if root[group[i]] not in held]
     heldout = [i for i in order if root[group[i]] in held]
+    sides = _sides(
+        previous,
+        int(seed),
+        float(holdout_fraction),
+        (k[:PROMPT_KEY] for u, k in enumerate(keys) if ug[u] not in held),
+        (k[:PROMPT_KEY] for u, k in enumerate(keys) if ug[u] in held),
+    )
     return CaptureSplit(
         index=idx,
         train=CaptureRecords(idx, array("I", train)),
@@ -443,4 +629,5 @@ def split_capture(d: Path, *, seed: int = 0, holdout_fraction: float = 0.2, visi
         holdout_fraction=float(holdout_fraction),
         groups=len(score),
         heldout_groups=len(held),
+        sides=sides,
     )

@@ -1,8 +1,8 @@
 """``eagle3-trt gate NEW --against OLD --traffic DIR``: deploy a retrained head only when it wins on traffic.
 
 The traffic's held-back split (formats/traffic_split.split_capture, read in bounded memory: deterministic for a seed, no
-prompt on both sides, near-duplicates together: the part a head trained on this traffic never
-saw) is measured on both bundles, each record as it was served (measure/traffic_measure.py). The
+prompt on both sides, near-duplicates together, started from the sides NEW's own split recorded in
+its ``traffic_split.json``: the part a head trained on this traffic never saw) is measured on both bundles, each record as it was served (measure/traffic_measure.py). The
 gate passes only when all three hold:
 
 1. NEW's acceptance length (AL, tokens per target forward, prefill counted) beats OLD's by the
@@ -36,7 +36,7 @@ from eagle3_trt.core.paired_ci import paired_ratio_diff
 from eagle3_trt.core.stats import aggregate
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.traffic import TrafficRecord
-from eagle3_trt.formats.traffic_split import split_capture, split_traffic
+from eagle3_trt.formats.traffic_split import SPLIT_SIDES_FILE, SplitSides, read_split_sides, split_capture, split_traffic
 from eagle3_trt.measure.gate import _predicted_speedup
 from eagle3_trt.measure.gate_verdict import DEFAULT_GATE_THRESHOLD, alpha_shortfall
 from eagle3_trt.measure.traffic_measure import TrafficItem, greedy_outputs, measure_items, prepare, prompt_groups
@@ -85,6 +85,20 @@ def split_settings(new: Bundle, seed: int | None, holdout_fraction: float | None
                 "drop the option: that split would hold back prompts NEW was trained on",
             )
     return lin.heldout_seed, lin.heldout_fraction
+
+
+def split_sides_of(new: Bundle) -> SplitSides | None:
+    """The sides of the split NEW was trained beside (its ``SPLIT_SIDES_FILE``): the gate's split starts
+    from them, so no prompt NEW trained on is held back however the capture grew. A NEW retrained on
+    traffic without one is refused: a split drawn afresh could hold back prompts it trained on."""
+    sides = read_split_sides(new.path / SPLIT_SIDES_FILE)
+    if sides is None and new.manifest.lineage is not None:
+        raise UserError(
+            new.path / SPLIT_SIDES_FILE,
+            "is missing: NEW was retrained on traffic, and without the sides of its split the gate could hold back prompts it trained on",
+            "retrain NEW with this version's train-draft --traffic (it writes the file), or restore the file from where NEW was built",
+        )
+    return sides
 
 
 class BundleCount:
@@ -181,7 +195,8 @@ def run_traffic_gate(
     # bounded memory: pass 1 keeps a digest per record (formats/traffic_split.split_capture); only the
     # held-back records, which are measured, are read back and kept
     count = BundleCount()
-    split = split_capture(Path(traffic_dir), seed=seed, holdout_fraction=holdout_fraction, visit=count.visit)
+    previous = split_sides_of(nb)
+    split = split_capture(Path(traffic_dir), seed=seed, holdout_fraction=holdout_fraction, previous=previous, visit=count.visit)
     if not allow_other_bundles:  # as train-draft --traffic: the user vouches the other bundles served this target
         check_traffic_bundles(count, nb, ob, Path(traffic_dir))
     held = list(split.heldout)
@@ -201,6 +216,7 @@ def run_traffic_gate(
             f"(first skipped: {first}); the gate needs at least {MIN_HELDOUT} distinct prompts",
             "capture more finished requests",
         )
+    say(f"judging on {len(pairs)} held-back requests from {len(set(pair_groups))} distinct prompt groups (of {split.groups} groups in {split.records} records)")
     d = paired_ratio_diff(
         [n.stats.generated_tokens for o, n in pairs],  # type: ignore[union-attr]
         [n.stats.target_forwards for o, n in pairs],  # type: ignore[union-attr]
@@ -239,6 +255,8 @@ def run_traffic_gate(
             "records": split.records,
             "heldout": len(held),
             "heldout_prompts": len(set(group_of.values())),
+            "judged_prompt_groups": d.n_groups,  # the held-back prompt groups measured on both bundles: the bootstrap's units
+            "groups": split.groups,
             "seed": seed,
             "holdout_fraction": holdout_fraction,
         },

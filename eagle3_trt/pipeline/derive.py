@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any, TextIO
 
-from eagle3_trt.atomic import staged_dir, write_json
+from eagle3_trt.atomic import staged_dir, write_json, write_text
 from eagle3_trt.convert import export, quantize
 from eagle3_trt.convert.draft_format import DraftCheckpoint, for_max_seq_len, load_draft
 from eagle3_trt.convert.target import read_target
@@ -98,8 +98,17 @@ def _export_draft(parent: fmt.Bundle, ckpt: DraftCheckpoint, aux: tuple[int, ...
     return {"draft_calibration_prompts": len(batches)}
 
 
-def derive_bundle(parent: fmt.Bundle, head_dir: Path, dest: Path, lineage: Lineage, *, timings: dict[str, float] | None = None) -> fmt.Bundle:
-    """Write ``dest``: ``parent`` with the BF16 head at ``head_dir`` as its draft (see the module doc)."""
+def derive_bundle(
+    parent: fmt.Bundle,
+    head_dir: Path,
+    dest: Path,
+    lineage: Lineage,
+    *,
+    timings: dict[str, float] | None = None,
+    files: dict[str, str] | None = None,
+) -> fmt.Bundle:
+    """Write ``dest``: ``parent`` with the BF16 head at ``head_dir`` as its draft (see the module doc);
+    ``files``: more text files at the bundle's top level, sealed with it (the traffic split's sides)."""
     t0 = time.perf_counter()
     dest = Path(dest)
     if dest.resolve() == parent.path.resolve():
@@ -123,6 +132,8 @@ def derive_bundle(parent: fmt.Bundle, head_dir: Path, dest: Path, lineage: Linea
         shutil.copy2(parent.path / fmt.OPTIONS_FILE, tmp / fmt.OPTIONS_FILE)
         extra = _export_draft(parent, ckpt, tuple(parent.aux_layer_ids), tmp / "draft")
         write_json(tmp / fmt.VALIDATION_FILE, report.to_dict())
+        for name, text in (files or {}).items():
+            write_text(tmp / name, text)
         acceptance = None
         if parent.manifest.acceptance is not None and tdir.is_dir():
             acceptance = measure_embedded_acceptance(tmp, tdir.parent, parent.k, tuple(parent.aux_layer_ids))

@@ -20,18 +20,26 @@ finds each pattern's match at every start position on the original text (not ``r
 left-to-right, non-overlapping matches: with ``sk-[A-Za-z0-9]{20,}``, the first of two adjacent
 keys swallows the ``sk`` of the second, whose rest then no longer matches) and for every pattern
 on that same text (not on the text an earlier pattern already rewrote); the union of the spans is
-replaced, each run by one ``[REDACTED]``. When a pattern matched (in the text, or in the text the
-token ids decode to), the ids are re-encoded from the redacted text with the served tokenizer and
-``redacted`` is true, so the ids cannot carry what the text hid.
+replaced, each run by one ``[REDACTED]``. Prompt and output are searched as one text (their
+concatenation, as the model saw and wrote them): a key whose start ends the prompt and whose rest the
+model wrote matches only there, and each side keeps a ``[REDACTED]`` for its part (``redact_joined``).
+The same search runs on what the token ids decode to. Ids: the ids of a side a match touched (in its
+text or its decoded ids) are re-encoded from that side's redacted text with the served tokenizer, so
+they decode to the redacted text and carry nothing it hid (they are then no longer the ids the model
+served: such a record's ``redacted`` is true); the other side's ids are kept as served.
 
 The cap (``max_mb``) is on the capture directory as a whole: every ``traffic-*.jsonl`` in it,
 from earlier runs and from the other model instances or workers writing there (rescanned at each
 flush, so concurrent writers can pass it by what they write in one flush interval). The first
 record that would pass it stops capture in this process with one warning line.
 
-Retention (``keep_mb``, ``keep_hours``): after each flush the capturer deletes whole segments,
-oldest first, last written more than ``keep_hours`` ago, then as many as bring the directory to
-``keep_mb`` (formats/traffic ``SegmentWriter.retain``); capture goes on. A directory deleted (or
+Retention (``keep_mb``, ``keep_hours``): after each flush the capturer deletes the directory's
+records, every writer's, oldest first by the records' own time: those older than ``keep_hours``,
+then as many as bring the directory to ``keep_mb``; no record newer than the oldest kept one is
+deleted, and a segment another writer (or this one) still has open is never touched
+(formats/traffic_retention.py). Records still in a capturer's queue are held too: its writer hold
+(``Hold``, made before the first record can be queued) carries the time of the queue's oldest record,
+and no writer's cut-off passes it. Capture goes on. A directory deleted (or
 replaced) while capturing stays deleted: the next flush finds it gone, drops what it held, and
 capture stops with one warning; a capturer that has stopped writes nothing more, not even at close.
 """
@@ -52,13 +60,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from eagle3_trt.atomic import make_dirs
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.traffic import CaptureDirGone, CapturedSampling, SegmentWriter, ServedAcceptance, TrafficRecord, segments
+from eagle3_trt.formats.traffic_retention import Hold
 from eagle3_trt.runtime.llm_api import SpecStats
 
 CAPTURE_ENV = "EAGLE3_CAPTURE"
 REDACTED = "[REDACTED]"
 DEFAULT_MAX_MB = 1024.0
+DEFAULT_SEGMENT_S = 300.0  # a segment closes after this long: an open one holds retention back
 FLUSH_S = 0.5
 QUEUE_SIZE = 4096
 
@@ -74,6 +85,7 @@ class CaptureConfig(BaseModel):
     flush_s: float = Field(FLUSH_S, gt=0, le=60)
     segment_records: int = Field(256, ge=1)
     segment_mb: int = Field(4, ge=1, description="a new segment after this many MB: bounds what each flush rewrites")
+    segment_s: float = Field(DEFAULT_SEGMENT_S, gt=0, le=86400, description="a new segment after this many seconds: an open segment holds retention back")
     keep_mb: float | None = Field(None, gt=0, allow_inf_nan=False, description="retention: delete the oldest segments past this many MB")
     keep_hours: float | None = Field(None, gt=0, allow_inf_nan=False, description="retention: delete segments last written more than this long ago")
 
@@ -109,7 +121,12 @@ class CaptureConfig(BaseModel):
 
 
 def capture_config(
-    d: Path, max_mb: float = DEFAULT_MAX_MB, redact: Sequence[str] = (), keep_mb: float | None = None, keep_hours: float | None = None
+    d: Path,
+    max_mb: float = DEFAULT_MAX_MB,
+    redact: Sequence[str] = (),
+    keep_mb: float | None = None,
+    keep_hours: float | None = None,
+    segment_s: float = DEFAULT_SEGMENT_S,
 ) -> CaptureConfig:
     """The command line's capture options, checked: one UserError naming the option for each bad value.
 
@@ -135,6 +152,8 @@ def capture_config(
     for name, v in (("--capture-keep-mb", keep_mb), ("--capture-keep-hours", keep_hours)):
         if v is not None and not (v > 0 and math.isfinite(v)):
             raise UserError(name, f"{v:g}: must be a number more than 0", "retention deletes the oldest segments past it; leave it out to keep everything")
+    if not (0 < segment_s <= 86400):
+        raise UserError("--capture-segment-s", f"{segment_s:g}: must be a number of seconds in (0, 86400]", "how long a segment stays open, e.g. 300")
     if keep_mb is not None and keep_mb >= max_mb:
         raise UserError(
             "--capture-keep-mb",
@@ -143,7 +162,7 @@ def capture_config(
         )
     d = Path(d).absolute()
     check_capture_dir(d)
-    return CaptureConfig(dir=d, max_mb=max_mb, redact=tuple(redact), keep_mb=keep_mb, keep_hours=keep_hours)
+    return CaptureConfig(dir=d, max_mb=max_mb, redact=tuple(redact), keep_mb=keep_mb, keep_hours=keep_hours, segment_s=segment_s)
 
 
 def check_capture_dir(d: Path) -> None:
@@ -212,6 +231,37 @@ def redact(text: str, patterns: Sequence[re.Pattern[str]]) -> str:
         last = e
     out.append(text[last:])
     return "".join(out)
+
+
+def redact_joined(texts: Sequence[str], patterns: Sequence[re.Pattern[str]]) -> tuple[list[str], list[bool]]:
+    """``redact`` of the texts' concatenation, cut back into the pieces (a span crossing a boundary
+    leaves one ``[REDACTED]`` on each side of it), and which pieces a span touched. Each piece is
+    searched on its own too: a pattern ending in ``\b`` matches at a prompt's end only there when the
+    completion goes on with a word character."""
+    bounds, at = [], 0
+    for t in texts:
+        bounds.append((at, at + len(t)))
+        at += len(t)
+    found = redaction_spans("".join(texts), patterns)
+    for t, (a, _) in zip(texts, bounds, strict=True):
+        found += [(s + a, e + a) for s, e in redaction_spans(t, patterns)]
+    spans: list[tuple[int, int]] = []
+    for s, e in sorted(found):
+        if spans and s <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], e))
+        else:
+            spans.append((s, e))
+    out, hit = [], []
+    for t, (a, b) in zip(texts, bounds, strict=True):
+        local = [(max(s, a) - a, min(e, b) - a) for s, e in spans if s < b and e > a]
+        parts, last = [], 0
+        for s, e in local:
+            parts += [t[last:s], REDACTED]
+            last = e
+        parts.append(t[last:])
+        out.append("".join(parts))
+        hit.append(bool(local))
+    return out, hit
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> CaptureConfig | None:
@@ -323,6 +373,14 @@ class Capturer:
         self._writer: SegmentWriter | None = None
         self._others = 0  # bytes of the directory's segments this process did not write
         self._unflushed = False
+        # records queued but not written are held against other writers' retention (traffic_retention.Hold):
+        # a record is stamped and queued under _stamp, so the queue is in time order and its head is the oldest
+        self._stamp = threading.Lock()
+        self._hold: Hold | None = None
+        try:
+            self._hold = Hold(make_dirs(Path(cfg.dir)), time.time())
+        except Exception:
+            pass  # the capture thread reports the directory when it cannot write there
         self._thread = threading.Thread(target=self._loop, name="eagle3-capture", daemon=True)
         self._thread.start()
 
@@ -343,19 +401,21 @@ class Capturer:
         if self.stopped:
             return
         try:
-            item = _Finished(
-                request_id or uuid.uuid4().hex,
-                time.time(),
-                list(prompt_ids),
-                prompt_text,
-                list(output_ids),
-                output_text,
-                finish_reason,
-                dict(sampling),
-                stats,
-                category,
-            )
-            self._q.put_nowait(item)
+            with self._stamp:  # stamped and queued together: the queue stays in time order (_update_hold)
+                self._q.put_nowait(
+                    _Finished(
+                        request_id or uuid.uuid4().hex,
+                        time.time(),
+                        list(prompt_ids),
+                        prompt_text,
+                        list(output_ids),
+                        output_text,
+                        finish_reason,
+                        dict(sampling),
+                        stats,
+                        category,
+                    )
+                )
         except queue.Full:
             self.dropped += 1
             if self.dropped == 1:
@@ -378,7 +438,9 @@ class Capturer:
         try:
             self._tok = self._tokenizer_factory()
             self._chat_prefix = chat_prefix(self._tok)
-            self._writer = SegmentWriter(self.cfg.dir, segment_records=self.cfg.segment_records, segment_bytes=self.cfg.segment_mb * 1_000_000)
+            self._writer = SegmentWriter(
+                self.cfg.dir, segment_records=self.cfg.segment_records, segment_bytes=self.cfg.segment_mb * 1_000_000, segment_s=self.cfg.segment_s
+            )
             self._others = self._dir_bytes()
             self._writer.max_bytes = self.cfg.max_bytes - self._others
         except Exception as e:
@@ -386,6 +448,11 @@ class Capturer:
         last = time.monotonic()
         while True:
             wait = None if self._writer is None or not self._unflushed else max(0.0, last + self.cfg.flush_s - time.monotonic())
+            due = None if self._writer is None or self.stopped else self._writer.rotate_in()
+            if due is not None:  # an idle writer still closes its segment on time (it holds retention back)
+                wait = due if wait is None else min(wait, due)
+            if self._hold is not None:  # and keeps its hold's time current (a stale one holds retention back)
+                wait = self.cfg.flush_s if wait is None else min(wait, self.cfg.flush_s)
             try:
                 item = self._q.get(timeout=wait)
             except queue.Empty:
@@ -397,8 +464,38 @@ class Capturer:
             if self._writer is not None and not self.stopped and time.monotonic() - last >= self.cfg.flush_s:
                 self._flush()
                 last = time.monotonic()
+            if self._writer is not None and not self.stopped:
+                self._guard(self._writer.rotate_if_due)
+            self._update_hold()
         if self._writer is not None and not self.stopped:  # a stopped capturer writes nothing more
             self._flush()
+            self._guard(self._writer.close)
+        if self._writer is not None:
+            self._release_quietly()
+        self._drop_hold()
+
+    def _update_hold(self) -> None:
+        """The hold's time: the queue's oldest record's, or now when it is empty (anything queued later is newer)."""
+        if self._hold is None:
+            return
+        if self.stopped:  # nothing more is written: nothing is held
+            self._drop_hold()
+            return
+        with self._stamp:
+            head = self._q.queue[0] if self._q.qsize() else None
+            floor = head.time_unix if isinstance(head, _Finished) else time.time()
+        try:
+            self._hold.update(floor)
+        except OSError:
+            pass
+
+    def _drop_hold(self) -> None:
+        if self._hold is not None:
+            try:
+                self._hold.release()
+            except OSError:
+                pass
+            self._hold = None
 
     def _write(self, item: _Finished) -> None:
         assert self._writer is not None
@@ -425,10 +522,27 @@ class Capturer:
         self.written += 1
         self._unflushed = True
 
+    def _guard(self, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except CaptureDirGone:
+            self._stop(self._gone_message())
+        except Exception as e:
+            self._stop(f"capture off: writing to {self.cfg.dir} failed ({type(e).__name__}: {e}); serving continues")
+
+    def _release_quietly(self) -> None:
+        """The open segment's lease given up, nothing written (a stopped capturer writes nothing more)."""
+        assert self._writer is not None
+        try:
+            self._writer.release()
+        except OSError:
+            pass
+
     def _flush(self) -> None:
         assert self._writer is not None
         try:
             self._writer.flush()
+            self._writer.refresh()
             self._unflushed = False
             if self.cfg.keep_mb is not None or self.cfg.keep_hours is not None:
                 self._writer.retain(
@@ -477,25 +591,25 @@ class Capturer:
     def _redact(self, text: str) -> str:
         return redact(text, self._patterns)
 
-    def _side(self, text: str | None, ids: list[int], *, prompt: bool) -> tuple[str, list[int], bool]:
-        """(text, ids, redacted) of one side: text decoded when the front end has none; when a
-        pattern matches the text or what the ids decode to, ids re-encoded from the redacted text."""
-        decoded: str | None = None
-        if text is None:
-            decoded = self._decode(ids, skip_special=not prompt)
-            text = decoded
-        if not self._patterns:
-            return text, ids, False
-        clean = self._redact(text)
-        if clean == text:
-            raw = decoded if decoded is not None else self._decode(ids, skip_special=False)
-            if not redaction_spans(raw, self._patterns):
-                return text, ids, False
-        return clean, self._encode(clean, prompt), True
-
     def _build(self, it: _Finished) -> TrafficRecord:
-        prompt_text, prompt_ids, r1 = self._side(it.prompt_text, it.prompt_ids, prompt=True)
-        output_text, output_ids, r2 = self._side(it.output_text, it.output_ids, prompt=False)
+        prompt_ids, output_ids = it.prompt_ids, it.output_ids
+        # text decoded when the front end has none (Dynamo): the prompt as the model saw it, special tokens included
+        prompt_text = self._decode(prompt_ids, skip_special=False) if it.prompt_text is None else it.prompt_text
+        output_text = self._decode(output_ids, skip_special=True) if it.output_text is None else it.output_text
+        r1 = r2 = False
+        if self._patterns:
+            # prompt and output are one stream to the model: a key whose start ends the prompt and whose
+            # rest the model wrote matches only across the boundary, so both sides are searched together,
+            # as texts and as what their ids decode to
+            (prompt_text, output_text), hit = redact_joined((prompt_text, output_text), self._patterns)
+            raw = (self._decode(prompt_ids, skip_special=False), self._decode(output_ids, skip_special=False))
+            _, raw_hit = redact_joined(raw, self._patterns)
+            r1, r2 = hit[0] or raw_hit[0], hit[1] or raw_hit[1]
+            # the ids of a side a match touched are re-encoded from its redacted text: ids cannot carry what the text hid
+            if r1:
+                prompt_ids = self._encode(prompt_text, True)
+            if r2:
+                output_ids = self._encode(output_text, False)
         # the client chose these two as well: stored redacted like the texts
         request_id = self._redact(it.request_id)
         category = None if it.category is None else self._redact(it.category)

@@ -1,6 +1,6 @@
 """The capture options ``serve`` and ``serve-dynamo`` share (issue 23 A): ``--capture DIR``,
 ``--capture-max-mb N``, ``--capture-redact REGEX`` (repeatable), and retention: ``--capture-keep-mb N``,
-``--capture-keep-hours H``. See runtime/capture.py."""
+``--capture-keep-hours H``, ``--capture-segment-s S``. See runtime/capture.py."""
 
 from __future__ import annotations
 
@@ -11,10 +11,18 @@ from typing import Any
 import click
 
 from eagle3_trt.errors import UserError
-from eagle3_trt.runtime.capture import DEFAULT_MAX_MB, CaptureConfig, capture_config
+from eagle3_trt.runtime.capture import DEFAULT_MAX_MB, DEFAULT_SEGMENT_S, CaptureConfig, capture_config
 
 
 def capture_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option(
+        "--capture-segment-s",
+        "capture_segment_s",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"with --capture: close each segment after S seconds (default {DEFAULT_SEGMENT_S:g}): retention never touches an open segment",
+    )(f)
     f = click.option(
         "--capture-keep-hours",
         "capture_keep_hours",
@@ -71,6 +79,7 @@ def from_options(
     capture_redact: tuple[str, ...],
     capture_keep_mb: float | None = None,
     capture_keep_hours: float | None = None,
+    capture_segment_s: float | None = None,
 ) -> CaptureConfig | None:
     """The checked capture settings (one UserError per bad value, before any server starts); None when off."""
     if capture_dir is None:
@@ -79,8 +88,16 @@ def from_options(
             ("--capture-redact", bool(capture_redact)),
             ("--capture-keep-mb", capture_keep_mb is not None),
             ("--capture-keep-hours", capture_keep_hours is not None),
+            ("--capture-segment-s", capture_segment_s is not None),
         ):
             if given:
                 raise UserError(name, "given without --capture", "add --capture DIR to record traffic (capture is off by default)")
         return None
-    return capture_config(capture_dir, DEFAULT_MAX_MB if capture_max_mb is None else capture_max_mb, capture_redact, capture_keep_mb, capture_keep_hours)
+    return capture_config(
+        capture_dir,
+        DEFAULT_MAX_MB if capture_max_mb is None else capture_max_mb,
+        capture_redact,
+        capture_keep_mb,
+        capture_keep_hours,
+        DEFAULT_SEGMENT_S if capture_segment_s is None else capture_segment_s,
+    )

@@ -83,3 +83,11 @@ def captured_records(cap: Path, n: int, timeout_s: float = 15) -> list[TrafficRe
         if len(recs) >= n or time.monotonic() > deadline:
             return recs
         time.sleep(0.1)
+
+
+def newer_missing(kept: dict[str, float], sent: dict[str, float]) -> list[tuple[float, str]]:
+    """Retention's promise, checked: the requests ``sent`` (name -> a time just before it was sent, at most
+    its record's time) missing from ``kept`` (name -> record time) that were sent after the oldest
+    record kept; empty when no record newer than the oldest surviving one is missing."""
+    oldest = min(kept.values())
+    return sorted((t, name) for name, t in sent.items() if name not in kept and t > oldest)

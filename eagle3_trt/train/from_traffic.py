@@ -19,7 +19,8 @@
 5. measure the acceptance length on the held-back prompts before and after (greedy speculative
    decoding, train/evaluate.measure_acceptance), write the head to ``<NEW>.head/`` and the new bundle
    to NEW (pipeline/derive.derive_bundle: same target and options, the head exported as the
-   parent's draft was, manifest ``lineage`` naming the parent, the traffic digest and settings).
+   parent's draft was, manifest ``lineage`` naming the parent, the traffic digest and settings; the
+   split's sides in ``traffic_split.json``, where the gate and the next retrain start from).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from eagle3_trt.errors import UserError
 from eagle3_trt.formats.bundle_manifest import Acceptance, Lineage
 from eagle3_trt.formats.checkpoint_io import read_json
 from eagle3_trt.formats.traffic import TrafficRecord
-from eagle3_trt.formats.traffic_split import NEAR_DUP_JACCARD, split_capture
+from eagle3_trt.formats.traffic_split import NEAR_DUP_JACCARD, SPLIT_SIDES_FILE, read_split_sides, split_capture
 from eagle3_trt.pipeline.build_checkpoints import measure_embedded_acceptance
 from eagle3_trt.pipeline.bundle import Bundle
 from eagle3_trt.pipeline.derive import derive_bundle, open_parent
@@ -195,7 +196,9 @@ def _train_from_traffic(o: TrafficTrainOptions) -> dict:
     info = read_target(parent.target_dir)
     check = TrafficCheck(parent, info.vocab_size, Path(o.traffic), o.allow_other_bundles)
     # pass 1 keeps a digest of each record; split.train / split.heldout are read back from disk when iterated
-    split = split_capture(Path(o.traffic), seed=o.seed, holdout_fraction=o.holdout_fraction, visit=check.visit)
+    # starting from the parent's split when it was retrained on traffic too: what it trained on stays trained on
+    previous = read_split_sides(parent.path / SPLIT_SIDES_FILE)
+    split = split_capture(Path(o.traffic), seed=o.seed, holdout_fraction=o.holdout_fraction, previous=previous, visit=check.visit)
     warnings = check.finish()
     if len(split.train) < o.min_records:
         raise UserError(
@@ -341,7 +344,7 @@ def _train_from_traffic(o: TrafficTrainOptions) -> dict:
         heldout_fraction=o.holdout_fraction,
     )
     timings["total_s"] = round(time.time() - t_start, 2)
-    child = derive_bundle(parent, head_dir, dest, lineage, timings=timings)
+    child = derive_bundle(parent, head_dir, dest, lineage, timings=timings, files={SPLIT_SIDES_FILE: split.sides.to_json()})
     if not o.keep_work:
         shutil.rmtree(work, ignore_errors=True)
     report["fingerprint"] = child.manifest.fingerprint

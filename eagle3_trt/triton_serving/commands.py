@@ -129,9 +129,12 @@ def serve_cmd(
     capture_redact: tuple[str, ...],
     capture_keep_mb: float | None,
     capture_keep_hours: float | None,
+    capture_segment_s: float | None,
 ) -> None:
     """Start tritonserver on 127.0.0.1 with REPO, wait until it is ready, print the URLs."""
-    capture = from_options(capture_dir, capture_max_mb, capture_redact, capture_keep_mb, capture_keep_hours)  # refused before anything starts
+    capture = from_options(
+        capture_dir, capture_max_mb, capture_redact, capture_keep_mb, capture_keep_hours, capture_segment_s
+    )  # refused before anything starts
     # a server already running here, or a port taken, is refused before "starting" is printed
     # (start_server checks again: the ports may be taken in between)
     _check_can_start(state_dir.resolve(), http_port, grpc_port, metrics_port)
