@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from eagle3_trt.formats.traffic import CapturedSampling, SegmentWriter, ServedAcceptance, TrafficRecord
 from eagle3_trt.formats.traffic_split import split_capture
+from eagle3_trt.testing.id_capture import write_id_capture
 
 PROMPT_TOKENS = 96
 TEMPLATES = 200
@@ -55,26 +55,7 @@ def prompts(kind: str, n: int, seed: int = 0) -> list[list[int]]:
 
 
 def write_capture(d: Path, ps: list[list[int]]) -> None:
-    w = SegmentWriter(d, segment_records=2048)
-    acc = ServedAcceptance(speculative=True, draft_tokens=9, accepted_draft_tokens=5, target_forwards=4, completion_tokens=9)
-    for i, p in enumerate(ps):
-        w.write(
-            TrafficRecord(
-                request_id=f"r{i}",
-                time_unix=1.7e9 + i,
-                bundle_fingerprint="f" * 64,
-                model="eagle3",
-                frontend="triton",
-                chat=False,
-                prompt_text=None,
-                prompt_ids=p,
-                output_ids=[1] * 9,
-                finish_reason="length",
-                sampling=CapturedSampling(max_tokens=9),
-                acceptance=acc,
-            )
-        )
-    w.close()
+    write_id_capture(d, ps).close()
 
 
 def run(kind: str, n: int, fraction: float) -> dict:

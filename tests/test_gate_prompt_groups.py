@@ -10,8 +10,9 @@ import pytest
 
 from eagle3_trt.cli import main
 from eagle3_trt.core.paired_ci import paired_ratio_diff
-from eagle3_trt.formats.traffic import CapturedSampling, SegmentWriter, ServedAcceptance, TrafficRecord, read_traffic
+from eagle3_trt.formats.traffic import read_traffic
 from eagle3_trt.formats.traffic_split import split_traffic
+from eagle3_trt.testing.id_capture import write_id_capture
 
 # 13 requests: tokens and target forwards of NEW and OLD on each
 NEW_T = [30, 22, 41, 18, 25, 33, 27, 19, 40, 21, 35, 24, 29]
@@ -40,26 +41,7 @@ def test_a_prompt_sent_twice_is_one_unit_of_the_bootstrap():
 
 
 def _capture(dirpath: Path, fingerprint: str, prompts: list[list[int]]) -> Path:
-    w = SegmentWriter(dirpath, segment_records=8)
-    for i, p in enumerate(prompts):
-        acc = ServedAcceptance(speculative=True, draft_tokens=9, accepted_draft_tokens=5, target_forwards=4, completion_tokens=9)
-        w.write(
-            TrafficRecord(
-                request_id=f"r{i}",
-                time_unix=1e9 + i,
-                bundle_fingerprint=fingerprint,
-                model="eagle3",
-                frontend="triton",
-                chat=False,
-                prompt_text=None,
-                prompt_ids=p,
-                output_ids=[1] * 9,
-                finish_reason="length",
-                sampling=CapturedSampling(max_tokens=9),
-                acceptance=acc,
-            )
-        )
-    w.flush()
+    write_id_capture(dirpath, prompts, fingerprint=fingerprint, segment_records=8, time0=1e9).flush()
     return dirpath
 
 

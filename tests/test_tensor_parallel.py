@@ -26,13 +26,13 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from scipy.stats import chi2_contingency
 
 from eagle3_trt.cli import main
 from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
 from eagle3_trt.pipeline.presets import load_preset
+from eagle3_trt.testing.ranks import rank_pid
 from eagle3_trt.testing.tp_check import run
 
 TINY = Path(__file__).resolve().parents[1] / "models" / "tiny"
@@ -93,16 +93,6 @@ def test_two_ranks_match_one_for_every_method(bundles, tmp_path):
     print(f"target forwards per method {forwards}; sampled: accepted-length table {table}, chi-square p = {p:.3f}, {same}/16 requests identical")
 
 
-def _rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:
-    for child in psutil.Process(launcher.pid).children(recursive=True):
-        try:
-            if child.environ().get("RANK") == str(rank) and child.environ().get("LOCAL_RANK") is not None:
-                return int(child.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return None
-
-
 def test_killed_rank_is_one_line_and_the_next_run_is_clean(bundles, tmp_path, capsys):
     fp8, _ = bundles
     prompts = _prompts(tmp_path / "p.json", 6, 24)
@@ -117,7 +107,7 @@ def test_killed_rank_is_one_line_and_the_next_run_is_clean(bundles, tmp_path, ca
     for line in run_.stderr:
         lines.append(line)
         if "prompts: 2/6" in line and not killed:  # mid-measurement: the first of three batches is done
-            pid = _rank_pid(run_, 1)
+            pid = rank_pid(run_, 1)
             assert pid is not None
             os.kill(pid, signal.SIGKILL)
             killed = True

@@ -17,11 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
 from eagle3_trt.convert.draft_format import load_draft
+from eagle3_trt.testing.ranks import rank_pid
 from eagle3_trt.train.train_draft import TrainDraftOptions, train_draft
 
 STEPS, SAVE_EVERY = 60, 10
@@ -64,16 +64,6 @@ def _torchrun(args: list[str]) -> subprocess.Popen:
     )
 
 
-def _rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:
-    for child in psutil.Process(launcher.pid).children(recursive=True):
-        try:
-            if child.environ().get("RANK") == str(rank) and child.environ().get("LOCAL_RANK") is not None:
-                return int(child.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return None
-
-
 def _checkpoint_step(ckpt: Path) -> int:
     try:
         return int(json.loads((ckpt / "state.json").read_text())["step"])
@@ -100,7 +90,7 @@ def test_two_gloo_processes_match_one_and_resume_after_a_killed_rank(tiny_pair, 
     killed_at, deadline = None, time.time() + 120
     while run.poll() is None and time.time() < deadline:
         if _checkpoint_step(ckpt) >= SAVE_EVERY:
-            pid = _rank_pid(run, 1)
+            pid = rank_pid(run, 1)
             if pid is not None:
                 killed_at = _checkpoint_step(ckpt)
                 os.kill(pid, signal.SIGKILL)
