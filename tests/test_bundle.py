@@ -297,12 +297,14 @@ def test_heldout_prompts_with_a_dry_run_is_refused(tmp_path):
 
 def test_heldout_prompts_for_a_target_that_fits_no_device_name_the_gate_tp_command(tmp_path):
     """A 70B target (its config files, as the registry ships them): measuring it on this host would take
-    262.8 GiB in float32, so the build says so in one line with the `gate --tp N` command to run instead."""
+    262.8 GiB in float32, so the build says so in one line with the `gate --tp N` command to run instead,
+    at the TP `plan --measure` picks."""
     import shutil
     from pathlib import Path
     from types import SimpleNamespace
 
     from eagle3_trt.pipeline.builder import _gate_note
+    from eagle3_trt.pipeline.gpus import get_gpu
 
     cfgs = Path(__file__).resolve().parents[1] / "build" / "model_configs" / "llama3.3-70b"
     staged = tmp_path / "staged"
@@ -310,6 +312,8 @@ def test_heldout_prompts_for_a_target_that_fits_no_device_name_the_gate_tp_comma
         (staged / role).mkdir(parents=True)
         shutil.copy(cfgs / role / "config.json", staged / role / "config.json")
     req = EngineRequest(preset=load_preset("llama3.3-70b"), heldout_prompts="held.jsonl")
-    note = _gate_note(req, SimpleNamespace(dest=tmp_path / "b"), SimpleNamespace(num_gpus=8, tp=8), staged)
+    st = SimpleNamespace(dest=tmp_path / "b", gpu=get_gpu("h100"), k=4)
+    note = _gate_note(req, st, SimpleNamespace(num_gpus=8, tp=8), staged)
     assert note is not None and note.startswith("gate: not run in the build: measuring the target on one device needs 26")
-    assert note.endswith(f"eagle3-trt gate {tmp_path / 'b'} --prompts held.jsonl --tp 8"), note
+    # the TP `plan llama3.3-70b --gpu h100 --gpus 8 --measure` picks (docs/gpu-runbook.md step 4: TP=4)
+    assert note.endswith(f"eagle3-trt gate {tmp_path / 'b'} --prompts held.jsonl --tp 4"), note

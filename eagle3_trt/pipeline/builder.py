@@ -42,7 +42,7 @@ from eagle3_trt.pipeline.build_checkpoints import Progress, measure_embedded_acc
 from eagle3_trt.pipeline.llm_options import CudaGraphOptions, Eagle3Options, KvCacheOptions, LlmApiOptions, MoeOptions
 from eagle3_trt.pipeline.planner import make_plan as plan_deployment
 from eagle3_trt.pipeline.presets import Preset, override_dir, resolve_source
-from eagle3_trt.pipeline.reference_memory import device_shortfall
+from eagle3_trt.pipeline.reference_memory import device_shortfall, measure_plan
 from eagle3_trt.resources import data_dir
 from eagle3_trt.speculative.registry import method_for_head
 
@@ -448,20 +448,14 @@ def _gate_note(req: EngineRequest, st: _Settings, plan, bundle_dir: Path) -> str
     short = device_shortfall(cfg, draft_cfg, 1, device)
     if short is None:
         return None
-    # the smallest TP of the plan's GPUs whose slice fits one of them (the plan's TP when none does)
-    sizes = [n for n in range(2, plan.num_gpus + 1) if plan.num_gpus % n == 0]
-    tp = next((n for n in sizes if device.startswith("cuda") and _fits(cfg, draft_cfg, n, device)), plan.tp)
+    try:  # the TP `plan --measure` picks for these GPUs (the fewest that hold a measuring batch)
+        tp = measure_plan(cfg, draft_cfg, st.gpu, plan.num_gpus, st.k).memory.tp
+    except UserError:
+        tp = plan.num_gpus
     return (
         f"gate: not run in the build: measuring the target on one device {short}; "
         f"measure it across {tp} GPUs: eagle3-trt gate {dest} --prompts {req.heldout_prompts} --tp {tp}"
     )
-
-
-def _fits(cfg: dict, draft_cfg: dict | None, tp: int, device: str) -> bool:
-    try:
-        return device_shortfall(cfg, draft_cfg, tp, device) is None
-    except UserError:  # heads that do not split over tp ranks
-        return False
 
 
 def _manifest(
