@@ -165,6 +165,8 @@ class CompileRecord(_Strict):
     timings: dict[str, float] = Field(default_factory=dict)
     smoke: dict[str, Any] | None = None
     acceptance: dict[str, Any] | None = None
+    # the same prompts through the reference runtime and TensorRT-LLM, per request (pipeline/compile.agreement)
+    agreement: dict[str, Any] | None = None
     error: str | None = None
 
 
