@@ -176,7 +176,7 @@ def test_counters_are_read_from_request_output_shape():
     sd = SimpleNamespace(acceptance_rate=0.5, total_accepted_draft_tokens=12, total_draft_tokens=24)
     pm = SimpleNamespace(speculative_decoding=sd, first_iter=3, last_iter=10)
     out = SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(range(20)), request_perf_metrics=pm)])
-    assert comp.spec_from_output(out) == comp.RequestSpec(12, 24, 20, 8)
+    assert comp.spec_from_output(out) == comp.RequestSpec(12, 24, 20, 8, tuple(range(20)))  # the tokens kept for the agreement check
     out.outputs[0].request_perf_metrics = None
     with pytest.raises(UserError):
         comp.spec_from_output(out)
