@@ -2,6 +2,7 @@
 #   make tiny-pairs [PAIRS="tiny tiny-qwen3 tiny-gpt-oss"]: retrain the embedded pairs (models/tiny: ~17 min on 2 cores)
 #   make engine [MODEL=tiny|tiny-qwen3|tiny-gpt-oss|llama3.1-8b|llama3.3-70b|qwen3-8b|qwen3-32b|gpt-oss-20b|gpt-oss-120b] [TARGET=dir DRAFT=dir] [GPU=h100|h200|b200]
 #               [GPUS=n] [TP=n] [QUANT=fp8|nvfp4|bf16|native] [QUANTIZE_DRAFT=1] [DRY_RUN=1] [OUT=dir]
+#               [HELDOUT=prompts file: the build measures acceptance on it and prints the gate verdict]
 #   make docs   the documentation site (mkdocs --strict, into .cache/site)
 #   make test   lint, then the test suite (what CI runs); make lint: import contracts, ruff, mypy; make test-compat: the same on TensorRT-LLM 1.2's
 #               library generation (transformers 4.57.3, ModelOpt 0.37)
@@ -35,7 +36,7 @@ ENGINE_ARGS := --model $(MODEL) \
   $(if $(GPU),--target-gpu $(GPU)) $(if $(GPUS),--gpus $(GPUS)) $(if $(TP),--tp $(TP)) $(if $(QUANT),--quant $(QUANT)) \
   $(if $(filter 1 yes true,$(QUANTIZE_DRAFT)),--quantize-draft) \
   $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(if $(OUT),-o $(OUT)) \
-  $(if $(filter 1 yes true,$(FORCE)),--force)
+  $(if $(filter 1 yes true,$(FORCE)),--force) $(if $(HELDOUT),--heldout-prompts $(HELDOUT))
 
 .PHONY: setup engine test bench clean help
 help:

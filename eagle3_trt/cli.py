@@ -272,6 +272,12 @@ def _validate_max_seq_len(model: str | None, preset_file: str | None, max_seq_le
     help="do not run the pair on calibration prompts (target loss vs log V, draft agreement vs chance); the skip is recorded "
     "(also: EAGLE3_TRT_SKIP_BEHAVIOUR_CHECKS=1)",
 )
+@click.option(
+    "--heldout-prompts",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="held-out prompts (a prompt file as for alpha) the build measures acceptance on and gates; an embedded pair ships its own",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the manifest as JSON on stdout")
 def engine_cmd(model: str | None, preset_file: str | None, as_json: bool, **kw) -> None:
     """Validate, quantize and export a target + EAGLE-3 draft into an engine bundle."""
@@ -288,6 +294,10 @@ def engine_cmd(model: str | None, preset_file: str | None, as_json: bool, **kw) 
     for role in ("target", "draft"):  # a mistyped path is refused before the GPU probe (imports torch)
         if kw[role]:
             override_dir(kw[role], role)
+    if kw["heldout_prompts"]:  # missing, empty or malformed: one line before the GPU probe
+        from eagle3_trt.convert.prompts import load_prompt_records
+
+        load_prompt_records(kw["heldout_prompts"], option="--heldout-prompts")
     # imported after the checks above: the builder pulls in torch, transformers and ModelOpt (seconds),
     # and a mistyped MODEL or path should answer at once
     from eagle3_trt.pipeline.builder import EngineRequest, build_bundle
@@ -392,6 +402,8 @@ def _print_summary(con, res) -> None:
             f"alpha {acc.alpha:.2f}, acceptance length {acc.acceptance_length:.2f} tokens per target forward"
         )
         con.print(f"  {_build_gate_line(res.bundle, m)}", highlight=False)
+    elif res.gate_note:
+        con.print(f"  {res.gate_note}", highlight=False)
 
 
 def _build_gate_line(bundle: Path, m) -> str:
@@ -402,7 +414,10 @@ def _build_gate_line(bundle: Path, m) -> str:
     from eagle3_trt.pipeline.build_checkpoints import HELDOUT_MAX_TOKENS
 
     acc = m.acceptance
-    rerun = f"eagle3-trt alpha {_shown(bundle)} --prompts {_shown(Path(m.sources.target.path).parent / HELDOUT_FILE)} --limit {acc.prompts} --max-tokens {HELDOUT_MAX_TOKENS}"
+    if acc.prompts_file:  # --heldout-prompts: every record's first turn
+        rerun = f"eagle3-trt alpha {_shown(bundle)} --prompts {_shown(Path(acc.prompts_file))} --turns first --max-tokens {HELDOUT_MAX_TOKENS}"
+    else:
+        rerun = f"eagle3-trt alpha {_shown(bundle)} --prompts {_shown(Path(m.sources.target.path).parent / HELDOUT_FILE)} --limit {acc.prompts} --max-tokens {HELDOUT_MAX_TOKENS}"
     return build_acceptance_verdict(acc.alpha, _shown(bundle), rerun)
 
 

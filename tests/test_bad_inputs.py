@@ -959,6 +959,16 @@ CASES: list[Case] = [
     ),
     # ---- calibration input (issue 11 B: checked before the target is loaded)
     Case("calib-missing", (*E, "--calib", "{w}/missing.jsonl"), 2, r"missing\.jsonl: prompt file not found", absent=("load target",)),
+    # the build's held-out check: refused before the GPU probe, nothing built
+    Case("heldout-missing", (*E, "--heldout-prompts", "{w}/none.jsonl"), 2, r"none\.jsonl: prompt file not found", absent=("load target",)),
+    Case(
+        "heldout-not-json",
+        (*E, "--heldout-prompts", "{w}/h.jsonl"),
+        2,
+        r"h\.jsonl:2: not valid JSON",
+        make=write("h.jsonl", '{"text": "def f(x):"}\nclass A:\n'),
+        absent=("load target",),
+    ),
     Case(
         "calib-bad-json",
         (*E, "--calib", "{w}/bad.jsonl"),

@@ -215,3 +215,105 @@ def test_embedded_pair_bundle_measures_its_acceptance(tmp_path):
     assert acc["prompts"] == 8 and acc["max_draft_len"] == 3 and acc["target_forwards"] > 0
     assert 0.2 < acc["alpha"] <= 1.0 and 1.0 < acc["acceptance_length"] <= 4.0
     assert acc["measured_on"].startswith("heldout_prompts.json")
+
+
+def _heldout_file(path, n: int = 8):
+    """The embedded pair's first ``n`` held-out prompts, as a user's held-out file (token ids, measured as stored)."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "models" / "tiny" / "heldout_prompts.json"
+    held = json.loads(src.read_text())
+    path.write_text(json.dumps({"about": "the tiny pair's first held-out prompts", "prompts": held["prompts"][:n]}))
+    return path
+
+
+@pytest.mark.needs("make_venv")
+def test_make_engine_for_a_real_target_gates_the_heldout_prompts_given(tmp_path):
+    """`make engine TARGET=dir DRAFT=dir HELDOUT=file`: the pair given as directories (no embedded
+    prompts of its own) is measured on the file, the verdict printed and recorded; the figure is the
+    one the embedded pair's own check gives on the same prompts (one implementation of the measurement)."""
+    import os
+    import re
+    from pathlib import Path
+
+    from eagle3_trt.pipeline.build_checkpoints import measure_embedded_acceptance
+
+    root = Path(__file__).resolve().parents[1]
+    venv = Path(sys.executable).parent.parent
+    held = _heldout_file(tmp_path / "held.json")
+    out = tmp_path / "b"
+    r = subprocess.run(
+        ["make", "-s", "engine", "MODEL=tiny", f"TARGET={root / 'models/tiny/target'}", f"DRAFT={root / 'models/tiny/draft'}", "GPU=h100"]
+        + [f"HELDOUT={held}", f"OUT={out}", f"VENV={venv}", "-o", f"{venv}/.eagle3-trt-installed"],
+        cwd=root,
+        env={**os.environ, "MAKEFLAGS": ""},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    text = r.stdout + r.stderr
+    assert r.returncode == 0, text[-3000:]
+    acc = json.loads((out / "manifest.json").read_text())["acceptance"]
+    assert acc["prompts"] == 8 and acc["prompts_file"] == str(held.resolve()) and str(held) in acc["measured_on"]
+    assert re.search(r"acceptance \(K=3, 8 prompts; .*\): alpha \d\.\d\d", text), text
+    verdict = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("gate: ")]
+    assert len(verdict) == 1 and re.match(r"gate: (PASS|FAIL): alpha \d\.\d{3}", verdict[0]), text
+    assert f"{acc['alpha']:.3f}" in verdict[0] and ("PASS" in verdict[0]) == (acc["alpha"] >= 0.55)
+    b = open_bundle(out)
+    same = measure_embedded_acceptance(out, root / "models" / "tiny", b.k, tuple(b.aux_layer_ids))
+    assert same is not None and (same.alpha, same.generated_tokens, same.target_forwards) == (acc["alpha"], acc["generated_tokens"], acc["target_forwards"])
+
+
+def test_a_real_target_without_heldout_prompts_says_no_gate_was_run(tiny_pair_session, tmp_path):
+    t, d = tiny_pair_session
+    res = build(target=str(t), draft=str(d), target_gpu="h100", out=str(tmp_path / "b"), skip_behaviour_checks=True)
+    assert res.manifest.acceptance is None
+    assert res.gate_note is not None and res.gate_note.startswith("gate: not run: no held-out prompts") and "--heldout-prompts FILE" in res.gate_note
+    again = build(target=str(t), draft=str(d), target_gpu="h100", out=str(tmp_path / "b"), skip_behaviour_checks=True)
+    assert again.cache_hit and again.gate_note == res.gate_note  # a cache hit says it too
+
+
+@pytest.mark.parametrize("content", [None, "", "\n\n"])
+def test_heldout_prompts_missing_or_empty_is_one_line_exit_2(tmp_path, content):
+    f = tmp_path / "held.jsonl"
+    if content is not None:
+        f.write_text(content)
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle3_trt.cli", "engine", "--model", "tiny", "--heldout-prompts", str(f), "-o", str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: {f}: ") and ("not found" if content is None else "no prompts") in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_heldout_prompts_with_a_dry_run_is_refused(tmp_path):
+    with pytest.raises(UserError) as e:
+        build(target_gpu="h100", dry_run=True, heldout_prompts=str(_heldout_file(tmp_path / "held.json")), out=str(tmp_path / "b"))
+    assert e.value.where == "--heldout-prompts" and not (tmp_path / "b").exists()
+
+
+def test_heldout_prompts_for_a_target_that_fits_no_device_name_the_gate_tp_command(tmp_path):
+    """A 70B target (its config files, as the registry ships them): measuring it on this host would take
+    262.8 GiB in float32, so the build says so in one line with the `gate --tp N` command to run instead,
+    at the TP `plan --measure` picks."""
+    import shutil
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from eagle3_trt.pipeline.builder import _gate_note
+    from eagle3_trt.pipeline.gpus import get_gpu
+
+    cfgs = Path(__file__).resolve().parents[1] / "build" / "model_configs" / "llama3.3-70b"
+    staged = tmp_path / "staged"
+    for role in ("target", "draft"):
+        (staged / role).mkdir(parents=True)
+        shutil.copy(cfgs / role / "config.json", staged / role / "config.json")
+    req = EngineRequest(preset=load_preset("llama3.3-70b"), heldout_prompts="held.jsonl")
+    st = SimpleNamespace(dest=tmp_path / "b", gpu=get_gpu("h100"), k=4)
+    note = _gate_note(req, st, SimpleNamespace(num_gpus=8, tp=8), staged)
+    assert note is not None and note.startswith("gate: not run in the build: measuring the target on one device needs 26")
+    # the TP `plan llama3.3-70b --gpu h100 --gpus 8 --measure` picks (docs/gpu-runbook.md step 4: TP=4)
+    assert note.endswith(f"eagle3-trt gate {tmp_path / 'b'} --prompts held.jsonl --tp 4"), note

@@ -176,7 +176,7 @@ def test_counters_are_read_from_request_output_shape():
     sd = SimpleNamespace(acceptance_rate=0.5, total_accepted_draft_tokens=12, total_draft_tokens=24)
     pm = SimpleNamespace(speculative_decoding=sd, first_iter=3, last_iter=10)
     out = SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(range(20)), request_perf_metrics=pm)])
-    assert comp.spec_from_output(out) == comp.RequestSpec(12, 24, 20, 8)
+    assert comp.spec_from_output(out) == comp.RequestSpec(12, 24, 20, 8, tuple(range(20)))  # the tokens kept for the agreement check
     out.outputs[0].request_perf_metrics = None
     with pytest.raises(UserError):
         comp.spec_from_output(out)
@@ -222,3 +222,38 @@ def test_compile_tiny_bundle_on_gpu(tmp_path):
     rec = comp.compile_bundle(b, prompts=4, max_tokens=32)
     assert rec["ok"] and rec["smoke"]["tokens"] > 0 and rec["acceptance"]["draft_tokens"] > 0
     assert json.loads((b / "manifest.json").read_text())["compile"]["gpu"]["sm"] == sm
+
+
+def test_reference_and_served_acceptance_agreement_per_request_in_the_manifest(tmp_path):
+    """`compile`'s comparison of the same prompts through the reference runtime and TensorRT-LLM, fed here
+    with reference-runtime results on both sides (no TensorRT-LLM on this machine): the built FP8 bundle
+    against itself (agreement, every request identical) and against its BF16 sources (the counters as each
+    side measured them, the overall gap their sums give); recorded in the manifest's compile record."""
+    from eagle3_trt.convert.embedded import heldout_prompts
+    from eagle3_trt.core.engine import SamplingParams
+    from eagle3_trt.runtime.loader import engine_from_bundle
+
+    b = build_bundle(EngineRequest(preset=load_preset("tiny"), target_gpu="h100", out=str(tmp_path / "b"))).bundle
+    k = fmt.open_bundle(b).k
+    prompts = heldout_prompts(Path(__file__).resolve().parents[1] / "models" / "tiny")
+    assert prompts is not None
+    params = SamplingParams(max_tokens=24)
+    built = [comp.spec_from_reference(r) for r in engine_from_bundle(b).generate(prompts[:6], params)]
+    bf16 = [comp.spec_from_reference(r) for r in engine_from_bundle(b, reference=True).generate(prompts[:6], params)]
+
+    same = comp.agreement(built, built, k)
+    assert same["agree"] and same["alpha_difference"] == 0 and same["requests_with_same_tokens"] == same["requests_with_same_counts"] == 6
+
+    diff = comp.agreement(built, bf16, k)
+    assert [r["reference"]["accepted"] for r in diff["per_request"]] == [s.accepted for s in built]
+    assert [r["served"]["drafted"] for r in diff["per_request"]] == [s.drafted for s in bf16]
+    alpha = [round(sum(s.accepted for s in side) / sum(s.drafted for s in side), 4) for side in (built, bf16)]
+    assert (diff["reference"]["alpha"], diff["served"]["alpha"]) == tuple(alpha) and 0.2 < alpha[0] <= 1.0
+    assert diff["alpha_difference"] == round(alpha[1] - alpha[0], 4) and diff["agree"] == (abs(alpha[1] - alpha[0]) <= comp.AGREEMENT_ALPHA_TOLERANCE)
+    assert diff["requests_with_same_tokens"] == sum(x.token_ids == y.token_ids for x, y in zip(built, bf16))
+
+    comp.record_compile(b, {"ok": True, "agreement": diff})
+    assert json.loads((b / "manifest.json").read_text())["compile"]["agreement"] == json.loads(json.dumps(diff))
+    assert fmt.verify(b) == []
+    with pytest.raises(UserError):
+        comp.agreement(built, bf16[:2], k)

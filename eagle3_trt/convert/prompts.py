@@ -166,3 +166,46 @@ def load_prompts(path: str | Path, limit: int | None = None, *, option: str = "-
     if records and records[0].kind == IDS:
         raise UserError(path, "holds token ids (a held-out prompts file), not text", f"pass {option} a text prompt file: {FORMAT_HINT}")
     return [r.first for r in records]
+
+
+def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a conversation ending with the assistant's turn header (the bundle's chat template)."""
+    if tokenizer is None:
+        raise UserError("tokenizer", "the bundle has no tokenizer", "rebuild the bundle; it ships tokenizer/")
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    # no template: drafts lose much acceptance without the format they were trained on; say so in the report
+    text = "\n\n".join(m["content"] for m in messages)
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def encode_raw(tokenizer, text: str) -> list[int]:
+    """Token ids of a raw completion prompt, as TensorRT-LLM's OpenAI server encodes one: no
+    template, special tokens (BOS) as the tokenizer adds them by default
+    (NVIDIA/TensorRT-LLM tensorrt_llm/serve/openai_protocol.py: ``CompletionRequest.add_special_tokens``
+    defaults to True, passed to the input processor's ``tokenizer.encode``; chat requests default
+    to False because the template carries BOS)."""
+    if tokenizer is None:
+        raise UserError("tokenizer", "the bundle has no tokenizer", "rebuild the bundle; it ships tokenizer/")
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def first_turn_ids(records: list[PromptRecord], tokenizer, vocab_size: int, *, source: str | Path) -> list[list[int]]:
+    """Token ids of each record's first turn as a measurement sends it: chat records through the
+    template, raw records as completions, token-id records as stored (``use_chat_template``'s defaults)."""
+    templated = use_chat_template(records, None, source=source)
+    out = []
+    for rec, chat in zip(records, templated):
+        if rec.kind == IDS:
+            ids = list(rec.ids)
+            if max(ids, default=0) >= vocab_size:
+                raise UserError(
+                    f"{source}: prompt {rec.id}",
+                    f"token id {max(ids)} is outside the target's vocabulary of {vocab_size}",
+                    "these ids belong to another tokenizer",
+                )
+        else:
+            ids = encode_chat(tokenizer, [{"role": "user", "content": rec.first}]) if chat else encode_raw(tokenizer, rec.first)
+        out.append(ids)
+    return out

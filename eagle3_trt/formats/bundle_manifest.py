@@ -121,7 +121,8 @@ class Validation(_Strict):
 
 
 class Acceptance(_Strict):
-    """Greedy speculative decoding of the built bundle on an embedded pair's held-out prompts."""
+    """Greedy speculative decoding of the built bundle on held-out prompts: an embedded pair's own, or
+    the file given with ``engine --heldout-prompts`` (``prompts_file``)."""
 
     alpha: float
     acceptance_length: float
@@ -130,6 +131,7 @@ class Acceptance(_Strict):
     generated_tokens: int
     target_forwards: int
     measured_on: str
+    prompts_file: str | None = Field(default=None, description="the --heldout-prompts file measured (None: the embedded pair's own)")
 
 
 class Recommendation(_Strict):
@@ -163,6 +165,8 @@ class CompileRecord(_Strict):
     timings: dict[str, float] = Field(default_factory=dict)
     smoke: dict[str, Any] | None = None
     acceptance: dict[str, Any] | None = None
+    # the same prompts through the reference runtime and TensorRT-LLM, per request (pipeline/compile.agreement)
+    agreement: dict[str, Any] | None = None
     error: str | None = None
 
 

@@ -13,37 +13,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from eagle3_trt.convert.prompts import IDS, PromptRecord, use_chat_template
+from eagle3_trt.convert.prompts import IDS, PromptRecord, encode_chat, encode_raw, use_chat_template
 from eagle3_trt.core.engine import SamplingParams
 from eagle3_trt.core.stats import AggregateStats, RequestStats, aggregate
 from eagle3_trt.errors import IncompleteMeasurement, UserError
 from eagle3_trt.measure.cost_model import expected_tokens
 from eagle3_trt.measure.estimator import estimate
 from eagle3_trt.progress import Advance
-
-
-def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of a conversation ending with the assistant's turn header (the bundle's chat template)."""
-    if tokenizer is None:
-        raise UserError("tokenizer", "the bundle has no tokenizer", "rebuild the bundle; it ships tokenizer/")
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    # no template: drafts lose much acceptance without the format they were trained on; say so in the report
-    text = "\n\n".join(m["content"] for m in messages)
-    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
-
-
-def encode_raw(tokenizer, text: str) -> list[int]:
-    """Token ids of a raw completion prompt, as TensorRT-LLM's OpenAI server encodes one: no
-    template, special tokens (BOS) as the tokenizer adds them by default
-    (NVIDIA/TensorRT-LLM tensorrt_llm/serve/openai_protocol.py: ``CompletionRequest.add_special_tokens``
-    defaults to True, passed to the input processor's ``tokenizer.encode``; chat requests default
-    to False because the template carries BOS; read through the search index, file id 55330891886,
-    commit not reported)."""
-    if tokenizer is None:
-        raise UserError("tokenizer", "the bundle has no tokenizer", "rebuild the bundle; it ships tokenizer/")
-    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
 
 @dataclass

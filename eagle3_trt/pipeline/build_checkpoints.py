@@ -24,9 +24,10 @@ from eagle3_trt.convert import export, quantize
 from eagle3_trt.convert.draft_format import config_for_max_seq_len, head_hooks
 from eagle3_trt.convert.embedded import heldout_prompts
 from eagle3_trt.convert.load import load_engine
-from eagle3_trt.convert.prompts import load_prompts
+from eagle3_trt.convert.prompts import first_turn_ids, load_prompt_records, load_prompts
 from eagle3_trt.core.draft import Eagle3Draft
 from eagle3_trt.core.engine import SamplingParams
+from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import read_json
 from eagle3_trt.formats.draft_config import read_draft_config, target_token_ids
 from eagle3_trt.pipeline import bundle as fmt
@@ -50,9 +51,35 @@ def measure_embedded_acceptance(
     prompts = heldout_prompts(pair_dir)
     if prompts is None:
         return None
-    prompts = prompts[:n_prompts]
-    bundle = Path(bundle)
-    eng = load_engine(bundle / "target", bundle / "draft", tokenizer_dir=bundle / "tokenizer", max_draft_len=k, aux_layer_ids=aux, quantized=True, device="cpu")
+    eng = _built_engine(Path(bundle), k, aux, "cpu")
+    measured_on = "heldout_prompts.json (held-out text), greedy, reference runtime on the quantized bundle"
+    return _acceptance(eng, prompts[:n_prompts], k, max_tokens, measured_on)
+
+
+def measure_file_acceptance(
+    bundle: Path, prompts_file: Path, k: int, aux: tuple[int, ...], device: str = "cpu", max_tokens: int = HELDOUT_MAX_TOKENS
+) -> fmt.Acceptance:
+    """The same measurement on held-out prompts the user supplies (``engine --heldout-prompts``): every
+    record's first turn, encoded as ``alpha`` encodes it (chat records through the bundle's template)."""
+    records = load_prompt_records(prompts_file, option="--heldout-prompts")
+    eng = _built_engine(Path(bundle), k, aux, device)
+    prompts = first_turn_ids(records, eng.tokenizer, eng.target.vocab_size, source=prompts_file)
+    for rec, ids in zip(records, prompts):
+        if len(ids) + max_tokens > eng.max_seq_len:
+            raise UserError(
+                f"{prompts_file}: prompt {rec.id}", f"{len(ids)} tokens + {max_tokens} generated exceed max_seq_len {eng.max_seq_len}", "shorten or drop it"
+            )
+    measured_on = f"{prompts_file} (held-out prompts given with --heldout-prompts), first turns, greedy, reference runtime on the quantized bundle"
+    return _acceptance(eng, prompts, k, max_tokens, measured_on).model_copy(update={"prompts_file": str(Path(prompts_file).resolve())})
+
+
+def _built_engine(bundle: Path, k: int, aux: tuple[int, ...], device: str):
+    return load_engine(
+        bundle / "target", bundle / "draft", tokenizer_dir=bundle / "tokenizer", max_draft_len=k, aux_layer_ids=aux, quantized=True, device=device
+    )
+
+
+def _acceptance(eng, prompts: list[list[int]], k: int, max_tokens: int, measured_on: str) -> fmt.Acceptance:
     res = eng.generate(prompts, SamplingParams(max_tokens=max_tokens))
     gen = sum(r.stats.generated_tokens for r in res)
     fwd = sum(r.stats.target_forwards for r in res)
@@ -65,7 +92,7 @@ def measure_embedded_acceptance(
         prompts=len(prompts),
         generated_tokens=gen,
         target_forwards=fwd,
-        measured_on="heldout_prompts.json (held-out text), greedy, reference runtime on the quantized bundle",
+        measured_on=measured_on,
     )
 
 

@@ -20,11 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from eagle3_trt import __version__
 from eagle3_trt.atomic import remove_stale_staging, staged_dir, write_json
 from eagle3_trt.convert import behaviour, quantize
 from eagle3_trt.convert.draft_format import DraftCheckpoint, for_max_seq_len, head_hooks, load_draft
 from eagle3_trt.convert.embedded import embedded_pair
+from eagle3_trt.convert.prompts import load_prompt_records
 from eagle3_trt.convert.target import TargetInfo, read_target
 from eagle3_trt.convert.validate import ValidationReport, check_target_family, check_target_tokenizer, validate_pair
 from eagle3_trt.convert.validate_draft import aux_default_warning, check_window, max_position_warning
@@ -35,10 +38,11 @@ from eagle3_trt.formats.draft_config import read_draft_config
 from eagle3_trt.formats.hf_config import Eagle3DraftConfigFields, parse_config
 from eagle3_trt.pipeline import bundle as fmt
 from eagle3_trt.pipeline import bundle_write, gpus
-from eagle3_trt.pipeline.build_checkpoints import Progress, measure_embedded_acceptance, quantize_and_export, write_config_only
+from eagle3_trt.pipeline.build_checkpoints import Progress, measure_embedded_acceptance, measure_file_acceptance, quantize_and_export, write_config_only
 from eagle3_trt.pipeline.llm_options import CudaGraphOptions, Eagle3Options, KvCacheOptions, LlmApiOptions, MoeOptions
 from eagle3_trt.pipeline.planner import make_plan as plan_deployment
 from eagle3_trt.pipeline.presets import Preset, override_dir, resolve_source
+from eagle3_trt.pipeline.reference_memory import device_shortfall, measure_plan
 from eagle3_trt.resources import data_dir
 from eagle3_trt.speculative.registry import method_for_head
 
@@ -70,6 +74,8 @@ class EngineRequest:
     # convert/behaviour.py's checks (target loss, draft agreement): on unless --skip-behaviour-checks
     # or behaviour.SKIP_ENV is set (random-weight test pairs, which the checks rightly refuse)
     skip_behaviour_checks: bool = False
+    # held-out prompts for the build's acceptance check and gate verdict (an embedded pair ships its own)
+    heldout_prompts: str | None = None
 
 
 @dataclass
@@ -79,6 +85,7 @@ class BuildResult:
     opened: fmt.Bundle
     warnings: list[str] = field(default_factory=list)
     reason: str | None = None  # why the bundle was (re)built; None for a cache hit
+    gate_note: str | None = None  # why no acceptance was measured and gated, and how to get it (None: measured, or a dry run)
 
     @property
     def manifest(self) -> fmt.Manifest:
@@ -266,6 +273,10 @@ def _resolve(req: EngineRequest) -> _Settings:
     quant = resolve_quant(req, gpu, target)
     kv = _resolve_kv(req, quant, gpu)
     draft_quant = _resolve_draft_quant(req, quant, gpu)
+    if req.heldout_prompts:
+        if req.dry_run:
+            raise UserError("--heldout-prompts", "a dry run reads no weights, so there is nothing to measure", "drop --dry-run or --heldout-prompts")
+        load_prompt_records(req.heldout_prompts, option="--heldout-prompts")  # missing, empty or malformed: refused before any weight is read
     if req.max_draft_len is not None and not 1 <= req.max_draft_len <= 16:  # 0 would silently mean the preset's K
         raise UserError("--max-draft-len", f"{req.max_draft_len}", "draft lengths are 1..16")
     return _Settings(
@@ -334,6 +345,8 @@ def _inputs_fingerprint(req: EngineRequest, st: _Settings, digests: dict[str, di
             "aux": list(report.aux_layer_ids),
             "gpus": plan.num_gpus,
             "tp": plan.tp,
+            # the prompts the build's gate measured (only when given: bundles built without keep their fingerprint)
+            **({"heldout": sha256_file(Path(req.heldout_prompts))} if req.heldout_prompts else {}),
         }
     )
 
@@ -363,7 +376,9 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
         # a cache hit writes nothing, so staged_dir's clean-up never runs: a build SIGKILLed
         # earlier (say a --force rebuild) would leave its staging directory beside the bundle for good
         remove_stale_staging(st.dest)
-        return BuildResult(st.dest, True, fmt.open_bundle(st.dest), report.warnings)
+        opened = fmt.open_bundle(st.dest)
+        note = None if opened.manifest.acceptance else _gate_note(req, st, plan, st.dest)
+        return BuildResult(st.dest, True, opened, report.warnings, gate_note=note)
     if st.dest.exists():
         log(f"rebuilding {st.dest}: {reason}")
     if report.behaviour is None:  # measured only now: a cache hit pays nothing, a refusal writes nothing
@@ -387,14 +402,60 @@ def build_bundle(req: EngineRequest, progress: Progress = _no_progress, log: Cal
         opts = llm_options(req, st.kv, st.k, report.aux_layer_ids, report.aux_layers_are_default, plan, draft)
         bundle_write.write_options(tmp, opts)
         write_json(tmp / fmt.VALIDATION_FILE, report.to_dict())
-        acceptance = None
-        if not req.dry_run and req.preset.target.embedded and not (req.target or req.draft):
+        acceptance, note = None, None
+        if not req.dry_run:
+            note = _gate_note(req, st, plan, tmp)
+        if note is None and req.heldout_prompts:
+            tick = progress("measure acceptance on held-out prompts", None)
+            acceptance = measure_file_acceptance(tmp, Path(req.heldout_prompts), st.k, tuple(report.aux_layer_ids), device=_measure_device())
+            tick()
+        elif note is None and not req.dry_run:
             tick = progress("measure acceptance on held-out prompts", None)
             acceptance = measure_embedded_acceptance(tmp, st.target_dir.parent, st.k, tuple(report.aux_layer_ids))
             tick()
         timings["total_s"] = time.perf_counter() - t0
         bundle_write.seal(tmp, _manifest(req, st, plan, report, digests, calib, timings, acceptance, inputs_fp, draft))
-    return BuildResult(st.dest, False, fmt.open_bundle(st.dest), report.warnings, reason)
+    return BuildResult(st.dest, False, fmt.open_bundle(st.dest), report.warnings, reason, gate_note=note)
+
+
+def _embedded_own(req: EngineRequest) -> bool:
+    """The build is of an embedded pair as shipped, with its own held-out prompts."""
+    return bool(req.preset.target.embedded) and not (req.target or req.draft)
+
+
+def _measure_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _gate_note(req: EngineRequest, st: _Settings, plan, bundle_dir: Path) -> str | None:
+    """None when the build measures acceptance and gates it (an embedded pair's own prompts, or
+    --heldout-prompts whose target fits the measuring device), else the one line saying why it
+    does not and the command that does."""
+    dest = st.dest
+    if req.dry_run:
+        return None
+    if not req.heldout_prompts:
+        if _embedded_own(req):
+            return None
+        return (
+            f"gate: not run: no held-out prompts for this target; give them to the build (--heldout-prompts FILE, "
+            f"make engine ... HELDOUT=FILE) or gate the bundle afterwards: eagle3-trt gate {dest} --prompts FILE"
+        )
+    device = _measure_device()
+    cfg = read_json(bundle_dir / "target" / "config.json")
+    draft_cfg_file = bundle_dir / "draft" / "config.json"
+    draft_cfg = read_json(draft_cfg_file) if draft_cfg_file.is_file() else None
+    short = device_shortfall(cfg, draft_cfg, 1, device)
+    if short is None:
+        return None
+    try:  # the TP `plan --measure` picks for these GPUs (the fewest that hold a measuring batch)
+        tp = measure_plan(cfg, draft_cfg, st.gpu, plan.num_gpus, st.k).memory.tp
+    except UserError:
+        tp = plan.num_gpus
+    return (
+        f"gate: not run in the build: measuring the target on one device {short}; "
+        f"measure it across {tp} GPUs: eagle3-trt gate {dest} --prompts {req.heldout_prompts} --tp {tp}"
+    )
 
 
 def _manifest(

@@ -155,6 +155,7 @@ class RequestSpec:
     drafted: int  # total_draft_tokens
     generated: int  # output tokens
     forwards: int | None  # target forwards incl. prefill (last_iter - first_iter + 1), if reported
+    token_ids: tuple[int, ...] | None = None  # the generated tokens, where the caller kept them
 
 
 def spec_from_output(output: Any) -> RequestSpec:
@@ -170,7 +171,62 @@ def spec_from_output(output: Any) -> RequestSpec:
         )
     first, last = getattr(pm, "first_iter", None), getattr(pm, "last_iter", None)
     forwards = int(last) - int(first) + 1 if isinstance(first, int) and isinstance(last, int) and last >= first else None
-    return RequestSpec(int(sd.total_accepted_draft_tokens), int(sd.total_draft_tokens), len(comp.token_ids), forwards)
+    return RequestSpec(int(sd.total_accepted_draft_tokens), int(sd.total_draft_tokens), len(comp.token_ids), forwards, tuple(comp.token_ids))
+
+
+def spec_from_reference(result: Any) -> RequestSpec:
+    """One reference-runtime GenerationResult's counters, in TensorRT-LLM's terms (core/stats.RequestStats)."""
+    st = result.stats
+    return RequestSpec(int(st.accepted_tokens), int(st.draft_tokens), int(st.generated_tokens), int(st.target_forwards), tuple(result.token_ids))
+
+
+# how far the served overall alpha may sit from the reference's on the same prompts before the
+# two are said to disagree (FP8 kernels and the dequantized reference round differently)
+AGREEMENT_ALPHA_TOLERANCE = 0.05
+
+
+def agreement(reference: list[RequestSpec], served: list[RequestSpec], k: int, tolerance: float = AGREEMENT_ALPHA_TOLERANCE) -> dict[str, Any]:
+    """Per-request acceptance of the same prompts, measured by the reference runtime and served by
+    TensorRT-LLM, and whether they agree: overall alpha within ``tolerance``, and how many requests
+    match exactly (counters, and generated tokens where both sides kept them)."""
+    if len(reference) != len(served) or not reference:
+        raise UserError("compile", f"{len(reference)} reference and {len(served)} served requests", "compare the same prompts, at least one")
+
+    def one(r: RequestSpec) -> dict[str, Any]:
+        return {
+            "accepted": r.accepted,
+            "drafted": r.drafted,
+            "generated": r.generated,
+            "forwards": r.forwards,
+            "alpha": round(r.accepted / r.drafted, 4) if r.drafted else None,
+        }
+
+    per_request, same_counts, same_tokens, max_diff = [], 0, 0, 0.0
+    for ref, srv in zip(reference, served):
+        a, b = one(ref), one(srv)
+        diff = round(b["alpha"] - a["alpha"], 4) if a["alpha"] is not None and b["alpha"] is not None else None
+        max_diff = max(max_diff, abs(diff)) if diff is not None else max_diff
+        counts = (ref.accepted, ref.drafted, ref.generated) == (srv.accepted, srv.drafted, srv.generated)
+        tokens = ref.token_ids is not None and ref.token_ids == srv.token_ids
+        same_counts += counts
+        same_tokens += tokens
+        per_request.append({"reference": a, "served": b, "alpha_difference": diff, "same_counts": counts, "same_tokens": tokens})
+    ref_acc = {**aggregate_acceptance(reference, k), "source": "reference runtime (eagle3_trt) on the bundle"}
+    srv_acc = aggregate_acceptance(served, k)
+    both = ref_acc["alpha"] is not None and srv_acc["alpha"] is not None
+    diff = round(srv_acc["alpha"] - ref_acc["alpha"], 4) if both else None
+    return {
+        "requests": len(reference),
+        "reference": ref_acc,
+        "served": srv_acc,
+        "alpha_difference": diff,
+        "max_request_alpha_difference": round(max_diff, 4),
+        "requests_with_same_counts": same_counts,
+        "requests_with_same_tokens": same_tokens,
+        "tolerance": tolerance,
+        "agree": diff is not None and abs(diff) <= tolerance,
+        "per_request": per_request,
+    }
 
 
 def aggregate_acceptance(reqs: list[RequestSpec], k: int) -> dict[str, Any]:

@@ -21,6 +21,7 @@ booking with, not a benchmark: eager PyTorch runs well below these rooflines on 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -87,6 +88,27 @@ def reference_memory(
     kv = 2 * s.layers * (k1 - k0) * head_dim * dtype_bytes * batch * context
     logits = batch * context * (d.draft_vocab if d is not None else s.vocab) * 4
     return ReferenceMemory(tp, dtype_bytes, params * dtype_bytes, (d.total if d else 0) * dtype_bytes, kv, logits, batch, context, s.layers)
+
+
+def device_shortfall(target_cfg: dict[str, Any], draft_cfg: dict[str, Any] | None, tp: int, device: str) -> str | None:
+    """None when one rank's slice of the target at ``tp``, the draft and a margin of 10% fit ``device``
+    (dequantized to the measuring dtype: BF16 on a GPU, float32 on a CPU, where the ranks share the
+    host's memory), else "needs ... and ... has ..."."""
+    import torch  # only here: the plan's figures need no torch
+
+    dtype_bytes = 2 if device.startswith("cuda") else 4
+    try:
+        mem = reference_memory(target_cfg, draft_cfg, tp, dtype_bytes=dtype_bytes)
+    except (KeyError, TypeError, ValueError, UserError):  # a head whose config the planner does not size: the target alone
+        mem = reference_memory(target_cfg, None, tp, dtype_bytes=dtype_bytes)
+    if device.startswith("cuda"):
+        dev = torch.device(device)
+        have, need, where = torch.cuda.get_device_properties(dev).total_memory, mem.total, f"one {torch.cuda.get_device_name(dev)}"
+    else:
+        have, need, where = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), mem.total * tp, "this host's free memory"
+    if need * 1.1 <= have:
+        return None
+    return f"needs {mem.line()} and {where} has {have / GIB:.1f} GiB"
 
 
 def alpha_time_s(mem: ReferenceMemory, gpu: GpuSpec, *, prompts: int, prompt_tokens: int, max_tokens: int, k: int, active_params: int) -> dict[str, float]:

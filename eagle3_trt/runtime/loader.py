@@ -7,7 +7,6 @@ bundle's facts (K, aux layers, directories, max_seq_len, recorded BF16 sources) 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -18,7 +17,7 @@ from eagle3_trt.core.speculation_control import SpeculationControl, SpeculationG
 from eagle3_trt.errors import UserError
 from eagle3_trt.formats.checkpoint_io import read_json
 from eagle3_trt.pipeline.bundle import Bundle, open_bundle
-from eagle3_trt.pipeline.reference_memory import GIB, reference_memory
+from eagle3_trt.pipeline.reference_memory import device_shortfall
 from eagle3_trt.runtime.distributed import current
 from eagle3_trt.speculative.registry import method_from_options
 
@@ -89,29 +88,20 @@ def _load_built(b: Bundle, k: int, device: str, dtype) -> SpeculativeEngine:
 
 def refuse_what_does_not_fit(b: Bundle, device: str) -> None:
     """One line, before anything loads, when this rank's slice of the target (at the run's TP size) and
-    the draft do not fit the device they are measured on (pipeline/reference_memory.py: dequantized to
-    the measuring dtype, BF16 on a GPU, float32 on a CPU). On a CPU the ranks share the host's memory."""
+    the draft do not fit the device they are measured on (pipeline/reference_memory.py)."""
     group = current()
     tp = group.world if group is not None else 1
     draft_cfg_file = b.draft_dir / "config.json"
     try:
         draft_cfg = read_json(draft_cfg_file) if draft_cfg_file.is_file() else None
-        mem = reference_memory(b.target_config, draft_cfg, tp, dtype_bytes=2 if device.startswith("cuda") else 4)
-    except (KeyError, TypeError, ValueError, UserError):  # a head whose config the planner does not size: the target alone
-        mem = reference_memory(b.target_config, None, tp, dtype_bytes=2 if device.startswith("cuda") else 4)
-    if device.startswith("cuda"):
-        have, need, where = (
-            torch.cuda.get_device_properties(torch.device(device)).total_memory,
-            mem.total,
-            f"one {torch.cuda.get_device_name(torch.device(device))}",
-        )
-    else:
-        have, need, where = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), mem.total * tp, "this host's free memory"
-    if need * 1.1 <= have:
+    except UserError:  # an unreadable head config: the target alone is sized
+        draft_cfg = None
+    short = device_shortfall(b.target_config, draft_cfg, tp, device)
+    if short is None:
         return
     raise UserError(
         "--tp",
-        f"measuring {b.path.name} needs {mem.line()} and {where} has {have / GIB:.1f} GiB",
+        f"measuring {b.path.name} {short}",
         "use more GPUs (--tp N, at most one rank per GPU) or GPUs with more memory; `eagle3-trt plan MODEL --measure` sizes it",
     )
 
