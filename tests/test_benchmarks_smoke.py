@@ -32,6 +32,7 @@ SMOKE: dict[str, str] = {
     "bench_capture_overhead.py": "--rounds 1 --max-tokens 4 --json",  # + --bundle
     "bench_capture_scale.py": "--smoke --json",
     "bench_hs_convert_memory.py": "--smoke --json",
+    "bench_traffic_split.py": "--sizes 200 --json",
     "bench_serving_overhead.py": "--rounds 7 --rounds-high 1 --concurrency 1 --max-tokens 4 --speculate on --json",  # + --bundle
     "compare_aiperf.py": "--concurrency 1 --requests 2 --num-prompts 2 --max-tokens 4 --rounds 1",  # + --bundle
 }
@@ -109,6 +110,15 @@ def test_bench_hs_convert_memory_smoke():
     assert [r["direction"] for r in rep["rows"]] == ["to-modelopt", "to-speculators", "from-modelopt", "from-speculators", "from-trtllm"], rep
     assert len({r["rows"] for r in rep["rows"]}) == 1 and rep["rows"][0]["rows"] > 1, rep
     assert all(r["peak_rss_mb"] >= r["rss_after_imports_mb"] > 0 and r["input_mb"] > 0 for r in rep["rows"]), rep
+
+
+def test_bench_traffic_split_smoke():
+    out = run_bench("bench_traffic_split.py").stdout
+    rows = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+    # both kinds of traffic at the requested size, each held back near the requested 0.2
+    assert [(r["kind"], r["records"]) for r in rows] == [("templated", 200), ("distinct", 200)], rows
+    assert all(abs(r["heldout_share"] - 0.2) <= 0.05 and r["groups"] <= r["records"] for r in rows), rows
+    assert rows[0]["groups"] < rows[1]["groups"], rows  # templated prompts group
 
 
 @pytest.mark.needs("tritonserver", "tritonclient")

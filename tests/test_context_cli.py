@@ -12,7 +12,7 @@ from eagle3_trt.measure.switch_off import NO_CONTEXT_SETTING
 
 def test_alpha_reports_acceptance_by_context_and_recommend_reads_it(fp8_bundle, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
-    texts = ["def f(x):\n    return x\n" * n for n in (1, 4, 16, 40)]
+    texts = ["def f(x):\n    return x\n" * n for n in (1, 4, 16, 24)]
     prompts.write_text("".join(json.dumps({"category": "code", "text": t}) + "\n" for t in texts))
     out = tmp_path / "rep"
     assert main(["alpha", str(fp8_bundle), "--prompts", str(prompts), "--max-tokens", "12", "--no-bf16", "--sweep", "1-3", "-o", str(out)]) == 0

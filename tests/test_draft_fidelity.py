@@ -192,16 +192,20 @@ def test_variant_heads_decode_exactly_and_export(tiny_pair, tmp_path, name):
 # ---------------------------------------------------------------------------------------------
 # embeddings, aux order, lm_head
 # ---------------------------------------------------------------------------------------------
-def test_shipped_embed_tokens_ignored_when_hidden_sizes_match(tiny_pair):
-    """TensorRT-LLM shares the target's embedding unless target_hidden_size != hidden_size."""
+def test_shipped_embed_tokens_is_the_targets_or_refused_when_hidden_sizes_match(tiny_pair):
+    """TensorRT-LLM shares the target's embedding unless target_hidden_size != hidden_size: a shipped table
+    equal to the target's is served as trained, one that differs would not be and is refused."""
     W = load_file(str(tiny_pair[1] / "model.safetensors"))
-    W["embed_tokens.weight"] = torch.randn(512, W["fc.weight"].shape[0]).to(torch.bfloat16)
+    T = load_file(str(tiny_pair[0] / "model.safetensors"))["model.embed_tokens.weight"]
+    W["embed_tokens.weight"] = T.clone()
     save_file(W, str(tiny_pair[1] / "model.safetensors"))
     eng = load_engine(tiny_pair[0], tiny_pair[1], dtype=torch.float32)
     ids = torch.tensor([[3, 5, 7]])
     assert eng.draft_embed is None and torch.equal(eng.draft_embedding(ids), eng.target.embed(ids))
-    rep = validate_pair(read_target(tiny_pair[0]), load_draft(tiny_pair[1]), 512)
-    assert any("embed_tokens.weight is not shipped" in w for w in rep.warnings)
+    W["embed_tokens.weight"] = torch.randn(512, W["fc.weight"].shape[0]).to(T.dtype)
+    save_file(W, str(tiny_pair[1] / "model.safetensors"))
+    with pytest.raises(UserError, match="embed_tokens.weight: differs from the target's"):
+        validate_pair(read_target(tiny_pair[0]), load_draft(tiny_pair[1]), 512)
 
 
 def test_own_embed_tokens_when_hidden_sizes_differ(tiny_pair):

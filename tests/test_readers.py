@@ -38,6 +38,9 @@ JSON_PARSERS = {
     "triton_serving/deploy.py": "Triton's repository API responses",
     "clients/openai_client.py": "server-sent events",
     "clients/chat.py": "the checkpoint's tokenizer_config.json",
+    # captured traffic: one field of a record line read without validating the whole record (hot paths)
+    "formats/traffic.py": "a segment's first record time (retention's age order)",
+    "formats/traffic_split.py": "a record's prompt ids when the split re-reads a candidate",
 }
 
 
