@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from eagle3_trt.runtime.llm_api import SamplingParamError, validate_sampling
-from eagle3_trt.runtime.request_contract import ClientRequest, ServedRequest, resolve_request
+from eagle3_trt.runtime.request_contract import ClientRequest, ServedRequest, check_prompt_text, check_seed, resolve_request
 from eagle3_trt.triton_serving.interface import INPUT_BY_NAME
 
 # The one request parameter the model reads (not an input tensor): the request's category, kept with
@@ -140,6 +140,7 @@ def parse_request(get: Getter) -> GenRequest:
     seed = None if seed is None else int(seed)
     try:
         validate_sampling(None, None, None, seed)
+        check_seed(seed)
     except SamplingParamError as e:
         raise _named(e) from None
     stop = _stop_strings(get)
@@ -169,13 +170,15 @@ def _prompt(arr: Any, stop_request: bool) -> str:
     arr = np.asarray(arr).reshape(-1)
     if arr.size != 1:
         raise RequestError("text_input", f"exactly one prompt per request is supported, got {arr.size}")
+    v = arr[0]
+    # Invalid bytes are checked as Dynamo's worker sees them (replaced by U+FFFD), so the refusal is the same.
+    prompt = v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
+    if stop_request:  # a stop request's text is not a prompt
+        return prompt
     try:
-        prompt = _text(arr[0])
-    except UnicodeDecodeError as e:
-        raise RequestError("text_input", f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    if not prompt.strip() and not stop_request:
-        raise RequestError("text_input", "empty prompt")
-
+        check_prompt_text(prompt)
+    except SamplingParamError as e:
+        raise _named(e) from None
     return prompt
 
 
