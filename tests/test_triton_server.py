@@ -279,7 +279,7 @@ def test_bad_input_grpc(server, inputs, field):
     "payload, status, says",
     [
         ({"sampling_param_max_tokens": 4}, 400, "text_input"),
-        ({"text_input": "   "}, 400, "text_input: empty prompt"),
+        ({"text_input": "   "}, 400, "text_input: is empty or only whitespace"),
         ({"text_input": ["a", "b"]}, 400, "text_input: exactly one prompt"),
         ({"text_input": "hi", "sampling_param_max_tokens": 100000}, 400, "sampling_param_max_tokens"),
         ({"text_input": "hi", "sampling_param_temperature": -1.0}, 400, "sampling_param_temperature"),
