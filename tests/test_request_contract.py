@@ -81,9 +81,10 @@ def served(fp8_bundle, tmp_path_factory):
 
 def _dynamo_refusals(client: OpenAI, d) -> dict[str, str]:
     out = {}
-    for name, kw in {"seed": {"seed": -1}, "top_k": {"extra_body": {"top_k": -1}}, "max_tokens": {"max_tokens": 100_000}}.items():
+    # (top_k -1 is Dynamo's "no top-k", served as 0: docs/dynamo.md, tests/test_request_table.py)
+    for name, kw in {"seed": {"seed": -1}, "prompt": {"prompt": " \n "}, "max_tokens": {"max_tokens": 100_000}}.items():
         with pytest.raises(BadRequestError) as e:
-            client.completions.create(model=d.model, prompt=PROMPT, **kw)
+            client.completions.create(model=d.model, **{"prompt": PROMPT, **kw})
         out[name] = str(e.value)
     return out
 
@@ -124,10 +125,10 @@ def test_63_bit_seeds_are_honoured_through_triton(served):
 
 
 def test_bad_values_refused_in_one_line_naming_the_field(served):
-    """The worker's refusals (the frontend forwards seed as i64 and top_k as a body field unchecked)."""
+    """The worker's refusals (the frontend forwards a negative seed as i64 unchecked, and a whitespace-only prompt)."""
     r = served["refusals"]
     assert "seed: -1 is out of range: TensorRT-LLM's seed is a 64-bit unsigned integer" in r["seed"]
-    assert "top_k: -1 is negative" in r["top_k"] and "max_tokens" in r["max_tokens"] and "max_seq_len" in r["max_tokens"]
+    assert "prompt: is empty or only whitespace" in r["prompt"] and "max_tokens" in r["max_tokens"] and "max_seq_len" in r["max_tokens"]
     assert all("\n" not in m.strip() for m in r.values()), r
 
 

@@ -52,7 +52,7 @@ ROWS: tuple[Row, ...] = (
     Row("temperature_3_seeded", {"temperature": 3.0, "seed": 5}, differs={"dynamo": "temperature"}),
     Row("top_p_1.5", {"top_p": 1.5}, expect="top_p"),
     # Dynamo's "no top-k" is -1 and a request's 0 reaches the worker as -1, so the worker serves -1 as 0.
-    Row("top_k_-1", {"top_k": -1}, expect="top_k", differs={"dynamo": SERVED}),
+    Row("top_k_-1_seeded", {"top_k": -1, "seed": 3}, expect="top_k", differs={"dynamo": SERVED}),
     Row("max_tokens_0", {"max_tokens": 0}, expect="max_tokens"),
     Row("max_tokens_past_context", {"max_tokens": 100_000}, expect="max_tokens"),
     Row("empty_prompt", prompt="", expect="prompt"),
