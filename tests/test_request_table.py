@@ -5,7 +5,8 @@ real Dynamo deployment (its Rust frontend and one worker: the ``openai`` package
 side on the tiny bundle. Every row gets the same outcome from every client (the same text, or a 4xx naming
 the same contract field in that front end's spelling) except where the row lists a difference, and each
 listed difference is in the docs with the upstream source that forces it. No bad body gets a 5xx from
-Dynamo; Triton's only 5xx are the ones its own JSON reader answers before the model runs (listed).
+either: on Triton, the bodies tritonserver's own JSON reader answered with a 500 get the project's HTTP
+front's 400 naming the field (or the body).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from eagle3_trt.testing.request_table import (
     SERVED,
     SERVER_ERROR,
     TRITON_BAD_VALUES,
-    TRITON_OWN_500,
+    TRITON_BODY_FIELD,
     Row,
     outcome,
     triton_name,
@@ -175,41 +176,40 @@ def test_seeded_rows_are_sampled_not_greedy(served):
 
 
 def test_every_difference_is_documented_with_its_source():
-    """A row that differs is named in docs/dynamo.md's table; a 5xx row in docs/bad-inputs.md."""
+    """A row that differs is named in docs/dynamo.md's table (none is a 5xx); the HTTP front's refusals in docs/bad-inputs.md."""
     dyn = (REPO_ROOT / "docs" / "dynamo.md").read_text()
     bad = (REPO_ROOT / "docs" / "bad-inputs.md").read_text()
     for row in ROWS:
         for family, what in row.differs.items():
-            assert f"`{row.name}`" in (bad if what == SERVER_ERROR else dyn), (row.name, family)
-    for name in TRITON_OWN_500:
+            assert what != SERVER_ERROR and f"`{row.name}`" in dyn, (row.name, family)
+    for name in TRITON_BODY_FIELD:
         assert f"`{name}`" in bad, name
-    for name, (_, own) in TRITON_BAD_VALUES.items():
-        assert own is None or f"`{name}`" in bad, name
+    for name, (_, field) in TRITON_BAD_VALUES.items():
+        assert field is None or f"`{name}`" in bad, name
     assert ROW_BY_NAME["top_p_0"].differs and "validate_top_p" in dyn and "testing/request_table.py" in dyn
 
 
 # ---- the bad-input corpus over HTTP and gRPC --------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(BAD_BODIES))
-def test_bad_bodies_dynamo_4xx_triton_only_its_own_500(served, name):
+def test_bad_bodies_4xx_on_both_front_ends(served, name):
     body = BAD_BODIES[name]
     d = served["dynamo"]
     for path in ("/completions", "/chat/completions"):
         r = httpx.post(f"{d.url}{path}", content=body, headers={"content-type": "application/json"}, timeout=60)
         assert 400 <= r.status_code < 500, (path, r.status_code, r.text)
-    r = httpx.post(f"{served['triton'].http_url}/v2/models/eagle3/generate", content=body, timeout=60)
-    own = TRITON_OWN_500.get(name)
-    if own is None:
-        assert 400 <= r.status_code < 500, r.text
-    else:  # tritonserver's JSON reader, before the model: the exact answer docs/bad-inputs.md quotes
-        assert r.status_code == 500 and r.json()["error"].startswith(own), r.text
+    for path in ("generate", "generate_stream", "versions/1/generate"):
+        r = httpx.post(f"{served['triton'].http_url}/v2/models/eagle3/{path}", content=body, timeout=60)
+        # the HTTP front's 400, in Triton's error shape, naming the field (or the body) with a hint
+        assert r.status_code == 400 and r.json()["error"].startswith(f"{TRITON_BODY_FIELD[name]}: "), (path, r.text)
+        assert "; send " in r.json()["error"], r.text
 
 
 @pytest.mark.parametrize("name", sorted(TRITON_BAD_VALUES))
 def test_bad_values_triton_http(served, name):
-    obj, own = TRITON_BAD_VALUES[name]
+    obj, field = TRITON_BAD_VALUES[name]
     r = httpx.post(f"{served['triton'].http_url}/v2/models/eagle3/generate", content=json.dumps(obj).encode(), timeout=60)
-    if own is not None:
-        assert r.status_code == 500 and r.json()["error"] == own, r.text
+    if field is not None:  # the HTTP front's 400 (tritonserver's own reader answered 500)
+        assert r.status_code == 400 and r.json()["error"].startswith(f"{field}: ") and "send " in r.json()["error"], r.text
         return
     assert 400 <= r.status_code < 500, r.text
     msg = r.json()["error"]
