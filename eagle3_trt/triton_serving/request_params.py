@@ -4,9 +4,10 @@ Pure Python/numpy (no Triton import) so the same rules run in the model and can 
 one place. Every rejection names the input tensor, so a client sees which field to fix, and
 the model sends it as INVALID_ARG (HTTP 400).
 
-Triton itself answers first (before the model runs) for unknown *input tensors* on gRPC/``/infer``,
-a missing required input and a JSON value its parser cannot convert to the declared type; what
-it says then is Triton's (see the README). On HTTP ``/generate``, a JSON key that is not an input
+Triton itself answers first (before the model runs) for unknown *input tensors* on gRPC/``/infer``
+and a missing required input; what it says then is Triton's (docs/triton.md). A ``/generate`` JSON
+value Triton's parser cannot convert to the declared type is refused, naming it, by the project's
+HTTP front (``generate_body.py``) before Triton reads it. On HTTP ``/generate``, a JSON key that is not an input
 becomes a request *parameter*: ``check_parameters`` refuses those by name, so a typo such as
 ``max_tokens`` for ``sampling_param_max_tokens`` is not silently ignored.
 """
