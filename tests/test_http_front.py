@@ -114,6 +114,8 @@ def test_front_passes_through_streams_cancels_and_stops(fp8_bundle, tmp_path):
         # a good body: the same answer as tritonserver's own endpoint (curl, httpx)
         curl = subprocess.run(["curl", "-s", "-X", "POST", gen, "--data-binary", json.dumps(body)], capture_output=True, text=True, timeout=120)
         assert json.loads(curl.stdout) == direct.json() == httpx.post(gen, json=body, timeout=120).json()
+        with_id = httpx.post(gen, json={**body, "id": "req-1"}, timeout=120)  # a request id is a good key
+        assert with_id.status_code == 200 and with_id.json()["text_output"] == direct.json()["text_output"], with_id.text
         # every other path passes through: tritonclient.http's health, metadata, repository index, and /infer's own refusal
         c = th.InferenceServerClient(h.http_url[len("http://") :])
         assert c.is_server_ready() and c.is_model_ready("eagle3") and c.get_model_metadata("eagle3")["name"] == "eagle3"

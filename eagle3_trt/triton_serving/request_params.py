@@ -109,12 +109,15 @@ def check_parameters(params: dict, known_inputs: tuple[str, ...] | None = None) 
     """Refuse request parameters: on /generate they are JSON keys that are not inputs (typos).
 
     Keys starting with ``triton_`` are the client library's own (tritonclient sends
-    ``triton_enable_empty_final_response`` on gRPC streams) and are allowed.
+    ``triton_enable_empty_final_response`` on gRPC streams) and are allowed, and so is ``id``: on
+    /generate the request id is a JSON key, which tritonserver also passes on as a parameter
+    (``ConvertGenerateRequest`` maps every key that is not an input; triton-inference-server/server
+    src/http_server.cc@v2.51.0), and the ``stop`` input finds requests by it.
     """
     if known_inputs is None:
         known_inputs = tuple(INPUT_BY_NAME)
     for key in params:
-        if str(key).startswith("triton_"):
+        if str(key).startswith("triton_") or key == "id":
             continue
         if key == CATEGORY_PARAMETER:
             v = params[key]
