@@ -30,7 +30,7 @@ the same for throughput. Goal from issue 32: <= 5 % added ITL at C=1, speculatio
 (median over at least 7 rounds, quiet machine).
 
     .venv/bin/python benchmarks/bench_serving_overhead.py [--bundle DIR] [--rounds 9] [--concurrency 1]
-        [--max-tokens 48] [--speculate both] [--dynamo] [--rounds-high 3] [--json]
+        [--max-tokens 48] [--speculate both] [--dynamo] [--http] [--rounds-high 3] [--json]
 
 The README table (concurrency 1-64, Triton and Dynamo): ``--concurrency 1,8,32,64 --dynamo
 --rounds 7 --rounds-high 3 --max-tokens 32``.
@@ -247,6 +247,11 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--speculate", choices=["on", "off", "both"], default="both")
     ap.add_argument("--dynamo", action="store_true", help="also through Dynamo's frontend (needs the dynamo extra: make .venv/.eagle3-trt-dynamo)")
+    ap.add_argument(
+        "--http",
+        action="store_true",
+        help="also over HTTP generate_stream: through serve's HTTP front (http_front) and straight to tritonserver's own HTTP port",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads on every side (1 is far less noisy on a shared CPU)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -303,6 +308,14 @@ def main() -> int:
             sides_open.append(triton)
             sides = {"direct": Metered(direct, _proc_tree(direct.proc.pid)), "triton": Metered(triton, _proc_tree(server.pid))}
             texts = {"direct": chat, "triton": chat}
+            if args.http:  # the front's cost is http_front vs http_triton (same client, same tritonserver)
+                for n, url, pids in (
+                    ("http_front", server.http_url, [*_proc_tree(server.pid), server.front_pid]),
+                    ("http_triton", f"http://127.0.0.1:{server.triton_http_port}", _proc_tree(server.pid)),
+                ):
+                    sides[n] = Metered(ClientSide(lambda url=url: LLMClient(url, http=True, timeout_s=600), c), pids)
+                    sides_open.append(sides[n].side)
+                    texts[n] = chat
             if dep is not None:
                 from eagle3_trt.clients.openai_client import OpenAIClient
 
@@ -415,7 +428,7 @@ def print_row(r: dict, others: list[str], flush: bool = False) -> None:
     for n in others:
         s = r[n]
         print(
-            f"    {n:<7} ITL {f(s['itl_ms'], '.2f')} ms: {f(s['itl_overhead_pct'], '+.1f')} % ({f(s['added_itl_ms'], '+.2f')} ms); "
+            f"    {n:<11} ITL {f(s['itl_ms'], '.2f')} ms: {f(s['itl_overhead_pct'], '+.1f')} % ({f(s['added_itl_ms'], '+.2f')} ms); "
             f"{f(s['tok_s'], '.0f')} tok/s: {f(s['throughput_change_pct'], '+.1f')} %; server CPU {f(s['cpu_ms_per_token'], '.2f')} ms/token "
             f"({f(s['added_cpu_ms_per_token'], '+.2f')})",
             flush=flush,

@@ -13,7 +13,7 @@ from eagle3_trt.formats.traffic import CapturedSampling, ServedAcceptance, Traff
 from eagle3_trt.measure.traffic_measure import is_greedy
 from eagle3_trt.runtime.factory import open_llm
 from eagle3_trt.runtime.llm_api import SamplingParamError, SamplingParams, implies_greedy
-from eagle3_trt.runtime.request_contract import ClientRequest, resolve_request
+from eagle3_trt.runtime.request_contract import ClientRequest, check_prompt_text, resolve_request
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_top_p_zero_is_served_greedily(fp8_bundle):
         # greedy by top_k 1: recorded as greedy (temperature 0), the values TensorRT-LLM's sampler uses
         (ClientRequest(temperature=0.9, top_k=1, max_tokens=4), {"max_tokens": 4, "temperature": 0.9, "top_k": 1}, (0.0, 1.0, 0, 4, None)),
         (ClientRequest(top_p=0.0, max_tokens=4), {"max_tokens": 4, "top_p": 0.0}, (0.0, 1.0, 0, 4, None)),
-        (ClientRequest(max_tokens=500, seed=2**64 - 1), {"max_tokens": 500, "seed": 2**64 - 1}, (0.0, 1.0, 0, 500, 2**64 - 1)),
+        (ClientRequest(max_tokens=500, seed=2**63 - 1), {"max_tokens": 500, "seed": 2**63 - 1}, (0.0, 1.0, 0, 500, 2**63 - 1)),
     ],
 )
 def test_contract_passes_on_what_was_set_and_records_what_was_served(client, kwargs, captured):
@@ -92,6 +92,8 @@ def test_contract_default_max_tokens_caps_the_rest_of_the_context():
         (ClientRequest(top_k=-1), 5, "top_k", "negative"),
         (ClientRequest(seed=-1), 5, "seed", "64-bit unsigned integer"),
         (ClientRequest(seed=2**64), 5, "seed", "64-bit unsigned integer"),
+        # both front ends serve 0 .. 2**63 - 1 (Dynamo's frontend reads seed as an i64); the runtime takes any uint64
+        (ClientRequest(seed=2**63), 5, "seed", "the largest seed both front ends serve"),
         (ClientRequest(max_tokens=0), 5, "max_tokens", "at least 1"),
         (ClientRequest(max_tokens=508), 5, "max_tokens", "max_seq_len 512 - prompt 5 tokens = 507"),
         (ClientRequest(), 512, "prompt", "leaves no room"),
@@ -102,7 +104,7 @@ def test_contract_refuses_in_one_line_naming_the_field(client, prompt_len, field
     with pytest.raises(SamplingParamError) as e:
         resolve_request(client, prompt_len=prompt_len, max_seq_len=512)
     assert e.value.field == field and str(e.value).startswith(f"{field}: ") and says in str(e.value) and "\n" not in str(e.value)
-    if field in ("temperature", "top_p", "top_k", "seed"):  # the runtime's SamplingParams refuses the same values
+    if field in ("temperature", "top_p", "top_k", "seed") and "both front ends" not in str(e.value):  # the runtime refuses the same values
         with pytest.raises(SamplingParamError):
             SamplingParams(**{field: getattr(client, field)})
 
@@ -124,3 +126,19 @@ def test_no_sampling_fields_is_served_greedily_and_top_k_alone_is_sampled(fp8_bu
         assert run(top_k=50, seed=2) == run(top_k=50, seed=2)
     finally:
         llm.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("", "empty or only whitespace"),
+        (" \n\t ", "empty or only whitespace"),
+        ("ab\ufffdcd", "not valid UTF-8 (U+FFFD, the replacement for undecodable bytes, at character 2"),
+    ],
+)
+def test_prompt_text_checks_name_the_prompt(text, says):
+    """The prompt checks both front ends apply (Triton to text_input, Dynamo's worker to the decoded ids)."""
+    with pytest.raises(SamplingParamError) as e:
+        check_prompt_text(text)
+    assert e.value.field == "prompt" and says in str(e.value) and "hint:" in str(e.value)
+    check_prompt_text(" def f(): pass ")  # surrounding whitespace is text

@@ -6,7 +6,7 @@ NVIDIA Dynamo deployment (its Rust frontend and one reference-runtime worker, qu
 Variants: no sampling fields (greedy on both, TensorRT-LLM's all-unset rule: the same text as
 temperature 0), ``top_k=50`` alone (sampled at temperature 1: differs from greedy), temperature 0.7
 with a seed, and ``max_tokens`` unset (the rest of the bundle's context on both). Bad values are refused
-in one line naming the field; 64-bit seeds are honoured through the server.
+in one line naming the field; seeds up to 2**63 - 1 are honoured through the server.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def served(fp8_bundle, tmp_path_factory):
     h, _ = serve_triton(tmp / "repo", tmp / "tstate", "--capture", str(tmp / "tcap"))
     try:
         triton = {name: _triton_generate(h.http_url, f) for name, f in VARIANTS.items()}
-        triton["seeds"] = [_triton_generate(h.http_url, {"max_tokens": 16, "temperature": 1.0, "seed": s}) for s in (1, 2**32 + 1, 2**40 + 1, 2**64 - 1, 1)]
+        triton["seeds"] = [_triton_generate(h.http_url, {"max_tokens": 16, "temperature": 1.0, "seed": s}) for s in (1, 2**32 + 1, 2**40 + 1, 2**63 - 1, 1)]
         trecs = captured_records(tmp / "tcap", len(VARIANTS) + 5)
     finally:
         stop_triton(tmp / "tstate")
@@ -81,9 +81,10 @@ def served(fp8_bundle, tmp_path_factory):
 
 def _dynamo_refusals(client: OpenAI, d) -> dict[str, str]:
     out = {}
-    for name, kw in {"seed": {"seed": -1}, "top_k": {"extra_body": {"top_k": -1}}, "max_tokens": {"max_tokens": 100_000}}.items():
+    # (top_k -1 is Dynamo's "no top-k", served as 0: docs/dynamo.md, tests/test_request_table.py)
+    for name, kw in {"seed": {"seed": -1}, "prompt": {"prompt": " \n "}, "max_tokens": {"max_tokens": 100_000}}.items():
         with pytest.raises(BadRequestError) as e:
-            client.completions.create(model=d.model, prompt=PROMPT, **kw)
+            client.completions.create(model=d.model, **{"prompt": PROMPT, **kw})
         out[name] = str(e.value)
     return out
 
@@ -115,18 +116,19 @@ def test_same_request_same_captured_record(served):
     assert a.sampling.max_tokens == 512 - len(a.prompt_ids)  # the tiny bundle's max_seq_len 512: the rest of the context
 
 
-def test_64_bit_seeds_are_honoured_through_triton(served):
+def test_63_bit_seeds_are_honoured_through_triton(served):
+    """Every seed both front ends serve (0 .. 2**63 - 1: Dynamo's frontend reads an i64) is its own stream."""
     s1, s2, s3, s4, s1_again = served["triton"]["seeds"]
     assert len({s1, s2, s3, s4}) == 4 and s1_again == s1
     seeds = sorted(r.sampling.seed for r in served["trecs"] if r.sampling.max_tokens == 16)
-    assert seeds == sorted([1, 1, 2**32 + 1, 2**40 + 1, 2**64 - 1])
+    assert seeds == sorted([1, 1, 2**32 + 1, 2**40 + 1, 2**63 - 1])
 
 
 def test_bad_values_refused_in_one_line_naming_the_field(served):
-    """The worker's refusals (the frontend forwards seed as i64 and top_k as a body field unchecked)."""
+    """The worker's refusals (the frontend forwards a negative seed as i64 unchecked, and a whitespace-only prompt)."""
     r = served["refusals"]
     assert "seed: -1 is out of range: TensorRT-LLM's seed is a 64-bit unsigned integer" in r["seed"]
-    assert "top_k: -1 is negative" in r["top_k"] and "max_tokens" in r["max_tokens"] and "max_seq_len" in r["max_tokens"]
+    assert "prompt: is empty or only whitespace" in r["prompt"] and "max_tokens" in r["max_tokens"] and "max_seq_len" in r["max_tokens"]
     assert all("\n" not in m.strip() for m in r.values()), r
 
 

@@ -137,6 +137,7 @@ def test_package_gives_each_instance_its_gpus(fp8_bundle, tmp_path):
 # ---- request fields -------------------------------------------------------------------------------
 def test_unknown_generate_keys_are_refused_by_name():
     check_parameters({"triton_enable_empty_final_response": True})
+    check_parameters({"id": "r1"})  # /generate's request id reaches the model as a parameter too
     with pytest.raises(RequestError) as e:
         check_parameters({"max_tokens": 4})
     assert e.value.field == "max_tokens" and "sampling_param_max_tokens" in str(e.value)

@@ -62,7 +62,7 @@ from eagle3_trt.pipeline.bundle import open_bundle
 from eagle3_trt.runtime.capture import Capturer, CaptureSource, config_from_env, load_tokenizer
 from eagle3_trt.runtime.factory import open_llm
 from eagle3_trt.runtime.llm_api import ENGINE_DATA_KEY, SERVED_MODEL_NAME, DeviceName, SamplingParamError, SamplingParams, ServingLlm, spec_stats
-from eagle3_trt.runtime.request_contract import ClientRequest, ServedRequest, resolve_request
+from eagle3_trt.runtime.request_contract import ClientRequest, ServedRequest, check_prompt_text, resolve_request
 
 log = logging.getLogger("eagle3_trt.dynamo")
 
@@ -138,6 +138,7 @@ class Eagle3ReferenceEngine(LLMEngine):
         self.card_dir: Path | None = None  # from_args: --card-dir (rolling.py)
         self._closing = False
         self.capture: Capturer | None = None
+        self.tokenizer: Any = None  # start(): the bundle's tokenizer, for the contract's prompt checks
 
     @classmethod
     async def from_args(cls, argv: list[str] | None = None) -> tuple[Eagle3ReferenceEngine, WorkerConfig]:
@@ -182,6 +183,7 @@ class Eagle3ReferenceEngine(LLMEngine):
         self.max_seq_len = b.max_seq_len
         self.llm = await asyncio.to_thread(open_llm, b, "reference", device=self.device, torch_threads=self.torch_threads, speculation=self.speculation)
         self.capture = self._capturer(b)
+        self.tokenizer = await asyncio.to_thread(load_tokenizer, b.tokenizer_dir)
         log.info("eagle3 reference runtime ready: %s (max_seq_len %d, speculation %s)", self.bundle, self.max_seq_len, self.speculation)
         return EngineConfig(
             model=str(self.card_dir or self.bundle / "target"),
@@ -249,23 +251,34 @@ class Eagle3ReferenceEngine(LLMEngine):
             raise InvalidArgument(f"logprobs={oo['logprobs']!r}: not supported by the eagle3-trt reference runtime")
         if oo.get("prompt_logprobs") is not None:
             raise InvalidArgument("echo / prompt_logprobs: not supported by the eagle3-trt reference runtime")
+        top_k = so.get("top_k")
         client = ClientRequest(
             max_tokens=sc.get("max_tokens"),
             temperature=so.get("temperature"),
             top_p=so.get("top_p"),
-            top_k=so.get("top_k"),
+            # The frontend's "no top-k" is -1 (its validate_top_k takes k >= -1, and a request's top_k 0 reaches
+            # the worker as -1: seen with Dynamo 1.6.1); TensorRT-LLM's is 0. Without this, top_k 0 was a 400.
+            top_k=0 if top_k == -1 else top_k,
             seed=so.get("seed"),
             stop=tuple(sc.get("stop") or ()),
             frequency_penalty=so.get("frequency_penalty"),
             presence_penalty=so.get("presence_penalty"),
         )
         try:
+            self.check_prompt(request.get("token_ids") or [])
             # The one request contract (runtime/request_contract.py), as Triton's model applies it: unset
             # sampling fields stay unset (greedy when all are), max_tokens unset is the rest of the context.
             served = resolve_request(client, prompt_len=len(request.get("token_ids") or []), max_seq_len=self.max_seq_len)
             return served, SamplingParams(**served.sampling_kwargs(), return_perf_metrics=True, eagle3_speculative=self.request_speculative(request))
         except SamplingParamError as e:  # names the field it refuses
             raise InvalidArgument(str(e)) from None
+
+    def check_prompt(self, token_ids: list[int]) -> None:
+        """The contract's prompt checks on the text the frontend tokenized (the worker gets token ids only): a
+        whitespace-only completions prompt, or invalid UTF-8 (the frontend hands it on replaced by U+FFFD).
+        Special tokens (BOS, a chat template's markers) are not text; a chat prompt's template text is."""
+        if self.tokenizer is not None and token_ids:
+            check_prompt_text(self.tokenizer.decode(token_ids, skip_special_tokens=True))
 
     # -- the contract ---------------------------------------------------------------------------
     async def generate(self, request: GenerateRequest, context: Context) -> AsyncGenerator[GenerateChunk, None]:

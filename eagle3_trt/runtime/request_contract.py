@@ -30,6 +30,10 @@ TensorRT-LLM's rules, read in NVIDIA/TensorRT-LLM (the serving stacks this toolk
   executor's ``SamplingConfig`` randomSeed; Triton's ``sampling_param_seed`` is UINT64): 0 .. 2**64 - 1,
   honoured whole by the reference runtime (``core/sampling.seeded_generator``). Each refusal is a
   ``SamplingParamError`` naming the field (``prompt`` for a prompt that leaves no room).
+
+Where the two front ends' own parsers differ, the contract takes what both can serve (``SERVED_SEED_MAX``,
+``check_prompt_text``); what one parser refuses before this code runs is listed, with its upstream
+source, in docs/dynamo.md ("One contract, two front ends"), row by row of ``testing/request_table.py``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,32 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_trt.runtime.llm_api import SamplingParamError, effective_sampling, implies_greedy, validate_sampling
+
+# Dynamo's OpenAI frontend deserialises ``seed`` as an i64 (``seed: Option<i64>`` in its request types;
+# 2**63 is a 400 "expected i64" before any worker sees it), so seeds past 2**63 - 1 cannot reach a
+# Dynamo worker. Triton refuses them too, naming the field: a seed either front end serves, the other
+# serves with the same stream; none is served by one and refused by the other.
+SERVED_SEED_MAX = 2**63 - 1
+
+# U+FFFD: what a lossy decoder makes of invalid UTF-8. Dynamo's frontend hands the worker token ids of
+# the text with the bad bytes already replaced, so "invalid UTF-8" can only be seen as this character;
+# Triton's model refuses both (text_input arrives as bytes there).
+REPLACEMENT_CHARACTER = "\ufffd"
+
+
+def check_seed(seed: int | None) -> None:
+    """A seed both front ends serve (``SERVED_SEED_MAX``); SamplingParamError names ``seed``."""
+    if seed is not None and seed > SERVED_SEED_MAX:
+        raise SamplingParamError("seed", f"{seed} is past {SERVED_SEED_MAX} (2**63 - 1), the largest seed both front ends serve (hint: use seed % 2**63)")
+
+
+def check_prompt_text(text: str) -> None:
+    """The prompt checks both front ends apply to the prompt's text; SamplingParamError names ``prompt``."""
+    if not text.strip():
+        raise SamplingParamError("prompt", "is empty or only whitespace (hint: send the text to continue)")
+    if REPLACEMENT_CHARACTER in text:
+        i = text.index(REPLACEMENT_CHARACTER)
+        raise SamplingParamError("prompt", f"is not valid UTF-8 (U+FFFD, the replacement for undecodable bytes, at character {i}; hint: send UTF-8 text)")
 
 
 @dataclass(frozen=True)
@@ -94,6 +124,7 @@ class ServedRequest:
 def resolve_request(req: ClientRequest, *, prompt_len: int, max_seq_len: int, default_max_tokens: int | None = None) -> ServedRequest:
     """The contract (module docstring); SamplingParamError names the first field it refuses."""
     validate_sampling(req.temperature, req.top_p, req.top_k, req.seed)
+    check_seed(req.seed)
     for name in ("frequency_penalty", "presence_penalty"):
         v = getattr(req, name)
         if v is not None and not math.isfinite(v):

@@ -10,6 +10,7 @@ interface in :mod:`interface`.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from eagle3_trt.errors import UserError
 from eagle3_trt.resources import data_dir
@@ -149,3 +150,9 @@ def validate_config_text(text: str, where: str = "config.pbtxt", expected_name: 
     cfg = parse_config_text(text, where)
     validate_config(cfg, where, expected_name)
     return cfg
+
+
+def declared_inputs(config_path: Path) -> dict[str, TensorSpec]:
+    """The inputs a written ``config.pbtxt`` declares (name -> type and dims), as Triton serves them."""
+    cfg = parse_config_text(Path(config_path).read_text(), where=str(config_path))
+    return {t.name: TensorSpec(t.name, _type_name(t.data_type), tuple(t.dims), bool(t.optional)) for t in cfg.input}

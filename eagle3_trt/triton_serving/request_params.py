@@ -4,9 +4,10 @@ Pure Python/numpy (no Triton import) so the same rules run in the model and can 
 one place. Every rejection names the input tensor, so a client sees which field to fix, and
 the model sends it as INVALID_ARG (HTTP 400).
 
-Triton itself answers first (before the model runs) for unknown *input tensors* on gRPC/``/infer``,
-a missing required input and a JSON value its parser cannot convert to the declared type; what
-it says then is Triton's (see the README). On HTTP ``/generate``, a JSON key that is not an input
+Triton itself answers first (before the model runs) for unknown *input tensors* on gRPC/``/infer``
+and a missing required input; what it says then is Triton's (docs/triton.md). A ``/generate`` JSON
+value Triton's parser cannot convert to the declared type is refused, naming it, by the project's
+HTTP front (``generate_body.py``) before Triton reads it. On HTTP ``/generate``, a JSON key that is not an input
 becomes a request *parameter*: ``check_parameters`` refuses those by name, so a typo such as
 ``max_tokens`` for ``sampling_param_max_tokens`` is not silently ignored.
 """
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from eagle3_trt.runtime.llm_api import SamplingParamError, validate_sampling
-from eagle3_trt.runtime.request_contract import ClientRequest, ServedRequest, resolve_request
+from eagle3_trt.runtime.request_contract import ClientRequest, ServedRequest, check_prompt_text, check_seed, resolve_request
 from eagle3_trt.triton_serving.interface import INPUT_BY_NAME
 
 # The one request parameter the model reads (not an input tensor): the request's category, kept with
@@ -108,12 +109,15 @@ def check_parameters(params: dict, known_inputs: tuple[str, ...] | None = None) 
     """Refuse request parameters: on /generate they are JSON keys that are not inputs (typos).
 
     Keys starting with ``triton_`` are the client library's own (tritonclient sends
-    ``triton_enable_empty_final_response`` on gRPC streams) and are allowed.
+    ``triton_enable_empty_final_response`` on gRPC streams) and are allowed, and so is ``id``: on
+    /generate the request id is a JSON key, which tritonserver also passes on as a parameter
+    (``ConvertGenerateRequest`` maps every key that is not an input; triton-inference-server/server
+    src/http_server.cc@v2.51.0), and the ``stop`` input finds requests by it.
     """
     if known_inputs is None:
         known_inputs = tuple(INPUT_BY_NAME)
     for key in params:
-        if str(key).startswith("triton_"):
+        if str(key).startswith("triton_") or key == "id":
             continue
         if key == CATEGORY_PARAMETER:
             v = params[key]
@@ -140,6 +144,7 @@ def parse_request(get: Getter) -> GenRequest:
     seed = None if seed is None else int(seed)
     try:
         validate_sampling(None, None, None, seed)
+        check_seed(seed)
     except SamplingParamError as e:
         raise _named(e) from None
     stop = _stop_strings(get)
@@ -169,13 +174,15 @@ def _prompt(arr: Any, stop_request: bool) -> str:
     arr = np.asarray(arr).reshape(-1)
     if arr.size != 1:
         raise RequestError("text_input", f"exactly one prompt per request is supported, got {arr.size}")
+    v = arr[0]
+    # Invalid bytes are checked as Dynamo's worker sees them (replaced by U+FFFD), so the refusal is the same.
+    prompt = v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
+    if stop_request:  # a stop request's text is not a prompt
+        return prompt
     try:
-        prompt = _text(arr[0])
-    except UnicodeDecodeError as e:
-        raise RequestError("text_input", f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    if not prompt.strip() and not stop_request:
-        raise RequestError("text_input", "empty prompt")
-
+        check_prompt_text(prompt)
+    except SamplingParamError as e:
+        raise _named(e) from None
     return prompt
 
 

@@ -185,6 +185,9 @@ class ServerHandle:
     models: list[str] = field(default_factory=list)
     started_at: float = 0.0
     shm_prefix: str = ""  # the Python backend's shared-memory region names start with this
+    # http_port is the project's HTTP front (http_front.py); tritonserver's own HTTP endpoint is on this loopback port
+    triton_http_port: int = 0
+    front_pid: int = 0
 
     @property
     def http_url(self) -> str:
@@ -261,7 +264,8 @@ def start_server(
     backend_dir = prepare_backend_dir(install, state_dir)
     shm_prefix = f"eagle3_{uuid.uuid4().hex[:12]}_"
     log_file = state_dir / "tritonserver.log"
-    cmd = _server_argv(install, repo, backend_dir, shm_prefix, http_port, grpc_port, metrics_port, log_verbose, extra_args)
+    triton_http_port = next(p for p in free_ports(4) if p not in (http_port, grpc_port, metrics_port))
+    cmd = _server_argv(install, repo, backend_dir, shm_prefix, triton_http_port, grpc_port, metrics_port, log_verbose, extra_args)
     env = capture_env(capture, server_env(install))
     with open(log_file, "wb") as log:
         os.chmod(log_file, FILE_MODE)
@@ -270,10 +274,48 @@ def start_server(
         # umask 022: the Python backend writes __pycache__ into the repository's model directories and
         # the backend directory; under a umask of 077 those would be 0700, unreadable to other users.
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True, umask=0o022)
-    handle = ServerHandle(proc.pid, str(repo), http_port, grpc_port, metrics_port, str(log_file), str(state_dir), models, time.time(), shm_prefix)
+    front = _start_front(repo, state_dir, http_port, triton_http_port, proc.pid, server_env(install))
+    handle = ServerHandle(
+        proc.pid, str(repo), http_port, grpc_port, metrics_port, str(log_file), str(state_dir), models, time.time(), shm_prefix, triton_http_port, front.pid
+    )
     handle.save()
-    _wait_ready(proc, handle, timeout_s)
+    _wait_ready(proc, handle, timeout_s, front)
     return handle
+
+
+FRONT_MODULE = "eagle3_trt.triton_serving.http_front"
+FRONT_LOG = "http_front.log"
+
+
+def _start_front(repo: Path, state_dir: Path, port: int, triton_http_port: int, triton_pid: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """The project's HTTP front (http_front.py) on the user's HTTP port, in a session of its own (not
+    tritonserver's process group, whose members ``stop`` counts as the server's); it exits with tritonserver."""
+    argv = [
+        sys.executable,
+        "-m",
+        FRONT_MODULE,
+        "--port",
+        str(port),
+        "--upstream-port",
+        str(triton_http_port),
+        "--repo",
+        str(repo),
+        "--watch-pid",
+        str(triton_pid),
+    ]
+    with open(state_dir / FRONT_LOG, "wb") as log:
+        os.chmod(state_dir / FRONT_LOG, FILE_MODE)
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+
+
+def _stop_front(handle: ServerHandle, grace_s: float) -> tuple[str, ...]:
+    """End the HTTP front (it exits on its own once tritonserver has); what is left of it after SIGKILL."""
+    pid = handle.front_pid
+    if not pid or not pid_alive(pid) or pid not in cmdline_contains(FRONT_MODULE):
+        return ()
+    name = describe(pid)
+    _, alive = terminate([pid], grace_s)
+    return (name,) if alive else ()
 
 
 def _check_can_start(state_dir: Path, http_port: int, grpc_port: int, metrics_port: int) -> None:
@@ -336,11 +378,20 @@ def _server_argv(
     return cmd
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], handle: ServerHandle, timeout_s: float) -> None:
-    """Return once the server answers /v2/health/ready; raise with Triton's error when it exits or times out."""
+def _wait_ready(proc: subprocess.Popen[bytes], handle: ServerHandle, timeout_s: float, front: subprocess.Popen[bytes] | None = None) -> None:
+    """Return once the server answers /v2/health/ready (through the HTTP front); raise with Triton's
+    (or the front's) error when either exits or the wait times out."""
     state_dir, log_file = Path(handle.state_dir), Path(handle.log_file)
     deadline = time.monotonic() + timeout_s
     while True:
+        if front is not None and front.poll() is not None:
+            stop_server(handle)
+            front_log = state_dir / FRONT_LOG
+            raise UserError(
+                "--http-port",
+                f"the HTTP front on {HOST}:{handle.http_port} exited with code {front.returncode}; it said:\n{log_errors(front_log)}",
+                f"full log: {front_log}",
+            )
         rc = proc.poll()
         if rc is not None:
             _forget(state_dir)
@@ -482,7 +533,7 @@ def stop_server(
     ended.update(w_ended)
     alive += w_alive
     killed_leftovers = tuple(f"{names[p]} by {sig}" for p, sig in sorted(ended.items()))
-    left = tuple(names[p] for p in alive)
+    left = tuple(names[p] for p in alive) + _stop_front(handle, grace_s)
     if _valid_prefix(handle.shm_prefix):  # our markers, not regions it left behind
         marker_path(handle.shm_prefix, shm_dir).unlink(missing_ok=True)
         for m in Path(shm_dir).glob(f"{handle.shm_prefix}{RETIRE_INFIX}*"):
