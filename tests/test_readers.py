@@ -39,6 +39,7 @@ JSON_PARSERS = {
     "clients/openai_client.py": "server-sent events",
     "clients/chat.py": "the checkpoint's tokenizer_config.json",
     # captured traffic: one field of a record line read without validating the whole record (hot paths)
+    "triton_serving/generate_body.py": "a client's /generate body, checked before tritonserver parses it",
     "formats/traffic.py": "a segment's first record time (retention's age order)",
     "formats/traffic_split.py": "a record's prompt ids when the split re-reads a candidate",
 }

@@ -278,7 +278,12 @@ class Eagle3ReferenceEngine(LLMEngine):
         whitespace-only completions prompt, or invalid UTF-8 (the frontend hands it on replaced by U+FFFD).
         Special tokens (BOS, a chat template's markers) are not text; a chat prompt's template text is."""
         if self.tokenizer is not None and token_ids:
-            check_prompt_text(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+            text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+            # U+FFFD is refused only where the ids are the tokenized text itself (the frontend replaced invalid
+            # bytes before tokenizing); token-id prompts (e.g. regenerated traffic) may split a character
+            special = set(self.tokenizer.all_special_ids)
+            tokenized = list(self.tokenizer.encode(text, add_special_tokens=False)) == [t for t in token_ids if t not in special]
+            check_prompt_text(text, utf8=tokenized)
 
     # -- the contract ---------------------------------------------------------------------------
     async def generate(self, request: GenerateRequest, context: Context) -> AsyncGenerator[GenerateChunk, None]:

@@ -62,11 +62,12 @@ def check_seed(seed: int | None) -> None:
         raise SamplingParamError("seed", f"{seed} is past {SERVED_SEED_MAX} (2**63 - 1), the largest seed both front ends serve (hint: use seed % 2**63)")
 
 
-def check_prompt_text(text: str) -> None:
-    """The prompt checks both front ends apply to the prompt's text; SamplingParamError names ``prompt``."""
+def check_prompt_text(text: str, utf8: bool = True) -> None:
+    """The prompt checks both front ends apply to the prompt's text; SamplingParamError names ``prompt``.
+    ``utf8=False``: the text was decoded from token ids that may split a character, so U+FFFD is not refused."""
     if not text.strip():
         raise SamplingParamError("prompt", "is empty or only whitespace (hint: send the text to continue)")
-    if REPLACEMENT_CHARACTER in text:
+    if utf8 and REPLACEMENT_CHARACTER in text:
         i = text.index(REPLACEMENT_CHARACTER)
         raise SamplingParamError("prompt", f"is not valid UTF-8 (U+FFFD, the replacement for undecodable bytes, at character {i}; hint: send UTF-8 text)")
 
