@@ -73,11 +73,7 @@ def triton_grpc(url: str, row: Row) -> tuple[str, str | None] | None:
         if dtype in ("INT64", "UINT64") and not np.iinfo(NP[dtype]).min <= v <= np.iinfo(NP[dtype]).max:
             return None
         tensors.append((f"sampling_param_{k}", np.array([v], dtype=NP[dtype]), dtype))
-    inputs = []
-    for name, arr, dtype in tensors:
-        i = g.InferInput(name, list(arr.shape), dtype)
-        i.set_data_from_numpy(arr)
-        inputs.append(i)
+    inputs = _infer_inputs(g, tensors)
     q: queue.Queue = queue.Queue()
     c = g.InferenceServerClient(url)
     c.start_stream(callback=lambda result, error: q.put((result, error)))
@@ -217,14 +213,20 @@ def test_bad_values_triton_http(served, name):
     assert any(k in msg for k in [*obj, "required input"]), msg
 
 
-def _grpc_error(url: str, tensors: list[tuple[str, np.ndarray, str]]) -> tuple[str, str] | None:
-    import tritonclient.grpc as g
-
+def _infer_inputs(g, tensors: list[tuple[str, np.ndarray, str]]) -> list:
+    """tritonclient InferInputs of (name, array, Triton datatype) tensors."""
     inputs = []
     for name, arr, dtype in tensors:
         i = g.InferInput(name, list(arr.shape), dtype)
         i.set_data_from_numpy(arr)
         inputs.append(i)
+    return inputs
+
+
+def _grpc_error(url: str, tensors: list[tuple[str, np.ndarray, str]]) -> tuple[str, str] | None:
+    import tritonclient.grpc as g
+
+    inputs = _infer_inputs(g, tensors)
     q: queue.Queue = queue.Queue()
     c = g.InferenceServerClient(url)
     c.start_stream(callback=lambda result, error: q.put((result, error)))
